@@ -1,0 +1,1 @@
+"""Analysis over the store and the FastAPI service."""

@@ -1,0 +1,3 @@
+"""commlens: communication analysis for distributed transformer training."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,111 @@
+"""The `commlens` console script."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(
+    help="commlens: where does the communication of distributed training go, and is it what it should be?",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+
+
+@app.callback()
+def _root() -> None:
+    """commlens: where does the communication of distributed training go, and is it what it should be?"""
+
+
+DB_OPTION = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store file (created if missing).")
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+@app.command()
+def ingest(
+    paths: list[Path] = typer.Argument(..., help="Files, directories, .gz, .tar, .tar.gz or .zip archives."),
+    db: Path = DB_OPTION,
+    run: str = typer.Option(..., "--run", help="Run name to ingest into (created if missing)."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="Global rank of a single-rank file whose trace does not say."),
+    description: Optional[str] = typer.Option(None, help="Description of a new run."),
+) -> None:
+    """Ingest NCCL debug logs and PyTorch profiler (Kineto) traces into the store."""
+    from commlens.ingest import pipeline, store
+    from commlens.ingest.records import RankHint
+
+    try:
+        con = store.connect(db)
+    except store.StoreError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    progress = Progress(
+        TextColumn("[bold]ingest[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=err_console, disable=not err_console.is_terminal, transient=True,
+    )
+    with progress:
+        task = progress.add_task(run, total=None)
+
+        def on_file(outcome: pipeline.FileOutcome) -> None:
+            progress.advance(task)
+            if outcome.status == "failed":
+                err_console.print(f"[red]failed[/red] {outcome.error}")
+
+        summary = pipeline.ingest_paths(con, paths, run, RankHint(rank=rank), on_file=on_file, description=description)
+    _print_summary(con, summary)
+    con.close()
+    if summary.failed:
+        raise typer.Exit(1)
+
+
+def _print_summary(con, summary) -> None:  # noqa: ANN001
+    from collections import Counter
+
+    from commlens.ingest.pipeline import run_totals
+
+    files = Table(title=f"run {summary.run}: files", show_lines=False)
+    for col in ("file", "kind", "status", "rank", "calls", "skipped", "error / warnings"):
+        files.add_column(col, overflow="fold")
+    for f in summary.files:
+        skipped = ", ".join(f"{k}: {v}" for k, v in sorted(f.skipped.items()))
+        note = f.error or "; ".join(f.warnings)
+        style = {"failed": "red", "duplicate": "yellow"}.get(f.status)
+        files.add_row(f.path, f.kind or "-", f.status, "-" if f.rank is None else str(f.rank), str(f.events), skipped, note or "", style=style)
+    console.print(files)
+    totals = run_totals(con, summary.run)
+    ranks = con.execute("SELECT count(DISTINCT rank) FROM comms WHERE run = ? AND rank IS NOT NULL", [summary.run]).fetchone()[0]
+    ops = Table(title=f"run {summary.run}: {ranks} ranks with known rank, calls per op")
+    for col in ("op", "calls", "bytes (sum of S)"):
+        ops.add_column(col, justify="right" if col != "op" else "left")
+    for op, n in sorted(totals["calls"].items()):
+        ops.add_row(op, str(n), _human_bytes(totals["bytes"][op]))
+    console.print(ops)
+    status = Counter(f.status for f in summary.files)
+    skipped_total = sum(sum(f.skipped.values()) for f in summary.files)
+    console.print(
+        f"{len(summary.files)} files: {status['ok']} ingested, {status['duplicate']} already present, "
+        f"{status['failed']} failed; {skipped_total} lines/events skipped (reasons above)."
+    )
+
+
+def main() -> None:  # pragma: no cover - entry point convenience
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

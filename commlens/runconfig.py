@@ -1,0 +1,89 @@
+"""run.json: the exact configuration of a harness run. The harness writes it; ingest validates it
+with the same model and attaches it to the run; the predictor reads it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RUN_SCHEMA = "commlens.run/1"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Strict):
+    layers: int = Field(ge=1)
+    hidden: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    vocab: int = Field(ge=1)
+    seq_len: int = Field(ge=1)
+    ffn_hidden: int | None = None  # default 4 * hidden
+    tied_embeddings: bool = False
+    learned_pos: bool = True
+    param_count: int | None = None  # the real count of the built model (all ranks together)
+
+
+class ParallelConfig(_Strict):
+    dp: int = Field(1, ge=1)
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    zero: Literal[0, 1, 2, 3] = 0
+    sp: bool = False
+    micro_batches: int = Field(1, ge=1)
+    micro_batch_size: int = Field(1, ge=1)
+    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+
+
+class GroupConfig(_Strict):
+    dim: str  # dp | tp | pp | world | ...: the DeviceMesh dimension (or role) the group serves
+    ranks: list[int]
+    pg_name: str | None = None  # torch process-group name, as in Kineto "Process Group Name"
+    pg_desc: str | None = None
+    backend: str | None = None
+
+
+class DtypeConfig(_Strict):
+    param: str = "float32"
+    grad: str = "float32"
+    act: str = "float32"
+
+
+class BucketConfig(_Strict):
+    ddp_bucket_cap_mb: float | None = 25.0
+    ddp_first_bucket_bytes: int | None = None
+    zero_bucket_bytes: int | None = None
+
+
+class ProfileConfig(_Strict):
+    wait: int = 0
+    warmup: int = 1
+    active: int = 2
+    profiled_steps: list[int] = []
+
+
+class RunConfig(_Strict):
+    schema_: Literal["commlens.run/1"] = Field(RUN_SCHEMA, alias="schema")
+    strategy: str
+    world_size: int = Field(ge=1)
+    model: ModelConfig
+    parallel: ParallelConfig
+    mesh_dims: list[str] = []
+    mesh_shape: list[int] = []
+    groups: list[GroupConfig] = []
+    dtypes: DtypeConfig = DtypeConfig()
+    buckets: BucketConfig = BucketConfig()
+    profile: ProfileConfig = ProfileConfig()
+    steps: int = Field(1, ge=1)
+    seed: int = 0
+    device: Literal["cpu", "cuda"] = "cpu"
+    backend: str = "gloo"
+    torch_version: str | None = None
+    nccl_version: str | None = None
+    host: str | None = None
+    command: list[str] = []
+    created_at: str | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)

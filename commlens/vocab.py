@@ -1,0 +1,174 @@
+"""The one vocabulary of commlens: op names, dtype names and sizes, message-size convention.
+
+Every ingester maps its source names onto these; the store, analysis, API and UI use nothing else.
+See DESIGN.md ("Vocabulary") and docs/formats.md (A.3, A.4, B.4, B.5).
+"""
+
+from __future__ import annotations
+
+import re
+
+OPS: tuple[str, ...] = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "barrier",
+)
+
+P2P_OPS = frozenset({"send", "recv"})
+
+# Element sizes in bytes of the commlens dtype names.
+DTYPE_BYTES: dict[str, int] = {
+    "bool": 1,
+    "int8": 1,
+    "uint8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "float32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+    "complex64": 8,
+    "complex128": 16,
+}
+
+# ncclDataType_t values (src/nccl.h.in).
+NCCL_DTYPES: dict[int, str] = {
+    0: "int8",
+    1: "uint8",
+    2: "int32",
+    3: "uint32",
+    4: "int64",
+    5: "uint64",
+    6: "float16",
+    7: "float32",
+    8: "float64",
+    9: "bfloat16",
+    10: "float8_e4m3fn",
+    11: "float8_e5m2",
+}
+
+# c10 ScalarType names as written in record_param_comms "dtype".
+C10_DTYPES: dict[str, str] = {
+    "Float": "float32",
+    "BFloat16": "bfloat16",
+    "Half": "float16",
+    "Double": "float64",
+    "Long": "int64",
+    "Int": "int32",
+    "Short": "int16",
+    "Char": "int8",
+    "Byte": "uint8",
+    "Bool": "bool",
+    "Float8_e4m3fn": "float8_e4m3fn",
+    "Float8_e5m2": "float8_e5m2",
+    "ComplexFloat": "complex64",
+    "ComplexDouble": "complex128",
+    "UInt32": "uint32",
+    "UInt64": "uint64",
+}
+
+# C++ type names as written in Kineto "Input type".
+CPP_DTYPES: dict[str, str] = {
+    "float": "float32",
+    "double": "float64",
+    "c10::Half": "float16",
+    "c10::BFloat16": "bfloat16",
+    "long int": "int64",
+    "long": "int64",
+    "int64_t": "int64",
+    "int": "int32",
+    "short int": "int16",
+    "short": "int16",
+    "signed char": "int8",
+    "unsigned char": "uint8",
+    "bool": "bool",
+    "c10::Float8_e4m3fn": "float8_e4m3fn",
+    "c10::Float8_e5m2": "float8_e5m2",
+    "c10::complex<float>": "complex64",
+    "c10::complex<double>": "complex128",
+}
+
+# Source op names -> commlens op. Keys are lower-cased and stripped of namespaces/underscores by
+# `normalize_op`, so "AllReduce", "allreduce", "c10d::allreduce_", "nccl:all_reduce",
+# "gloo:all_reduce" and "_allgather_base" all land on one key.
+_OP_ALIASES: dict[str, str] = {
+    "allreduce": "all_reduce",
+    "allreducecoalesced": "all_reduce",
+    "allreducesparse": "all_reduce",
+    "allgather": "all_gather",
+    "allgatherbase": "all_gather",
+    "allgatherintotensor": "all_gather",
+    "allgatherintotensorcoalesced": "all_gather",
+    "allgathercoalesced": "all_gather",
+    "allgathertogether": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "reducescatterbase": "reduce_scatter",
+    "reducescattertensor": "reduce_scatter",
+    "reducescattertensorcoalesced": "reduce_scatter",
+    "broadcast": "broadcast",
+    "bcast": "broadcast",
+    "reduce": "reduce",
+    "alltoall": "all_to_all",
+    "alltoallbase": "all_to_all",
+    "alltoallv": "all_to_all",
+    "alltoallsingle": "all_to_all",
+    "gather": "gather",
+    "scatter": "scatter",
+    "send": "send",
+    "recv": "recv",
+    "recvanysource": "recv",
+    "barrier": "barrier",
+    "monitoredbarrier": "barrier",
+}
+
+_STRIP = re.compile(r"[^a-z]")
+
+
+def normalize_op(name: str) -> str | None:
+    """Map a source op name to the commlens op, or None when it is not a communication op.
+
+    >>> normalize_op("c10d::_allgather_base_"), normalize_op("AllReduce"), normalize_op("nccl:all_to_all")
+    ('all_gather', 'all_reduce', 'all_to_all')
+    """
+    base = name.rsplit("::", 1)[-1].rsplit(":", 1)[-1].lower()
+    return _OP_ALIASES.get(_STRIP.sub("", base))
+
+
+def dtype_size(dtype: str | None) -> int | None:
+    return DTYPE_BYTES.get(dtype) if dtype else None
+
+
+def msg_bytes_from_nccl_count(op: str, count: int, elem_size: int, nranks: int) -> int:
+    """S (nccl-tests size) from the `count` of an NCCL COLL line (formats.md A.3)."""
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return count * nranks * elem_size
+    return count * elem_size
+
+
+def msg_bytes_from_nelems(elems_in: int | None, elems_out: int | None, elem_size: int) -> int:
+    """S from Kineto In/Out msg nelems: max(In, Out) x element size (formats.md B.5)."""
+    return max(elems_in or 0, elems_out or 0) * elem_size
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """nccl-tests bus-bandwidth factor for an op in a group of n ranks (volume-models.md §7)."""
+    if n <= 1:
+        return 0.0 if op not in ("send", "recv", "broadcast", "reduce") else 1.0
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return (n - 1) / n
+    return 1.0

@@ -1,0 +1,1 @@
+"""Dash UI: talks to the API only."""

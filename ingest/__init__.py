@@ -1,0 +1,1 @@
+"""Ingest: parsers (Kineto JSON, NCCL debug logs, run.json), archives, and the DuckDB store."""

@@ -1,0 +1,316 @@
+"""Input files: walking directories, opening .gz transparently, expanding .tar/.tar.gz/.zip archives,
+guarding against hostile archives (path traversal, links, member count, decompression bombs) and
+detecting each file's kind from its content."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import tarfile
+import tempfile
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO, Callable, Iterator
+
+from .records import ParseError
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_decompressed_bytes: int = 16 * 2**30  # per file
+    max_ratio: float = 200.0  # decompressed / compressed, enforced once past ratio_floor_bytes
+    ratio_floor_bytes: int = 256 * 2**20
+    max_members: int = 100_000
+    max_line_bytes: int = 16 * 2**20  # NCCL log lines longer than this are skipped
+    max_json_depth: int = 64
+
+
+DEFAULT_LIMITS = Limits()
+
+GZIP_MAGIC = b"\x1f\x8b"
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+@dataclass
+class InputFile:
+    """One file to ingest. `open_raw` gives its bytes as stored (possibly gzip-compressed)."""
+
+    name: str  # shown to users: "dir/rank0.json.gz" or "jobs.tar.gz!worker0.json"
+    size: int
+    open_raw: Callable[[], BinaryIO]
+    error: str | None = None  # set when the container itself could not be read
+
+
+class BoundedGzipReader(io.RawIOBase):
+    """Decompresses gzip (all members) while enforcing the size and ratio limits."""
+
+    def __init__(self, raw: BinaryIO, name: str, limits: Limits):
+        self._raw = raw
+        self._name = name
+        self._limits = limits
+        self._dec = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        self._buf = b""
+        self._eof = False
+        self.compressed = 0
+        self.decompressed = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self, want: int) -> None:
+        while len(self._buf) < want and not self._eof:
+            if self._dec.unconsumed_tail:
+                chunk = self._dec.unconsumed_tail
+            else:
+                chunk = self._raw.read(1 << 20)
+                self.compressed += len(chunk)
+                if not chunk:
+                    if not self._dec.eof and (self.compressed > 0):
+                        raise ParseError("truncated gzip data: the compressed stream ends early", f"byte {self.compressed}")
+                    self._eof = True
+                    break
+            try:
+                out = self._dec.decompress(chunk, 4 << 20)
+            except zlib.error as exc:
+                raise ParseError(f"corrupt gzip data ({exc})", f"byte {self.compressed}") from None
+            if self._dec.eof:
+                rest = self._dec.unused_data
+                self._dec = zlib.decompressobj(zlib.MAX_WBITS | 16)
+                if rest.strip(b"\x00"):
+                    out += self._dec.decompress(rest, 4 << 20) if rest[:2] == GZIP_MAGIC else b""
+            self.decompressed += len(out)
+            self._check()
+            self._buf += out
+
+    def _check(self) -> None:
+        lim = self._limits
+        if self.decompressed > lim.max_decompressed_bytes:
+            raise ParseError(
+                f"decompressed size exceeds the limit of {lim.max_decompressed_bytes} bytes (decompression bomb?)"
+            )
+        if self.decompressed > lim.ratio_floor_bytes and self.decompressed > lim.max_ratio * max(self.compressed, 1):
+            raise ParseError(
+                f"compression ratio above {lim.max_ratio:.0f}:1 after {self.decompressed} bytes (decompression bomb?)"
+            )
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        self._fill(len(b))
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def open_content(raw: BinaryIO, name: str, limits: Limits = DEFAULT_LIMITS) -> io.BufferedReader:
+    """A buffered, peekable stream of the file's content, gunzipped when it is gzip."""
+    buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw, 1 << 20)  # type: ignore[arg-type]
+    if buffered.peek(2)[:2] == GZIP_MAGIC:
+        return io.BufferedReader(BoundedGzipReader(buffered, name, limits), 1 << 20)
+    return buffered
+
+
+def detect_kind(stream: io.BufferedReader) -> str:
+    """kineto | nccl_log | run_config, from the first bytes; ParseError for anything else."""
+    head = stream.peek(1 << 16)[: 1 << 16]
+    if not head.strip():
+        raise ParseError("empty file", "line 1")
+    text = head.lstrip(b"\xef\xbb\xbf").lstrip()
+    if text[:1] in (b"{", b"["):
+        if b'"traceEvents"' in head:
+            return "kineto"
+        if b'"commlens.run' in head or b'"commlens_run' in head:
+            return "run_config"
+        return "kineto"  # the parser reports precisely why a JSON is not a trace
+    if b"NCCL INFO" in head or b"NCCL WARN" in head or b"NCCL version" in head:
+        return "nccl_log"
+    if b"\x00" in head or _mostly_binary(head):
+        raise ParseError("binary data, not a Kineto JSON trace or an NCCL log (first bytes %r)" % head[:8], "byte 0")
+    if b"NCCL" in head:
+        return "nccl_log"
+    raise ParseError("not a Kineto JSON trace or an NCCL debug log (no 'traceEvents', no 'NCCL INFO' lines)", "line 1")
+
+
+def _mostly_binary(head: bytes) -> bool:
+    sample = head[:4096]
+    try:
+        sample.decode("utf-8")
+        return False
+    except UnicodeDecodeError as exc:
+        return exc.start < len(sample) - 4  # a cut multi-byte char at the end is fine
+
+
+# ------------------------------------------------------------------------------- walking inputs
+
+
+def _is_archive(path: Path) -> str | None:
+    name = path.name.lower()
+    if name.endswith((".tar.gz", ".tgz", ".tar")):
+        return "tar"
+    if name.endswith(".zip"):
+        return "zip"
+    return None
+
+
+def iter_inputs(paths: list[Path], limits: Limits = DEFAULT_LIMITS) -> Iterator[InputFile]:
+    """Every file under `paths`, archives expanded. Order is stable (sorted) so runs are reproducible."""
+    for path in paths:
+        if path.is_dir():
+            for sub in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")):
+                yield from _iter_file(sub, str(sub), limits)
+        elif path.is_file():
+            yield from _iter_file(path, str(path), limits)
+        else:
+            yield InputFile(str(path), 0, lambda: io.BytesIO(b""), error="no such file or directory")
+
+
+def _iter_file(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
+    kind = _is_archive(path)
+    if kind == "tar":
+        yield from _iter_tar(path, name, limits)
+    elif kind == "zip":
+        yield from _iter_zip(path, name, limits)
+    else:
+        yield InputFile(name, path.stat().st_size, lambda p=path: open(p, "rb"))  # type: ignore[misc]
+
+
+def _safe_member_name(member: str) -> str | None:
+    """The reason a member path is refused, or None when it is safe."""
+    p = PurePosixPath(member.replace("\\", "/"))
+    if p.is_absolute() or member.startswith(("/", "\\")) or (len(member) > 1 and member[1] == ":"):
+        return "absolute path"
+    if ".." in p.parts:
+        return "path escapes the archive ('..')"
+    return None
+
+
+def _spool(src: BinaryIO, name: str, declared: int | None, compressed: int | None, limits: Limits) -> BinaryIO:
+    """Copy an archive member to a temporary file, enforcing the decompression limits."""
+    out = tempfile.SpooledTemporaryFile(max_size=64 << 20)
+    total = 0
+    while chunk := src.read(1 << 20):
+        total += len(chunk)
+        if total > limits.max_decompressed_bytes:
+            out.close()
+            raise ParseError(f"member exceeds the limit of {limits.max_decompressed_bytes} bytes (decompression bomb?)")
+        if compressed and total > limits.ratio_floor_bytes and total > limits.max_ratio * compressed:
+            out.close()
+            raise ParseError(f"compression ratio above {limits.max_ratio:.0f}:1 (decompression bomb?)")
+        out.write(chunk)
+    out.seek(0)
+    return out  # type: ignore[return-value]
+
+
+def _iter_tar(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
+    try:
+        tar = tarfile.open(path, "r:*")
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        yield InputFile(name, path.stat().st_size, lambda: io.BytesIO(b""), error=f"cannot read archive: {exc}")
+        return
+    archive_size = path.stat().st_size
+    count = 0
+    with tar:
+        try:
+            for member in tar:
+                count += 1
+                if count > limits.max_members:
+                    yield InputFile(name, 0, lambda: io.BytesIO(b""), error=f"archive has more than {limits.max_members} members")
+                    return
+                label = f"{name}!{member.name}"
+                if member.isdir():
+                    continue
+                reason = _safe_member_name(member.name)
+                if reason is None and (member.issym() or member.islnk()):
+                    reason = "links are not followed"
+                elif reason is None and not member.isfile():
+                    reason = "not a regular file"
+                if reason:
+                    yield InputFile(label, 0, lambda: io.BytesIO(b""), error=f"archive member refused: {reason}")
+                    continue
+                if PurePosixPath(member.name).name.startswith("."):
+                    continue
+                try:
+                    fobj = tar.extractfile(member)
+                    assert fobj is not None
+                    spooled = _spool(fobj, label, member.size, archive_size, limits)
+                except ParseError as exc:
+                    yield InputFile(label, member.size, lambda: io.BytesIO(b""), error=str(exc))
+                    continue
+                yield InputFile(label, member.size, lambda s=spooled: _rewound(s))  # type: ignore[misc]
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+            yield InputFile(name, archive_size, lambda: io.BytesIO(b""), error=f"archive is truncated or corrupt: {exc}")
+
+
+def _rewound(f: BinaryIO) -> BinaryIO:
+    f.seek(0)
+    return _Unclosable(f)
+
+
+class _Unclosable(io.BufferedReader):
+    """Lets a parser 'close' a spooled member without discarding it (it may be read again for hashing)."""
+
+    def __init__(self, f: BinaryIO):
+        super().__init__(f, 1 << 20)  # type: ignore[arg-type]
+
+    def close(self) -> None:  # noqa: D102
+        pass
+
+
+def _iter_zip(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        yield InputFile(name, path.stat().st_size, lambda: io.BytesIO(b""), error=f"cannot read archive: {exc}")
+        return
+    with zf:
+        infos = zf.infolist()
+        if len(infos) > limits.max_members:
+            yield InputFile(name, 0, lambda: io.BytesIO(b""), error=f"archive has more than {limits.max_members} members")
+            return
+        for info in infos:
+            if info.is_dir():
+                continue
+            label = f"{name}!{info.filename}"
+            reason = _safe_member_name(info.filename)
+            if reason is None and (info.external_attr >> 16) & 0o170000 == 0o120000:
+                reason = "links are not followed"
+            if reason:
+                yield InputFile(label, 0, lambda: io.BytesIO(b""), error=f"archive member refused: {reason}")
+                continue
+            if PurePosixPath(info.filename).name.startswith("."):
+                continue
+            if info.file_size > limits.max_decompressed_bytes or (
+                info.file_size > limits.ratio_floor_bytes and info.file_size > limits.max_ratio * max(info.compress_size, 1)
+            ):
+                yield InputFile(label, info.file_size, lambda: io.BytesIO(b""), error="member too large or too compressed (decompression bomb?)")
+                continue
+            try:
+                with zf.open(info) as fobj:
+                    spooled = _spool(fobj, label, info.file_size, info.compress_size, limits)
+            except (ParseError, zipfile.BadZipFile, zlib.error, OSError) as exc:
+                yield InputFile(label, info.file_size, lambda: io.BytesIO(b""), error=str(exc))
+                continue
+            yield InputFile(label, info.file_size, lambda s=spooled: _rewound(s))  # type: ignore[misc]
+
+
+def sha256_of(open_raw: Callable[[], BinaryIO]) -> str:
+    h = hashlib.sha256()
+    with open_raw() as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_rank_hint(name: str) -> int | None:
+    """A rank from a file name: rank-3.json, rank3, worker5_step_12..., trace_rank_2, _r7."""
+    import re
+
+    base = os.path.basename(name.split("!")[-1])
+    for pattern in (r"rank[-_]?(\d+)", r"worker[-_]?(\d+)", r"(?:^|[-_.])r(\d+)(?:[-_.]|$)"):
+        m = re.search(pattern, base, re.IGNORECASE)
+        if m:
+            return int(m.group(1))
+    return None

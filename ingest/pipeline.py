@@ -1,0 +1,162 @@
+"""Ingest files into a run: detect, parse, write each file atomically, then link the run's sources.
+
+A file that fails is recorded with its error and rolled back alone; files with bytes already in
+the run are skipped as duplicates."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+import duckdb
+
+from . import store
+from .inputs import DEFAULT_LIMITS, InputFile, Limits, detect_kind, file_rank_hint, iter_inputs, open_content
+from .records import ParseError, ParseResult, RankHint
+
+Parser = Callable[[io.BufferedReader, str, RankHint, Limits], ParseResult]
+
+
+def _parsers() -> dict[str, Parser]:
+    from .kineto import parse_kineto
+    from .nccl_log import parse_nccl_log
+    from .run_config import parse_run_config
+
+    return {"kineto": parse_kineto, "nccl_log": parse_nccl_log, "run_config": parse_run_config}
+
+
+@dataclass
+class FileOutcome:
+    path: str
+    status: str  # ok | failed | duplicate
+    kind: str | None = None
+    rank: int | None = None
+    events: int = 0
+    error: str | None = None
+    skipped: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    size: int = 0
+
+
+@dataclass
+class IngestSummary:
+    run: str
+    files: list[FileOutcome] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[FileOutcome]:
+        return [f for f in self.files if f.status == "failed"]
+
+
+class _HashingReader(io.RawIOBase):
+    """Passes bytes through while hashing them, so a file is read once for both."""
+
+    def __init__(self, raw: BinaryIO):
+        self._raw = raw
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        data = self._raw.read(len(b))
+        n = len(data)
+        b[:n] = data
+        self.sha.update(data)
+        self.size += n
+        return n
+
+    def drain(self) -> None:
+        while self.readinto(bytearray(1 << 20)):
+            pass
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def ingest_file(
+    con: duckdb.DuckDBPyConnection,
+    run_id: int,
+    item: InputFile,
+    hint: RankHint,
+    limits: Limits = DEFAULT_LIMITS,
+) -> FileOutcome:
+    """Parse and store one input file; never raises for a bad file."""
+    if item.error:
+        store.record_failure(con, run_id, item.name, "unknown", "", item.size, f"{item.name}: {item.error}")
+        return FileOutcome(item.name, "failed", error=f"{item.name}: {item.error}", size=item.size)
+    kind = None
+    hashing = _HashingReader(item.open_raw())
+    try:
+        stream = open_content(io.BufferedReader(hashing, 1 << 20), item.name, limits)
+        kind = detect_kind(stream)
+        file_hint = RankHint(rank=hint.rank if hint.rank is not None else file_rank_hint(item.name), world_size=hint.world_size)
+        result = _parsers()[kind](stream, item.name, file_hint, limits)
+        hashing.drain()
+    except ParseError as exc:
+        try:
+            hashing.drain()
+        except Exception:  # noqa: BLE001 - the hash of a broken file is best effort
+            pass
+        error = f"{item.name}:{exc.where}: {exc.reason}" if exc.where else f"{item.name}: {exc.reason}"
+        store.record_failure(con, run_id, item.name, kind or "unknown", hashing.sha.hexdigest(), hashing.size, error)
+        return FileOutcome(item.name, "failed", kind=kind, error=error, size=hashing.size)
+    finally:
+        hashing.close()
+    sha = hashing.sha.hexdigest()
+    existing = store.find_source(con, run_id, sha)
+    if existing is not None:
+        return FileOutcome(item.name, "duplicate", kind=kind, error=f"same bytes as {existing[1]}, already ingested", size=hashing.size)
+    store.write_result(con, run_id, item.name, sha, hashing.size, result)
+    return FileOutcome(
+        item.name, "ok", kind=kind, rank=result.rank, events=len(result.events),
+        skipped=dict(result.skipped), warnings=list(result.warnings), size=hashing.size,
+    )
+
+
+def ingest_paths(
+    con: duckdb.DuckDBPyConnection,
+    paths: list[Path],
+    run: str,
+    hint: RankHint | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    on_file: Callable[[FileOutcome], None] | None = None,
+    description: str | None = None,
+) -> IngestSummary:
+    run_id = store.ensure_run(con, run, description=description)
+    summary = IngestSummary(run)
+    for item in iter_inputs(paths, limits):
+        outcome = ingest_file(con, run_id, item, hint or RankHint(), limits)
+        summary.files.append(outcome)
+        if on_file:
+            on_file(outcome)
+    finalize_run(con, run_id)
+    return summary
+
+
+def finalize_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+    """Run-level linking after files land: NCCL communicators across processes, harness groups."""
+    from .nccl_link import link_run
+
+    con.execute("BEGIN TRANSACTION")
+    try:
+        link_run(con, run_id)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def run_totals(con: duckdb.DuckDBPyConnection, run: str) -> dict[str, Counter]:
+    """Calls and bytes per op of a run (the summary table)."""
+    rows = con.execute(
+        "SELECT op, count(*), coalesce(sum(msg_bytes), 0), count(DISTINCT rank) FROM comms WHERE run = ? GROUP BY op ORDER BY op",
+        [run],
+    ).fetchall()
+    return {"calls": Counter({r[0]: r[1] for r in rows}), "bytes": Counter({r[0]: r[2] for r in rows})}

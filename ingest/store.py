@@ -1,0 +1,257 @@
+"""The DuckDB store: opening (with schema version checks), runs, sources, and the only code that
+writes trace rows. One file's rows are written in one transaction: all or none."""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterator
+
+import duckdb
+import pyarrow as pa
+
+from .records import ParseResult
+
+SCHEMA_VERSION = 1
+
+# Explicit upgrades: {from_version: [sql, ...]} applied in order up to SCHEMA_VERSION.
+MIGRATIONS: dict[int, list[str]] = {}
+
+
+class StoreError(Exception):
+    """A store problem a person can act on (locked file, wrong schema version, unknown run)."""
+
+
+def schema_sql() -> str:
+    return resources.files("commlens.ingest").joinpath("schema.sql").read_text()
+
+
+def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open (creating if needed) a commlens store and check its schema version."""
+    path = str(path)
+    try:
+        con = duckdb.connect(path, read_only=read_only)
+    except duckdb.IOException as exc:
+        msg = str(exc)
+        if "lock" in msg.lower():
+            holder = re.search(r"PID (\d+)", msg)
+            who = f" (process {holder.group(1)})" if holder else ""
+            raise StoreError(
+                f"{path} is held by another process{who}, probably `commlens serve`. DuckDB allows one "
+                "writer: stop that process, or upload through its API (POST /api/runs/{run}/files)."
+            ) from None
+        raise StoreError(f"cannot open {path}: {msg}") from None
+    except duckdb.Error as exc:
+        raise StoreError(f"cannot open {path} as a DuckDB database: {exc}") from None
+    if read_only:
+        _check_version(con, path)
+        return con
+    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    if "meta" not in tables:
+        if tables - {"meta"}:
+            con.close()
+            raise StoreError(f"{path} is a DuckDB database but not a commlens store (tables: {sorted(tables)})")
+        con.execute(schema_sql())
+        con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+    else:
+        _migrate(con, path)
+    return con
+
+
+def _stored_version(con: duckdb.DuckDBPyConnection) -> int | None:
+    row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return int(row[0]) if row else None
+
+
+def _check_version(con: duckdb.DuckDBPyConnection, path: str) -> None:
+    version = _stored_version(con)
+    if version != SCHEMA_VERSION:
+        raise StoreError(
+            f"{path} has schema version {version}, this commlens expects {SCHEMA_VERSION}; "
+            "open it once for writing to upgrade it"
+        )
+
+
+def _migrate(con: duckdb.DuckDBPyConnection, path: str) -> None:
+    version = _stored_version(con)
+    if version is None:
+        raise StoreError(f"{path}: the meta table has no schema_version")
+    if version > SCHEMA_VERSION:
+        raise StoreError(f"{path} has schema version {version}, newer than this commlens ({SCHEMA_VERSION}); upgrade commlens")
+    while version < SCHEMA_VERSION:
+        steps = MIGRATIONS.get(version)
+        if steps is None:
+            raise StoreError(f"{path}: no upgrade from schema version {version}")
+        con.execute("BEGIN")
+        for sql in steps:
+            con.execute(sql)
+        version += 1
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(version)])
+        con.execute("COMMIT")
+    # Views are recreated on every open so a fixed view definition reaches old files too.
+    view = schema_sql().split("CREATE OR REPLACE VIEW comms", 1)[1]
+    con.execute("CREATE OR REPLACE VIEW comms" + view)
+
+
+# --------------------------------------------------------------------------------------- runs
+
+
+def get_run_id(con: duckdb.DuckDBPyConnection, name: str) -> int | None:
+    row = con.execute("SELECT run_id FROM runs WHERE name = ?", [name]).fetchone()
+    return row[0] if row else None
+
+
+def ensure_run(
+    con: duckdb.DuckDBPyConnection,
+    name: str,
+    description: str | None = None,
+    tags: list[str] | None = None,
+) -> int:
+    run_id = get_run_id(con, name)
+    if run_id is not None:
+        return run_id
+    return con.execute(
+        "INSERT INTO runs (name, description, tags) VALUES (?, ?, ?) RETURNING run_id",
+        [name, description, tags or []],
+    ).fetchone()[0]
+
+
+def set_run_config(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any]) -> None:
+    con.execute(
+        "UPDATE runs SET config = ?, strategy = ?, world_size = ?, updated_at = current_timestamp WHERE run_id = ?",
+        [json.dumps(config), config.get("strategy"), config.get("world_size"), run_id],
+    )
+
+
+# ------------------------------------------------------------------------------------ sources
+
+
+def find_source(con: duckdb.DuckDBPyConnection, run_id: int, sha256: str) -> tuple[int, str] | None:
+    """An already ingested (status ok) source with these bytes in this run."""
+    row = con.execute(
+        "SELECT source_id, path FROM sources WHERE run_id = ? AND sha256 = ? AND status = 'ok' LIMIT 1",
+        [run_id, sha256],
+    ).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def record_failure(
+    con: duckdb.DuckDBPyConnection, run_id: int, path: str, kind: str, sha256: str, size: int, error: str
+) -> int:
+    return con.execute(
+        "INSERT INTO sources (run_id, path, kind, sha256, size_bytes, status, error) "
+        "VALUES (?, ?, ?, ?, ?, 'failed', ?) RETURNING source_id",
+        [run_id, path, kind, sha256, size, error],
+    ).fetchone()[0]
+
+
+# Column order and Arrow types of the tables parsers fill (run_id, source_id added here).
+_COLUMNS: dict[str, dict[str, pa.DataType]] = {
+    "comm_events": {
+        "rank": pa.int32(), "process": pa.string(), "seq": pa.int64(), "op": pa.string(),
+        "dtype": pa.string(), "msg_bytes": pa.int64(), "elems_in": pa.int64(), "elems_out": pa.int64(),
+        "group_size": pa.int32(), "group_key": pa.string(), "peer": pa.int32(), "step": pa.int32(),
+        "ts_us": pa.float64(), "dur_us": pa.float64(), "dur_source": pa.string(), "op_count": pa.int64(),
+        "comm_ptr": pa.string(), "raw_name": pa.string(),
+    },
+    "steps": {"rank": pa.int32(), "step": pa.int32(), "ts_us": pa.float64(), "dur_us": pa.float64()},
+    "nccl_comms": {
+        "group_key": pa.string(), "host": pa.string(), "pid": pa.int32(), "cuda_dev": pa.int32(),
+        "comm_ptr": pa.string(), "comm_rank": pa.int32(), "nranks": pa.int32(), "global_rank": pa.int32(),
+        "comm_id": pa.string(), "parent_ptr": pa.string(), "color": pa.int32(), "split_key": pa.int32(),
+        "bus_id": pa.string(), "nvml_dev": pa.int32(), "api": pa.string(), "nccl_version": pa.string(),
+    },
+    "nccl_topology": {
+        "group_key": pa.string(), "host": pa.string(), "pid": pa.int32(), "comm_ptr": pa.string(),
+        "kind": pa.string(), "channel": pa.int32(), "ranks": pa.list_(pa.int32()), "src_rank": pa.int32(),
+        "dst_rank": pa.int32(), "transport": pa.string(), "detail": pa.string(),
+    },
+    "nccl_tuning": {
+        "host": pa.string(), "pid": pa.int32(), "op": pa.string(), "bytes": pa.int64(), "algo": pa.string(),
+        "proto": pa.string(), "time_us": pa.float64(), "channels": pa.string(),
+    },
+}
+
+
+def _insert_rows(con: duckdb.DuckDBPyConnection, table: str, run_id: int, source_id: int, rows: list[dict]) -> None:
+    if not rows:
+        return
+    columns = _COLUMNS[table]
+    arrow = pa.table({c: pa.array([r.get(c) for r in rows], type=t) for c, t in columns.items()})
+    names = ", ".join(columns)
+    con.register("_commlens_rows", arrow)
+    try:
+        con.execute(
+            f"INSERT INTO {table} (run_id, source_id, {names}) SELECT ?, ?, {names} FROM _commlens_rows",
+            [run_id, source_id],
+        )
+    finally:
+        con.unregister("_commlens_rows")
+
+
+def _merge_groups(con: duckdb.DuckDBPyConnection, run_id: int, groups: list[dict]) -> None:
+    """Insert process groups, or fill the fields an earlier source of the run left empty."""
+    for g in groups:
+        con.execute(
+            """
+            INSERT INTO process_groups (run_id, group_key, name, description, backend, ranks, size, origin, mesh_dim)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (run_id, group_key) DO UPDATE SET
+                name = coalesce(process_groups.name, excluded.name),
+                description = coalesce(process_groups.description, excluded.description),
+                backend = coalesce(process_groups.backend, excluded.backend),
+                ranks = coalesce(process_groups.ranks, excluded.ranks),
+                size = coalesce(process_groups.size, excluded.size),
+                mesh_dim = coalesce(process_groups.mesh_dim, excluded.mesh_dim)
+            """,
+            [
+                run_id, g["group_key"], g.get("name"), g.get("description"), g.get("backend"),
+                g.get("ranks"), g.get("size"), g.get("origin", "event"), g.get("mesh_dim"),
+            ],
+        )
+
+
+def write_result(
+    con: duckdb.DuckDBPyConnection, run_id: int, path: str, sha256: str, size: int, result: ParseResult
+) -> int:
+    """Write one parsed file in one transaction and return its source_id."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        source_id = con.execute(
+            """
+            INSERT INTO sources (run_id, path, kind, sha256, size_bytes, rank, world_size, status,
+                                 n_events, skipped, warnings, meta)
+            VALUES (?, ?, ?, ?, ?, ?, ?, 'ok', ?, ?, ?, ?) RETURNING source_id
+            """,
+            [
+                run_id, path, result.kind, sha256, size, result.rank, result.world_size, len(result.events),
+                json.dumps(dict(result.skipped)), json.dumps(result.warnings), json.dumps(result.meta, default=str),
+            ],
+        ).fetchone()[0]
+        _insert_rows(con, "comm_events", run_id, source_id, result.events)
+        _insert_rows(con, "steps", run_id, source_id, result.steps)
+        _insert_rows(con, "nccl_comms", run_id, source_id, result.nccl_comms)
+        _insert_rows(con, "nccl_topology", run_id, source_id, result.topology)
+        _insert_rows(con, "nccl_tuning", run_id, source_id, result.tuning)
+        _merge_groups(con, run_id, result.groups)
+        if result.run_config is not None:
+            set_run_config(con, run_id, result.run_config)
+        if result.world_size:
+            con.execute(
+                "UPDATE runs SET world_size = greatest(coalesce(world_size, 0), ?) WHERE run_id = ?",
+                [result.world_size, run_id],
+            )
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return source_id
+
+
+def iter_rows(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> Iterator[dict[str, Any]]:
+    cur = con.execute(sql, params or [])
+    names = [d[0] for d in cur.description]
+    for row in cur.fetchall():
+        yield dict(zip(names, row))

@@ -1,0 +1,39 @@
+"""Shared fixtures. Real data lives in ../shared/data and is read in place, never copied."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("COMMLENS_DATA", ROOT.parent / "shared" / "data"))
+
+
+def shared_data() -> Path:
+    """The shared data folder; skip when absent, except under CI where its absence is a failure."""
+    if not SHARED_DATA.is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"shared data folder {SHARED_DATA} is missing; CI needs it beside the clone")
+        pytest.skip(f"shared data folder {SHARED_DATA} not present")
+    return SHARED_DATA
+
+
+@pytest.fixture
+def data_dir() -> Path:
+    return shared_data()
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "store.duckdb"
+
+
+@pytest.fixture
+def con(db_path: Path):
+    from commlens.ingest import store
+
+    c = store.connect(db_path)
+    yield c
+    c.close()

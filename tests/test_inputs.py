@@ -1,0 +1,177 @@
+"""Inputs, archives, hostile files and the store's per-file atomicity (independent of the trace parsers)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+import zipfile
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from commlens.ingest import store
+from commlens.ingest.inputs import Limits, file_rank_hint, iter_inputs
+from commlens.ingest.pipeline import ingest_paths
+
+
+def _run_json(world_size: int = 2, strategy: str = "ddp") -> bytes:
+    return json.dumps(
+        {
+            "schema": "commlens.run/1",
+            "strategy": strategy,
+            "world_size": world_size,
+            "model": {"layers": 2, "hidden": 32, "heads": 4, "vocab": 128, "seq_len": 16},
+            "parallel": {"dp": world_size},
+            "groups": [{"dim": "dp", "ranks": list(range(world_size)), "pg_name": "0", "backend": "gloo"}],
+        }
+    ).encode()
+
+
+def _outcomes(summary) -> dict[str, tuple[str, str | None]]:
+    return {Path(f.path.split("!")[-1]).name: (f.status, f.error) for f in summary.files}
+
+
+def test_empty_binary_and_unknown_files_fail_with_file_and_place(tmp_path: Path, con) -> None:
+    tmp_path = tmp_path / "in"
+    tmp_path.mkdir()
+    (tmp_path / "empty.json").write_bytes(b"")
+    (tmp_path / "junk.bin").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "notes.txt").write_text("just some text\nwith no trace in it\n")
+    summary = ingest_paths(con, [tmp_path], "bad")
+    out = _outcomes(summary)
+    assert out["empty.json"][0] == "failed" and "empty.json:line 1: empty file" in out["empty.json"][1]
+    assert out["junk.bin"][0] == "failed" and "binary data" in out["junk.bin"][1] and "junk.bin:byte 0" in out["junk.bin"][1]
+    assert out["notes.txt"][0] == "failed" and "not a Kineto JSON trace or an NCCL debug log" in out["notes.txt"][1]
+    rows = con.execute("SELECT path, status, error FROM sources ORDER BY path").fetchall()
+    assert [r[1] for r in rows] == ["failed"] * 3 and all(r[2] for r in rows)
+
+
+def test_truncated_gzip_names_the_file(tmp_path: Path, con) -> None:
+    blob = gzip.compress(_run_json() * 1)
+    (tmp_path / "cut.json.gz").write_bytes(blob[: len(blob) // 2])
+    summary = ingest_paths(con, [tmp_path / "cut.json.gz"], "gz")
+    (outcome,) = summary.files
+    assert outcome.status == "failed"
+    assert outcome.error.startswith(str(tmp_path / "cut.json.gz"))
+    assert "truncated gzip" in outcome.error or "corrupt gzip" in outcome.error
+
+
+def test_gzip_decompression_bomb_is_refused(tmp_path: Path, con) -> None:
+    bomb = tmp_path / "bomb.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        f.write(b'{"traceEvents": [' + b" " * (8 << 20))
+    limits = Limits(ratio_floor_bytes=1 << 20, max_ratio=50)
+    summary = ingest_paths(con, [bomb], "bomb", limits=limits)
+    (outcome,) = summary.files
+    assert outcome.status == "failed" and "decompression bomb" in outcome.error
+
+
+def test_archive_traversal_links_and_bombs_are_refused_member_by_member(tmp_path: Path, con) -> None:
+    archive = tmp_path / "evil.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, data in (("../escape.json", _run_json()), ("/abs/run.json", _run_json()), ("ok/run.json", _run_json())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("ok/link.json")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "/etc/passwd"
+        tar.addfile(link)
+        big = b" " * (4 << 20)
+        info = tarfile.TarInfo("ok/bomb.json")
+        info.size = len(big)
+        tar.addfile(info, io.BytesIO(big))
+    limits = Limits(ratio_floor_bytes=1 << 20, max_ratio=50)
+    summary = ingest_paths(con, [archive], "evil", limits=limits)
+    by_member = {f.path.split("!", 1)[1]: f for f in summary.files}
+    assert "path escapes the archive" in by_member["../escape.json"].error
+    assert "absolute path" in by_member["/abs/run.json"].error
+    assert "links are not followed" in by_member["ok/link.json"].error
+    assert "decompression bomb" in by_member["ok/bomb.json"].error
+    assert by_member["ok/run.json"].status == "ok"
+    assert not (tmp_path.parent / "escape.json").exists()
+
+
+def test_zip_members_and_zip_traversal(tmp_path: Path, con) -> None:
+    archive = tmp_path / "runs.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("a/run.json", _run_json(4, "dp4"))
+        zf.writestr("../../evil.json", _run_json())
+    summary = ingest_paths(con, [archive], "zipped")
+    by_member = {f.path.split("!", 1)[1]: f for f in summary.files}
+    assert by_member["a/run.json"].status == "ok"
+    assert by_member["../../evil.json"].status == "failed"
+    assert con.execute("SELECT strategy, world_size FROM runs WHERE name = 'zipped'").fetchone() == ("dp4", 4)
+
+
+def test_too_many_members(tmp_path: Path) -> None:
+    archive = tmp_path / "many.tar"
+    with tarfile.open(archive, "w") as tar:
+        for i in range(5):
+            info = tarfile.TarInfo(f"f{i}.log")
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    items = list(iter_inputs([archive], Limits(max_members=3)))
+    assert items[-1].error == "archive has more than 3 members"
+
+
+def test_corrupt_archive_is_an_error_not_a_crash(tmp_path: Path, con) -> None:
+    tmp_path = tmp_path / "in"
+    tmp_path.mkdir()
+    (tmp_path / "broken.tar.gz").write_bytes(gzip.compress(b"not a tar at all" * 100)[:50])
+    (tmp_path / "broken.zip").write_bytes(b"PK\x03\x04garbage")
+    summary = ingest_paths(con, [tmp_path], "broken")
+    assert [f.status for f in summary.files] == ["failed", "failed"]
+    assert all("archive" in f.error for f in summary.files)
+
+
+def test_failed_file_rolls_back_alone_and_reingest_is_a_noop(tmp_path: Path, con) -> None:
+    good = tmp_path / "run.json"
+    good.write_bytes(_run_json())
+    first = ingest_paths(con, [good], "r1")
+    assert [f.status for f in first.files] == ["ok"]
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b'{"schema": "commlens.run/1", "strategy": "ddp", "world_size": "two"}')
+    second = ingest_paths(con, [bad, good], "r1")
+    statuses = {Path(f.path).name: f.status for f in second.files}
+    assert statuses == {"bad.json": "failed", "run.json": "duplicate"}
+    bad_err = next(f.error for f in second.files if f.path.endswith("bad.json"))
+    assert "$.world_size" in bad_err or "$.model" in bad_err
+    counts = con.execute("SELECT status, count(*) FROM sources GROUP BY status ORDER BY status").fetchall()
+    assert counts == [("failed", 1), ("ok", 1)]
+    assert con.execute("SELECT count(*) FROM process_groups").fetchone()[0] == 1
+
+
+def test_store_refuses_foreign_db_and_newer_schema(tmp_path: Path) -> None:
+    foreign = tmp_path / "other.duckdb"
+    c = duckdb.connect(str(foreign))
+    c.execute("CREATE TABLE x (a INT)")
+    c.close()
+    with pytest.raises(store.StoreError, match="not a commlens store"):
+        store.connect(foreign)
+    newer = tmp_path / "newer.duckdb"
+    c = store.connect(newer)
+    c.execute("UPDATE meta SET value = '999' WHERE key = 'schema_version'")
+    c.close()
+    with pytest.raises(store.StoreError, match="newer than this commlens"):
+        store.connect(newer)
+
+
+def test_comms_view_has_exactly_the_contract_columns(con) -> None:
+    cols = [r[0] for r in con.execute("DESCRIBE comms").fetchall()]
+    assert cols == [
+        "run", "rank", "op", "dtype", "msg_bytes", "elems_in", "elems_out", "group_size", "group_key",
+        "scheme", "peer", "step", "ts_us", "dur_us", "source_kind", "file",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "rank"),
+    [("rank-3.json.gz", 3), ("trace_rank_12.json", 12), ("worker5_step_12.1694.pt.trace.json", 5),
+     ("a.tar.gz!dir/rank0.json", 0), ("host_1234.1700.pt.trace.json", None)],
+)
+def test_rank_from_file_name(name: str, rank: int | None) -> None:
+    assert file_rank_hint(name) == rank

@@ -1,0 +1,56 @@
+"""`commlens ingest` as a user runs it: a real process, exit status, summary table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+
+
+def _commlens(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "commlens.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def _run_json() -> str:
+    return json.dumps({
+        "schema": "commlens.run/1", "strategy": "ddp", "world_size": 2,
+        "model": {"layers": 2, "hidden": 32, "heads": 4, "vocab": 128, "seq_len": 16},
+        "parallel": {"dp": 2},
+        "groups": [{"dim": "dp", "ranks": [0, 1], "pg_name": "0"}],
+    })
+
+
+def test_ingest_exit_status_and_summary(tmp_path: Path) -> None:
+    good, bad = tmp_path / "run.json", tmp_path / "broken.json.gz"
+    good.write_text(_run_json())
+    bad.write_bytes(b"\x1f\x8b\x08\x00garbage")
+    db = tmp_path / "s.duckdb"
+    proc = _commlens("ingest", str(good), str(bad), "--db", str(db), "--run", "demo")
+    assert proc.returncode == 1, proc.stderr
+    assert "broken.json.gz" in proc.stdout and "failed" in proc.stdout
+    assert "2 files: 1 ingested, 0 already present, 1 failed" in " ".join(proc.stdout.split())
+    again = _commlens("ingest", str(good), "--db", str(db), "--run", "demo")
+    assert again.returncode == 0, again.stderr
+    assert "1 already present" in " ".join(again.stdout.split())
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT strategy, world_size FROM runs").fetchall() == [("ddp", 2)]
+
+
+def test_ingest_into_a_locked_store_says_who_holds_it(tmp_path: Path) -> None:
+    db = tmp_path / "held.duckdb"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import duckdb,sys,time; c=duckdb.connect({str(db)!r}); print('ok', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ok"  # type: ignore[union-attr]
+        (tmp_path / "run.json").write_text(_run_json())
+        proc = _commlens("ingest", str(tmp_path / "run.json"), "--db", str(db), "--run", "x")
+        assert proc.returncode == 2
+        assert "held by another process" in proc.stderr and "commlens serve" in proc.stderr
+    finally:
+        holder.kill()
+        holder.wait()

@@ -85,6 +85,8 @@ def _print_summary(con, summary) -> None:  # noqa: ANN001
     for f in summary.files:
         skipped = ", ".join(f"{k}: {v}" for k, v in sorted(f.skipped.items()))
         note = f.error or "; ".join(f.warnings)
+        if note.startswith(f.path + ":"):
+            note = note[len(f.path) + 1 :].lstrip()  # the file is in the first column already
         style = {"failed": "red", "duplicate": "yellow"}.get(f.status)
         files.add_row(f.path, f.kind or "-", f.status, "-" if f.rank is None else str(f.rank), str(f.events), skipped, note or "", style=style)
     console.print(files)

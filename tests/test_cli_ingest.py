@@ -30,7 +30,7 @@ def test_ingest_exit_status_and_summary(tmp_path: Path) -> None:
     db = tmp_path / "s.duckdb"
     proc = _commlens("ingest", str(good), str(bad), "--db", str(db), "--run", "demo")
     assert proc.returncode == 1, proc.stderr
-    assert "broken.json.gz" in proc.stdout and "failed" in proc.stdout
+    assert "truncated gzip data" in proc.stdout and f"{bad}:byte" in proc.stderr
     assert "2 files: 1 ingested, 0 already present, 1 failed" in " ".join(proc.stdout.split())
     again = _commlens("ingest", str(good), "--db", str(db), "--run", "demo")
     assert again.returncode == 0, again.stderr

@@ -1,0 +1,236 @@
+"""Pydantic result models of the analysis functions (served as they are by the API)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Scheme = Literal["dp", "tp", "pp", "cp", "ep", "other"]
+SCHEMES: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "other")
+SchemeSource = Literal["override", "label", "structure", "unknown"]
+Severity = Literal["high", "medium", "low", "info"]
+SEVERITY_ORDER: dict[str, int] = {"high": 0, "medium": 1, "low": 2, "info": 3}
+
+
+# ------------------------------------------------------------------------------ attribution
+
+
+class GroupAttribution(BaseModel):
+    group_key: str
+    name: str | None = None
+    description: str | None = None
+    ranks: list[int] | None = None
+    size: int | None = None
+    scheme: Scheme
+    source: SchemeSource
+    reason: str
+    confidence: float = Field(ge=0.0, le=1.0)
+    calls: int = 0  # comm events recorded on the group in this run
+
+
+class AttributionSummary(BaseModel):
+    run: str
+    groups: list[GroupAttribution]
+    unattributed_events: int  # events with no group_key: no scheme can be given to them
+    events_by_scheme: dict[str, int]
+
+
+# ------------------------------------------------------------------------------- iterations
+
+
+class CommPeriod(BaseModel):
+    """The repeating unit of one communicator's (op, msg_bytes) sequence in one process."""
+
+    process: str
+    group_key: str | None
+    calls: int
+    period: int | None  # calls per repeating unit; None when no repetition was found
+    offset: int | None = None  # calls before the repeating part starts (setup traffic)
+    repeats: int | None = None  # complete repeating units
+    units_per_iteration: int | None = None  # repeats / the process's iteration count
+    note: str | None = None
+
+
+class ProcessIterations(BaseModel):
+    process: str
+    rank: int | None
+    iterations: int | None  # None when no communicator of the process repeats
+
+
+class PeriodReport(BaseModel):
+    run: str
+    processes: list[ProcessIterations]
+    comms: list[CommPeriod]
+    found: bool
+    message: str
+
+
+class IterationInfo(BaseModel):
+    """How a run's calls divide into iterations, per rank (or per process for rank-less logs)."""
+
+    run: str
+    mode: Literal["steps", "detected", "mixed", "none"]
+    iterations: dict[str, int]  # rank key -> iterations
+    message: str
+
+
+# ------------------------------------------------------------------------------- histograms
+
+
+class BinSpec(BaseModel):
+    key: str  # "zero", "unknown" or "2^k"
+    label: str  # "0 B", "1 KiB-2 KiB", "unknown size"
+    k: int | None = None  # bin k = [2^k, 2^(k+1)) bytes
+    lo: int | None = None
+    hi: int | None = None  # exclusive
+
+
+class HistogramSeries(BaseModel):
+    scheme: str | None  # None: calls without a group (not attributable)
+    op: str
+    dtype: str | None
+    calls: list[float]  # aligned with Histogram.bins
+    bytes: list[float]
+    values: list[float]  # calls or bytes, as Histogram.weight says
+    total_calls: float
+    total_bytes: float
+
+
+class Histogram(BaseModel):
+    run: str
+    weight: Literal["calls", "bytes"]
+    normalization: Literal["per_rank_per_iteration", "per_rank", "none"]
+    filters: dict[str, str | int | None]
+    n_ranks: int
+    iterations: IterationInfo | None = None
+    bins: list[BinSpec]
+    series: list[HistogramSeries]
+    excluded: dict[str, int] = {}  # reason -> calls left out of a normalised histogram
+    unattributed_events: int = 0
+    notes: list[str] = []
+
+
+# -------------------------------------------------------------------------------- bandwidth
+
+
+class BinBandwidth(BaseModel):
+    op: str
+    bin: BinSpec
+    calls: int
+    median_bytes: float
+    median_dur_us: float
+    median_algbw_gbps: float
+    median_busbw_gbps: float
+    group_sizes: list[int]
+
+
+class OpBandwidth(BaseModel):
+    op: str
+    calls: int
+    best_busbw_gbps: float  # highest bin median
+    best_bin: str
+    half_bw_bytes: int | None  # smallest bin lower bound whose median busbw reaches half the best
+    half_bw_label: str | None
+    latency_bound_calls: int  # calls below half_bw_bytes
+    latency_bound_time_us: float
+
+
+class SchemeOpBandwidth(BaseModel):
+    scheme: str | None
+    op: str
+    calls: int
+    time_us: float
+    median_busbw_gbps: float
+    large_calls: int  # calls at or above the op's half-bandwidth size
+    large_median_busbw_gbps: float | None
+
+
+class CallBandwidth(BaseModel):
+    rank: int | None
+    process: str | None
+    scheme: str | None
+    op: str
+    group_size: int
+    msg_bytes: int
+    dur_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    busbw_factor: float
+
+
+class BandwidthReport(BaseModel):
+    run: str
+    calls_with_duration: int
+    excluded: dict[str, int]  # reason -> calls without a usable measured duration
+    bins: list[BinBandwidth]
+    ops: list[OpBandwidth]
+    by_scheme: list[SchemeOpBandwidth]
+    best_busbw_gbps: float | None  # the run's best bin median over all ops
+    notes: list[str] = []
+
+
+# ------------------------------------------------------------------------------------ ranks
+
+
+class RankSchemeTotal(BaseModel):
+    rank: str  # global rank, or the process ("host:pid") when the source has no rank
+    scheme: str | None
+    calls: int
+    bytes: int
+    time_us: float | None  # measured durations only
+    iterations: int | None
+    bytes_per_iteration: float | None
+    time_us_per_iteration: float | None
+
+
+class Imbalance(BaseModel):
+    scheme: str | None  # None: all schemes together
+    metric: Literal["bytes", "time_us"]
+    basis: Literal["per_iteration", "total"]
+    ranks: int
+    max: float
+    mean: float
+    max_over_mean: float
+    max_rank: str
+    min_rank: str
+
+
+class RankTotals(BaseModel):
+    run: str
+    rows: list[RankSchemeTotal]
+    imbalance: list[Imbalance]
+    notes: list[str] = []
+
+
+# --------------------------------------------------------------------------------- findings
+
+
+class SchemeComparison(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    scheme: str
+    predicted_bytes: float
+    measured_bytes: float
+    unexplained_calls: int = 0
+    unexplained_bytes: float = 0.0
+
+
+class ComparisonInput(BaseModel):
+    """What findings need from a predicted-vs-measured comparison (the predictor builds the full one)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    per_scheme: list[SchemeComparison]
+    basis: str = "per rank per iteration"
+    tolerance: float = 0.05
+
+
+class Finding(BaseModel):
+    id: str
+    title: str
+    severity: Severity
+    impact: float  # share of the run's communication (time, else bytes) it concerns, 0..1
+    evidence: dict[str, float | int | str | None]
+    view: dict[str, str | int | None]
+    suggestion: str

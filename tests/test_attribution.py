@@ -1,0 +1,191 @@
+"""Scheme attribution on synthetic stores (labels, structure, overrides) and on real traces."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from commlens.backend.attribution import (
+    attribute_run,
+    attribution_summary,
+    clear_override,
+    description_label,
+    layout_stride,
+    set_override,
+)
+from commlens.ingest import store
+from commlens.ingest.records import ParseResult
+
+MiB = 1 << 20
+
+
+def write(con, run: str, events: list[dict], groups: list[dict] = (), kind: str = "kineto", config: dict | None = None,
+          rank: int | None = None) -> None:
+    run_id = store.ensure_run(con, run)
+    result = ParseResult(kind=kind, rank=rank, events=events, groups=list(groups))
+    digest = hashlib.sha256(json.dumps([run, events, list(groups)], default=str).encode()).hexdigest()
+    store.write_result(con, run_id, f"{run}-{digest[:8]}", digest, 1, result)
+    if config is not None:
+        store.set_run_config(con, run_id, config)
+
+
+def ev(rank: int, seq: int, op: str, size: int | None, group: str | None, n: int, **kw) -> dict:
+    return {"rank": rank, "process": f"r{rank}", "seq": seq, "op": op, "dtype": "float32", "msg_bytes": size,
+            "group_size": n, "group_key": group, **kw}
+
+
+def grid_2x2(con, run: str, descs: dict[str, str | None] | None = None, mesh_dims: dict[str, str] | None = None) -> None:
+    """4 ranks: tp groups {0,1},{2,3} with many same-size all_reduces; dp groups {0,2},{1,3} with few big ones."""
+    descs = descs or {}
+    mesh_dims = mesh_dims or {}
+    groups = [
+        {"group_key": "pg:tpA", "ranks": [0, 1], "size": 2, "origin": "pg_config", "description": descs.get("tpA"), "mesh_dim": mesh_dims.get("tpA")},
+        {"group_key": "pg:tpB", "ranks": [2, 3], "size": 2, "origin": "pg_config", "description": descs.get("tpB"), "mesh_dim": mesh_dims.get("tpB")},
+        {"group_key": "pg:dpA", "ranks": [0, 2], "size": 2, "origin": "pg_config", "description": descs.get("dpA"), "mesh_dim": mesh_dims.get("dpA")},
+        {"group_key": "pg:dpB", "ranks": [1, 3], "size": 2, "origin": "pg_config", "description": descs.get("dpB"), "mesh_dim": mesh_dims.get("dpB")},
+        {"group_key": "pg:0", "ranks": [0, 1, 2, 3], "size": 4, "origin": "pg_config", "description": "default_pg"},
+    ]
+    for rank in range(4):
+        tp = "pg:tpA" if rank < 2 else "pg:tpB"
+        dp = "pg:dpA" if rank % 2 == 0 else "pg:dpB"
+        events = [ev(rank, i, "all_reduce", 64 * 1024, tp, 2) for i in range(8)]
+        events += [ev(rank, 8 + i, "all_reduce", 25 * MiB, dp, 2) for i in range(2)]
+        events.append(ev(rank, 10, "barrier", 0, "pg:0", 4))
+        write(con, run, events, groups if rank == 0 else [], rank=rank)
+
+
+def schemes(con, run: str) -> dict[str, tuple[str, str]]:
+    return {a.group_key: (a.scheme, a.source) for a in attribution_summary(con, run).groups}
+
+
+def test_2x2_by_structure_alone(con):
+    grid_2x2(con, "grid")
+    result = {a.group_key: a for a in attribute_run(con, "grid")}
+    assert {k: (a.scheme, a.source) for k, a in result.items()} == {
+        "pg:tpA": ("tp", "structure"), "pg:tpB": ("tp", "structure"),
+        "pg:dpA": ("dp", "structure"), "pg:dpB": ("dp", "structure"),
+        "pg:0": ("other", "structure"),
+    }
+    # Structure is a convention, and the reason and confidence say so.
+    assert result["pg:tpA"].confidence <= 0.5 and "convention" in result["pg:tpA"].reason
+    assert "stride 2" in result["pg:dpA"].reason
+    # The comms view shows it.
+    rows = dict(con.execute("SELECT scheme, count(*) FROM comms WHERE run = 'grid' GROUP BY 1").fetchall())
+    assert rows == {"tp": 32, "dp": 8, "other": 4}
+
+
+def test_2x2_labels_win_over_structure(con):
+    # Labels that contradict the layout convention: the labels are what the user's code said.
+    grid_2x2(con, "labelled", descs={"tpA": "mesh_dp", "tpB": "mesh_dp", "dpA": "TENSOR_MODEL_PARALLEL_GROUP"},
+             mesh_dims={"dpB": "tp"})
+    result = {a.group_key: a for a in attribute_run(con, "labelled")}
+    assert (result["pg:tpA"].scheme, result["pg:tpA"].source) == ("dp", "label")
+    assert "mesh_dp" in result["pg:tpA"].reason
+    assert (result["pg:dpA"].scheme, result["pg:dpA"].source) == ("tp", "label")
+    assert "Megatron" in result["pg:dpA"].reason
+    assert (result["pg:dpB"].scheme, result["pg:dpB"].source) == ("tp", "label")
+
+
+def test_run_config_groups_and_mesh_label_by_ranks(con):
+    grid_2x2(con, "cfg")
+    config = {"strategy": "dp2-tp2", "world_size": 4, "parallel": {"dp": 2, "tp": 2},
+              "mesh_dims": ["dp", "tp"], "mesh_shape": [2, 2],
+              "groups": [{"dim": "tp", "ranks": [2, 3]}]}
+    store.set_run_config(con, store.get_run_id(con, "cfg"), config)
+    result = {a.group_key: a for a in attribute_run(con, "cfg")}
+    assert result["pg:tpB"].scheme == "tp" and "run.json group" in result["pg:tpB"].reason
+    # {0,1} is not listed but the row-major 2x2 mesh (dp, tp) makes it a tp group, {0,2} a dp group.
+    assert result["pg:tpA"].scheme == "tp" and "mesh_dims" in result["pg:tpA"].reason
+    assert result["pg:dpA"].scheme == "dp" and result["pg:dpA"].source == "label"
+
+
+def test_override_is_kept_and_can_be_cleared(con):
+    grid_2x2(con, "ovr")
+    attribute_run(con, "ovr")
+    with pytest.raises(ValueError):
+        set_override(con, "ovr", "pg:tpA", "zz", "typo")
+    with pytest.raises(ValueError):
+        set_override(con, "ovr", "pg:tpA", "cp", " ")
+    with pytest.raises(LookupError):
+        set_override(con, "ovr", "pg:nope", "cp", "no such group")
+    a = set_override(con, "ovr", "pg:tpA", "cp", "ring attention over these ranks")
+    assert (a.scheme, a.source, a.confidence) == ("cp", "override", 1.0)
+    again = {g.group_key: g for g in attribute_run(con, "ovr")}
+    assert (again["pg:tpA"].scheme, again["pg:tpA"].source) == ("cp", "override")
+    assert "ring attention" in again["pg:tpA"].reason
+    assert again["pg:tpB"].scheme == "tp"
+    cleared = {g.group_key: g for g in clear_override(con, "ovr", "pg:tpA")}
+    assert (cleared["pg:tpA"].scheme, cleared["pg:tpA"].source) == ("tp", "structure")
+
+
+def test_world_group_alone_with_gradient_all_reduce_is_dp(con):
+    groups = [{"group_key": "pg:0", "ranks": [0, 1], "size": 2, "origin": "pg_config", "description": "default_pg"},
+              {"group_key": "pg:1", "ranks": [0, 1], "size": 2, "origin": "pg_config", "description": "undefined"}]
+    events = [ev(0, 0, "broadcast", 4096, "pg:0", 2)] + [ev(0, i, "all_reduce", 24 * MiB, "pg:0", 2) for i in range(1, 4)]
+    write(con, "ddp", events, groups, rank=0)
+    result = {a.group_key: a for a in attribute_run(con, "ddp")}
+    assert (result["pg:0"].scheme, result["pg:0"].source) == ("dp", "structure")
+    assert "only group with traffic" in result["pg:0"].reason and "24.0 MiB" in result["pg:0"].reason
+    # The unused second group says why it stays other.
+    assert (result["pg:1"].scheme, result["pg:1"].source, result["pg:1"].confidence) == ("other", "unknown", 0.0)
+
+
+def test_world_group_with_small_all_reduce_only_is_not_dp(con):
+    events = [ev(0, i, "all_reduce", 4, "pg:0", 2) for i in range(10)]
+    write(con, "tiny", events, [{"group_key": "pg:0", "ranks": [0, 1], "size": 2, "origin": "pg_config"}], rank=0)
+    [a] = attribute_run(con, "tiny")
+    assert a.scheme == "other" and "without gradient-sized all_reduce" in a.reason
+
+
+def test_world_group_mixing_all_to_all_and_all_reduce_is_other(con):
+    events = [ev(0, 0, "all_to_all", 8 * MiB, "pg:0", 8), ev(0, 1, "all_reduce", 4 * MiB, "pg:0", 8)]
+    write(con, "dlrm", events, [{"group_key": "pg:0", "ranks": list(range(8)), "size": 8, "origin": "pg_config"}], rank=0)
+    [a] = attribute_run(con, "dlrm")
+    assert a.scheme == "other" and "all_to_all" in a.reason and a.confidence <= 0.3
+
+
+def test_pipeline_neighbours_pp_and_ring_cp_and_unattributed_count(con):
+    groups = [{"group_key": "nccl:pp", "ranks": [0, 2, 4, 6], "size": 4, "origin": "nccl_init"},
+              {"group_key": "nccl:ring", "ranks": [1, 3, 5, 7], "size": 4, "origin": "nccl_init"}]
+    events = []
+    for i, r in enumerate([0, 2, 4]):
+        events.append(ev(r, i, "send", 8 * MiB, "nccl:pp", 4, peer=[2, 4, 6][i]))
+    for i, (r, peer) in enumerate([(1, 3), (3, 5), (5, 7), (7, 1)]):
+        events.append(ev(r, 10 + i, "send", 1 * MiB, "nccl:ring", 4, peer=peer))
+    events.append(ev(0, 20, "all_reduce", 4, None, 8))
+    write(con, "pp", events, groups, kind="nccl_log")
+    result = {a.group_key: a for a in attribute_run(con, "pp")}
+    assert (result["nccl:pp"].scheme, result["nccl:pp"].source) == ("pp", "structure")
+    assert "neighbouring" in result["nccl:pp"].reason
+    assert result["nccl:ring"].scheme == "cp" and "ring" in result["nccl:ring"].reason
+    summary = attribution_summary(con, "pp")
+    assert summary.unattributed_events == 1
+    assert summary.events_by_scheme == {"pp": 3, "cp": 4, "unattributed": 1}
+
+
+def test_all_to_all_subgroup_is_weak_ep_and_events_without_group_rows(con):
+    # The group exists only in events: attribution creates its row so the view can show a scheme.
+    events = [ev(r, 0, "all_to_all", MiB, "pg:7", 4) for r in range(4)]
+    write(con, "moe", events)
+    [a] = attribute_run(con, "moe")
+    assert (a.group_key, a.scheme, a.source) == ("pg:7", "ep", "structure")
+    assert a.confidence <= 0.3 and "weak evidence" in a.reason
+    assert con.execute("SELECT DISTINCT scheme FROM comms WHERE run = 'moe'").fetchall() == [("ep",)]
+
+
+def test_description_and_layout_helpers():
+    assert description_label("mesh_dp_shard")[0] == "dp"
+    assert description_label("mesh_tp")[0] == "tp"
+    assert description_label("DATA_PARALLEL_GROUP_WITH_CP_GLOO")[0] == "dp"
+    assert description_label("EXPERT_DATA_PARALLEL_GROUP")[0] == "dp"
+    assert description_label("EXPERT_MODEL_PARALLEL_GROUP")[0] == "ep"
+    assert description_label("EMBEDDING_GROUP")[0] == "pp"
+    assert description_label("MODEL_PARALLEL_GROUP")[0] == "other"
+    assert description_label("sequence_data_parallel_group")[0] == "dp"
+    assert description_label("sequence_parallel_group")[0] == "cp"
+    assert description_label("default_pg") is None
+    assert description_label("undefined") is None
+    assert layout_stride([0, 1, 2, 3]) == 1 and layout_stride([1, 5, 9]) == 4
+    assert layout_stride([0, 1, 3]) is None and layout_stride([3]) is None

@@ -1,0 +1,253 @@
+"""Bandwidth (algbw, busbw factors, half-bandwidth size), per-rank totals and findings, each checked
+firing and staying silent."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from commlens.backend.attribution import attribute_run
+from commlens.backend.bandwidth import bandwidth, call_bandwidth
+from commlens.backend.findings import findings
+from commlens.backend.models import ComparisonInput
+from commlens.backend.ranks import rank_totals
+from commlens.ingest import store
+from commlens.ingest.records import ParseResult
+
+MiB = 1 << 20
+
+
+def write(con, run: str, events: list[dict], groups: list[dict] = (), config: dict | None = None, rank=None) -> None:
+    run_id = store.ensure_run(con, run)
+    result = ParseResult(kind="kineto", rank=rank, events=events, groups=list(groups))
+    digest = hashlib.sha256(json.dumps([run, events, list(groups)], default=str).encode()).hexdigest()
+    store.write_result(con, run_id, f"{run}-{digest[:8]}", digest, 1, result)
+    if config is not None:
+        store.set_run_config(con, run_id, config)
+
+
+def ev(rank: int, seq: int, op: str, size, group: str, n: int, dur=None, src="kernel", **kw) -> dict:
+    return {"rank": rank, "process": f"r{rank}", "seq": seq, "op": op, "dtype": "float32", "msg_bytes": size,
+            "group_size": n, "group_key": group, "dur_us": dur, "dur_source": src if dur is not None else None, **kw}
+
+
+def group(key: str, ranks: list[int], desc: str | None = None, backend: str = "cuda:nccl") -> dict:
+    return {"group_key": key, "ranks": ranks, "size": len(ranks), "origin": "pg_config", "description": desc,
+            "backend": backend}
+
+
+# -------------------------------------------------------------------------------- bandwidth
+
+
+def bw_run(con) -> None:
+    events = [
+        ev(0, 0, "all_reduce", 4096, "pg:w", 4, dur=10.0),
+        ev(0, 1, "all_reduce", MiB, "pg:w", 4, dur=40.0),
+        ev(0, 2, "all_reduce", 64 * MiB, "pg:w", 4, dur=900.0),
+        ev(0, 3, "all_reduce", 64 * MiB, "pg:w", 4, dur=1000.0),
+        ev(0, 4, "all_reduce", 64 * MiB, "pg:w", 4, dur=1100.0),
+        ev(0, 5, "all_gather", 8 * MiB, "pg:pair", 2, dur=100.0),
+        ev(0, 6, "send", MiB, "pg:pair", 2, dur=20.0, peer=1),
+        # Left out, each for its reason:
+        ev(0, 7, "broadcast", MiB, "pg:w", 4, dur=5.0, src="cpu_op"),
+        ev(0, 8, "all_reduce", MiB, "pg:w", 4),
+        ev(0, 9, "barrier", 0, "pg:w", 4, dur=3.0),
+        ev(0, 10, "all_gather", 0, "pg:w", 4, dur=3.0),
+        ev(0, 11, "all_reduce", MiB, "pg:self", 1, dur=3.0),
+        ev(0, 12, "all_reduce", MiB, "pg:w", 4, dur=3.0, src=None) | {"dur_source": None},
+        ev(0, 13, "all_reduce", None, "pg:w", 4, dur=3.0),
+        # gloo: the CPU op time is the transfer time.
+        ev(0, 14, "all_reduce", MiB, "pg:gloo", 2, dur=100.0, src="cpu_op"),
+    ]
+    groups = [group("pg:w", [0, 1, 2, 3], "default_pg"), group("pg:pair", [0, 1]), group("pg:self", [0]),
+              group("pg:gloo", [0, 1], backend="cpu:gloo")]
+    write(con, "bw", events, groups, rank=0)
+
+
+def test_bandwidth_factors_bins_and_half_size(con):
+    bw_run(con)
+    report = bandwidth(con, "bw")
+    assert report.calls_with_duration == 8
+    assert report.excluded == {
+        "CPU enqueue time of an NCCL call is not its transfer time": 1, "no measured duration": 1,
+        "barrier moves no payload": 1, "zero-byte call": 1, "single-rank group": 1,
+        "duration of unknown origin": 1, "no message size": 1,
+    }
+    bins = {(b.op, b.bin.label): b for b in report.bins}
+    big = bins[("all_reduce", "64 MiB-128 MiB")]
+    assert big.calls == 3 and big.median_dur_us == 1000.0
+    assert big.median_algbw_gbps == pytest.approx(64 * MiB / 1000 / 1e3)
+    assert big.median_busbw_gbps == pytest.approx(64 * MiB / 1000 / 1e3 * 2 * 3 / 4)  # 2(n-1)/n, n = 4
+    ag = bins[("all_gather", "8 MiB-16 MiB")]
+    assert ag.median_busbw_gbps == pytest.approx(8 * MiB / 100 / 1e3 * 0.5)  # (n-1)/n, n = 2
+    assert bins[("send", "1 MiB-2 MiB")].median_busbw_gbps == pytest.approx(MiB / 20 / 1e3)  # factor 1
+    # The 1 MiB all_reduce bin holds one NCCL call (4 ranks) and one gloo call (2 ranks): median of both.
+    mid = bins[("all_reduce", "1 MiB-2 MiB")]
+    assert mid.calls == 2 and mid.group_sizes == [2, 4]
+    assert mid.median_busbw_gbps == pytest.approx((MiB / 40 / 1e3 * 1.5 + MiB / 100 / 1e3 * 1.0) / 2)
+    ops = {o.op: o for o in report.ops}
+    ar = ops["all_reduce"]
+    assert ar.best_busbw_gbps == pytest.approx(big.median_busbw_gbps) and ar.best_bin == "64 MiB-128 MiB"
+    # 1 MiB reaches ~25 % of the best, so the curve crosses half only at 64 MiB: latency-bound below.
+    assert ar.half_bw_bytes == 64 * MiB and ar.half_bw_label == "64 MiB-128 MiB"
+    assert ar.latency_bound_calls == 3 and ar.latency_bound_time_us == pytest.approx(10 + 40 + 100)
+    assert report.best_busbw_gbps == pytest.approx(big.median_busbw_gbps)
+    calls = call_bandwidth(con, "bw", op="send")
+    assert len(calls) == 1 and calls[0].busbw_factor == 1.0 and calls[0].algbw_gbps == pytest.approx(MiB / 20 / 1e3)
+    assert len(call_bandwidth(con, "bw", limit=2)) == 2 and call_bandwidth(con, "bw")[0].msg_bytes == 64 * MiB
+
+
+def test_bandwidth_without_durations_says_so(con):
+    write(con, "nodur", [ev(0, 0, "all_reduce", MiB, "pg:w", 4)], [group("pg:w", [0, 1, 2, 3])], rank=0)
+    report = bandwidth(con, "nodur")
+    assert report.calls_with_duration == 0 and report.bins == [] and report.best_busbw_gbps is None
+    assert report.notes and report.excluded == {"no measured duration": 1}
+
+
+# ------------------------------------------------------------------------------ rank totals
+
+
+def test_rank_totals_and_imbalance(con):
+    groups = [group("pg:dp", [0, 1], "mesh_dp")]
+    write(con, "imb", [ev(0, i, "all_reduce", MiB, "pg:dp", 2, dur=10.0) for i in range(4)], groups, rank=0)
+    write(con, "imb", [ev(1, i, "all_reduce", MiB, "pg:dp", 2, dur=30.0) for i in range(2)], rank=1)
+    attribute_run(con, "imb")
+    totals = rank_totals(con, "imb")
+    rows = {(r.rank, r.scheme): r for r in totals.rows}
+    assert rows[("0", "dp")].bytes == 4 * MiB and rows[("1", "dp")].bytes == 2 * MiB
+    assert rows[("0", "dp")].time_us == 40.0 and rows[("1", "dp")].time_us == 60.0
+    imb = {(i.scheme, i.metric): i for i in totals.imbalance}
+    assert imb[("dp", "bytes")].max_over_mean == pytest.approx(4 / 3) and imb[("dp", "bytes")].max_rank == "0"
+    assert imb[("dp", "time_us")].max_over_mean == pytest.approx(60 / 50) and imb[("dp", "time_us")].max_rank == "1"
+    assert imb[("dp", "bytes")].basis == "total"
+    found = {f.id: f for f in findings(con, "imb")}
+    assert found["imbalance:dp:bytes"].severity == "medium"
+    assert found["imbalance:dp:bytes"].evidence["max_rank"] == "0"
+    assert found["imbalance:dp:time_us"].severity == "low"
+    assert found["imbalance:dp:bytes"].view == {"page": "ranks", "scheme": "dp", "metric": "bytes", "rank": "0"}
+    # The overall imbalance repeats the per-scheme one and is not reported twice.
+    assert "imbalance:all schemes:bytes" not in found
+
+
+def test_balanced_ranks_and_pipeline_ends_do_not_fire(con):
+    groups = [group("pg:dp", [0, 1], "mesh_dp")]
+    for rank in (0, 1):
+        write(con, "bal", [ev(rank, i, "all_reduce", 64 * MiB, "pg:dp", 2, dur=1000.0) for i in range(4)],
+              groups if rank == 0 else [], rank=rank)
+    attribute_run(con, "bal")
+    assert not [f for f in findings(con, "bal") if f.id.startswith("imbalance")]
+    # A 4-stage chain: end stages move half the bytes of interior stages, as expected (ratio 4/3).
+    pp = [group("pg:pp", [0, 1, 2, 3], "mesh_pp")]
+    seqs = {0: [("send", 1)], 1: [("recv", 0), ("send", 2)], 2: [("recv", 1), ("send", 3)], 3: [("recv", 2)]}
+    for rank, calls in seqs.items():
+        write(con, "chain", [ev(rank, i, op, 64 * MiB, "pg:pp", 4, peer=p) for i, (op, p) in enumerate(calls)],
+              pp if rank == 0 else [], rank=rank)
+    attribute_run(con, "chain")
+    totals = rank_totals(con, "chain")
+    assert {(i.scheme, i.metric): i.max_over_mean for i in totals.imbalance}[("pp", "bytes")] == pytest.approx(4 / 3)
+    assert not [f for f in findings(con, "chain") if f.id.startswith("imbalance")]
+
+
+# --------------------------------------------------------------------------- small messages
+
+
+def pipe_run(con, small: int) -> None:
+    groups = [group("pg:pp", [0, 1], "mesh_pp")]
+    events = [ev(0, i, "send", 4096, "pg:pp", 2, dur=10.0, peer=1) for i in range(small)]
+    events += [ev(0, small + i, "send", 64 * MiB, "pg:pp", 2, dur=1000.0, peer=1) for i in range(2)]
+    write(con, f"pipe{small}", events, groups, rank=0)
+    attribute_run(con, f"pipe{small}")
+
+
+def test_small_pipeline_messages_fire_with_exact_evidence(con):
+    pipe_run(con, 10)
+    [f] = [f for f in findings(con, "pipe10") if f.id.startswith("small-messages")]
+    assert f.id == "small-messages:pp" and f.severity == "medium"  # 10 of 12 calls, 100 of 2100 us
+    assert f.evidence["small_calls"] == 10 and f.evidence["calls"] == 12
+    assert f.evidence["small_call_share"] == pytest.approx(10 / 12)
+    assert f.evidence["small_time_share"] == pytest.approx(100 / 2100)
+    assert f.evidence["threshold_bytes"] == 64 * MiB and "measured" in f.evidence["threshold"]
+    assert f.view == {"page": "histograms", "scheme": "pp", "op": "send"}
+    assert "batch_isend_irecv" in f.suggestion
+    assert f.impact == pytest.approx(100 / 2100)
+
+
+def test_small_messages_silent_when_few(con):
+    pipe_run(con, 0)
+    assert not [f for f in findings(con, "pipe0") if f.id.startswith("small-messages")]
+    # Without durations the default threshold applies and the evidence says so.
+    groups = [group("pg:tp", [0, 1], "mesh_tp")]
+    write(con, "nodur", [ev(0, i, "all_reduce", 8192, "pg:tp", 2) for i in range(3)]
+          + [ev(0, 3, "all_reduce", 8 * MiB, "pg:tp", 2)], groups, rank=0)
+    attribute_run(con, "nodur")
+    [f] = findings(con, "nodur")
+    assert f.id == "small-messages:tp" and f.severity == "medium" and f.evidence["small_time_share"] is None
+    assert "default" in f.evidence["threshold"] and f.evidence["threshold_bytes"] == 64 * 1024
+
+
+# ------------------------------------------------------------------------------- low busbw
+
+
+def test_low_busbw_against_run_best(con):
+    groups = [group("pg:tp", [0, 1], "mesh_tp"), group("pg:dp", [0, 2], "mesh_dp")]
+    events = [ev(0, i, "all_reduce", 16 * MiB, "pg:tp", 2, dur=100.0) for i in range(3)]
+    events += [ev(0, 3 + i, "all_reduce", 16 * MiB, "pg:dp", 2, dur=1000.0) for i in range(3)]
+    write(con, "slow", events, groups, rank=0)
+    attribute_run(con, "slow")
+    found = {f.id: f for f in findings(con, "slow")}
+    low = found["low-busbw:dp:all_reduce"]
+    fast, slow = 16 * MiB / 100 / 1e3, 16 * MiB / 1000 / 1e3  # factor 1 for n = 2
+    assert low.evidence["run_best_busbw_gbps"] == pytest.approx((fast + slow) / 2)
+    assert low.evidence["ratio"] == pytest.approx(slow / ((fast + slow) / 2))
+    assert low.severity == "high"
+    assert "low-busbw:tp:all_reduce" not in found
+    # Same speed everywhere: nothing to report.
+    events = [ev(0, i, "all_reduce", 16 * MiB, g, 2, dur=100.0) for i, g in enumerate(["pg:tp"] * 3 + ["pg:dp"] * 3)]
+    write(con, "even", events, groups, rank=0)
+    attribute_run(con, "even")
+    assert not [f for f in findings(con, "even") if f.id.startswith("low-busbw")]
+
+
+# ----------------------------------------------------------------------- config and comparison
+
+
+def test_zero_accumulation_from_config(con):
+    def cfg(zero, m):
+        return {"strategy": "zero", "world_size": 2, "parallel": {"dp": 2, "zero": zero, "micro_batches": m}}
+
+    for name, zero, m in (("z3m4", 3, 4), ("z2m3", 2, 3), ("z1m4", 1, 4), ("z3m1", 3, 1)):
+        write(con, name, [ev(0, 0, "reduce_scatter", 64 * MiB, "pg:dp", 2)], [group("pg:dp", [0, 1], "mesh_dp")],
+              config=cfg(zero, m), rank=0)
+        attribute_run(con, name)
+    [z3] = [f for f in findings(con, "z3m4") if f.id == "zero-accumulation"]
+    assert z3.severity == "high" and z3.evidence["predicted_ratio"] == 6.0 and z3.evidence["micro_batches"] == 4
+    [z2] = [f for f in findings(con, "z2m3") if f.id == "zero-accumulation"]
+    assert z2.severity == "medium" and z2.evidence["predicted_ratio"] == 2.0
+    assert not [f for f in findings(con, "z1m4") if f.id == "zero-accumulation"]
+    assert not [f for f in findings(con, "z3m1") if f.id == "zero-accumulation"]
+
+
+def test_comparison_findings_and_ranking(con):
+    write(con, "cmp", [ev(0, 0, "all_reduce", 64 * MiB, "pg:dp", 2)], [group("pg:dp", [0, 1], "mesh_dp")], rank=0)
+    attribute_run(con, "cmp")
+    comparison = {"per_scheme": [
+        {"scheme": "dp", "predicted_bytes": 100.0, "measured_bytes": 160.0, "unexplained_calls": 3, "unexplained_bytes": 1.0},
+        {"scheme": "tp", "predicted_bytes": 100.0, "measured_bytes": 104.0},
+        {"scheme": "pp", "predicted_bytes": 100.0, "measured_bytes": 110.0},
+    ]}
+    found = findings(con, "cmp", comparison)
+    ids = [f.id for f in found]
+    assert ids == ["above-prediction:dp", "above-prediction:pp", "unexplained-calls:dp"]
+    dp = found[0]
+    assert dp.severity == "high" and dp.evidence["excess"] == pytest.approx(0.6)
+    assert found[1].severity == "low" and found[1].evidence["excess"] == pytest.approx(0.1)
+    assert found[2].severity == "low" and found[2].evidence["unexplained_calls"] == 3
+    # Any object with the same attributes works; so does the model itself.
+    obj = SimpleNamespace(per_scheme=[SimpleNamespace(scheme="dp", predicted_bytes=100.0, measured_bytes=100.0,
+                                                      unexplained_calls=0, unexplained_bytes=0.0)],
+                          basis="per rank per iteration", tolerance=0.05)
+    assert findings(con, "cmp", obj) == []
+    assert findings(con, "cmp", ComparisonInput.model_validate(comparison))[0].id == "above-prediction:dp"

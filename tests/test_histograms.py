@@ -1,0 +1,191 @@
+"""Histograms: bins at the edges, weights, normalisation by profiler steps and by detected periods."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from commlens.backend.attribution import attribute_run
+from commlens.backend.histograms import bin_key, bin_spec, format_bytes, histogram
+from commlens.backend.iterations import Period, UnknownRunError, detect_period, find_period
+from commlens.ingest import store
+from commlens.ingest.records import ParseResult
+
+MiB = 1 << 20
+
+
+def write(con, run: str, events: list[dict], groups: list[dict] = (), steps: list[dict] = (), kind: str = "kineto",
+          rank: int | None = None) -> None:
+    run_id = store.ensure_run(con, run)
+    result = ParseResult(kind=kind, rank=rank, events=events, groups=list(groups), steps=list(steps))
+    digest = hashlib.sha256(json.dumps([run, events, list(steps)], default=str).encode()).hexdigest()
+    store.write_result(con, run_id, f"{run}-{digest[:8]}", digest, 1, result)
+
+
+def ev(rank, seq: int, op: str, size: int | None, group: str | None = "pg:0", n: int = 2, process: str | None = None, **kw):
+    return {"rank": rank, "process": process or f"r{rank}", "seq": seq, "op": op, "dtype": "float32",
+            "msg_bytes": size, "group_size": n, "group_key": group, **kw}
+
+
+def series(h, op: str, scheme=...) -> dict[str, float]:
+    [s] = [s for s in h.series if s.op == op and (scheme is ... or s.scheme == scheme)]
+    return {b.label: v for b, v in zip(h.bins, s.values) if v}
+
+
+# ---------------------------------------------------------------------------------- bins
+
+
+@pytest.mark.parametrize("size, key, label", [
+    (0, "zero", "0 B"),
+    (None, "unknown", "unknown size"),
+    (1, "2^0", "1 B-2 B"),
+    (1023, "2^9", "512 B-1 KiB"),
+    (1024, "2^10", "1 KiB-2 KiB"),
+    (2047, "2^10", "1 KiB-2 KiB"),
+    (2048, "2^11", "2 KiB-4 KiB"),
+    (25 * MiB, "2^24", "16 MiB-32 MiB"),
+    (2**62 + 5, "2^62", "4 EiB-8 EiB"),
+    (2**63 - 1, "2^62", "4 EiB-8 EiB"),
+])
+def test_bin_edges(size, key, label):
+    assert bin_key(size) == key
+    assert bin_spec(key).label == label
+    spec = bin_spec(key)
+    if spec.k is not None:
+        assert spec.lo <= size < spec.hi
+
+
+def test_format_bytes():
+    assert [format_bytes(n) for n in (0, 1000, 1024, 1536, 3 * MiB, 1 << 30)] == ["0 B", "1000 B", "1 KiB", "1.5 KiB", "3 MiB", "1 GiB"]
+
+
+def test_raw_counts_weights_and_contiguous_axis(con):
+    sizes = [0, None, 1023, 1024, 2047, 2048, 1 << 20, 2**62 + 5]
+    write(con, "raw", [ev(0, i, "all_reduce", s) for i, s in enumerate(sizes)], rank=0)
+    h = histogram(con, "raw", normalize=False)
+    assert h.normalization == "none"
+    labels = [b.label for b in h.bins]
+    assert labels[0] == "0 B" and labels[1] == "512 B-1 KiB" and labels[-1] == "unknown size"
+    assert labels[-2] == "4 EiB-8 EiB" and len(labels) == 2 + (62 - 9 + 1)  # every bin from 2^9 to 2^62
+    assert series(h, "all_reduce") == {"0 B": 1, "unknown size": 1, "512 B-1 KiB": 1, "1 KiB-2 KiB": 2,
+                                       "2 KiB-4 KiB": 1, "1 MiB-2 MiB": 1, "4 EiB-8 EiB": 1}
+    hb = histogram(con, "raw", weight="bytes", normalize=False)
+    assert series(hb, "all_reduce") == {"512 B-1 KiB": 1023, "1 KiB-2 KiB": 1024 + 2047, "2 KiB-4 KiB": 2048,
+                                        "1 MiB-2 MiB": 1 << 20, "4 EiB-8 EiB": float(2**62 + 5)}
+    # Without steps or a repeat the normalised histogram is per rank only, and says why.
+    hn = histogram(con, "raw")
+    assert hn.normalization == "per_rank" and hn.n_ranks == 1 and hn.notes
+    with pytest.raises(ValueError):
+        histogram(con, "raw", weight="time")
+    with pytest.raises(UnknownRunError):
+        histogram(con, "nope")
+
+
+def steps_run(con) -> None:
+    """Rank 0: steps 5, 6 and one setup call outside them. Rank 1: steps 5, 6, 7.
+    Each step: two 4 MiB all_reduces and one 4-byte all_reduce."""
+    for rank, nsteps in ((0, 2), (1, 3)):
+        events, seq = [], 0
+        if rank == 0:
+            events.append(ev(0, seq, "broadcast", 4096, step=None))
+            seq += 1
+        for step in range(5, 5 + nsteps):
+            for size in (4 * MiB, 4 * MiB, 4):
+                events.append(ev(rank, seq, "all_reduce", size, step=step))
+                seq += 1
+        steps = [{"rank": rank, "step": s, "ts_us": 0.0, "dur_us": 1.0} for s in range(5, 5 + nsteps)]
+        groups = [{"group_key": "pg:0", "ranks": [0, 1], "size": 2, "origin": "pg_config", "description": "default_pg"}]
+        write(con, "steps", events, groups, steps, rank=rank)
+
+
+def test_normalised_per_rank_per_profiler_step(con):
+    steps_run(con)
+    h = histogram(con, "steps")
+    assert h.normalization == "per_rank_per_iteration" and h.iterations.mode == "steps"
+    assert h.iterations.iterations == {"0": 2, "1": 3}
+    assert h.n_ranks == 2
+    # (4 calls / 2 steps + 6 calls / 3 steps) / 2 ranks = 2 per rank per step.
+    assert series(h, "all_reduce") == {"4 MiB-8 MiB": 2.0, "4 B-8 B": 1.0}
+    assert h.excluded == {"outside profiler steps": 1}
+    assert not [s for s in h.series if s.op == "broadcast"]
+    hb = histogram(con, "steps", weight="bytes")
+    assert series(hb, "all_reduce") == {"4 MiB-8 MiB": 8.0 * MiB, "4 B-8 B": 4.0}
+    # Filters: one rank, one step.
+    assert series(histogram(con, "steps", rank=1), "all_reduce") == {"4 MiB-8 MiB": 2.0, "4 B-8 B": 1.0}
+    h7 = histogram(con, "steps", step=7)
+    assert h7.n_ranks == 1 and series(h7, "all_reduce") == {"4 MiB-8 MiB": 2.0, "4 B-8 B": 1.0}
+    # Raw counts keep everything.
+    raw = histogram(con, "steps", normalize=False)
+    assert series(raw, "all_reduce") == {"4 MiB-8 MiB": 10, "4 B-8 B": 5} and series(raw, "broadcast") == {"4 KiB-8 KiB": 1}
+
+
+def test_scheme_filter_after_attribution(con):
+    steps_run(con)
+    before = histogram(con, "steps", normalize=False)
+    assert {s.scheme for s in before.series} == {None}
+    attribute_run(con, "steps")
+    h = histogram(con, "steps", scheme="dp", normalize=False)
+    assert {s.scheme for s in h.series} == {"dp"}
+    assert histogram(con, "steps", scheme="tp").series == []
+    assert histogram(con, "steps", op="broadcast", normalize=False).series[0].total_calls == 1
+
+
+def log_run(con, trailing: bool = False) -> None:
+    """One NCCL-log process: dp communicator = setup broadcast + 3 x [all_reduce 8 MiB];
+    tp communicator = 3 iterations x 2 micro-batches x [all_gather 1 MiB, reduce_scatter 1 MiB]."""
+    events, seq = [], 0
+
+    def add(op, size, comm):
+        nonlocal seq
+        events.append(ev(None, seq, op, size, group=comm, n=4, process="host:17"))
+        seq += 1
+
+    add("broadcast", 4096, "nccl:dp")
+    for _ in range(3):
+        for _ in range(2):
+            add("all_gather", MiB, "nccl:tp")
+            add("reduce_scatter", MiB, "nccl:tp")
+        add("all_reduce", 8 * MiB, "nccl:dp")
+    if trailing:
+        add("all_gather", MiB, "nccl:tp")
+    write(con, "log", events, kind="nccl_log")
+
+
+def test_detected_period_with_micro_batch_units(con):
+    log_run(con, trailing=True)
+    report = detect_period(con, "log")
+    assert report.found and [p.iterations for p in report.processes] == [3]
+    comms = {c.group_key: c for c in report.comms}
+    assert (comms["nccl:dp"].period, comms["nccl:dp"].offset, comms["nccl:dp"].repeats) == (1, 1, 3)
+    assert (comms["nccl:tp"].period, comms["nccl:tp"].repeats, comms["nccl:tp"].units_per_iteration) == (2, 6, 2)
+    h = histogram(con, "log")
+    assert h.normalization == "per_rank_per_iteration" and h.iterations.mode == "detected"
+    assert h.iterations.iterations == {"host:17": 3}
+    assert series(h, "all_gather") == {"1 MiB-2 MiB": 2.0}
+    assert series(h, "reduce_scatter") == {"1 MiB-2 MiB": 2.0}
+    assert series(h, "all_reduce") == {"8 MiB-16 MiB": 1.0}
+    assert h.excluded == {"before the repeating pattern (setup)": 1, "after the last complete iteration": 1}
+    # Iteration filter on detected iterations (0-based).
+    assert series(histogram(con, "log", step=2), "all_gather") == {"1 MiB-2 MiB": 2.0}
+
+
+def test_no_period_found(con):
+    write(con, "noper", [ev(None, i, "all_reduce", 1000 + i, process="h:1") for i in range(6)], kind="nccl_log")
+    report = detect_period(con, "noper")
+    assert not report.found and report.comms[0].period is None and "no repeating" in report.message
+    h = histogram(con, "noper")
+    assert h.normalization == "per_rank" and h.excluded == {}
+    assert sum(h.series[0].calls) == 6
+
+
+def test_find_period_cases():
+    assert find_period([1, 2, 3, 4, 5, 6]) is None
+    assert find_period([9, 1, 1, 1, 1]) == Period(1, 1, 4)
+    assert find_period(["a", "b", "a", "b"]) == Period(2, 0, 2)
+    assert find_period([1]) is None
+    # Setup longer than the repeating tail: no period.
+    assert find_period([1, 2, 3, 4, 5, 6, 7, 8, 8]) is None
+    # A multiple of the true period covers the same tail: the shortest wins.
+    assert find_period([0] + [1, 2, 3] * 4) == Period(3, 1, 4)

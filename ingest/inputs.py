@@ -53,7 +53,10 @@ class BoundedGzipReader(io.RawIOBase):
         self._name = name
         self._limits = limits
         self._dec = zlib.decompressobj(zlib.MAX_WBITS | 16)
-        self._buf = b""
+        self._fed = False  # the current member's decompressor has been given input
+        self._pending = b""  # the start of the next gzip member, read with the end of the previous one
+        self._out = b""  # decompressed bytes not yet handed out, from self._pos on
+        self._pos = 0
         self._eof = False
         self.compressed = 0
         self.decompressed = 0
@@ -61,30 +64,37 @@ class BoundedGzipReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def _fill(self, want: int) -> None:
-        while len(self._buf) < want and not self._eof:
+    def _produce(self, want: int) -> bytes:
+        """The next block of decompressed bytes (b"" at the end), at most about `want` bytes."""
+        while not self._eof:
             if self._dec.unconsumed_tail:
                 chunk = self._dec.unconsumed_tail
+            elif self._pending:
+                chunk, self._pending = self._pending, b""
             else:
-                chunk = self._raw.read(1 << 20)
+                chunk = self._raw.read(1 << 18)
                 self.compressed += len(chunk)
                 if not chunk:
-                    if not self._dec.eof and (self.compressed > 0):
+                    if self._fed and not self._dec.eof:
                         raise ParseError("truncated gzip data: the compressed stream ends early", f"byte {self.compressed}")
                     self._eof = True
                     break
+            self._fed = True
             try:
-                out = self._dec.decompress(chunk, 4 << 20)
+                out = self._dec.decompress(chunk, max(want, 1 << 16))
             except zlib.error as exc:
                 raise ParseError(f"corrupt gzip data ({exc})", f"byte {self.compressed}") from None
             if self._dec.eof:
                 rest = self._dec.unused_data
                 self._dec = zlib.decompressobj(zlib.MAX_WBITS | 16)
-                if rest.strip(b"\x00"):
-                    out += self._dec.decompress(rest, 4 << 20) if rest[:2] == GZIP_MAGIC else b""
-            self.decompressed += len(out)
-            self._check()
-            self._buf += out
+                self._fed = False
+                if rest[:2] == GZIP_MAGIC:
+                    self._pending = rest  # another member follows; trailing zeros or garbage are ignored
+            if out:
+                self.decompressed += len(out)
+                self._check()
+                return out
+        return b""
 
     def _check(self) -> None:
         lim = self._limits
@@ -98,10 +108,12 @@ class BoundedGzipReader(io.RawIOBase):
             )
 
     def readinto(self, b) -> int:  # type: ignore[override]
-        self._fill(len(b))
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
+        if self._pos >= len(self._out):
+            self._out = self._produce(len(b))
+            self._pos = 0
+        n = min(len(b), len(self._out) - self._pos)
+        b[:n] = memoryview(self._out)[self._pos : self._pos + n]
+        self._pos += n
         return n
 
 

@@ -106,6 +106,105 @@ def _print_summary(con, summary) -> None:  # noqa: ANN001
     )
 
 
+@app.command()
+def serve(
+    db: Path = DB_OPTION,
+    host: str = typer.Option("127.0.0.1", help="Address to bind. Off loopback the store needs users (or --insecure)."),
+    port: int = typer.Option(8050, help="TCP port."),
+    insecure: bool = typer.Option(False, "--insecure", help="Off loopback: start without users and accept tokenless writes."),
+    max_file_mb: float = typer.Option(4096, help="Largest uploaded file (MiB, as sent)."),
+    max_request_mb: float = typer.Option(8192, help="Largest upload request (MiB)."),
+) -> None:
+    """Serve the API under /api (OpenAPI docs at /docs) and own the store while running."""
+    from commlens.backend.api import Settings, StartupRefused
+    from commlens.backend.api.server import serve as run_server
+    from commlens.ingest.store import StoreError
+
+    settings = Settings(db=db, host=host, port=port, insecure=insecure, max_file_bytes=int(max_file_mb * 2**20),
+                        max_request_bytes=int(max_request_mb * 2**20))
+    try:
+        run_server(settings)
+    except (StartupRefused, StoreError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+users_app = typer.Typer(help="Users and their API tokens (tokens are stored hashed; shown once).", no_args_is_help=True)
+app.add_typer(users_app, name="users")
+
+
+def _open_store(db: Path):  # noqa: ANN202
+    from commlens.ingest.store import StoreError, connect
+
+    try:
+        return connect(db)
+    except StoreError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+@users_app.command("add")
+def users_add(
+    name: str = typer.Argument(..., help="User name (letters, digits, . _ -)."),
+    admin: bool = typer.Option(False, "--admin", help="May delete runs and manage users."),
+    db: Path = DB_OPTION,
+) -> None:
+    """Create a user and print its token once."""
+    from commlens.backend.api.auth import add_user
+
+    con = _open_store(db)
+    try:
+        token = add_user(con, name, admin)
+    except ValueError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    finally:
+        con.close()
+    err_console.print(f"user {name!r} created{' (admin)' if admin else ''}; its token, shown only now:")
+    print(token)
+
+
+@users_app.command("token")
+def users_token(name: str = typer.Argument(...), db: Path = DB_OPTION) -> None:
+    """Replace a user's token and print the new one once."""
+    from commlens.backend.api.auth import rotate_token
+
+    con = _open_store(db)
+    try:
+        token = rotate_token(con, name)
+    except LookupError as exc:
+        err_console.print(f"[red]error:[/red] {exc.args[0]}")
+        raise typer.Exit(1) from None
+    finally:
+        con.close()
+    print(token)
+
+
+@users_app.command("list")
+def users_list(db: Path = DB_OPTION) -> None:
+    """List users (never their tokens)."""
+    con = _open_store(db)
+    rows = con.execute("SELECT name, is_admin, created_at FROM users ORDER BY name").fetchall()
+    con.close()
+    table = Table(title="users")
+    for col in ("name", "admin", "created"):
+        table.add_column(col)
+    for name, is_admin, created in rows:
+        table.add_row(name, "yes" if is_admin else "no", str(created))
+    console.print(table)
+
+
+@users_app.command("remove")
+def users_remove(name: str = typer.Argument(...), db: Path = DB_OPTION) -> None:
+    """Delete a user (its token stops working)."""
+    con = _open_store(db)
+    gone = con.execute("DELETE FROM users WHERE name = ? RETURNING name", [name]).fetchall()
+    con.close()
+    if not gone:
+        err_console.print(f"[red]error:[/red] no user named {name!r}")
+        raise typer.Exit(1)
+
+
 def main() -> None:  # pragma: no cover - entry point convenience
     app()
 

@@ -1,0 +1,198 @@
+"""Analysis endpoints: thin wrappers over commlens.backend functions (no analysis logic here)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Query
+
+from commlens.backend import attribution
+from commlens.backend.bandwidth import bandwidth
+from commlens.backend.findings import findings
+from commlens.backend.histograms import histogram
+from commlens.backend.iterations import UnknownRunError, assign_iterations, run_id_of
+from commlens.backend.models import AttributionSummary, BandwidthReport, Finding, GroupAttribution, Histogram, IterationInfo, RankTotals
+from commlens.backend.predict import Prediction, PredictInput, predict
+from commlens.backend.ranks import rank_totals
+
+from .db import transaction
+from .deps import Cursor, Limit, Offset, Writer, next_offset
+from .errors import ApiError, problem_responses
+from .models import GroupOverride, Op, Page, ReviewItem, TopologyRows
+from .review import create_item
+
+router = APIRouter(tags=["analysis"])
+Scheme = Literal["dp", "tp", "pp", "cp", "ep", "other"]
+
+
+@contextmanager
+def analysis_errors() -> Iterator[None]:
+    """Analysis functions say ValueError for bad arguments and LookupError for missing things."""
+    try:
+        yield
+    except UnknownRunError:
+        raise
+    except LookupError as exc:
+        raise ApiError(404, str(exc).strip("'\""), "not-found") from None
+    except ValueError as exc:
+        raise ApiError(422, str(exc), "invalid-argument") from None
+
+
+# ---------------------------------------------------------------------------------- attribution
+
+
+@router.get("/runs/{run}/groups", response_model=AttributionSummary, responses=problem_responses(404),
+            summary="Process groups / communicators with their scheme and the reason for it")
+def groups(run: str, cur: Cursor) -> AttributionSummary:
+    with analysis_errors():
+        return attribution.attribution_summary(cur, run)
+
+
+@router.patch("/runs/{run}/groups/{group_key:path}", response_model=GroupAttribution,
+              responses=problem_responses(401, 404, 409, 422),
+              summary="Pin a group's scheme (stored override); scheme null drops the override")
+def override_group(run: str, group_key: str, body: GroupOverride, cur: Cursor, _: Writer) -> GroupAttribution:
+    with analysis_errors():
+        if body.scheme is None:
+            result = transaction(cur, lambda c: attribution.clear_override(c, run, group_key))
+            hit = [g for g in result if g.group_key == group_key]
+            if not hit:
+                raise ApiError(404, f"run {run!r} has no process group {group_key!r}", "unknown-group")
+            return hit[0]
+        if not body.reason:
+            raise ApiError(422, "an override needs a reason: what you know that the traces do not say", "invalid-argument")
+        return transaction(cur, lambda c: attribution.set_override(c, run, group_key, body.scheme, body.reason))
+
+
+# -------------------------------------------------------------------------------- distributions
+
+
+@router.get("/runs/{run}/histograms", response_model=Histogram, responses=problem_responses(404, 422),
+            summary="Message-size histogram per scheme x op x dtype (power-of-two bins)")
+def histograms(
+    run: str, cur: Cursor,
+    scheme: Annotated[Scheme | None, Query()] = None,
+    op: Annotated[Op | None, Query()] = None,
+    dtype: Annotated[str | None, Query(max_length=32)] = None,
+    rank: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
+    step: Annotated[int | None, Query(ge=-(2**31), le=2**31 - 1, description="profiler step, or detected iteration")] = None,
+    weight: Annotated[Literal["calls", "bytes"], Query()] = "calls",
+    normalize: Annotated[bool, Query(description="per rank per iteration when iterations are known")] = True,
+) -> Histogram:
+    with analysis_errors():
+        return histogram(cur, run, scheme=scheme, op=op, dtype=dtype, rank=rank, step=step, weight=weight,
+                         normalize=normalize)
+
+
+@router.get("/runs/{run}/iterations", response_model=IterationInfo, responses=problem_responses(404))
+def iterations(run: str, cur: Cursor) -> IterationInfo:
+    with analysis_errors():
+        return assign_iterations(cur, run).info
+
+
+@router.get("/runs/{run}/bandwidth", response_model=BandwidthReport, responses=problem_responses(404))
+def run_bandwidth(run: str, cur: Cursor) -> BandwidthReport:
+    with analysis_errors():
+        return bandwidth(cur, run)
+
+
+@router.get("/runs/{run}/ranks", response_model=RankTotals, responses=problem_responses(404),
+            summary="Per-rank totals per scheme and the imbalance between ranks")
+def ranks(run: str, cur: Cursor) -> RankTotals:
+    with analysis_errors():
+        return rank_totals(cur, run)
+
+
+# ------------------------------------------------------------------------------------- findings
+
+
+def _findings(cur: Cursor, run: str) -> list[Finding]:
+    with analysis_errors():
+        return findings(cur, run)
+
+
+@router.get("/runs/{run}/findings", response_model=Page[Finding], responses=problem_responses(404),
+            summary="Findings, most severe and most impactful first")
+def run_findings(run: str, cur: Cursor, limit: Limit = 50, offset: Offset = 0) -> Page[Finding]:
+    found = _findings(cur, run)
+    return Page[Finding](items=found[offset:offset + limit], total=len(found), limit=limit, offset=offset,
+                         next_offset=next_offset(offset, limit, len(found)))
+
+
+@router.post("/runs/{run}/findings/{finding_id:path}/review", response_model=ReviewItem, status_code=201,
+             responses=problem_responses(401, 404, 409), summary="Promote a finding to a review item")
+def promote_finding(run: str, finding_id: str, cur: Cursor, who: Writer) -> ReviewItem:
+    found = {f.id: f for f in _findings(cur, run)}
+    f = found.get(finding_id)
+    if f is None:
+        raise ApiError(404, f"run {run!r} has no finding {finding_id!r} now; GET /api/runs/{run}/findings lists them",
+                       "unknown-finding")
+    existing = cur.execute(
+        "SELECT item_id FROM review_items WHERE run_id = ? AND finding = ? AND parent_id IS NULL",
+        [run_id_of(cur, run), finding_id]).fetchone()
+    if existing:
+        raise ApiError(409, f"finding {finding_id!r} is review item {existing[0]} already", "finding-promoted")
+    evidence = "\n".join(f"| {k} | {v} |" for k, v in f.evidence.items())
+    body = (f"**{f.title}** ({f.severity})\n\n| evidence | value |\n|---|---|\n{evidence}\n\n"
+            f"Suggestion: {f.suggestion}")
+    from .models import Anchor
+
+    view = f.view
+    anchor = Anchor(
+        view=str(view.get("page")) if view.get("page") else None,
+        scheme=view.get("scheme") if view.get("scheme") in ("dp", "tp", "pp", "cp", "ep", "other") else None,
+        op=view.get("op") if isinstance(view.get("op"), str) and view.get("op") in Op.__args__ else None,  # type: ignore[attr-defined]
+        rank=view.get("rank") if isinstance(view.get("rank"), int) else None,
+        free="; ".join(f"{k}={v}" for k, v in view.items() if k not in ("page", "scheme", "op", "rank"))[:500] or None,
+    )
+    return create_item(cur, run, who.name, body, anchor, finding=finding_id)
+
+
+# ---------------------------------------------------------------------------------- predictions
+
+
+@router.post("/predict", response_model=Prediction, responses=problem_responses(422),
+             summary="Predict the communication of any configuration (what-if)")
+def what_if(body: PredictInput) -> Prediction:
+    with analysis_errors():
+        return predict(body)
+
+
+# ------------------------------------------------------------------------------------- topology
+
+_TOPOLOGY: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "comms": ("nccl_comms", ("group_key", "host", "pid", "cuda_dev", "comm_ptr", "comm_rank", "nranks", "global_rank",
+                             "comm_id", "parent_ptr", "color", "split_key", "bus_id", "nvml_dev", "api", "nccl_version"),
+              ("group_key", "host", "pid", "comm_rank")),
+    "topology": ("nccl_topology", ("group_key", "host", "pid", "comm_ptr", "kind", "channel", "ranks", "src_rank",
+                                   "dst_rank", "transport", "detail"), ("group_key", "host", "pid", "kind", "channel", "src_rank")),
+    "tuning": ("nccl_tuning", ("host", "pid", "op", "bytes", "algo", "proto", "time_us", "channels"),
+               ("host", "pid", "op", "bytes")),
+}
+
+
+@router.get("/runs/{run}/topology/{table}", response_model=TopologyRows, responses=problem_responses(404),
+            summary="NCCL rows of the run: communicators (comms), rings/trees/connections (topology), tuning")
+def topology(
+    run: str, cur: Cursor,
+    table: Annotated[Literal["comms", "topology", "tuning"], Path()],
+    limit: Limit = 500, offset: Offset = 0,
+    group_key: Annotated[str | None, Query(max_length=256)] = None,
+) -> TopologyRows:
+    run_id = run_id_of(cur, run)
+    name, cols, order = _TOPOLOGY[table]  # fixed SQL fragments chosen by the validated table name
+    where, params = "WHERE t.run_id = ?", [run_id]
+    if group_key is not None and table != "tuning":
+        where += " AND t.group_key = ?"
+        params.append(group_key)
+    total = cur.execute(f"SELECT count(*) FROM {name} t {where}", params).fetchone()[0]
+    select = ", ".join(f"t.{c}" for c in cols)
+    order_by = ", ".join(f"t.{c}" for c in order)
+    result = cur.execute(f"SELECT {select}, s.path AS file FROM {name} t JOIN sources s ON s.source_id = t.source_id "
+                         f"{where} ORDER BY {order_by} NULLS LAST LIMIT ? OFFSET ?", params + [limit, offset])
+    columns = [d[0] for d in result.description]
+    rows = [list(r) for r in result.fetchall()]
+    return TopologyRows(table=table, columns=columns, rows=rows, total=total, limit=limit, offset=offset,
+                        next_offset=next_offset(offset, limit, total))

@@ -1,0 +1,75 @@
+"""The server's one DuckDB connection: a cursor per request or thread, conflict retries for writes.
+
+DuckDB allows one writing process per file. The server holds the file for its lifetime; every request
+works on its own cursor (a connection sharing the same database instance), so reads run while the
+ingest worker writes. Concurrent transactions touching the same rows fail with TransactionException;
+small API writes are retried a few times before the client sees a 409.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import duckdb
+
+from commlens.ingest import store
+
+T = TypeVar("T")
+
+
+class Database:
+    def __init__(self, path: Path):
+        self.path = path
+        self._con: duckdb.DuckDBPyConnection | None = store.connect(path)
+        self._lock = threading.Lock()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        with self._lock:
+            if self._con is None:
+                raise store.StoreError(f"{self.path} is closed: the server is shutting down")
+            return self._con.cursor()
+
+    @contextmanager
+    def session(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        cur = self.cursor()
+        try:
+            yield cur
+        finally:
+            cur.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._con is not None:
+                self._con.close()
+                self._con = None
+
+
+def transaction(cur: duckdb.DuckDBPyConnection, fn: Callable[[duckdb.DuckDBPyConnection], T], attempts: int = 5) -> T:
+    """Run fn inside BEGIN/COMMIT, retrying when a concurrent transaction conflicts."""
+    for attempt in range(attempts):
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            result = fn(cur)
+            cur.execute("COMMIT")
+            return result
+        except duckdb.TransactionException:
+            _rollback(cur)
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.02 * (attempt + 1))
+        except BaseException:
+            _rollback(cur)
+            raise
+    raise AssertionError("unreachable")
+
+
+def _rollback(cur: duckdb.DuckDBPyConnection) -> None:
+    try:
+        cur.execute("ROLLBACK")
+    except duckdb.Error:
+        pass  # a failed COMMIT has already ended the transaction

@@ -1,0 +1,314 @@
+"""POST /api/runs/{run}/files (multipart upload, streamed to the spool, limits enforced while reading)
+and GET /api/jobs (the ingest jobs the uploads become)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, BinaryIO
+
+import duckdb
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import ClientDisconnect
+
+from commlens.ingest import store
+from commlens.ingest.inputs import GZIP_MAGIC, ZIP_MAGIC, Limits, detect_kind, open_content
+from commlens.ingest.records import ParseError
+
+from . import auth
+from .deps import Ctx, Cursor, Limit, Offset, next_offset
+from .errors import ApiError, problem_responses
+from .models import FileResult, JobOut, Page
+from .worker import IngestWorker, Manifest, SpooledUpload, new_job_id
+
+router = APIRouter(tags=["uploads"])
+
+MAX_FIELD_BYTES = 64 << 10
+SNIFF_BYTES = 1 << 16
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, detail: str, kind: str):
+        self.error = ApiError(status, detail, kind)
+
+
+# ------------------------------------------------------------------------------- spooling
+
+
+def safe_file_name(raw: str, index: int) -> str:
+    """The base name of a client's file name, without folders, control characters or '..'."""
+    name = PurePosixPath(raw.replace("\\", "/")).name
+    name = re.sub(r"[\x00-\x1f\x7f!]", "_", name).strip()
+    return name[:255] if name not in ("", ".", "..") else f"file{index}"
+
+
+class _Spooler:
+    """multipart callbacks that write file parts straight to disk, counting against the limits."""
+
+    def __init__(self, folder: Path, max_file: int, max_files: int):
+        self.folder = folder
+        self.max_file = max_file
+        self.max_files = max_files
+        self.files: list[SpooledUpload] = []
+        self._fh: BinaryIO | None = None
+        self._size = 0
+        self._is_file = False
+        self._field = 0
+        self._hname = b""
+        self._hvalue = b""
+        self._disposition = b""
+
+    def callbacks(self) -> dict[str, Any]:
+        return {"on_part_begin": self._begin, "on_part_data": self._data, "on_part_end": self._end,
+                "on_header_field": self._hf, "on_header_value": self._hv, "on_header_end": self._he,
+                "on_headers_finished": self._headers_done}
+
+    def _begin(self) -> None:
+        self._disposition, self._is_file, self._size, self._field = b"", False, 0, 0
+
+    def _hf(self, data: bytes, start: int, end: int) -> None:
+        self._hname += data[start:end]
+
+    def _hv(self, data: bytes, start: int, end: int) -> None:
+        self._hvalue += data[start:end]
+
+    def _he(self) -> None:
+        if self._hname.lower() == b"content-disposition":
+            self._disposition = self._hvalue
+        self._hname, self._hvalue = b"", b""
+
+    def _headers_done(self) -> None:
+        _, options = parse_options_header(self._disposition)
+        if b"filename" not in options:
+            return
+        if len(self.files) >= self.max_files:
+            raise _Refused(413, f"more than {self.max_files} files in one request; split the upload", "too-many-files")
+        index = len(self.files)
+        name = safe_file_name(options[b"filename"].decode("utf-8", "replace"), index)
+        rel = f"{index:05d}.part"
+        self._fh = open(self.folder / rel, "wb")  # noqa: SIM115 - closed in _end or close()
+        self._is_file = True
+        self.files.append(SpooledUpload(name=name, path=rel, size=0))
+
+    def _data(self, data: bytes, start: int, end: int) -> None:
+        n = end - start
+        if not self._is_file:
+            self._field += n
+            if self._field > MAX_FIELD_BYTES:
+                raise _Refused(413, f"a form field is larger than {MAX_FIELD_BYTES} bytes; only file parts may be large",
+                               "field-too-large")
+            return
+        self._size += n
+        if self._size > self.max_file:
+            raise _Refused(413, f"{self.files[-1].name} is larger than the limit of {self.max_file} bytes per file "
+                           "(commlens serve --max-file-mb); split it or compress it", "file-too-large")
+        assert self._fh is not None
+        self._fh.write(data[start:end])
+
+    def _end(self) -> None:
+        if self._is_file and self._fh is not None:
+            self._fh.close()
+            self._fh = None
+            self.files[-1].size = self._size
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+# --------------------------------------------------------------------------------- sniffing
+
+
+def sniff(path: Path, limits: Limits) -> str:
+    """'tar', 'zip' or the trace kind of a spooled upload; ParseError when it is none of them."""
+    with open(path, "rb", buffering=1 << 20) as f:
+        head = f.peek(512)[:512]
+        if not head:
+            raise ParseError("empty file")
+        if head.startswith(ZIP_MAGIC) or head.startswith(b"PK\x05\x06"):
+            return "zip"
+        if head[257:262] == b"ustar":
+            return "tar"
+        stream = open_content(f, path.name, limits)
+        if stream.peek(SNIFF_BYTES)[257:262] == b"ustar":
+            return "tar"  # .tar.gz
+        return detect_kind(stream)
+
+
+_EXT = {"tar": ".tar", "zip": ".zip"}
+
+
+def _sniff_all(folder: Path, files: list[SpooledUpload], limits: Limits) -> list[str]:
+    """Rename archives so the ingest walker expands them; the reasons of files that are no known format."""
+    refused = []
+    for up in files:
+        path = folder / up.path
+        try:
+            kind = sniff(path, limits)
+        except ParseError as exc:
+            refused.append(f"{up.name}: {exc.reason}")
+            continue
+        except OSError as exc:
+            refused.append(f"{up.name}: cannot read ({exc})")
+            continue
+        if kind in _EXT:
+            new = up.path.replace(".part", _EXT[kind])
+            path.rename(folder / new)
+            up.path = new
+    return refused
+
+
+# ------------------------------------------------------------------------------------ routes
+
+
+def _job_row(cur: duckdb.DuckDBPyConnection, where: str, params: list[Any], tail: str = "") -> list[tuple]:
+    return cur.execute(
+        f"""SELECT j.job_id, r.name, j.state, j.files_total, j.files_done, j.bytes_total, j.bytes_done, j.results,
+                   j.error, j.created_at, j.updated_at
+            FROM jobs j LEFT JOIN runs r USING (run_id) {where} {tail}""", params).fetchall()
+
+
+def _job_out(row: tuple, worker: IngestWorker) -> JobOut:
+    results = json.loads(row[7]) if isinstance(row[7], str) else (row[7] or [])
+    live = worker.live(row[0]) if row[2] == "running" else None
+    return JobOut(
+        job_id=row[0], run=row[1], state=row[2], files_total=row[3], files_done=row[4], bytes_total=row[5],
+        bytes_done=max(row[6], live.bytes_done) if live else row[6], current=live.current if live else None,
+        results=[FileResult(**r) for r in results], error=row[8], created_at=row[9], updated_at=row[10],
+    )
+
+
+def job_out(cur: duckdb.DuckDBPyConnection, job_id: str, worker: IngestWorker) -> JobOut:
+    rows = _job_row(cur, "WHERE j.job_id = ?", [job_id])
+    if not rows:
+        raise ApiError(404, f"no job {job_id!r}; jobs are listed at GET /api/jobs", "unknown-job")
+    return _job_out(rows[0], worker)
+
+
+@router.get("/jobs/{job_id}", response_model=JobOut, responses=problem_responses(404))
+def get_job(job_id: str, cur: Cursor, ctx: Ctx) -> JobOut:
+    return job_out(cur, job_id, ctx.worker)
+
+
+@router.get("/jobs", response_model=Page[JobOut])
+def list_jobs(
+    cur: Cursor, ctx: Ctx, limit: Limit = 50, offset: Offset = 0,
+    run: Annotated[str | None, Query(max_length=128)] = None,
+    state: Annotated[str | None, Query(pattern="^(queued|running|done|failed)$")] = None,
+) -> Page[JobOut]:
+    conditions, params = [], []
+    if run is not None:
+        conditions.append("r.name = ?")
+        params.append(run)
+    if state is not None:
+        conditions.append("j.state = ?")
+        params.append(state)
+    where = ("WHERE " + " AND ".join(conditions)) if conditions else ""
+    total = cur.execute(f"SELECT count(*) FROM jobs j LEFT JOIN runs r USING (run_id) {where}", params).fetchone()[0]
+    rows = _job_row(cur, where, params + [limit, offset], "ORDER BY j.created_at DESC, j.job_id LIMIT ? OFFSET ?")
+    return Page[JobOut](items=[_job_out(r, ctx.worker) for r in rows], total=total, limit=limit, offset=offset,
+                        next_offset=next_offset(offset, limit, total))
+
+
+@router.post(
+    "/runs/{run}/files", status_code=202, response_model=JobOut,
+    responses=problem_responses(401, 404, 411, 413, 415, 422),
+    summary="Upload trace files (multipart/form-data, any number of file parts); returns the ingest job",
+    openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+        "type": "object", "required": ["files"],
+        "properties": {"files": {"type": "array", "items": {"type": "string", "format": "binary"}}}}}}}},
+)
+async def upload_files(
+    run: str, request: Request, ctx: Ctx,
+    rank: Annotated[int | None, Query(ge=0, le=10_000_000, description="global rank of single-rank files that do not say")] = None,
+) -> JSONResponse:
+    settings = ctx.settings
+
+    def who() -> tuple[auth.Principal, int | None]:
+        with ctx.db.session() as cur:
+            p = auth.principal_for(request, cur, settings.loopback, settings.insecure)
+            return p, store.get_run_id(cur, run)
+
+    principal, run_id = await run_in_threadpool(who)
+    auth.require_write(principal)
+    if run_id is None:
+        raise ApiError(404, f"no run named {run!r}; create it first with POST /api/runs", "unknown-run")
+    ctype, options = parse_options_header(request.headers.get("content-type", ""))
+    if ctype != b"multipart/form-data" or not options.get(b"boundary"):
+        raise ApiError(415, "send the files as multipart/form-data (for example curl -F files=@rank0.json.gz)",
+                       "unsupported-media-type")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > settings.max_request_bytes:
+        raise ApiError(413, f"the request declares {declared} bytes, more than the limit of {settings.max_request_bytes} "
+                       "per request (commlens serve --max-request-mb); send the files in several requests", "request-too-large")
+
+    job_id = new_job_id()
+    folder = settings.spool / job_id
+    folder.mkdir(parents=True)
+    spooler = _Spooler(folder, settings.max_file_bytes, settings.max_files_per_request)
+    parser = MultipartParser(options[b"boundary"], spooler.callbacks())  # type: ignore[arg-type]
+    refused: _Refused | None = None
+    received = 0
+    try:
+        try:
+            async for chunk in request.stream():
+                received += len(chunk)
+                if received > settings.max_request_bytes:
+                    refused = refused or _Refused(413, f"the request is larger than the limit of {settings.max_request_bytes} "
+                                                  "bytes (commlens serve --max-request-mb)", "request-too-large")
+                    break  # stop reading: the connection is closed after the answer
+                if refused is None:
+                    try:
+                        parser.write(chunk)
+                    except _Refused as exc:
+                        refused = exc  # keep reading (and discarding) so the client gets the answer
+                    except Exception as exc:  # noqa: BLE001 - python-multipart's parse errors
+                        refused = _Refused(422, f"malformed multipart body: {exc}", "malformed-upload")
+            if refused is None:
+                parser.finalize()
+        except ClientDisconnect:
+            refused = _Refused(400, "the client disconnected before the upload was complete", "incomplete-upload")
+        except Exception as exc:  # noqa: BLE001
+            refused = refused or _Refused(422, f"malformed multipart body: {exc}", "malformed-upload")
+        spooler.close()
+        if refused is None and not spooler.files:
+            refused = _Refused(422, "the upload has no file parts; send files as multipart parts with a filename "
+                               "(curl -F files=@rank0.json.gz)", "no-files")
+        if refused is None:
+            bad = await run_in_threadpool(_sniff_all, folder, spooler.files, settings.ingest_limits)
+            if bad:
+                refused = _Refused(415, "not a Kineto trace, NCCL log, run.json or archive of them: " + "; ".join(bad[:20])
+                                   + (f" (and {len(bad) - 20} more)" if len(bad) > 20 else "")
+                                   + ". Nothing of this upload was queued.", "unsupported-file")
+        if refused is not None:
+            raise refused.error
+        manifest = Manifest(run=run, rank=rank, files=spooler.files)
+        manifest.dump(folder)
+        job = await run_in_threadpool(_create_job, ctx, job_id, run, manifest)
+    except BaseException:
+        spooler.close()
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    ctx.worker.submit(job_id)
+    return JSONResponse(job.model_dump(mode="json"), status_code=202, headers={"Location": f"/api/jobs/{job_id}"})
+
+
+def _create_job(ctx: Any, job_id: str, run: str, manifest: Manifest) -> JobOut:
+    with ctx.worker.run_lock, ctx.db.session() as cur:
+        run_id = store.get_run_id(cur, run)
+        if run_id is None:
+            raise ApiError(404, f"run {run!r} was deleted during the upload", "unknown-run")
+        cur.execute(
+            "INSERT INTO jobs (job_id, run_id, state, files_total, bytes_total, results) VALUES (?, ?, 'queued', ?, ?, '[]')",
+            [job_id, run_id, len(manifest.files), sum(f.size for f in manifest.files)],
+        )
+        return job_out(cur, job_id, ctx.worker)
+
+
+__all__ = ["router", "sniff", "safe_file_name"]

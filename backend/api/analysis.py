@@ -17,7 +17,7 @@ from commlens.backend.models import AttributionSummary, BandwidthReport, Finding
 from commlens.backend.predict import Prediction, PredictInput, predict
 from commlens.backend.ranks import rank_totals
 
-from .db import transaction
+from .db import retry_conflicts, transaction
 from .deps import Cursor, Limit, Offset, Writer, next_offset
 from .errors import ApiError, problem_responses
 from .models import GroupOverride, Op, Page, ReviewItem, TopologyRows
@@ -56,7 +56,7 @@ def groups(run: str, cur: Cursor) -> AttributionSummary:
 def override_group(run: str, group_key: str, body: GroupOverride, cur: Cursor, _: Writer) -> GroupAttribution:
     with analysis_errors():
         if body.scheme is None:
-            result = transaction(cur, lambda c: attribution.clear_override(c, run, group_key))
+            result = retry_conflicts(lambda: attribution.clear_override(cur, run, group_key))
             hit = [g for g in result if g.group_key == group_key]
             if not hit:
                 raise ApiError(404, f"run {run!r} has no process group {group_key!r}", "unknown-group")

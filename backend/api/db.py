@@ -73,3 +73,15 @@ def _rollback(cur: duckdb.DuckDBPyConnection) -> None:
         cur.execute("ROLLBACK")
     except duckdb.Error:
         pass  # a failed COMMIT has already ended the transaction
+
+
+def retry_conflicts(fn: Callable[[], T], attempts: int = 5) -> T:
+    """Call fn (which manages its own transactions) again when a concurrent transaction conflicts."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except duckdb.TransactionException as exc:
+            if attempt == attempts - 1 or "within a transaction" in str(exc):
+                raise
+            time.sleep(0.02 * (attempt + 1))
+    raise AssertionError("unreachable")

@@ -45,3 +45,15 @@ class ServerThread:
         assert self._server is not None and self._thread is not None
         self._server.should_exit = True
         self._thread.join(30)
+
+
+def wait_job(client: Any, job_id: str, timeout: float = 60.0) -> dict[str, Any]:
+    """Poll GET /api/jobs/{id} until the job is done or failed; the final job document."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.get(f"/api/jobs/{job_id}").json()
+        if job["state"] in ("done", "failed"):
+            return job
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} still {job['state']} after {timeout} s: {job}")
+        time.sleep(0.05)

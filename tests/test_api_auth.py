@@ -1,0 +1,72 @@
+"""Who may do what: loopback without a token, network binds with users, --insecure, admin-only deletes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from commlens.backend.api import Settings, StartupRefused, create_app
+from commlens.backend.api.auth import add_user
+from commlens.backend.api.testing import ServerThread
+from commlens.ingest import store
+
+
+def _users(db: Path) -> dict[str, str]:
+    con = store.connect(db)
+    tokens = {"root": add_user(con, "root", admin=True), "bob": add_user(con, "bob")}
+    con.close()
+    return tokens
+
+
+def test_network_bind_without_users_refuses_to_start(tmp_path: Path) -> None:
+    with pytest.raises(StartupRefused, match="no users"):
+        create_app(Settings(db=tmp_path / "s.duckdb", host="0.0.0.0"))
+    proc = subprocess.run([sys.executable, "-m", "commlens.cli", "serve", "--db", str(tmp_path / "s.duckdb"),
+                           "--host", "0.0.0.0", "--port", "1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "no users" in proc.stderr and "--insecure" in proc.stderr
+
+
+def test_network_bind_with_users_needs_tokens_to_write(tmp_path: Path) -> None:
+    db = tmp_path / "s.duckdb"
+    tokens = _users(db)
+    root, bob = ({"Authorization": f"Bearer {tokens[n]}"} for n in ("root", "bob"))
+    with ServerThread(Settings(db=db, host="0.0.0.0")) as srv, httpx.Client(base_url=srv.url) as c:
+        assert c.get("/api/me").json() == {"name": "anonymous", "is_admin": False, "can_write": False, "via": "anonymous"}
+        assert c.get("/api/runs").status_code == 200  # reads stay open
+        r = c.post("/api/runs", json={"name": "anon"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer" and "token" in r.json()["detail"]
+        up = c.post("/api/runs/anon/files", files={"files": ("a.log", b"NCCL INFO x\n")})
+        assert up.status_code == 401
+        assert c.post("/api/runs", json={"name": "bobs"}, headers=bob).status_code == 201
+        assert c.post("/api/runs/bobs/review", json={"body": "hi"}).status_code == 401
+        assert c.post("/api/runs/bobs/review", json={"body": "hi"}, headers=bob).json()["author"] == "bob"
+        assert c.delete("/api/runs/bobs").status_code == 401
+        r = c.delete("/api/runs/bobs", headers=bob)
+        assert r.status_code == 403 and "admin" in r.json()["detail"]
+        assert c.get("/api/users", headers=bob).status_code == 403
+        assert c.post("/api/users", json={"name": "eve", "admin": True}, headers=bob).status_code == 403
+        assert c.delete("/api/runs/bobs", headers=root).status_code == 204
+        assert c.get("/api/users", headers=root).json()["total"] == 2
+
+
+def test_network_bind_insecure_allows_tokenless_writes_but_not_admin(tmp_path: Path) -> None:
+    with ServerThread(Settings(db=tmp_path / "s.duckdb", host="0.0.0.0", insecure=True)) as srv, \
+            httpx.Client(base_url=srv.url) as c:
+        assert c.get("/api/health").json()["auth"] == {"loopback_bind": False, "insecure": True, "users": 0}
+        assert c.post("/api/runs", json={"name": "open"}).status_code == 201
+        assert c.delete("/api/runs/open").status_code == 403
+
+
+def test_loopback_tokenless_is_the_local_admin_and_tokens_still_count(tmp_path: Path) -> None:
+    db = tmp_path / "s.duckdb"
+    tokens = _users(db)
+    with ServerThread(Settings(db=db)) as srv, httpx.Client(base_url=srv.url) as c:
+        assert c.post("/api/runs", json={"name": "mine"}).json()["name"] == "mine"
+        bob = {"Authorization": f"Bearer {tokens['bob']}"}
+        assert c.delete("/api/runs/mine", headers=bob).status_code == 403  # a token is who you are, even on loopback
+        assert c.delete("/api/runs/mine").status_code == 204

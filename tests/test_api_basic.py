@@ -1,0 +1,311 @@
+"""The API over a real uvicorn server: runs, review, users, predict, export, groups, topology, errors."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import duckdb
+import httpx
+import pyarrow.parquet as pq
+import pytest
+
+from commlens.backend.api import Settings
+from commlens.backend.api.testing import ServerThread
+from commlens.backend.attribution import attribute_run, attribution_summary
+from commlens.backend.predict import PredictInput, predict
+from commlens.ingest import store
+from commlens.ingest.records import ParseResult
+
+MiB = 1 << 20
+RUN_JSON = {
+    "schema": "commlens.run/1", "strategy": "dp2-tp2", "world_size": 4,
+    "model": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},
+    "parallel": {"dp": 2, "tp": 2},
+    "groups": [{"dim": "tp", "ranks": [0, 1]}, {"dim": "tp", "ranks": [2, 3]},
+               {"dim": "dp", "ranks": [0, 2]}, {"dim": "dp", "ranks": [1, 3]}],
+}
+PREDICT_INPUT = {"model": {"layers": 4, "hidden": 256, "heads": 8, "vocab": 1000, "seq_len": 128},
+                 "parallel": {"dp": 2, "tp": 2}, "implementation": "paper"}
+
+
+def seed(db: Path, run: str = "seeded") -> None:
+    """A 2x2 (tp x dp) run written through the store: 4 ranks, 2 steps, plus NCCL communicator rows."""
+    con = store.connect(db)
+    run_id = store.ensure_run(con, run, description="synthetic 2x2 grid", tags=["synthetic", "grid"])
+    groups = [{"group_key": f"pg:{k}", "ranks": r, "size": 2, "origin": "pg_config"}
+              for k, r in (("tpA", [0, 1]), ("tpB", [2, 3]), ("dpA", [0, 2]), ("dpB", [1, 3]))]
+    for rank in range(4):
+        tp, dp = ("pg:tpA" if rank < 2 else "pg:tpB"), ("pg:dpA" if rank % 2 == 0 else "pg:dpB")
+        events = []
+        for step in range(2):
+            base = step * 10
+            events += [{"rank": rank, "process": f"r{rank}", "seq": base + i, "op": "all_reduce", "dtype": "bfloat16",
+                        "msg_bytes": 64 * 1024, "group_size": 2, "group_key": tp, "step": step,
+                        "ts_us": float(base + i), "dur_us": 20.0, "dur_source": "kernel"} for i in range(8)]
+            events += [{"rank": rank, "process": f"r{rank}", "seq": base + 8 + i, "op": "all_reduce", "dtype": "float32",
+                        "msg_bytes": 25 * MiB, "group_size": 2, "group_key": dp, "step": step,
+                        "ts_us": float(base + 8 + i), "dur_us": 2000.0, "dur_source": "kernel"} for i in range(2)]
+        nccl = [{"group_key": tp, "host": "node0", "pid": 100 + rank, "comm_rank": rank % 2, "nranks": 2, "global_rank": rank}]
+        result = ParseResult(kind="kineto", rank=rank, world_size=4, events=events, groups=groups if rank == 0 else [],
+                             nccl_comms=nccl)
+        store.write_result(con, run_id, f"rank{rank}.json", hashlib.sha256(f"{run}{rank}".encode()).hexdigest(), 100, result)
+    store.set_run_config(con, run_id, RUN_JSON)
+    attribute_run(con, run)
+    con.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    db = tmp_path_factory.mktemp("api") / "store.duckdb"
+    seed(db)
+    with ServerThread(Settings(db=db)) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server: ServerThread):
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        yield c
+
+
+def problem(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    body = r.json()
+    assert body["status"] == status and body["title"] and len(body["detail"]) > 10
+    return body
+
+
+def direct(server: ServerThread) -> duckdb.DuckDBPyConnection:
+    """A cursor on the server's own database, to call analysis functions directly."""
+    return server.app.state.ctx.db.cursor()
+
+
+# ------------------------------------------------------------------------------------ meta
+
+
+def test_health_docs_and_openapi(client: httpx.Client) -> None:
+    h = client.get("/api/health").json()
+    assert h["status"] == "ok" and h["schema_version"] == store.SCHEMA_VERSION
+    assert h["auth"] == {"loopback_bind": True, "insecure": False, "users": 0}
+    assert "swagger" in client.get("/docs").text.lower()
+    paths = client.get("/api/openapi.json").json()["paths"]
+    assert {"/api/runs", "/api/runs/{run}/files", "/api/jobs/{job_id}", "/api/runs/{run}/export"} <= set(paths)
+    assert client.get("/api/me").json() == {"name": "local", "is_admin": True, "can_write": True, "via": "loopback"}
+
+
+def test_unknown_paths_and_methods_are_problems(client: httpx.Client) -> None:
+    assert "see /docs" in problem(client.get("/api/nothing/here"), 404)["detail"]
+    body = problem(client.delete("/api/health"), 405)
+    assert "GET" in body["detail"]
+    assert "no run named 'ghost'" in problem(client.get("/api/runs/ghost"), 404)["detail"]
+    assert "no job" in problem(client.get("/api/jobs/abc"), 404)["detail"]
+
+
+# ------------------------------------------------------------------------------------ runs
+
+
+def test_create_run_with_run_json_fills_strategy_and_world_size(client: httpx.Client) -> None:
+    r = client.post("/api/runs", json={"name": "cfg-run", "tags": ["b", "a", "a"], "config": RUN_JSON})
+    assert r.status_code == 201, r.text
+    run = r.json()
+    assert r.headers["location"] == "/api/runs/cfg-run"
+    assert (run["strategy"], run["world_size"], run["config_kind"], run["tags"]) == ("dp2-tp2", 4, "run_config", ["a", "b"])
+    assert run["config"]["parallel"]["tp"] == 2
+    r = client.post("/api/runs", json={"name": "whatif", "config": PREDICT_INPUT})
+    assert (r.json()["config_kind"], r.json()["world_size"]) == ("predict_input", 4)
+
+
+def test_create_run_refusals(client: httpx.Client) -> None:
+    client.post("/api/runs", json={"name": "dup"})
+    assert "exists already" in problem(client.post("/api/runs", json={"name": "dup"}), 409)["detail"]
+    body = problem(client.post("/api/runs", json={"name": "x'; DROP TABLE runs; --"}), 422)
+    assert body["errors"][0]["field"] == "name"
+    bad = dict(RUN_JSON, parallel={"dp": 0})
+    assert "run.json" in problem(client.post("/api/runs", json={"name": "badcfg", "config": bad}), 422)["detail"]
+    body = problem(client.post("/api/runs", json={"name": "badcfg", "config": {"model": {"layers": 3}}}), 422)
+    assert "neither" in body["detail"]
+    assert "tags" in problem(client.post("/api/runs", json={"name": "badtag", "tags": ["<b>"]}), 422)["detail"]
+    assert "extra" in problem(client.post("/api/runs", json={"name": "x", "nope": 1}), 422)["detail"].lower()
+    assert client.get("/api/runs/seeded").status_code == 200  # nothing was dropped
+
+
+def test_list_runs_paginates_and_searches(client: httpx.Client) -> None:
+    for i in range(5):
+        client.post("/api/runs", json={"name": f"page-{i}", "tags": ["paged", f"n{i}"], "description": f"pagination {i}"})
+    first = client.get("/api/runs", params={"tag": "paged", "limit": 2}).json()
+    assert (first["total"], len(first["items"]), first["next_offset"]) == (5, 2, 2)
+    names = [r["name"] for off in (0, 2, 4) for r in client.get("/api/runs", params={"tag": "paged", "limit": 2, "offset": off}).json()["items"]]
+    assert sorted(names) == [f"page-{i}" for i in range(5)]
+    last = client.get("/api/runs", params={"tag": "paged", "limit": 2, "offset": 4}).json()
+    assert last["next_offset"] is None
+    assert [r["name"] for r in client.get("/api/runs", params={"q": "PAGINATION 3"}).json()["items"]] == ["page-3"]
+    assert [r["name"] for r in client.get("/api/runs", params={"q": "n4"}).json()["items"]] == ["page-4"]
+    assert client.get("/api/runs", params={"q": "%"}).json()["total"] == 0  # LIKE wildcards are literal
+    seeded = next(r for r in client.get("/api/runs", params={"q": "seeded"}).json()["items"])
+    assert seeded["sources"] == {"total": 4, "ok": 4, "failed": 0, "by_kind": {"kineto": 4}}
+    assert (seeded["events"], seeded["strategy"], seeded["world_size"]) == (80, "dp2-tp2", 4)
+    problem(client.get("/api/runs", params={"limit": 0}), 422)
+
+
+def test_run_detail_and_sources(client: httpx.Client) -> None:
+    run = client.get("/api/runs/seeded").json()
+    assert run["ops"] == {"all_reduce": 80} and run["ranks"] == 4
+    src = client.get("/api/runs/seeded/sources", params={"limit": 3}).json()
+    assert src["total"] == 4 and [s["path"] for s in src["items"]] == ["rank0.json", "rank1.json", "rank2.json"]
+    assert all(s["status"] == "ok" and s["n_events"] == 20 for s in src["items"])
+
+
+def test_update_and_delete_run(client: httpx.Client) -> None:
+    client.post("/api/runs", json={"name": "to-edit", "description": "old", "tags": ["x"]})
+    r = client.patch("/api/runs/to-edit", json={"name": "edited", "description": None, "tags": ["y"], "config": PREDICT_INPUT})
+    assert r.status_code == 200, r.text
+    assert (r.json()["name"], r.json()["description"], r.json()["tags"], r.json()["world_size"]) == ("edited", None, ["y"], 4)
+    problem(client.get("/api/runs/to-edit"), 404)
+    assert "exists" in problem(client.patch("/api/runs/edited", json={"name": "seeded"}), 409)["detail"]
+    assert client.delete("/api/runs/edited").status_code == 204
+    problem(client.get("/api/runs/edited"), 404)
+    problem(client.delete("/api/runs/edited"), 404)
+
+
+# ---------------------------------------------------------------------------------- analysis
+
+
+def test_groups_match_attribution_and_override_roundtrip(client: httpx.Client, server: ServerThread) -> None:
+    got = client.get("/api/runs/seeded/groups").json()
+    cur = direct(server)
+    assert got == json.loads(attribution_summary(cur, "seeded").model_dump_json())
+    assert {g["group_key"]: g["scheme"] for g in got["groups"]} == {"pg:dpA": "dp", "pg:dpB": "dp", "pg:tpA": "tp", "pg:tpB": "tp"}
+    r = client.patch("/api/runs/seeded/groups/pg:tpA", json={"scheme": "cp", "reason": "ring attention in fact"})
+    assert r.status_code == 200, r.text
+    assert (r.json()["scheme"], r.json()["source"]) == ("cp", "override")
+    assert attribution_summary(cur, "seeded").groups[2].scheme == "cp"
+    problem(client.patch("/api/runs/seeded/groups/pg:tpA", json={"scheme": "dp"}), 422)  # no reason
+    problem(client.patch("/api/runs/seeded/groups/pg:tpA", json={"scheme": "zz", "reason": "x"}), 422)
+    problem(client.patch("/api/runs/seeded/groups/pg:nope", json={"scheme": "dp", "reason": "x"}), 404)
+    r = client.patch("/api/runs/seeded/groups/pg:tpA", json={"scheme": None})
+    assert (r.json()["scheme"], r.json()["source"]) == ("tp", "label")
+    cur.close()
+
+
+def test_predict_is_the_predictor(client: httpx.Client) -> None:
+    r = client.post("/api/predict", json=PREDICT_INPUT)
+    assert r.status_code == 200, r.text
+    assert r.json() == json.loads(predict(PredictInput.model_validate(PREDICT_INPUT)).model_dump_json())
+    bad = {**PREDICT_INPUT, "parallel": {"tp": 3}}
+    assert "divisible" in problem(client.post("/api/predict", json=bad), 422)["detail"]
+
+
+def test_topology_rows(client: httpx.Client) -> None:
+    page = client.get("/api/runs/seeded/topology/comms", params={"group_key": "pg:tpB"}).json()
+    assert page["total"] == 2
+    rows = [dict(zip(page["columns"], row)) for row in page["rows"]]
+    assert sorted((r["global_rank"], r["comm_rank"], r["file"]) for r in rows) == [(2, 0, "rank2.json"), (3, 1, "rank3.json")]
+    problem(client.get("/api/runs/seeded/topology/bogus"), 422)
+
+
+# ------------------------------------------------------------------------------------ export
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_export_matches_comms_view(client: httpx.Client, server: ServerThread, fmt: str) -> None:
+    r = client.get("/api/runs/seeded/export", params={"format": fmt, "scheme": "dp", "rank": 1})
+    assert r.status_code == 200, r.text
+    assert 'filename="seeded.' in r.headers["content-disposition"]
+    if fmt == "csv":
+        rows = list(csv.DictReader(io.StringIO(r.text)))
+    elif fmt == "jsonl":
+        rows = [json.loads(line) for line in r.text.splitlines()]
+    else:
+        rows = pq.read_table(io.BytesIO(r.content)).to_pylist()
+    cur = direct(server)
+    expected = cur.execute("SELECT msg_bytes, step, group_key FROM comms WHERE run = 'seeded' AND scheme = 'dp' AND rank = 1 "
+                           "ORDER BY ts_us").fetchall()
+    cur.close()
+    assert len(rows) == len(expected) == 4
+    assert sorted((int(x["msg_bytes"]), int(x["step"]), x["group_key"]) for x in rows) == sorted(expected)
+    assert set(rows[0]) == {"run", "rank", "op", "dtype", "msg_bytes", "elems_in", "elems_out", "group_size", "group_key",
+                            "scheme", "peer", "step", "ts_us", "dur_us", "source_kind", "file"}
+
+
+def test_export_empty_and_bad_filters(client: httpx.Client) -> None:
+    r = client.get("/api/runs/seeded/export", params={"format": "parquet", "dtype": "x' OR '1'='1"})
+    assert r.status_code == 200 and pq.read_table(io.BytesIO(r.content)).num_rows == 0
+    r = client.get("/api/runs/seeded/export", params={"format": "csv", "op": "send"})
+    assert r.text.startswith("run,rank,op") or r.text.startswith('"run","rank"')
+    problem(client.get("/api/runs/seeded/export", params={"format": "xml"}), 422)
+    problem(client.get("/api/runs/seeded/export", params={"rank": "1; DROP TABLE comm_events"}), 422)
+    problem(client.get("/api/runs/nope/export"), 404)
+
+
+# ------------------------------------------------------------------------------------ review
+
+HOSTILE_MD = ("# Finding\n\n<script>alert('x')</script>\n\n<img src=x onerror=alert(1)>\n\n"
+              "[click](javascript:alert(1)) and **bold**\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+
+
+def test_review_markdown_is_stored_verbatim_and_rendered_safely(client: httpx.Client) -> None:
+    anchor = {"view": "histograms", "scheme": "dp", "op": "all_reduce", "bin": "2^24", "rank": 1, "free": "step 0"}
+    r = client.post("/api/runs/seeded/review", json={"body": HOSTILE_MD, "anchor": anchor})
+    assert r.status_code == 201, r.text
+    item = r.json()
+    assert item["body"] == HOSTILE_MD and item["author"] == "local" and item["status"] == "open"
+    assert item["anchor"] == anchor
+    html = item["body_html"]
+    assert "<script" not in html and "<img" not in html and "href=\"javascript" not in html
+    assert "&lt;script&gt;" in html and "<strong>bold</strong>" in html and "<table>" in html
+    reply = client.post("/api/runs/seeded/review", json={"body": "agreed", "parent_id": item["item_id"]}).json()
+    nested = client.post("/api/runs/seeded/review", json={"body": "me too", "parent_id": reply["item_id"]}).json()
+    assert nested["parent_id"] == item["item_id"]  # replies hang under the top-level item
+    got = client.get(f"/api/review/{item['item_id']}").json()
+    assert [x["body"] for x in got["replies"]] == ["agreed", "me too"]
+    assert client.patch(f"/api/review/{item['item_id']}", json={"status": "resolved"}).json()["status"] == "resolved"
+    listed = client.get("/api/runs/seeded/review", params={"status": "resolved", "scheme": "dp", "rank": 1}).json()
+    assert [i["item_id"] for i in listed["items"]] == [item["item_id"]] and len(listed["items"][0]["replies"]) == 2
+    assert client.get("/api/runs/seeded/review", params={"status": "resolved", "scheme": "tp"}).json()["total"] == 0
+    assert client.delete(f"/api/review/{item['item_id']}").status_code == 204
+    problem(client.get(f"/api/review/{reply['item_id']}"), 404)
+
+
+def test_review_refusals(client: httpx.Client) -> None:
+    problem(client.post("/api/runs/seeded/review", json={"body": ""}), 422)
+    problem(client.post("/api/runs/seeded/review", json={"body": "x", "anchor": {"bin": "'; DROP"}}), 422)
+    problem(client.post("/api/runs/seeded/review", json={"body": "x", "parent_id": 999999}), 422)
+    problem(client.post("/api/runs/ghost/review", json={"body": "x"}), 404)
+    problem(client.patch("/api/review/999999", json={"status": "open"}), 404)
+
+
+# ------------------------------------------------------------------------------------- users
+
+
+def test_users_tokens_and_authorship(client: httpx.Client, server: ServerThread) -> None:
+    r = client.post("/api/users", json={"name": "ana"})
+    assert r.status_code == 201, r.text
+    token = r.json()["token"]
+    cur = direct(server)
+    stored = cur.execute("SELECT token_hash FROM users WHERE name = 'ana'").fetchone()[0]
+    cur.close()
+    assert stored == hashlib.sha256(token.encode()).hexdigest() and token not in stored
+    ana = {"Authorization": f"Bearer {token}"}
+    assert client.get("/api/me", headers=ana).json() == {"name": "ana", "is_admin": False, "can_write": True, "via": "token"}
+    problem(client.get("/api/me", headers={"Authorization": "Bearer nope"}), 401)
+    problem(client.get("/api/me", headers={"Authorization": "Basic abc"}), 401)
+    mine = client.post("/api/runs/seeded/review", json={"body": "by ana"}, headers=ana).json()
+    assert mine["author"] == "ana"
+    local = client.post("/api/runs/seeded/review", json={"body": "by local"}).json()
+    assert "author" in problem(client.patch(f"/api/review/{local['item_id']}", json={"body": "hijack"}, headers=ana), 403)["detail"]
+    assert client.patch(f"/api/review/{local['item_id']}", json={"status": "resolved"}, headers=ana).status_code == 200
+    problem(client.delete("/api/runs/seeded", headers=ana), 403)
+    problem(client.get("/api/users", headers=ana), 403)
+    assert "exists" in problem(client.post("/api/users", json={"name": "ana"}), 409)["detail"]
+    problem(client.post("/api/users", json={"name": "local"}), 422)
+    new = client.post("/api/users/ana/token").json()["token"]
+    problem(client.get("/api/me", headers=ana), 401)
+    assert client.get("/api/me", headers={"Authorization": f"Bearer {new}"}).json()["name"] == "ana"
+    assert [u["name"] for u in client.get("/api/users").json()["items"]] == ["ana"]
+    assert client.delete("/api/users/ana").status_code == 204
+    problem(client.get("/api/me", headers={"Authorization": f"Bearer {new}"}), 401)

@@ -61,6 +61,12 @@ class JsonBodyGuard:
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            await self._refuse(scope, receive, send, 422, f"the request body is not valid UTF-8 (byte {exc.start}); "
+                               "JSON must be UTF-8", "invalid-utf8")
+            return
         depth = json_depth(body)
         if depth > self.max_depth:
             await self._refuse(scope, receive, send, 422, f"the JSON body nests {depth} levels deep; at most "

@@ -62,11 +62,15 @@ class _Spooler:
         self._hname = b""
         self._hvalue = b""
         self._disposition = b""
+        self.ended = False
 
     def callbacks(self) -> dict[str, Any]:
         return {"on_part_begin": self._begin, "on_part_data": self._data, "on_part_end": self._end,
                 "on_header_field": self._hf, "on_header_value": self._hv, "on_header_end": self._he,
-                "on_headers_finished": self._headers_done}
+                "on_headers_finished": self._headers_done, "on_end": self._done}
+
+    def _done(self) -> None:
+        self.ended = True
 
     def _begin(self) -> None:
         self._disposition, self._is_file, self._size, self._field = b"", False, 0, 0
@@ -277,6 +281,9 @@ async def upload_files(
         except Exception as exc:  # noqa: BLE001
             refused = refused or _Refused(422, f"malformed multipart body: {exc}", "malformed-upload")
         spooler.close()
+        if refused is None and not spooler.ended:
+            refused = _Refused(422, "the multipart body ends before its closing boundary (truncated upload?); "
+                               "nothing was queued, send it again", "malformed-upload")
         if refused is None and not spooler.files:
             refused = _Refused(422, "the upload has no file parts; send files as multipart parts with a filename "
                                "(curl -F files=@rank0.json.gz)", "no-files")

@@ -1,0 +1,209 @@
+"""Hostile input against a real server with small limits: each case gets a clear answer, the server
+stays up, nothing already stored is lost and no spooled upload is left behind."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+from commlens.backend.api import Settings
+from commlens.backend.api.testing import ServerThread, wait_job
+from commlens.ingest.inputs import Limits
+
+KiB, MiB = 1 << 10, 1 << 20
+RUN_JSON = json.dumps({
+    "schema": "commlens.run/1", "strategy": "ddp", "world_size": 2,
+    "model": {"layers": 2, "hidden": 32, "heads": 4, "vocab": 128, "seq_len": 16}, "parallel": {"dp": 2},
+}).encode()
+SETTINGS = dict(max_file_bytes=2 * MiB, max_request_bytes=6 * MiB, max_files_per_request=5, max_json_body_bytes=64 * KiB,
+                ingest_limits=Limits(max_members=20, ratio_floor_bytes=1 * MiB, max_ratio=50, max_line_bytes=256 * KiB,
+                                     max_json_depth=64))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    db = tmp_path_factory.mktemp("hostile") / "store.duckdb"
+    with ServerThread(Settings(db=db, **SETTINGS)) as srv:  # type: ignore[arg-type]
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            c.post("/api/runs", json={"name": "victim"})
+            job = c.post("/api/runs/victim/files", files={"files": ("run.json", RUN_JSON)}).json()
+            assert wait_job(c, job["job_id"])["results"][0]["status"] == "ok"
+        yield srv
+
+
+@pytest.fixture
+def client(server: ServerThread):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+        # After every case: the server answers, the stored run is intact, nothing is left in the spool.
+        assert c.get("/api/health").status_code == 200
+        victim = c.get("/api/runs/victim").json()
+        ok = c.get("/api/runs/victim/sources", params={"status": "ok"}).json()["items"]
+        assert victim["strategy"] == "ddp" and ok[0]["path"] == "run.json"
+        deadline = time.monotonic() + 30
+        while c.get("/api/jobs", params={"state": "running"}).json()["total"] or \
+                c.get("/api/jobs", params={"state": "queued"}).json()["total"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert os.listdir(server.settings.spool) == []
+
+
+def problem(r: httpx.Response, status: int, *words: str) -> str:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    detail = r.json()["detail"]
+    for w in words:
+        assert w in detail, detail
+    return detail
+
+
+def jobs_total(c: httpx.Client) -> int:
+    return c.get("/api/jobs").json()["total"]
+
+
+def upload(c: httpx.Client, files: list[tuple[str, bytes]], run: str = "victim") -> httpx.Response:
+    return c.post(f"/api/runs/{run}/files", files=[("files", (n, b)) for n, b in files])
+
+
+def results(c: httpx.Client, files: list[tuple[str, bytes]]) -> dict[str, dict]:
+    r = upload(c, files)
+    assert r.status_code == 202, r.text
+    job = wait_job(c, r.json()["job_id"])
+    assert job["state"] == "done", job
+    return {x["path"]: x for x in job["results"]}
+
+
+def nccl_lines(n: int) -> bytes:
+    return b"".join(b"node0:100:100 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
+                    for _ in range(n))
+
+
+# ----------------------------------------------------------------------------------- sizes
+
+
+def test_file_over_the_limit_is_413_and_nothing_is_queued(client: httpx.Client) -> None:
+    before = jobs_total(client)
+    problem(upload(client, [("big.log", nccl_lines(40_000))]), 413, "big.log", "limit")
+    assert jobs_total(client) == before
+
+
+def test_request_over_the_limit_is_413(client: httpx.Client) -> None:
+    chunk = nccl_lines(19_000)  # ~1.9 MiB each, four of them
+    problem(upload(client, [(f"r{i}.log", chunk) for i in range(4)]), 413, "limit")
+
+
+def test_too_many_files_is_413(client: httpx.Client) -> None:
+    problem(upload(client, [(f"r{i}.json", RUN_JSON) for i in range(6)]), 413, "more than 5 files")
+
+
+def test_json_bodies_too_large_or_too_deep(client: httpx.Client) -> None:
+    problem(client.post("/api/runs", json={"name": "big", "description": "x" * (70 * KiB)}), 413, "limit")
+    deep = '{"name": "deep", "config": ' + "[" * 5000 + "]" * 5000 + "}"
+    problem(client.post("/api/runs", content=deep, headers={"content-type": "application/json"}), 422, "nests 5001 levels")
+    problem(client.post("/api/predict", content=b'{"model": "\xff\xfe"}', headers={"content-type": "application/json"}), 422,
+            "UTF-8")
+    problem(client.post("/api/runs", content=b"{not json", headers={"content-type": "application/json"}), 422)
+
+
+# --------------------------------------------------------------------------------- formats
+
+
+def test_unknown_formats_are_415_and_nothing_is_queued(client: httpx.Client) -> None:
+    before = jobs_total(client)
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
+    detail = problem(upload(client, [("ok.json", RUN_JSON), ("pic.png", png), ("notes.txt", b"hello world\n"),
+                                     ("empty.log", b""), ("noise.gz", gzip.compress(os.urandom(4096)))]),
+                     415, "pic.png: binary", "notes.txt: not a Kineto", "empty.log: empty file", "noise.gz", "Nothing")
+    assert "ok.json" not in detail
+    assert jobs_total(client) == before
+
+
+def test_not_multipart_is_415_and_malformed_multipart_is_422(client: httpx.Client) -> None:
+    problem(client.post("/api/runs/victim/files", content=RUN_JSON, headers={"content-type": "application/json"}), 415,
+            "multipart/form-data")
+    body = b"--XYZ\r\nContent-Disposition: form-data; name=\"files\"; filename=\"a.json\"\r\n\r\n" + RUN_JSON  # no end
+    problem(client.post("/api/runs/victim/files", content=body, headers={"content-type": "multipart/form-data; boundary=XYZ"}),
+            422)
+    problem(client.post("/api/runs/victim/files", content=b"--XYZ--\r\n",
+                        headers={"content-type": "multipart/form-data; boundary=XYZ"}), 422, "no file parts")
+    problem(upload(client, [("x.json", RUN_JSON)], run="nope"), 404, "create it first")
+
+
+# -------------------------------------------------------------------------------- archives
+
+
+def _tar(members: list[tuple[str, bytes | None, str | None]]) -> bytes:
+    """(name, data, link target) members; data None with a target makes a symlink."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data, target in members:
+            info = tarfile.TarInfo(name)
+            if target is not None:
+                info.type, info.linkname = tarfile.SYMTYPE, target
+                tar.addfile(info)
+            else:
+                info.size = len(data or b"")
+                tar.addfile(info, io.BytesIO(data or b""))
+    return buf.getvalue()
+
+
+def test_hostile_archive_members_fail_alone(client: httpx.Client) -> None:
+    tgz = _tar([("../escape.json", RUN_JSON, None), ("/abs/root.json", RUN_JSON, None), ("link.json", None, "/etc/passwd"),
+                ("good/run.json", RUN_JSON, None)])
+    zbuf = io.BytesIO()
+    with zipfile.ZipFile(zbuf, "w") as z:
+        z.writestr("../../zip-escape.json", RUN_JSON)
+    out = results(client, [("../../etc/evil.tar.gz", tgz), ("z.zip", zbuf.getvalue())])
+    assert out["evil.tar.gz!../escape.json"]["error"].endswith("path escapes the archive ('..')")
+    assert out["evil.tar.gz!/abs/root.json"]["error"].endswith("absolute path")
+    assert out["evil.tar.gz!link.json"]["error"].endswith("links are not followed")
+    assert "path escapes" in out["z.zip!../../zip-escape.json"]["error"]
+    good = out["evil.tar.gz!good/run.json"]
+    assert good["status"] == "duplicate" and good["upload"] == "evil.tar.gz"  # same bytes as the run's run.json
+    assert sum(1 for r in out.values() if r["status"] == "failed") == 4
+
+
+def test_too_many_members_and_decompression_bomb(client: httpx.Client) -> None:
+    many = _tar([(f"m{i}.json", b"{}", None) for i in range(25)])
+    bomb = gzip.compress(b'{"traceEvents": [' + b" " * (16 * MiB) + b"]}", compresslevel=9)
+    out = results(client, [("many.tar.gz", many), ("bomb.json.gz", bomb)])
+    assert "more than 20 members" in out["many.tar.gz"]["error"]
+    assert "decompression bomb" in out["bomb.json.gz"]["error"]
+
+
+def test_deeply_nested_trace_fails_with_its_reason(client: httpx.Client) -> None:
+    deep = b'{"traceEvents": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}"
+    out = results(client, [("deep.json", deep)])
+    assert out["deep.json"]["status"] == "failed" and "nested" in out["deep.json"]["error"], out
+
+
+def test_overlong_lines_and_invalid_utf8_are_skipped_not_fatal(client: httpx.Client) -> None:
+    log = (b"node0:100:100 [0] NCCL INFO NCCL version 2.18.1+cuda12.1\n" + b"node0:100:100 [0] NCCL INFO " + b"x" * MiB
+           + b"\n" + b"node0:100:100 [0] NCCL INFO \xff\xfe\xfd broken bytes\n" + nccl_lines(1))
+    out = results(client, [("long.log", log)])["long.log"]
+    assert out["status"] == "ok", out
+    assert out["skipped"].get(f"line longer than {256 * KiB} bytes") == 1, out
+
+
+# ------------------------------------------------------------------------------ SQL-looking
+
+
+def test_sql_looking_names_and_filters_are_plain_values(client: httpx.Client) -> None:
+    problem(client.get("/api/runs/x' OR '1'='1"), 404)
+    problem(client.get("/api/runs/victim; DROP TABLE runs"), 404)
+    r = client.get("/api/runs", params={"q": "'; DROP TABLE runs; --", "tag": "' OR 1=1 --"})
+    assert r.status_code == 200 and r.json()["total"] == 0
+    h = client.get("/api/runs/victim/histograms", params={"dtype": "float32' OR '1'='1"})
+    assert h.status_code == 200 and h.json()["series"] == []
+    problem(client.get("/api/runs/victim/histograms", params={"scheme": "dp' --"}), 422)
+    problem(client.get("/api/runs/victim/histograms", params={"rank": "0 OR 1=1"}), 422)
+    assert client.get("/api/runs/victim/review", params={"view": "x' OR '1'='1"}).json()["total"] == 0

@@ -1,7 +1,400 @@
-"""Run-level linking of NCCL communicators across processes (placeholder until the NCCL ingester lands)."""
+"""Run-level linking of NCCL communicators across processes and files.
+
+A COLL line names its communicator only by a per-process pointer, so the ingester writes provisional
+group keys (`nccl:ptr:<host:pid>:<comm>:n<nranks>`). After every ingest batch `link_run` groups the
+communicator members of the whole run (nccl_comms rows, one per process and communicator):
+
+1. key by commId when the init line has one: `nccl:<commId>`;
+2. else a split child (2.23+ lines without commId) keys by its parent's key, the split counter printed
+   by 2.24+ (else the order of the split in the process, see `_assign_keys`) and the color:
+   `<parent key>/split<n>:color<c>`;
+3. else by size and order of creation on that device of the process: `nccl:n<nranks>#<k>` (the k-th
+   communicator of that size each rank created). When two different communicators land on one such
+   key (e.g. two TP groups of 2), members are dealt into sub-groups `...#k.<j>` in global-rank order,
+   each rank of a communicator once: this recovers contiguous and strided layouts.
+
+The world communicator is the group with the largest nranks (ties: the one created first); a
+process's (per device) global rank is its rank in it. Then comm_events get the final group_key, the
+global `rank`, and Send/Recv `peer` translated from communicator rank to global rank — only for
+groups whose every member's global rank is known, which makes the translation reversible: a later
+run first maps peers back with the mapping stored in nccl_comms.global_rank, so linking is
+idempotent and can be repeated as more files arrive. COLL lines of communicators without any init
+line keep the provisional key and a NULL rank (when no world mapping covers their process).
+
+Runs inside the caller's transaction (no BEGIN/COMMIT here).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
 
 import duckdb
+import pyarrow as pa
+
+
+@dataclass
+class _Member:
+    rid: int
+    order: int  # creation order in the run (source, then row)
+    host: str | None
+    pid: int | None
+    dev: int | None
+    ptr: str
+    comm_rank: int | None
+    nranks: int | None
+    comm_id: str | None
+    parent: str | None
+    color: int | None
+    split_count: int | None
+    old_key: str
+    old_global: int | None
+    key: str = ""
+    parent_key: str | None = None
+
+    @property
+    def base(self) -> str:
+        return f"{self.host}:{self.pid}" if self.host is not None else f"unknown/cuda:{self.dev}"
+
+    @property
+    def proc(self) -> tuple:
+        return (self.host, self.pid) if self.host is not None else (None, self.dev)
+
+    @property
+    def context(self) -> tuple:
+        return (self.host, self.pid, self.dev)
+
+    def labels(self) -> list[str]:
+        """Every "process" label the ingester may have given this member's COLL rows."""
+        if self.host is None:
+            return [self.base]
+        return [self.base, f"{self.base}/cuda:{self.dev}"]
 
 
 def link_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
-    return None
+    """Group the run's NCCL communicators across files, fill global ranks, rewrite event group keys."""
+    members = _load_members(con, run_id)
+    _assign_keys(members)
+    world_rank = _split_collisions(members)
+    groups = _groups(members)
+    revert = _old_full_mapping(members)
+    full = {k: g for k, g in groups.items() if _fully_mapped(g, world_rank)}
+    distinct = list({(m.host, m.pid, m.ptr): m for m in members}.values())
+
+    nccl_sources = "SELECT source_id FROM sources WHERE run_id = $run AND kind = 'nccl_log'"
+    tables: dict[str, pa.Table] = {
+        "_nl_revert": pa.table({
+            "group_key": pa.array([r[0] for r in revert], pa.string()),
+            "comm_rank": pa.array([r[1] for r in revert], pa.int32()),
+            "global_rank": pa.array([r[2] for r in revert], pa.int32()),
+        }),
+        "_nl_comms": pa.table({
+            "rid": pa.array([m.rid for m in members], pa.int64()),
+            "group_key": pa.array([m.key for m in members], pa.string()),
+            "global_rank": pa.array([world_rank.get(m.context) for m in members], pa.int32()),
+        }),
+        "_nl_events": _event_map(members),
+        "_nl_peer": pa.table({
+            "group_key": pa.array([k for k, g in full.items() for _ in g], pa.string()),
+            "comm_rank": pa.array([r for g in full.values() for r in g], pa.int32()),
+            "global_rank": pa.array([world_rank[m.context] for g in full.values() for m in g.values()], pa.int32()),
+        }),
+        "_nl_rank": _rank_map(members, world_rank),
+        "_nl_topo": pa.table({
+            "host": pa.array([m.host for m in distinct], pa.string()),
+            "pid": pa.array([m.pid for m in distinct], pa.int32()),
+            "comm_ptr": pa.array([m.ptr for m in distinct], pa.string()),
+            "group_key": pa.array([m.key for m in distinct], pa.string()),
+        }),
+    }
+    for name, table in tables.items():
+        con.register(name, table)
+    try:
+        params = {"run": run_id}
+        # Send/Recv peers of groups that were fully mapped at the last link go back to communicator ranks.
+        con.execute(
+            f"""UPDATE comm_events SET peer = r.comm_rank FROM _nl_revert r
+            WHERE comm_events.run_id = $run AND comm_events.source_id IN ({nccl_sources})
+              AND comm_events.op IN ('send', 'recv') AND comm_events.group_key = r.group_key
+              AND comm_events.peer = r.global_rank""",
+            params,
+        )
+        con.execute(
+            """UPDATE nccl_comms SET group_key = u.group_key, global_rank = u.global_rank
+            FROM _nl_comms u WHERE nccl_comms.rowid = u.rid""",
+        )
+        con.execute(
+            f"""UPDATE comm_events SET group_key = m.group_key FROM _nl_events m
+            WHERE comm_events.run_id = $run AND comm_events.source_id IN ({nccl_sources})
+              AND comm_events.process = m.process AND comm_events.comm_ptr = m.comm_ptr""",
+            params,
+        )
+        con.execute(
+            f"""UPDATE comm_events SET peer = t.global_rank FROM _nl_peer t
+            WHERE comm_events.run_id = $run AND comm_events.source_id IN ({nccl_sources})
+              AND comm_events.op IN ('send', 'recv') AND comm_events.group_key = t.group_key
+              AND comm_events.peer = t.comm_rank""",
+            params,
+        )
+        con.execute(
+            f"""UPDATE comm_events SET rank = m.global_rank FROM _nl_rank m
+            WHERE comm_events.run_id = $run AND comm_events.source_id IN ({nccl_sources})
+              AND comm_events.process = m.process""",
+            params,
+        )
+        con.execute(
+            f"""UPDATE nccl_topology SET group_key = m.group_key FROM _nl_topo m
+            WHERE nccl_topology.run_id = $run AND nccl_topology.source_id IN ({nccl_sources})
+              AND nccl_topology.host IS NOT DISTINCT FROM m.host AND nccl_topology.pid IS NOT DISTINCT FROM m.pid
+              AND nccl_topology.comm_ptr = m.comm_ptr""",
+            params,
+        )
+        _write_groups(con, run_id, groups, full, world_rank, members)
+    finally:
+        for name in tables:
+            con.unregister(name)
+
+
+# ------------------------------------------------------------------------------------------ grouping
+
+
+def _load_members(con: duckdb.DuckDBPyConnection, run_id: int) -> list[_Member]:
+    split_counts: dict[tuple[int, str], int] = {}
+    for source_id, meta in con.execute(
+        "SELECT source_id, meta FROM sources WHERE run_id = ? AND kind = 'nccl_log' AND status = 'ok'", [run_id]
+    ).fetchall():
+        counts = (json.loads(meta) if isinstance(meta, str) else (meta or {})).get("split_counts") or {}
+        for label, n in counts.items():
+            split_counts[(source_id, label)] = int(n)
+    rows = con.execute(
+        """SELECT rowid, source_id, host, pid, cuda_dev, comm_ptr, comm_rank, nranks, comm_id, parent_ptr, color,
+                  group_key, global_rank
+           FROM nccl_comms WHERE run_id = ? ORDER BY source_id, rowid""",
+        [run_id],
+    ).fetchall()
+    out = []
+    for i, (rid, sid, host, pid, dev, ptr, crank, nranks, cid, parent, color, key, grank) in enumerate(rows):
+        m = _Member(rid, i, host, pid, dev, ptr, crank, nranks, cid, parent, color, None, key, grank)
+        m.split_count = split_counts.get((sid, f"{m.base}:{ptr}"))
+        out.append(m)
+    return out
+
+
+def _assign_keys(members: list[_Member]) -> None:
+    """Keys by commId, split parent + color, or size + creation order (see module docstring).
+
+    Split children without commId or split counter are first numbered per (parent, color): right when
+    colors name groups (PyTorch hashes the member list into the color) even if some ranks sat out
+    earlier splits. When that puts one communicator rank twice into a group, the children of that
+    parent are numbered per parent instead: right when every rank takes part in every split with
+    small reused colors (color = rank // tp, then rank % tp)."""
+    per_parent: set[str] = set()
+    for _ in range(8):
+        _key_pass(members, per_parent)
+        bad = _colliding_split_parents(members)
+        if bad <= per_parent:
+            return
+        per_parent |= bad
+
+
+def _key_pass(members: list[_Member], per_parent: set[str]) -> None:
+    by_proc_ptr: dict[tuple, _Member] = {}  # latest member per (process, raw pointer)
+    split_seen: dict[tuple, int] = defaultdict(int)
+    size_seen: dict[tuple, int] = defaultdict(int)
+    for m in members:  # creation order: parents come before their children
+        parent = by_proc_ptr.get((m.proc, m.parent)) if m.parent else None
+        m.parent_key = None
+        if m.comm_id:
+            m.key = f"nccl:{m.comm_id}"
+        elif parent is not None and m.color is not None:
+            m.parent_key = parent.key
+            n = m.split_count
+            if n is None:
+                cls = (m.context, parent.key) if parent.key in per_parent else (m.context, parent.key, m.color)
+                n = split_seen[cls]
+                split_seen[cls] += 1
+            m.key = f"{parent.key}/split{n}:color{m.color}"
+        else:
+            cls = (m.context, m.nranks, m.color)
+            k = size_seen[cls]
+            size_seen[cls] += 1
+            color = f":color{m.color}" if m.color is not None else ""
+            m.key = f"nccl:n{m.nranks}{color}#{k}"
+        by_proc_ptr[(m.proc, m.ptr.split("#")[0])] = m
+
+
+def _colliding_split_parents(members: list[_Member]) -> set[str]:
+    """Parent keys whose counted split children hold one communicator rank twice in a group."""
+    by_key: dict[str, list[_Member]] = defaultdict(list)
+    for m in _distinct(members):
+        if m.parent_key is not None and m.split_count is None:
+            by_key[m.key].append(m)
+    bad = set()
+    for ms in by_key.values():
+        if len({m.comm_rank for m in ms}) < len(ms) or len(ms) > max(m.nranks or 0 for m in ms):
+            bad.add(ms[0].parent_key)
+    return bad
+
+
+def _distinct(members: list[_Member]) -> list[_Member]:
+    """One member per (process, device, pointer): the same process ingested twice counts once."""
+    seen: dict[tuple, _Member] = {}
+    for m in members:
+        seen.setdefault((m.context, m.ptr), m)
+    return list(seen.values())
+
+
+def _world_ranks(members: list[_Member], exclude: set[str]) -> dict[tuple, int]:
+    """Global rank per (host, pid, device): the rank in the largest (then first created) communicator."""
+    by_key: dict[str, list[_Member]] = defaultdict(list)
+    for m in members:
+        if m.key not in exclude and m.comm_rank is not None:
+            by_key[m.key].append(m)
+    if not by_key:
+        return {}
+    world = min(by_key, key=lambda k: (-max(x.nranks or 0 for x in by_key[k]), min(x.order for x in by_key[k]), k))
+    out: dict[tuple, int] = {}
+    for m in by_key[world]:
+        out.setdefault(m.context, m.comm_rank)
+    return out
+
+
+def _split_collisions(members: list[_Member]) -> dict[tuple, int]:
+    """Deal members of size+order keys that hold one communicator rank twice into sub-groups;
+    returns the final world mapping (host, pid, device) -> global rank."""
+    distinct = _distinct(members)
+    by_key: dict[str, list[_Member]] = defaultdict(list)
+    for m in distinct:
+        by_key[m.key].append(m)
+    collided = {
+        k for k, ms in by_key.items()
+        if k.startswith("nccl:n") and len({m.comm_rank for m in ms}) < len(ms)
+    }
+    if collided:
+        provisional = _world_ranks(distinct, collided)
+        for key in sorted(collided):
+            ms = sorted(by_key[key], key=lambda m: (provisional.get(m.context, 1 << 30), m.base, m.dev or 0, m.order))
+            subgroups: list[dict[int | None, _Member]] = []
+            for m in ms:
+                for sg in subgroups:
+                    if m.comm_rank not in sg and len(sg) < (m.nranks or 0):
+                        sg[m.comm_rank] = m
+                        break
+                else:
+                    subgroups.append({m.comm_rank: m})
+            new_key = {}
+            for j, sg in enumerate(subgroups):
+                for m in sg.values():
+                    new_key[(m.context, m.ptr)] = f"{key}.{j}"
+            for m in members:
+                if m.key == key:
+                    m.key = new_key[(m.context, m.ptr)]
+    return _world_ranks(_distinct(members), set())
+
+
+def _groups(members: list[_Member]) -> dict[str, dict[int | None, _Member]]:
+    """group key -> {communicator rank: member}."""
+    out: dict[str, dict[int | None, _Member]] = defaultdict(dict)
+    for m in _distinct(members):
+        out[m.key].setdefault(m.comm_rank, m)
+    return dict(out)
+
+
+def _fully_mapped(group: dict[int | None, _Member], world_rank: dict[tuple, int]) -> bool:
+    """Every rank 0..nranks-1 present with a distinct known global rank."""
+    nranks = max((m.nranks or 0) for m in group.values())
+    if set(group) != set(range(nranks)):
+        return False
+    globals_ = [world_rank.get(m.context) for m in group.values()]
+    return None not in globals_ and len(set(globals_)) == len(globals_)
+
+
+def _old_full_mapping(members: list[_Member]) -> list[tuple[str, int, int]]:
+    """(old key, comm rank, old global rank) of the groups the previous link fully mapped."""
+    by_key: dict[str, dict[int, int]] = defaultdict(dict)
+    nranks: dict[str, int] = defaultdict(int)
+    for m in members:
+        nranks[m.old_key] = max(nranks[m.old_key], m.nranks or 0)
+        if m.old_global is not None and m.comm_rank is not None:
+            by_key[m.old_key].setdefault(m.comm_rank, m.old_global)
+    out = []
+    for key, mapping in by_key.items():
+        if set(mapping) == set(range(nranks[key])) and len(set(mapping.values())) == len(mapping):
+            out.extend((key, r, g) for r, g in mapping.items())
+    return out
+
+
+def _event_map(members: list[_Member]) -> pa.Table:
+    seen: dict[tuple[str, str], str] = {}
+    for m in members:
+        for label in m.labels():
+            seen.setdefault((label, m.ptr), m.key)
+    proc = [k[0] for k in seen]
+    ptr = [k[1] for k in seen]
+    key = list(seen.values())
+    return pa.table({
+        "process": pa.array(proc, pa.string()), "comm_ptr": pa.array(ptr, pa.string()),
+        "group_key": pa.array(key, pa.string()),
+    })
+
+
+def _rank_map(members: list[_Member], world_rank: dict[tuple, int]) -> pa.Table:
+    """process label -> global rank; "host:pid" only when that process has a single device in the world."""
+    devs: dict[tuple, set[tuple]] = defaultdict(set)
+    for context in world_rank:
+        devs[context[:2]].add(context)
+    labels: dict[str, int] = {}
+    for context, g in world_rank.items():
+        host, pid, dev = context
+        if host is None:
+            labels[f"unknown/cuda:{dev}"] = g
+            continue
+        labels[f"{host}:{pid}/cuda:{dev}"] = g
+        if len(devs[(host, pid)]) == 1:
+            labels[f"{host}:{pid}"] = g
+    return pa.table({
+        "process": pa.array(list(labels), pa.string()), "global_rank": pa.array(list(labels.values()), pa.int32()),
+    })
+
+
+def _write_groups(
+    con: duckdb.DuckDBPyConnection, run_id: int, groups: dict[str, dict[int | None, _Member]],
+    full: dict[str, dict[int | None, _Member]], world_rank: dict[tuple, int], members: list[_Member],
+) -> None:
+    """Upsert process_groups for every communicator and provisional group; drop stale NCCL groups."""
+    rows: list[tuple[Any, ...]] = []
+    for key, group in groups.items():
+        nranks = max((m.nranks or 0) for m in group.values()) or None
+        ranks = [world_rank[group[r].context] for r in range(nranks)] if key in full and nranks else None
+        comm_id = next((m.comm_id for m in group.values() if m.comm_id), None)
+        desc = f"NCCL communicator of {nranks} ranks" + (f", commId {comm_id}" if comm_id else "")
+        rows.append((key, desc, ranks, nranks, "nccl_init"))
+    known = {r[0] for r in rows}
+    for key, size in con.execute(
+        """SELECT group_key, max(group_size) FROM comm_events
+           WHERE run_id = ? AND group_key LIKE 'nccl:ptr:%' GROUP BY group_key""",
+        [run_id],
+    ).fetchall():
+        if key not in known:
+            rows.append((key, f"NCCL communicator of {size} ranks seen only in COLL lines of one process",
+                         None, size, "event"))
+    for key, desc, ranks, size, origin in rows:
+        con.execute(
+            """INSERT INTO process_groups (run_id, group_key, description, backend, ranks, size, origin)
+               VALUES (?, ?, ?, 'nccl', ?, ?, ?)
+               ON CONFLICT (run_id, group_key) DO UPDATE SET
+                   description = excluded.description, ranks = excluded.ranks, size = excluded.size""",
+            [run_id, key, desc, ranks, size, origin],
+        )
+    keep = pa.table({"group_key": pa.array([r[0] for r in rows], pa.string())})
+    con.register("_nl_keep", keep)
+    try:
+        con.execute(
+            """DELETE FROM process_groups WHERE run_id = ? AND group_key LIKE 'nccl:%'
+               AND origin IN ('nccl_init', 'event') AND group_key NOT IN (SELECT group_key FROM _nl_keep)""",
+            [run_id],
+        )
+    finally:
+        con.unregister("_nl_keep")

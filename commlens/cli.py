@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from commlens.harness import cli as harness_cli  # no torch at import time
+
 app = typer.Typer(
     help="commlens: where does the communication of distributed training go, and is it what it should be?",
     no_args_is_help=True,
@@ -19,6 +21,7 @@ app = typer.Typer(
 # Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True)
+app.command("harness", epilog=harness_cli.EPILOG)(harness_cli.harness)
 
 
 

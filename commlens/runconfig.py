@@ -3,7 +3,7 @@ with the same model and attaches it to the run; the predictor reads it."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,6 +35,9 @@ class ParallelConfig(_Strict):
     micro_batches: int = Field(1, ge=1)
     micro_batch_size: int = Field(1, ge=1)
     schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    # how the dp group reduces gradients: ddp | allreduce | zero1 | zero2 | zero3 | none (dp = 1)
+    dp_sync: str | None = None
+    ddp_no_sync: bool = True  # accumulation micro-steps skip the DDP gradient sync
 
 
 class GroupConfig(_Strict):
@@ -54,7 +57,7 @@ class DtypeConfig(_Strict):
 class BucketConfig(_Strict):
     ddp_bucket_cap_mb: float | None = 25.0
     ddp_first_bucket_bytes: int | None = None
-    zero_bucket_bytes: int | None = None
+    zero_bucket_bytes: int | None = None  # None: not bucketed (one flat buffer, or one FSDP2 unit per block)
 
 
 class ProfileConfig(_Strict):
@@ -62,6 +65,29 @@ class ProfileConfig(_Strict):
     warmup: int = 1
     active: int = 2
     profiled_steps: list[int] = []
+
+
+class OptimizerConfig(_Strict):
+    name: str = "adamw"
+    lr: float = 3e-3
+    betas: list[float] = [0.9, 0.95]
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+class RankInfo(_Strict):
+    """What one rank held and did (the harness records it; predictions can be checked against it)."""
+
+    rank: int
+    coords: dict[str, int] = {}  # {"pp": i, "dp": j, "tp": k}
+    host: str | None = None
+    param_count: int | None = None  # parameters of this rank's stage slice (before ZeRO sharding)
+    sync: dict[str, Any] = {}  # dp-sync facts: ddp_bucket_bytes (last step, call order), flat_numel, ...
+
+
+class Results(_Strict):
+    losses: list[float] = []  # per step: mean over dp replicas of the last stage's loss
+    step_seconds: list[float] = []  # wall time per step on rank 0
 
 
 class RunConfig(_Strict):
@@ -85,5 +111,9 @@ class RunConfig(_Strict):
     host: str | None = None
     command: list[str] = []
     created_at: str | None = None
+    implementation: str = "harness"
+    optimizer: OptimizerConfig | None = None
+    ranks: list[RankInfo] = []
+    results: Results | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)

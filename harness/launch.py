@@ -1,0 +1,133 @@
+"""Planning and launching harness runs: sweeps, the torchrun command, output files, ingestion.
+
+Imports no torch: the launcher process only validates, starts torchrun and reads the results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import ConfigError, HarnessConfig, resolve_world, validation_errors
+
+CONFIG_NAME = ".harness-config.json"  # hidden: `commlens ingest DIR` skips it
+OUTPUT_GLOBS = ("run.json", "trace.rank*.json.gz", "nccl.*.log")
+
+
+@dataclass
+class PlannedRun:
+    name: str  # run name for ingestion: the output directory's name
+    out: Path
+    cfg: HarnessConfig
+
+
+def parse_sweep(spec: str) -> tuple[str, list[float | int]]:
+    """`seq-len=128,256,512` -> ("seq_len", [128, 256, 512]); the flag must be a numeric harness option."""
+    if "=" not in spec:
+        raise ConfigError(f"--sweep {spec!r}: expected FLAG=V1,V2,... (for example seq-len=128,256,512)")
+    flag, values = spec.split("=", 1)
+    field = flag.strip().lstrip("-").replace("-", "_")
+    types = {f.name: f.type for f in dataclasses.fields(HarnessConfig)}
+    if types.get(field) not in ("int", "float", int, float):
+        numeric = sorted(k.replace("_", "-") for k, t in types.items() if t in ("int", "float", int, float))
+        raise ConfigError(f"--sweep {flag!r} is not a numeric harness flag; one of: {', '.join(numeric)}")
+    cast = float if types[field] in ("float", float) else int
+    try:
+        parsed = [cast(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"--sweep {spec!r}: values must be {cast.__name__}s separated by commas") from None
+    if not parsed:
+        raise ConfigError(f"--sweep {spec!r}: no values")
+    return field, parsed
+
+
+def plan_runs(out: Path, options: dict, nproc: int | None, sweeps: list[str], cuda_devices: int | None) -> list[PlannedRun]:
+    """One run per sweep combination (the cartesian product), every config validated before any starts.
+
+    `options` holds HarnessConfig fields; options["dp"] may be None (derived from nproc)."""
+    axes = [parse_sweep(s) for s in sweeps]
+    combos: list[list[tuple[str, float | int]]] = [[]]
+    for field, values in axes:
+        combos = [c + [(field, v)] for c in combos for v in values]
+    runs, errors = [], []
+    for combo in combos:
+        opts = dict(options, **dict(combo))
+        try:
+            opts["dp"] = resolve_world(opts.get("dp"), opts["tp"], opts["pp"], nproc)
+        except ConfigError as exc:  # keep going: report the other problems of this config too
+            errors.append(str(exc))
+            opts["dp"] = opts.get("dp") or 1
+        cfg = HarnessConfig(**opts)
+        name = "_".join(f"{k.replace('_', '-')}-{v if isinstance(v, int) else f'{v:g}'}" for k, v in combo) if combo else out.name
+        problems = validation_errors(cfg, cuda_devices)
+        errors += [f"{name}: {p}" if combo else p for p in problems]
+        runs.append(PlannedRun(name, out / name if combo else out, cfg))
+    if errors:
+        raise ConfigError("\n".join(dict.fromkeys(errors)))
+    return runs
+
+
+def existing_outputs(out: Path) -> list[Path]:
+    return sorted(p for pattern in OUTPUT_GLOBS for p in out.glob(pattern)) if out.is_dir() else []
+
+
+def torchrun_command(run: PlannedRun, command: list[str]) -> list[str]:
+    """Single node: `python -m torch.distributed.run --standalone --nproc-per-node W -m commlens.harness.worker ...`."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(run.cfg.world_size),
+        "-m", "commlens.harness.worker", "--config", str(run.out / CONFIG_NAME), "--out", str(run.out),
+        "--command", json.dumps(command),
+    ]
+
+
+def multinode_command(run: PlannedRun, nodes: int = 2) -> str:
+    per_node = max(1, run.cfg.world_size // nodes)
+    return (
+        f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d --rdzv-endpoint HOST0:29500 "
+        f"--rdzv-id commlens -m commlens.harness.worker --config {run.out / CONFIG_NAME} --out {run.out}"
+    )
+
+
+def prepare(run: PlannedRun, overwrite: bool) -> Path:
+    """Create the output directory and write the config; refuse to mix with an earlier run's outputs."""
+    old = existing_outputs(run.out)
+    if old and not overwrite:
+        raise ConfigError(f"{run.out} already holds harness outputs ({old[0].name}, ...); pass --overwrite or another --out")
+    for path in old:
+        path.unlink()
+    run.out.mkdir(parents=True, exist_ok=True)
+    path = run.out / CONFIG_NAME
+    path.write_text(run.cfg.to_json() + "\n")
+    return path
+
+
+def launch(run: PlannedRun, command: list[str], timeout_s: float | None = None) -> int:
+    """Run torchrun in the foreground (its output, progress and any rank's traceback, go to ours)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        return subprocess.run(torchrun_command(run, command), env=env, timeout=timeout_s, check=False).returncode
+    except subprocess.TimeoutExpired:
+        return 124
+
+
+def output_files(out: Path) -> list[Path]:
+    """The run's files in ingestion order: run.json first (it labels the groups), then traces and logs."""
+    return existing_outputs(out)
+
+
+def ingest_run(db: Path, run: PlannedRun):  # noqa: ANN201 - commlens.ingest.pipeline.IngestSummary
+    """Ingest run.json, the traces and NCCL logs as a run named after the output directory."""
+    from commlens.ingest import pipeline, store
+
+    con = store.connect(db)
+    try:
+        return pipeline.ingest_paths(con, output_files(run.out), run.name, description=f"commlens harness: {run.cfg.strategy}")
+    finally:
+        con.close()

@@ -1,0 +1,126 @@
+"""One optimizer step: micro-batches through the pipeline (GPipe or 1F1B) with explicit send/recv.
+
+With pp = 1 both schedules reduce to forward+backward per micro-batch. Point-to-point messages go
+through the pp group as batches (`Group.p2p`), in Megatron's pairing: 1F1B's steady state sends the
+output forward and receives the output gradient in one batch, and sends the input gradient back and
+receives the next input in another.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .comm import Group
+from .dpsync import Sync
+from .model import Stage
+
+
+class StepRunner:
+    def __init__(self, stage: Stage, sync: Sync, pp: Group | None, micro_batches: int, schedule: str,
+                 act_shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device):
+        self.stage, self.sync, self.pp = stage, sync, pp
+        self.m = micro_batches
+        self.schedule = schedule if pp is not None else "gpipe"
+        self.act_shape, self.dtype, self.device = act_shape, dtype, device
+        self.first = pp is None or pp.rank == 0
+        self.last = pp is None or pp.rank == pp.size - 1
+
+    # ------------------------------------------------------------------ point to point
+    def _buf(self) -> torch.Tensor:
+        return torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
+
+    def _exchange(self, send_next: torch.Tensor | None = None, send_prev: torch.Tensor | None = None,
+                  recv_next: bool = False, recv_prev: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """One batch: sends (to prev, then to next) and receives (from prev, then from next)."""
+        sends, recvs = [], []
+        from_prev = self._buf() if recv_prev and not self.first else None
+        from_next = self._buf() if recv_next and not self.last else None
+        if send_prev is not None and not self.first:
+            sends.append((send_prev.contiguous(), self.pp.rank - 1))
+        if send_next is not None and not self.last:
+            sends.append((send_next.contiguous(), self.pp.rank + 1))
+        if from_prev is not None:
+            recvs.append((from_prev, self.pp.rank - 1))
+        if from_next is not None:
+            recvs.append((from_next, self.pp.rank + 1))
+        if self.pp is not None:
+            self.pp.p2p(sends, recvs)
+        return from_prev, from_next
+
+    # ------------------------------------------------------------------ compute
+    def _forward(self, j: int, x: torch.Tensor | None) -> torch.Tensor:
+        """pp > 1: forward of micro-batch j; returns the stage output (the scaled loss on the last stage)."""
+        tokens = self.batches[j]
+        if self.first:
+            x = tokens[:, :-1]
+        else:
+            x.requires_grad_()
+        self.inputs[j] = x
+        out = self.sync.module(x)
+        if self.last:
+            out = self.stage.loss(out, tokens[:, 1:]) / self.m
+            self.loss_sum += float(out.detach())
+        self.outputs[j] = out
+        return out
+
+    def _backward(self, j: int, grad: torch.Tensor | None) -> torch.Tensor | None:
+        out = self.outputs.pop(j)
+        x = self.inputs.pop(j)
+        if self.last:
+            out.backward()
+        else:
+            torch.autograd.backward(out, grad_tensors=grad)
+        self.sync.after_backward()
+        return None if self.first else x.grad
+
+    def _micro(self, j: int) -> None:
+        """pp = 1: forward and backward of one micro-batch inside the sync's micro context (DDP no_sync)."""
+        with self.sync.micro(j, j == self.m - 1):
+            tokens = self.batches[j]
+            out = self.sync.module(tokens[:, :-1])
+            loss = self.stage.loss(out, tokens[:, 1:]) / self.m
+            self.loss_sum += float(loss.detach())
+            loss.backward()
+        self.sync.after_backward()
+
+    # ------------------------------------------------------------------ schedules
+    def step(self, batches: list[torch.Tensor]) -> float | None:
+        """Run all micro-batches and the optimizer step; the stage's loss (last stage) or None."""
+        self.batches, self.inputs, self.outputs, self.loss_sum = batches, {}, {}, 0.0
+        if self.pp is None:
+            for j in range(self.m):
+                self._micro(j)
+        elif self.schedule == "gpipe":
+            self._gpipe()
+        else:
+            self._one_f_one_b()
+        self.sync.finish()
+        return self.loss_sum if self.last else None
+
+    def _gpipe(self) -> None:
+        for j in range(self.m):
+            x, _ = self._exchange(recv_prev=True)
+            self._exchange(send_next=self._forward(j, x))
+        for j in range(self.m):
+            _, g = self._exchange(recv_next=True)
+            self._exchange(send_prev=self._backward(j, g))
+
+    def _one_f_one_b(self) -> None:
+        warmup = min(self.pp.size - self.pp.rank - 1, self.m)
+        steady = self.m - warmup
+        for j in range(warmup):
+            x, _ = self._exchange(recv_prev=True)
+            self._exchange(send_next=self._forward(j, x))
+        x = self._exchange(recv_prev=True)[0] if steady else None
+        for k in range(steady):
+            y = self._forward(warmup + k, x)
+            _, g = self._exchange(send_next=y, recv_next=True)
+            gx = self._backward(k, g)
+            if k == steady - 1:
+                self._exchange(send_prev=gx)
+            else:
+                x, _ = self._exchange(send_prev=gx, recv_prev=True)
+        for k in range(steady, self.m):
+            _, g = self._exchange(recv_next=True)
+            self._exchange(send_prev=self._backward(k, g))
+

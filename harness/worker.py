@@ -1,0 +1,200 @@
+"""The per-rank program torchrun starts: ``python -m commlens.harness.worker --config FILE --out DIR``.
+
+Builds the mesh, the rank's slice of the model and its dp-sync strategy, trains `steps` steps under
+the profiler, writes ``trace.rank<R>.json.gz``; rank 0 writes ``run.json`` for the whole job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from .comm import Mesh, build_mesh
+from .config import HarnessConfig, validate
+from .data import global_batch, micro_batch
+from .dpsync import ADAMW, make_sync
+from .model import GPTShape, TPInfo, build_stage, full_model
+from .schedule import StepRunner
+
+PROGRESS_PREFIX = "[commlens harness]"
+NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,COLL,P2P,GRAPH,TUNING"}
+
+
+def trace_path(out: Path, rank: int) -> Path:
+    return out / f"trace.rank{rank}.json.gz"
+
+
+def _init(cfg: HarnessConfig, out: Path) -> torch.device:
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if "RANK" not in os.environ:  # started without torchrun: a world of one
+        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"})
+    timeout = timedelta(seconds=cfg.timeout_s)
+    if cfg.device == "cuda":
+        for key, value in NCCL_ENV.items():
+            os.environ.setdefault(key, value)
+        os.environ.setdefault("NCCL_DEBUG_FILE", str(out / "nccl.%h.%p.log"))
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timeout)
+    if dist.get_world_size() != cfg.world_size:
+        raise SystemExit(f"torchrun started {dist.get_world_size()} processes but dp*tp*pp = {cfg.world_size}")
+    return device
+
+
+def _profiler(cfg: HarnessConfig, out: Path, rank: int) -> torch.profiler.profile:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cfg.device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+
+    def on_ready(prof: torch.profiler.profile) -> None:
+        prof.export_chrome_trace(str(trace_path(out, rank)))
+
+    sched = torch.profiler.schedule(wait=cfg.profile_wait, warmup=cfg.profile_warmup, active=cfg.profile_active,
+                                    repeat=1)
+    return torch.profiler.profile(activities=activities, schedule=sched, record_shapes=True, on_trace_ready=on_ready)
+
+
+def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
+    device = _init(cfg, out)
+    rank = dist.get_rank()
+    dtype = getattr(torch, cfg.dtype)
+    mesh = build_mesh(cfg, device.type)
+    coords = cfg.coords(rank)
+    shape = GPTShape(cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq_len)
+    tp = TPInfo(cfg.tp, coords["tp"], mesh.group("tp"), cfg.sp)
+    stage = build_stage(shape, cfg.seed, tp, coords["pp"], cfg.pp).to(device=device, dtype=dtype)
+    local_params = sum(p.numel() for p in stage.parameters())
+    sync = make_sync(stage, mesh, cfg.lr, cfg.dp_sync, [device.index] if cfg.device == "cuda" else None)
+    s_local = cfg.seq_len // cfg.tp if cfg.sp else cfg.seq_len
+    runner = StepRunner(stage, sync, mesh.group("pp"), cfg.micro_batches, cfg.schedule,
+                        (cfg.micro_batch_size, s_local, cfg.hidden), dtype, device)
+    reporter = coords["pp"] == cfg.pp - 1 and coords["dp"] == 0 and coords["tp"] == 0
+    losses: list[float] = []
+    seconds: list[float] = []
+    samples = cfg.dp * cfg.micro_batches * cfg.micro_batch_size
+    with _profiler(cfg, out, rank) as prof:
+        for step in range(cfg.steps):
+            tokens = global_batch(cfg.seed, step, samples, cfg.seq_len, cfg.vocab)
+            batches = [micro_batch(tokens, coords["dp"], cfg.dp, j, cfg.micro_batch_size).to(device)
+                       for j in range(cfg.micro_batches)]
+            t0 = time.perf_counter()
+            loss = runner.step(batches)
+            if cfg.device == "cuda":
+                torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - t0)
+            prof.step()
+            if loss is not None:
+                losses.append(loss)
+            if reporter:
+                which = " (dp replica 0)" if cfg.dp > 1 else ""
+                print(f"{PROGRESS_PREFIX} step {step + 1}/{cfg.steps} loss{which} {loss:.4f} ({seconds[-1]:.2f}s)",
+                      flush=True)
+    info = {
+        "rank": rank, "coords": coords, "host": socket.gethostname(), "param_count": local_params,
+        "sync": sync.describe(), "losses": losses if losses else None, "seconds": seconds,
+        "groups": [g.info() for g in mesh.groups.values()],
+    }
+    gathered: list[dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
+    dist.all_gather_object(gathered, info)
+    if rank == 0:
+        path = write_run_json(cfg, out, gathered, mesh, shape, command)
+        print(f"{PROGRESS_PREFIX} wrote {path}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _groups(infos: list[dict], mesh: Mesh) -> list[dict]:
+    seen: dict[tuple[str, str], dict] = {}
+    for info in infos:
+        for g in info["groups"]:
+            seen.setdefault((g["dim"], g["pg_name"]), dict(g, backend=mesh.backend))
+    order = {d: i for i, d in enumerate(("pp", "dp", "tp"))}
+    groups = sorted(seen.values(), key=lambda g: (order[g["dim"]], g["ranks"]))
+    if not any(g["pg_name"] == "0" for g in groups):
+        world = dist.distributed_c10d._get_default_group()
+        groups.insert(0, {"dim": "world", "ranks": list(range(dist.get_world_size())), "pg_name": world.group_name,
+                          "pg_desc": "default_pg", "backend": mesh.backend})
+    return groups
+
+
+def write_run_json(cfg: HarnessConfig, out: Path, infos: list[dict], mesh: Mesh, shape: GPTShape,
+                   command: list[str]) -> Path:
+    from commlens.runconfig import RunConfig
+
+    last = [i for i in infos if i["losses"] is not None and i["coords"]["tp"] == 0]
+    losses = [sum(i["losses"][k] for i in last) / len(last) for k in range(cfg.steps)]
+    ddp = cfg.dp_sync == "ddp"
+    first_sync = infos[0]["sync"]
+    nccl = None
+    if cfg.device == "cuda":
+        nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+    data = {
+        "schema": "commlens.run/1",
+        "strategy": cfg.strategy,
+        "world_size": cfg.world_size,
+        "model": {"layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "vocab": cfg.vocab,
+                  "seq_len": cfg.seq_len, "ffn_hidden": shape.ffn, "tied_embeddings": False, "learned_pos": True,
+                  "param_count": sum(p.numel() for p in full_model(shape, cfg.seed).parameters())},
+        "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "zero": cfg.zero, "sp": cfg.sp,
+                     "micro_batches": cfg.micro_batches, "micro_batch_size": cfg.micro_batch_size,
+                     "schedule": cfg.schedule, "dp_sync": cfg.dp_sync, "ddp_no_sync": True},
+        "mesh_dims": cfg.mesh_dims,
+        "mesh_shape": cfg.mesh_shape,
+        "groups": _groups(infos, mesh),
+        "dtypes": {"param": cfg.dtype, "grad": cfg.dtype, "act": cfg.dtype},
+        "buckets": {"ddp_bucket_cap_mb": first_sync.get("ddp_bucket_cap_mb") if ddp else None,
+                    "ddp_first_bucket_bytes": first_sync.get("ddp_first_bucket_bytes") if ddp else None,
+                    "zero_bucket_bytes": None},
+        "profile": {"wait": cfg.profile_wait, "warmup": cfg.profile_warmup, "active": cfg.profile_active,
+                    "profiled_steps": cfg.profiled_steps},
+        "steps": cfg.steps,
+        "seed": cfg.seed,
+        "device": cfg.device,
+        "backend": mesh.backend,
+        "torch_version": torch.__version__,
+        "nccl_version": nccl,
+        "host": socket.gethostname(),
+        "command": command,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "implementation": "harness",
+        "optimizer": {"name": "adamw", "lr": cfg.lr, "betas": list(ADAMW["betas"]), "eps": ADAMW["eps"],
+                      "weight_decay": ADAMW["weight_decay"]},
+        "ranks": [{"rank": i["rank"], "coords": i["coords"], "host": i["host"], "param_count": i["param_count"],
+                   "sync": i["sync"]} for i in infos],
+        "results": {"losses": losses, "step_seconds": infos[0]["seconds"]},
+    }
+    cfg_model = RunConfig.model_validate(data)
+    path = out / "run.json"
+    path.write_text(json.dumps(cfg_model.model_dump(mode="json", by_alias=True), indent=2) + "\n")
+    return path
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m commlens.harness.worker", description=__doc__)
+    parser.add_argument("--config", type=Path, required=True, help="harness config JSON (commlens harness --dry-run writes one)")
+    parser.add_argument("--out", type=Path, required=True, help="output directory (shared by all ranks of a node)")
+    parser.add_argument("--command", default=None, help="JSON list: the command line that launched the job")
+    args = parser.parse_args(argv)
+    cfg = HarnessConfig.load(args.config)
+    validate(cfg)
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = json.loads(args.command) if args.command else [sys.executable, "-m", "commlens.harness.worker", *sys.argv[1:]]
+    train(cfg, args.out, command)
+
+
+if __name__ == "__main__":
+    main()

@@ -48,23 +48,27 @@ _PROTO_NAMES = {"ll": "LL", "ll128": "LL128", "simple": "SIMPLE"}
 
 # ------------------------------------------------------------------------------------------ patterns
 
+# Every pattern used with search/finditer starts with a literal or a lookbehind that fails inside a run of
+# its first character class, so scanning a long line stays linear.
+
 # Fast path over a block of lines: either a clean COLL line (foreign prefix allowed) or any line.
-# Groups: prefix, "host:pid", "dev] NCCL INFO Name", opCount, count, "dt op r root p comm c [nranks=n]",
+# Groups: prefix, "host:pid:tid [dev] NCCL INFO Name", opCount, count, "dt op r root p comm c [nranks=n]",
 # trailing text, other line. The lookbehind keeps the scan linear on long words.
 _FAST = re.compile(
-    rb"(?m)^(?:([^\n]*?)(?<![\w.-])([\w.-]+:\d+):\d+ \[(-?\d+\] NCCL INFO [A-Za-z]+): opCount ([0-9a-fA-F]+) "
+    rb"(?m)^(?:([^\n]*?)(?<![\w.-])([\w.-]+:\d+:\d+ \[-?\d+\] NCCL INFO [A-Za-z]+): opCount ([0-9a-fA-F]+) "
     rb"sendbuff \S+ recvbuff \S+ count (\d+) datatype (\d+ op \d+ root -?\d+ comm \S+ \[nranks=\d+\]) "
     rb"stream \S+([^\n]*)|([^\n]*))$"
 )
+_FAST_HEAD = re.compile(r"(.+):(\d+):\d+ \[(-?\d+)\] NCCL INFO ([A-Za-z]+)")
 _FAST_TAIL = re.compile(r"(\d+) op (\d+) root (-?\d+) comm (\S+) \[nranks=(\d+)\]", re.ASCII)
 
 _ENVELOPE = re.compile(r"(?<![\w.-])([\w.-]+):(\d+):(\d+) \[(-?\d+)\] (?:\S+:\d+ )?NCCL (INFO|WARN)(?= |$) ?")
 _FALLBACK = re.compile(r"\[(-?\d+)\] (?:\S+:\d+ )?NCCL (INFO|WARN)(?= |$) ?")
 _COLL = re.compile(
-    r"([A-Za-z]+): opCount ([0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ count (\d+) datatype (\d+) op (\d+) "
+    r"(?<![A-Za-z])([A-Za-z]+): opCount ([0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ count (\d+) datatype (\d+) op (\d+) "
     r"root (-?\d+) comm (\S+) \[nranks=(\d+)\] stream \S+"
 )
-_COLL_HEAD = re.compile(r"[A-Za-z]+: opCount ")
+_COLL_HEAD = re.compile(r"(?<![A-Za-z])[A-Za-z]+: opCount ")
 _VERSION = re.compile(r"\b([NR]CCL) version (\d+\.\d+\.\d+[^\s+]*)(?:\+(\S+))?")
 _BARE_VERSION = re.compile(r"(?:^|[\s>\]):])([NR]CCL) version (\d+\.\d+\.\d+[^\s+]*)(?:\+(\S+))?\s*$")
 _DRIVER = re.compile(r"cudaDriverVersion (\d+)")
@@ -81,7 +85,7 @@ _CONNECTION = re.compile(
 )
 _CONN_COMM = re.compile(r" comm (0x[0-9a-fA-F]+) nRanks (\d+)$")
 _TREE_CHANNEL = re.compile(r"\[(\d+)\] (-?\d+)/(-?\d+)/(-?\d+)->(-?\d+)->(-?\d+)(\|\S+)?")
-_NVLS_TREE = re.compile(r"(-?\d+)/(-?\d+)/(-?\d+)->(-?\d+)->(-?\d+)")
+_NVLS_TREE = re.compile(r"(?<![\d-])(-?\d+)/(-?\d+)/(-?\d+)->(-?\d+)->(-?\d+)")
 _NVLS_HEAD = re.compile(r"NVLS Head +(\d+):((?: +-?\d+)*)\s*$")
 _CHANNELS = re.compile(
     r"(\d+) coll channels, (?:(\d+) collnet channels, )?(?:(\d+) nvls channels, )?(\d+) p2p channels, "
@@ -253,19 +257,15 @@ class _Parser:
 
     def block(self, data: bytes, first_line: int) -> None:
         cache = self.fast_cache
-        events = self.res.events
-        append = events.append
-        line_no = first_line - 1
+        append = self.res.events.append
         n_coll = 0
-        for pre, proc, devname, opc, count, tail, post, other in _FAST.findall(data):
-            line_no += 1
-            if proc:
+        for line_no, (pre, head, opc, count, tail, post, other) in enumerate(_FAST.findall(data), first_line):
+            if head:
                 if pre and (b"NCCL" in pre or b"opCount" in pre):
                     self.fragment(pre, line_no)
-                t = cache.get((proc, devname, tail))
+                t = cache.get((head, tail))
                 if t is None:
-                    t = self.fast_template(proc, devname, tail, line_no)
-                    cache[(proc, devname, tail)] = t
+                    t = cache[(head, tail)] = self.fast_template(head, tail, line_no)
                 row, per_count, f_in, f_out, seq = t
                 if row is None:
                     self.skip(per_count, line_no)
@@ -288,15 +288,15 @@ class _Parser:
                 self.line(other.decode("utf-8", "replace"), line_no)
         self.nccl_lines += n_coll
 
-    def fast_template(self, proc: bytes, devname: bytes, tail: bytes, line_no: int) -> tuple:
-        host, _, pid = proc.decode("utf-8", "replace").rpartition(":")
-        dev_s, _, rest = devname.decode().partition("] NCCL INFO ")
+    def fast_template(self, head: bytes, tail: bytes, line_no: int) -> tuple:
+        h = _FAST_HEAD.fullmatch(head.decode("utf-8", "replace"))
         m = _FAST_TAIL.fullmatch(tail.decode("utf-8", "replace"))
-        if m is None:  # the comm pointer held bytes that are not UTF-8 whitespace-free text
+        if h is None or m is None:  # bytes that are not UTF-8 text
             return _skip_template("COLL line cut or garbled")
+        host, pid, dev, name = h.groups()
         dt, _redop, root, ptr, nranks = m.groups()
-        p = self.proc(host, pid, int(dev_s))
-        return self.template(p, int(dev_s), rest, int(dt), int(root), ptr, int(nranks), line_no)
+        p = self.proc(host, pid, int(dev))
+        return self.template(p, int(dev), name, int(dt), int(root), ptr, int(nranks), line_no)
 
     def fragment(self, piece: bytes, line_no: int) -> None:
         """Text glued before or after a COLL line by another writer."""
@@ -423,7 +423,7 @@ class _Parser:
                 self.nodes(n, msg, host, pid, tid, dev)
                 return True
         if " - Init " in msg:
-            i = _INIT.search(msg)
+            i = _INIT.match(msg)
             if i is not None:
                 self.init(i, host, pid, tid, dev, line_no)
                 return True

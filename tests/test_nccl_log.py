@@ -584,3 +584,95 @@ def test_file_without_nccl_lines_fails_with_a_reason(tmp_path, con):
 def test_hint_rank_of_a_single_process_file():
     res = parse(f"h1:11:12 [0] NCCL INFO {OK_COLL}\n".encode(), hint=RankHint(rank=5))
     assert res.rank == 5 and res.events[0]["rank"] == 5
+
+
+@pytest.mark.timeout(120)
+def test_long_hostile_lines_parse_in_linear_time():
+    """Lines of a few MB built to make a backtracking regex quadratic (runs of one character class)."""
+    n = 1 << 20
+    data = b"\n".join([
+        b"a" * n + b" NCCL INFO x",
+        b"h:1:1 [0] NCCL INFO " + b"a" * n + b" - Init COMPLETE",
+        b"h:1:1 [0] NCCL INFO NVLS Trees : " + b"1" * n + b"/",
+        b"b" * n + b": opCount",
+        b"1:" * (n // 2) + b" NCCL INFO",
+        b"h:1:1 [0] NCCL INFO Channel 00/02 :" + b" 1" * (n // 2) + b"x",
+        b"[0] NCCL INFO NCCL version 2.1.1+" + b"c" * n + b" z",
+        f"h:1:1 [0] NCCL INFO {OK_COLL}".encode(),
+    ])
+    res = parse(data)
+    assert [e["op_count"] for e in res.events] == [3]
+    assert dict(res.skipped) == {"NCCL INFO line without a '[dev] NCCL INFO' prefix (garbled)": 2}
+
+
+def test_init_line_forms_of_every_generation():
+    forms = [
+        "comm 0x1 rank 0 nranks 2 cudaDev 0 nvmlDev 3 - Init COMPLETE",  # 2.4
+        "comm 0x2 rank 1 nranks 2 cudaDev 0 busId 7000 - Init COMPLETE",  # 2.5-2.16.1
+        "comm 0x3 rank 0 nranks 2 cudaDev 0 busId e7000 commId 0x5f - Init COMPLETE",  # 2.16.2
+        "comm 0x4 rank 0 nranks 2 cudaDev 0 nvmlDev 2 busId 1000 commId 0x6f - Init START",  # 2.18.3 START ...
+        "comm 0x4 rank 0 nranks 2 cudaDev 0 nvmlDev 2 busId 1000 commId 0x6f - Init COMPLETE",  # ... merged
+        "ncclCommInitRankConfig comm 0x5 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1000 commId 0x7f - Init COMPLETE",
+        "ncclCommSplit comm 0x6 rank 0 nranks 1 cudaDev 0 nvmlDev 0 busId 1000 parent 0x5 color 3 key 0 "
+        "commId 0x8f - Init COMPLETE",  # 2.21
+        "ncclCommSplit comm 0x7 rank 0 nranks 1 cudaDev 0 nvmlDev 0 busId 1000 parent 0x5 color 4 key 1 "
+        "- Init COMPLETE",  # 2.23
+        "ncclCommSplit comm 0x8 rank 0 nranks 1 cudaDev 0 nvmlDev 0 busId 1000 parent 0x5 splitCount 3 color 5 "
+        "key 2 - Init COMPLETE",  # 2.24
+        "[Rank 0] ncclCommInitRankScalable comm 0x9 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1000 commId 0x9f "
+        "- Init START",  # 2.29
+        "ncclCommSplit comm 0xa rank 0 nranks 1 cudaDev 0 nvmlDev 0 busId 1000 commId 0xaf parent 0x9 childCount 1 "
+        "color 6 key 3 - Init COMPLETE",  # newest
+    ]
+    res = parse("".join(f"h:7:8 [0] NCCL INFO {f}\n" for f in forms).encode())
+    cols = ("comm_ptr", "comm_rank", "cuda_dev", "nvml_dev", "bus_id", "comm_id", "parent_ptr", "color",
+            "split_key", "api", "group_key")
+    got = [tuple(r[c] for c in cols) for r in res.nccl_comms]
+    assert got == [
+        ("0x1", 0, 0, 3, None, None, None, None, None, None, "nccl:ptr:h:7:0x1:n2"),
+        ("0x2", 1, 0, None, "7000", None, None, None, None, None, "nccl:ptr:h:7:0x2:n2"),
+        ("0x3", 0, 0, None, "e7000", "0x5f", None, None, None, None, "nccl:0x5f"),
+        ("0x4", 0, 0, 2, "1000", "0x6f", None, None, None, None, "nccl:0x6f"),
+        ("0x5", 0, 0, 0, "1000", "0x7f", None, None, None, "ncclCommInitRankConfig", "nccl:0x7f"),
+        ("0x6", 0, 0, 0, "1000", "0x8f", "0x5", 3, 0, "ncclCommSplit", "nccl:0x8f"),
+        ("0x7", 0, 0, 0, "1000", None, "0x5", 4, 1, "ncclCommSplit", "nccl:ptr:h:7:0x7:n1"),
+        ("0x8", 0, 0, 0, "1000", None, "0x5", 5, 2, "ncclCommSplit", "nccl:ptr:h:7:0x8:n1"),
+        ("0x9", 0, 0, 0, "1000", "0x9f", None, None, None, "ncclCommInitRankScalable", "nccl:0x9f"),
+        ("0xa", 0, 0, 0, "1000", "0xaf", "0x9", 6, 3, "ncclCommSplit", "nccl:0xaf"),
+    ]
+    assert res.meta["split_counts"] == {"h:7:0x8": 3, "h:7:0xa": 1}
+    assert res.rank == 0 and res.world_size == 2
+
+
+def test_topology_line_forms():
+    lines = [
+        "comm 0xc1 rank 0 nRanks 4 nNodes 1 localRanks 4 localRank 0 MNNVL 0",
+        "Channel 00/24 : 0 1 2 3",
+        "Trees [0] 1/-1/-1->0->-1 [1] 2/-1/-1->0->-1",
+        "NVLS Trees : 1/2/-1->0->-1 3/-1/-1->0->-1",
+        "Channel 00/0 : 0[6000] -> 1[7000] via P2P/IPC",
+        "Channel 01/1 : 0[0] -> 3[3] [send] via NET/IB/0(1)/GDRDMA/Shared",
+        "Channel 02/0 : 3[3] -> 0[0] [receive] via NET/Socket/0 comm 0xc1 nRanks 04",
+        "4 coll channels, 4 collnet channels, 2 nvls channels, 8 p2p channels, 2 p2p channels per peer",
+        "Connected all rings, use ring PXN 0 GDR 1",
+        "ncclCommInitRank comm 0xc1 rank 0 nranks 4 cudaDev 0 nvmlDev 0 busId 1000 commId 0xfe - Init COMPLETE",
+        "Channel 00/02 :    0   1",  # after COMPLETE, before any new init: no communicator known
+    ]
+    res = parse("".join(f"h:7:8 [0] NCCL INFO {x}\n" for x in lines).encode())
+    got = [(t["kind"], t["channel"], t["ranks"], t["src_rank"], t["dst_rank"], t["transport"], t["comm_ptr"])
+           for t in res.topology]
+    assert got == [
+        ("nodes", None, None, 0, None, None, "0xc1"),
+        ("ring", 0, [0, 1, 2, 3], None, None, None, "0xc1"),
+        ("tree", 0, [1, -1, -1, 0, -1], None, None, None, "0xc1"),
+        ("tree", 1, [2, -1, -1, 0, -1], None, None, None, "0xc1"),
+        ("nvls_tree", 0, [1, 2, -1, 0, -1], None, None, None, "0xc1"),
+        ("nvls_tree", 1, [3, -1, -1, 0, -1], None, None, None, "0xc1"),
+        ("connection", 0, None, 0, 1, "P2P/IPC", "0xc1"),
+        ("connection", 1, None, 0, 3, "NET/IB/0(1)/GDRDMA/Shared", "0xc1"),
+        ("connection", 2, None, 3, 0, "NET/Socket/0", "0xc1"),
+        ("channels", None, None, None, None, None, "0xc1"),
+        ("ring", 0, [0, 1], None, None, None, None),
+    ]
+    assert res.topology[0]["detail"] == "nNodes 1 localRanks 4 localRank 0 MNNVL 0"
+    assert len(res.nccl_comms) == 1 and res.nccl_comms[0]["comm_id"] == "0xfe"

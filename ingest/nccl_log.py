@@ -133,17 +133,15 @@ class _Thread:
 
 
 class _Parser:
-    def __init__(self, name: str, hint: RankHint, limits: Limits):
+    def __init__(self, name: str, hint: RankHint):
         self.name = name
         self.hint = hint
-        self.limits = limits
         self.res = ParseResult(kind=KIND)
         self.procs: dict[tuple, _Proc] = {}
         self.threads: dict[tuple, _Thread] = {}
         self.fast_cache: dict[tuple, tuple] = {}
         self.slow_cache: dict[tuple, tuple] = {}
-        self.versions: dict[str, None] = {}
-        self.bare_versions: dict[str, None] = {}
+        self.versions: dict[str, None] = {}  # in order of appearance
         self.cuda: str | None = None
         self.library: str | None = None
         self.nccl_lines = 0
@@ -453,9 +451,7 @@ class _Parser:
         self.library = lib.lower()
         if build and build.startswith("cuda"):
             self.cuda = build[4:]
-        if p is None:
-            self.bare_versions.setdefault(ver)
-        else:
+        if p is not None:
             p.version = p.version or ver
         self.versions.setdefault(ver)
 
@@ -622,7 +618,8 @@ class _Parser:
     def finish(self) -> ParseResult:
         res = self.res
         if self.nccl_lines == 0 and not self.versions:
-            raise ParseError("no NCCL INFO lines found (not an NCCL_DEBUG=INFO log?)", "line 1")
+            skipped = "".join(f"; skipped {n}: {reason}" for reason, n in res.skipped.items())
+            raise ParseError(f"no NCCL INFO lines found (not an NCCL_DEBUG=INFO log?){skipped}", "line 1")
         file_version = next(iter(self.versions)) if len(self.versions) == 1 else None
         multi = self._multi_device()
         for row in res.nccl_comms:
@@ -799,7 +796,7 @@ def iter_blocks(stream: io.BufferedReader, limits: Limits) -> Iterator[tuple[byt
 def parse_nccl_log(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
     """Parse one NCCL debug log (one process or many interleaved) into comm_events, nccl_comms,
     nccl_topology and nccl_tuning rows. Damaged lines are counted in `skipped`, not fatal."""
-    parser = _Parser(name, hint, limits)
+    parser = _Parser(name, hint)
     first = True
     for body, line_no in iter_blocks(stream, limits):
         if body is None:

@@ -443,12 +443,17 @@ def test_foreign_prefixes_and_line_endings():
         f"(RayTrainWorker pid=11, ip=10.0.0.1) h1:11:12 [0] NCCL INFO {OK_COLL} task 3 globalrank 5",
         f"h1:11:12 [0] NCCL INFO {OK_COLL}\r",
         "[0] h1:11:12 [0] NCCL INFO NCCL version 2.22.3+cuda12.6",
+        f"[1] NCCL INFO {OK_COLL}",  # a paste that kept only the [cudaDev] part
+        "",
+        "h1:11:12 [0] transport/net.cc:821 NCCL WARN NET/IB : Got completion with error 12",
     ]).encode()
     res = parse(body)
     assert [(e["process"], e["seq"], e["msg_bytes"], e["op_count"]) for e in res.events] == [
         ("h1:11", i, 40, 3) for i in range(6)
-    ]
+    ] + [("unknown/cuda:1", 0, 40, 3)]
     assert res.meta["nccl_version"] == "2.22.3" and res.meta["cuda_version"] == "12.6"
+    assert res.meta["nccl_warn_lines"] == 1
+    assert res.meta["nccl_warnings"] == ["NET/IB : Got completion with error 12"]
     assert not res.skipped and not res.warnings
 
 
@@ -500,6 +505,7 @@ def test_overlong_line_is_skipped_without_crashing(tmp_path, con):
     assert [f.status for f in summary.files] == ["ok"]
     assert summary.files[0].skipped == {f"line longer than {1 << 20} bytes": 2}
     assert rows(con, "SELECT op_count FROM comm_events ORDER BY seq") == [(3,), (4,)]
+    assert summary.files[0].warnings == [f"{path}:line 2: skipped: line longer than 1048576 bytes (first of 2)"]
     # lines just under the limit, crossing read blocks, are kept
     res = parse(b"a" * 1000 + b"\n" + f"h1:11:12 [0] NCCL INFO {OK_COLL}".encode(), Limits(max_line_bytes=300))
     assert dict(res.skipped) == {"line longer than 300 bytes": 1} and len(res.events) == 1
@@ -526,9 +532,9 @@ def test_fast_and_line_paths_give_the_same_rows():
     names = [("AllReduce", 7), ("AllGather", 9), ("ReduceScatter", 6), ("Broadcast", 4), ("Reduce", 8),
              ("Send", 0), ("Recv", 1), ("AlltoAll", 7), ("Gather", 10), ("Scatter", 11)]
     text = [f"h1:11:12 [0] NCCL INFO " + _coll(n, i, 100 + i, dt, i % 3, "0xc1", 3) for i, (n, dt) in enumerate(names)]
-    fast = _Parser("t", RankHint(), DEFAULT_LIMITS)
+    fast = _Parser("t", RankHint())
     fast.block("\n".join(text).encode(), 1)
-    slow = _Parser("t", RankHint(), DEFAULT_LIMITS)
+    slow = _Parser("t", RankHint())
     for i, line in enumerate(text):
         slow.line(line, i + 1)
     assert fast.res.events == slow.res.events
@@ -676,3 +682,13 @@ def test_topology_line_forms():
     ]
     assert res.topology[0]["detail"] == "nNodes 1 localRanks 4 localRank 0 MNNVL 0"
     assert len(res.nccl_comms) == 1 and res.nccl_comms[0]["comm_id"] == "0xfe"
+
+
+def test_log_of_only_overlong_lines_fails_naming_the_skips():
+    from commlens.ingest.records import ParseError
+
+    with pytest.raises(ParseError) as err:
+        parse(b"h:1:1 [0] NCCL INFO " + b"x" * 1000, Limits(max_line_bytes=100))
+    assert str(err.value) == (
+        "line 1: no NCCL INFO lines found (not an NCCL_DEBUG=INFO log?); skipped 1: line longer than 100 bytes"
+    )

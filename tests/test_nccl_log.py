@@ -692,3 +692,39 @@ def test_log_of_only_overlong_lines_fails_naming_the_skips():
     assert str(err.value) == (
         "line 1: no NCCL INFO lines found (not an NCCL_DEBUG=INFO log?); skipped 1: line longer than 100 bytes"
     )
+
+
+def test_splits_with_hashed_colors_where_non_members_sit_out(tmp_path, con):
+    """PyTorch-style new_group via ncclCommSplit (2.23 lines, no commId): the color is a hash of the member
+    list and non-members pass NCCL_SPLIT_NOCOLOR, so they print nothing for that split."""
+    groups = [([0, 1], 111), ([1, 2], 222), ([0, 3], 333)]
+    lines = []
+    for g in range(4):
+        lines.append(f"n{g}:{g}:{g} [0] NCCL INFO ncclCommInitRank comm 0x{g}0 rank {g} nranks 4 cudaDev 0 "
+                     f"nvmlDev 0 busId 1000 commId 0xaaa - Init COMPLETE")
+    for k, (members, color) in enumerate(groups, 1):
+        for g in members:
+            lines.append(f"n{g}:{g}:{g} [0] NCCL INFO ncclCommSplit comm 0x{g}{k} rank {members.index(g)} nranks 2 "
+                         f"cudaDev 0 nvmlDev 0 busId 1000 parent 0x{g}0 color {color} key {g} - Init COMPLETE")
+    for g, peer, k in ((1, 1, 2), (2, 0, 2)):  # 1 -> 2 on the {1, 2} group
+        lines.append(f"n{g}:{g}:{g} [0] NCCL INFO " + _coll("Send" if g == 1 else "Recv", 0, 4, 7, peer, f"0x{g}{k}", 2))
+    path = tmp_path / "hashed.log"
+    path.write_text("\n".join(lines))
+    run_id = ingest_one(con, path, "hashed")
+    assert rows(con, "SELECT group_key, ranks FROM process_groups WHERE run_id = ? ORDER BY 1", [run_id]) == [
+        ("nccl:0xaaa", [0, 1, 2, 3]),
+        ("nccl:0xaaa/split0:color111", [0, 1]),
+        ("nccl:0xaaa/split0:color222", [1, 2]),
+        ("nccl:0xaaa/split0:color333", [0, 3]),
+    ]
+    assert rows(con, "SELECT rank, op, peer FROM comm_events WHERE run_id = ? ORDER BY rank", [run_id]) == [
+        (1, "send", 2), (2, "recv", 1)
+    ]
+
+
+def test_linking_an_empty_run_is_a_no_op(con):
+    run_id = store.ensure_run(con, "empty")
+    con.execute("BEGIN")
+    link_run(con, run_id)
+    con.execute("COMMIT")
+    assert rows(con, "SELECT count(*) FROM process_groups") == [(0,)]

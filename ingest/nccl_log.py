@@ -6,8 +6,14 @@ skipped without being held in memory.
 
 Speed: per-operation (COLL) lines dominate large logs. A block is matched with one compiled bytes regex
 that yields one tuple per line; clean COLL lines are turned into rows from a template cached per
-(process, device, op, datatype, root, comm, nranks), everything else goes through the slower,
-line-by-line path (`_Parser.line`).
+(envelope with op name, "datatype .. comm .. [nranks=..]" text), everything else goes through the
+slower, line-by-line path (`_Parser.line`), which yields the same rows for COLL lines.
+
+Damage from concurrent writers: every "host:pid:tid [dev] NCCL INFO" envelope on a line starts a
+message that ends at the next envelope; a COLL message that lost its prefix is attributed through its
+comm pointer when exactly one process uses it; a host name with text glued in front is matched back to
+a known host. What cannot be recovered is counted in `skipped` by reason, with the first line number in
+`warnings`. "#" header lines and prose without NCCL markers are ignored silently.
 
 Process identity ("process" column): "host:pid". When one process drives several GPUs (its communicators
 live on more than one CUDA device) each device is a process of its own, "host:pid/cuda:N", because each
@@ -16,7 +22,11 @@ process is "unknown/cuda:N".
 
 Group keys written here are provisional: events get "nccl:ptr:<host:pid>:<comm>:n<nranks>" and
 nccl_comms rows "nccl:<commId>" when the init line has a commId, else the same provisional key.
-`ingest.nccl_link.link_run` replaces them with run-wide keys.
+`ingest.nccl_link.link_run` replaces them with run-wide keys; events of communicators that no init line
+describes keep the provisional key (and a NULL rank unless their process is mapped through another
+communicator). A communicator pointer that is initialised again after Init COMPLETE (destroyed and
+reused) gets the label "<pointer>#2", "#3"... in comm_ptr. The split counter of 2.24+ split lines
+(splitCount / childCount) has no nccl_comms column; it travels in sources.meta["split_counts"].
 """
 
 from __future__ import annotations

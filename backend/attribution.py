@@ -314,12 +314,12 @@ def _world_verdict(g: _Group, others_with_collectives: int, config: dict[str, An
     a2a = g.op_bytes.get("all_to_all", 0)
     ar_share, a2a_share = _share(ar_bytes, g.bytes), _share(a2a, g.bytes)
     if ar_bytes and a2a_share >= 0.1:
-        return _Verdict("other", "structure", f"world group {desc}is the only group with traffic but mixes all_reduce "
+        return _Verdict("other", "structure", f"world group {desc}is the only group with collectives but mixes all_reduce "
                         f"({ar_share:.0%} of bytes, data-parallel-like) and all_to_all ({a2a_share:.0%}, model-parallel "
                         "exchange as in embedding or expert layers): one group serves two schemes; set an override "
                         "if one of them is what you want to see", 0.3)
     if ar_share >= 0.9 and ar_max >= MiB:
-        return _Verdict("dp", "structure", f"world group {desc}is the only group with traffic; {ar_share:.0%} of its "
+        return _Verdict("dp", "structure", f"world group {desc}is the only group with collectives; {ar_share:.0%} of its "
                         f"bytes are all_reduce with calls up to {ar_max / MiB:.1f} MiB (gradient-bucket sized): "
                         "data-parallel gradient synchronisation", 0.75)
     if a2a_share >= 0.5:

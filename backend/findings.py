@@ -102,7 +102,7 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
         if not small:
             continue
         call_share = small / calls
-        has_time = timed == calls and time  # every call timed: shares of time are meaningful
+        has_time = timed >= 0.9 * calls and time  # (nearly) every call timed: time shares mean something
         time_share = (small_time or 0.0) / time if has_time else None
         if call_share < SMALL_CALL_SHARE and (time_share is None or time_share < SMALL_TIME_SHARE):
             continue
@@ -149,22 +149,22 @@ def _imbalance(con: duckdb.DuckDBPyConnection, run_id: int, totals: RankTotals) 
     fired: set[str] = set()
     schemes = {r.scheme for r in totals.rows}
     chain = _pp_chain_ratio(con, run_id) if "pp" in schemes else 1.0
-    for imb in sorted(totals.imbalance, key=lambda i: i.scheme is None):  # per scheme first, then overall
+    for imb in sorted(totals.imbalance, key=lambda i: i.all_schemes):  # per scheme first, then overall
         # The overall view only adds something when several schemes mix and none was uneven alone.
-        if imb.scheme is None and (imb.metric in fired or len(schemes) < 2):
+        if imb.all_schemes and (imb.metric in fired or len(schemes) < 2):
             continue
-        expected = chain if imb.scheme in ("pp", None) and imb.metric == "bytes" else 1.0
+        expected = chain if (imb.scheme == "pp" or imb.all_schemes) and imb.metric == "bytes" else 1.0
         ratio = imb.max_over_mean / expected
         severity = _severity(ratio, 1.5, 1.25, IMBALANCE_RATIO)
         if severity is None:
             continue
         fired.add(imb.metric)
-        rows = [r for r in totals.rows if imb.scheme is None or r.scheme == imb.scheme]
+        rows = [r for r in totals.rows if imb.all_schemes or r.scheme == imb.scheme]
         if imb.metric == "bytes":
             impact = sum(r.bytes for r in rows) / run_bytes
         else:
             impact = sum(r.time_us or 0.0 for r in rows) / run_time if run_time else 0.0
-        name = imb.scheme or "all schemes"
+        name = "all schemes" if imb.all_schemes else imb.scheme or "unattributed"
         what = "bytes" if imb.metric == "bytes" else "communication time"
         if imb.metric == "bytes":
             suggestion = (f"Rank {imb.max_rank} moves {imb.max_over_mean:.2f}x the mean {what} in {name}. Check uneven "
@@ -177,10 +177,11 @@ def _imbalance(con: duckdb.DuckDBPyConnection, run_id: int, totals: RankTotals) 
         out.append(Finding(
             id=f"imbalance:{name}:{imb.metric}", title=f"{name}: uneven {what} across ranks "
             f"(max/mean {imb.max_over_mean:.2f}, rank {imb.max_rank})", severity=severity, impact=impact,  # type: ignore[arg-type]
-            evidence={"scheme": imb.scheme, "metric": imb.metric, "basis": imb.basis, "ranks": imb.ranks,
+            evidence={"scheme": name, "metric": imb.metric, "basis": imb.basis, "ranks": imb.ranks,
                       "max": imb.max, "mean": imb.mean, "max_over_mean": imb.max_over_mean,
                       "expected_max_over_mean": expected, "max_rank": imb.max_rank, "min_rank": imb.min_rank},
-            view={"page": "ranks", "scheme": imb.scheme, "metric": imb.metric, "rank": imb.max_rank},
+            view={"page": "ranks", "scheme": None if imb.all_schemes else imb.scheme, "metric": imb.metric,
+                  "rank": imb.max_rank},
             suggestion=suggestion,
         ))
     return out

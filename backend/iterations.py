@@ -5,7 +5,8 @@ Period detection. For one communicator in one process the calls form a sequence 
 covers the longest tail of s in which s[i] == s[i + p]; with r = s reversed that tail has length
 p + Z_r[p] (Z-function), so every p is scored in O(n). The chosen period maximises the covered tail
 (smallest p on ties); it must repeat at least twice and cover at least half of the calls, otherwise no
-period is reported. Calls before the tail are setup (offset). The shortest repeating unit can be one
+period is reported. Calls before the tail are setup (offset). A process has iterations only when the
+communicators with a period hold at least half of its calls. The shortest repeating unit can be one
 micro-batch rather than one optimizer step, so a process's iteration count is the smallest number of
 complete repeats among its communicators, and each communicator reports how many units it runs per
 iteration.
@@ -113,14 +114,21 @@ def _detect(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[_Comm], d
         if rank is not None or (source_id, process) not in ranks:
             ranks[(source_id, process)] = rank if rank is not None else ranks.get((source_id, process))
     iterations: dict[tuple[int, str], int | None] = {}
+    periodic: dict[tuple[int, str], list[int]] = {}  # [calls in communicators with a period, all calls]
     for c in comms.values():
         c.period = find_period(c.items)
         key = (c.source_id, c.process)
+        share = periodic.setdefault(key, [0, 0])
+        share[1] += len(c.items)
         if c.period is not None:
+            share[0] += len(c.items)
             prev = iterations.get(key)
             iterations[key] = c.period.repeats if prev is None else min(prev, c.period.repeats)
         else:
             iterations.setdefault(key, None)
+    for key, (with_period, total) in periodic.items():
+        if with_period < MIN_COVERAGE * total:
+            iterations[key] = None  # a small repeating communicator does not define the process's iterations
     return list(comms.values()), iterations, ranks
 
 

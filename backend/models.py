@@ -185,7 +185,8 @@ class RankSchemeTotal(BaseModel):
 
 
 class Imbalance(BaseModel):
-    scheme: str | None  # None: all schemes together
+    all_schemes: bool = False  # True: every call of the rank, whatever its scheme
+    scheme: str | None  # the scheme (None: calls without a scheme) when not all_schemes
     metric: Literal["bytes", "time_us"]
     basis: Literal["per_iteration", "total"]
     ranks: int

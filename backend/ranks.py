@@ -24,7 +24,7 @@ def _rank_order(key: str) -> tuple[int, int | str]:
     return (0, int(key)) if key.lstrip("-").isdigit() else (1, key)
 
 
-def _imbalance(scheme: str | None, metric: str, values: dict[str, float], basis: str) -> Imbalance | None:
+def _imbalance(scheme: str | None, metric: str, values: dict[str, float], basis: str, overall: bool) -> Imbalance | None:
     if len(values) < 2:
         return None
     mean = sum(values.values()) / len(values)
@@ -32,7 +32,7 @@ def _imbalance(scheme: str | None, metric: str, values: dict[str, float], basis:
         return None
     hi = max(values, key=lambda r: values[r])
     lo = min(values, key=lambda r: values[r])
-    return Imbalance(scheme=scheme, metric=metric, basis=basis, ranks=len(values), max=values[hi], mean=mean,  # type: ignore[arg-type]
+    return Imbalance(all_schemes=overall, scheme=scheme, metric=metric, basis=basis, ranks=len(values), max=values[hi], mean=mean,  # type: ignore[arg-type]
                      max_over_mean=values[hi] / mean, max_rank=hi, min_rank=lo)
 
 
@@ -91,7 +91,7 @@ def rank_totals(con: duckdb.DuckDBPyConnection, run: str) -> RankTotals:
         for metric, values in (("bytes", bytes_by), ("time_us", None if missing_time else time_by)):
             if values is None:
                 continue
-            imb = _imbalance(None if overall else scheme, metric, dict(values), basis)
+            imb = _imbalance(None if overall else scheme, metric, dict(values), basis, overall)
             if imb is not None:
                 imbalance.append(imb)
         if not per_it and len(counts) > 1 and its.info.mode != "none":

@@ -127,7 +127,7 @@ def test_world_group_alone_with_gradient_all_reduce_is_dp(con):
     write(con, "ddp", events, groups, rank=0)
     result = {a.group_key: a for a in attribute_run(con, "ddp")}
     assert (result["pg:0"].scheme, result["pg:0"].source) == ("dp", "structure")
-    assert "only group with traffic" in result["pg:0"].reason and "24.0 MiB" in result["pg:0"].reason
+    assert "only group with collectives" in result["pg:0"].reason and "24.0 MiB" in result["pg:0"].reason
     # The unused second group says why it stays other.
     assert (result["pg:1"].scheme, result["pg:1"].source, result["pg:1"].confidence) == ("other", "unknown", 0.0)
 
@@ -189,3 +189,32 @@ def test_description_and_layout_helpers():
     assert description_label("undefined") is None
     assert layout_stride([0, 1, 2, 3]) == 1 and layout_stride([1, 5, 9]) == 4
     assert layout_stride([0, 1, 3]) is None and layout_stride([3]) is None
+
+
+# ------------------------------------------------------------------------------ real data
+
+
+def ingest_real(con, path, run: str) -> None:
+    from commlens.ingest.pipeline import ingest_paths
+
+    summary = ingest_paths(con, [path], run)
+    assert not summary.failed, summary.failed
+
+
+def test_real_nccl_log_128_rank_all_reduce_is_dp(con, data_dir):
+    ingest_real(con, data_dir / "nccl-logs" / "nvidia-nccl-1193.log", "ray")
+    groups = attribute_run(con, "ray")
+    assert groups and all(g.size == 128 for g in groups)
+    assert {(g.scheme, g.source) for g in groups} == {("dp", "structure")}
+    assert all("all_reduce" in g.reason and "MiB" in g.reason for g in groups)
+    summary = attribution_summary(con, "ray")
+    assert summary.events_by_scheme == {"dp": 4} and summary.unattributed_events == 0
+
+
+def test_real_rccl_hang_log(con, data_dir):
+    # Rank processes caught in different collectives: one all_reduces ~38 MiB buffers, the other
+    # all_gathers int8 bytes; neither communicator is linked across processes.
+    ingest_real(con, data_dir / "nccl-logs" / "rocm-rccl-429.log", "hang")
+    by_process = {g.group_key.split(":")[3]: g for g in attribute_run(con, "hang")}
+    assert by_process["45006"].scheme == "dp"
+    assert by_process["45012"].scheme == "other" and "without gradient-sized all_reduce" in by_process["45012"].reason

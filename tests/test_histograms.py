@@ -189,3 +189,36 @@ def test_find_period_cases():
     assert find_period([1, 2, 3, 4, 5, 6, 7, 8, 8]) is None
     # A multiple of the true period covers the same tail: the shortest wins.
     assert find_period([0] + [1, 2, 3] * 4) == Period(3, 1, 4)
+
+
+# ------------------------------------------------------------------------------ real data
+
+
+def ingest_real(con, path, run: str) -> None:
+    from commlens.ingest.pipeline import ingest_paths
+
+    summary = ingest_paths(con, [path], run)
+    assert not summary.failed, summary.failed
+
+
+def test_real_nccl_log_without_period(con, data_dir):
+    ingest_real(con, data_dir / "nccl-logs" / "nvidia-nccl-1193.log", "ray")
+    assert not detect_period(con, "ray").found
+    raw = histogram(con, "ray", normalize=False)
+    assert series(raw, "all_reduce") == {"16 MiB-32 MiB": 4}
+    h = histogram(con, "ray")
+    assert h.normalization == "per_rank" and h.n_ranks == 3  # three processes, global ranks unknown
+    assert series(h, "all_reduce") == {"16 MiB-32 MiB": pytest.approx(4 / 3)}
+
+
+def test_real_nccl_log_with_period_and_int8_bins(con, data_dir):
+    ingest_real(con, data_dir / "nccl-logs" / "nvidia-nccl-1238.log", "single")
+    report = detect_period(con, "single")
+    assert report.found and [(c.period, c.offset, c.repeats) for c in report.comms] == [(1, 0, 4)]
+    h = histogram(con, "single")
+    assert h.iterations.mode == "detected" and list(h.iterations.iterations.values()) == [4]
+    assert series(h, "all_reduce") == {"128 MiB-256 MiB": 1.0}
+    ingest_real(con, data_dir / "nccl-logs" / "rocm-rccl-429.log", "hang")
+    gathers = histogram(con, "hang", op="all_gather", normalize=False)
+    assert [s.dtype for s in gathers.series] == ["int8"]
+    assert series(gathers, "all_gather") == {"32 KiB-64 KiB": 1, "128 MiB-256 MiB": 1}

@@ -133,7 +133,10 @@ class SchemeTotal(BaseModel):
 
 
 class StagePrediction(BaseModel):
+    """What each rank in `ranks` issues per iteration (ranks that behave identically share one entry)."""
+
     stage: int
+    ranks: list[int]  # global ranks, Megatron layout rank = (pp_i * dp + dp_i) * tp + tp_i (cp inside dp)
     params_per_rank: int
     ops: list[PredictedOp]
     totals: list[SchemeTotal]
@@ -409,7 +412,8 @@ def predict(inp: PredictInput) -> Prediction:
     for stage in range(p.pp):
         params = stage_parameters(inp.model, p, stage)
         ops = _dp_ops(inp, stage, params) + _tp_ops(inp, stage) + _pp_ops(inp, stage) + _cp_ops(inp, stage)
-        stages.append(StagePrediction(stage=stage, params_per_rank=sum(c for _, c in params), ops=ops, totals=totals(ops)))
+        stages.append(StagePrediction(stage=stage, ranks=stage_ranks(p, stage), params_per_rank=sum(c for _, c in params),
+                                      ops=ops, totals=totals(ops)))
     notes = []
     if inp.implementation != "paper":
         notes.append("bucketed DP/ZeRO ops are compared on totals (bucket boundaries are framework internals); ±5 % tolerance")
@@ -421,16 +425,22 @@ def predict(inp: PredictInput) -> Prediction:
     )
 
 
+def stage_ranks(p: ParallelSpec, stage: int) -> list[int]:
+    per_stage = p.dp * p.cp * p.tp
+    return list(range(stage * per_stage, (stage + 1) * per_stage))
+
+
 def mean_totals(stages: list[StagePrediction]) -> list[SchemeTotal]:
-    """Per-rank totals averaged over stages (every stage has the same number of ranks)."""
+    """Per-rank totals averaged over all ranks of the entries."""
     acc: dict[str, list[float]] = {}
     for st in stages:
+        k = len(st.ranks)
         for t in st.totals:
             a = acc.setdefault(t.scheme, [0, 0.0, 0, 0])
-            a[0] += t.s_sum
-            a[1] += t.wire_bytes
-            a[2] += t.paper_bytes
-            a[3] += t.recv_bytes
-    n = len(stages)
+            a[0] += t.s_sum * k
+            a[1] += t.wire_bytes * k
+            a[2] += t.paper_bytes * k
+            a[3] += t.recv_bytes * k
+    n = sum(len(st.ranks) for st in stages) or 1
     return [SchemeTotal(scheme=s, s_sum=round(a[0] / n), wire_bytes=a[1] / n, paper_bytes=round(a[2] / n), recv_bytes=round(a[3] / n))
             for s, a in sorted(acc.items())]

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from commlens import cli_analysis
 from commlens.harness import cli as harness_cli  # no torch at import time
 
 app = typer.Typer(
@@ -22,6 +23,8 @@ app = typer.Typer(
 console = Console(width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True)
 app.command("harness", epilog=harness_cli.EPILOG)(harness_cli.harness)
+app.command("report")(cli_analysis.report)
+app.command("predict")(cli_analysis.predict)
 
 
 

@@ -1,0 +1,108 @@
+"""One run's whole analysis in one document: attribution, histograms, predicted against measured,
+bandwidth, per-rank totals and findings (`commlens report`, JSON or Markdown)."""
+
+from __future__ import annotations
+
+import duckdb
+from pydantic import BaseModel
+
+from .attribution import attribute_run, attribution_summary
+from .bandwidth import bandwidth
+from .compare import Comparison, compare
+from .findings import findings
+from .histograms import format_bytes, histogram
+from .models import AttributionSummary, BandwidthReport, Finding, Histogram, RankTotals
+from .predict import PredictInput
+from .ranks import rank_totals
+
+
+class ReportOp(BaseModel):
+    op: str
+    dtype: str | None
+    msg_bytes: int | None
+    predicted_calls_per_iter: float
+    measured_calls_per_iter: float
+    status: str
+
+
+class ReportScheme(BaseModel):
+    scheme: str
+    predicted_bytes_per_iter: float | None  # None when the run has no configuration to predict from
+    measured_bytes_per_iter: float
+    ratio: float | None
+    ops: list[ReportOp]
+
+
+class Report(BaseModel):
+    run: str
+    schemes: list[ReportScheme]
+    findings: list[Finding]
+    exact: bool
+    attribution: AttributionSummary
+    comparison: Comparison
+    histogram: Histogram
+    bandwidth: BandwidthReport
+    ranks: RankTotals
+
+
+def build_report(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput | None = None) -> Report:
+    attribute_run(con, run)
+    comparison = compare(con, run, config)
+    has_prediction = comparison.implementation is not None
+    schemes = [
+        ReportScheme(
+            scheme=s.scheme,
+            predicted_bytes_per_iter=s.predicted_bytes_per_iter if has_prediction else None,
+            measured_bytes_per_iter=s.measured_bytes_per_iter,
+            ratio=s.ratio,
+            ops=[ReportOp(op=o.op, dtype=o.dtype, msg_bytes=o.msg_bytes, predicted_calls_per_iter=o.predicted_calls_per_iter,
+                          measured_calls_per_iter=o.measured_calls_per_iter, status=o.status) for o in s.ops],
+        )
+        for s in comparison.schemes
+    ]
+    found = findings(con, run, comparison.findings_input() if has_prediction else None)
+    return Report(
+        run=run, schemes=schemes, findings=found, exact=comparison.exact,
+        attribution=attribution_summary(con, run), comparison=comparison,
+        histogram=histogram(con, run, weight="bytes"), bandwidth=bandwidth(con, run), ranks=rank_totals(con, run),
+    )
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:g}" if abs(x) < 1e6 else f"{x:.4g}"
+
+
+def render_markdown(r: Report) -> str:
+    c = r.comparison
+    lines = [f"# commlens report: {r.run}", ""]
+    lines.append(f"Iterations: {c.iterations_message}. Ranks measured: {len(c.ranks)}. "
+                 f"Prediction: {c.implementation or 'none (no configuration)'}"
+                 + (f"; **predicted equals measured for every scheme**." if r.exact else "."))
+    lines += ["", "## Process groups", "", "| group | size | scheme | source | confidence | reason |", "|---|---|---|---|---|---|"]
+    for g in r.attribution.groups:
+        lines.append(f"| `{g.group_key}` | {g.size or '-'} | {g.scheme} | {g.source} | {g.confidence:.2f} | {g.reason} |")
+    lines += ["", "## Bytes per iteration per rank", "", "| scheme | predicted | measured | measured / predicted |", "|---|---|---|---|"]
+    for s in r.schemes:
+        pred = format_bytes(round(s.predicted_bytes_per_iter)) if s.predicted_bytes_per_iter is not None else "-"
+        lines.append(f"| {s.scheme} | {pred} | {format_bytes(round(s.measured_bytes_per_iter))} | "
+                     f"{'-' if s.ratio is None else f'{s.ratio:.3f}'} |")
+    lines += ["", "## Calls per iteration per rank by (op, size)", "",
+              "| scheme | op | dtype | S (bytes) | predicted | measured | status |", "|---|---|---|---|---|---|---|"]
+    for s in r.schemes:
+        for o in s.ops:
+            lines.append(f"| {s.scheme} | {o.op} | {o.dtype or '-'} | {o.msg_bytes if o.msg_bytes is not None else '?'} | "
+                         f"{_num(o.predicted_calls_per_iter)} | {_num(o.measured_calls_per_iter)} | {o.status} |")
+    if c.inferences:
+        lines += ["", "## Inferences (from the measurements, not facts)", ""]
+        lines += [f"- {i.quantity}: {i.value:,.0f} — {i.evidence}" for i in c.inferences]
+    lines += ["", "## Findings", ""]
+    if not r.findings:
+        lines.append("No findings.")
+    for f in r.findings:
+        evidence = ", ".join(f"{k}={_num(v) if isinstance(v, (int, float)) else v}" for k, v in f.evidence.items())
+        lines.append(f"- **[{f.severity}] {f.title}** ({evidence}). {f.suggestion}")
+    if c.notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in c.notes]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,137 @@
+"""`commlens report` and `commlens predict`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True)
+
+
+def report(
+    run: str = typer.Option(..., "--run", help="Run to report on."),
+    db: Path = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store file."),
+    fmt: str = typer.Option("md", "--format", help="json or md."),
+    config: Optional[Path] = typer.Option(None, "--config", help="A run.json or predictor-input JSON for runs without one."),
+) -> None:
+    """Attribution, histograms, predicted against measured, bandwidth and findings of one run."""
+    from commlens.backend.report import build_report, render_markdown
+    from commlens.ingest import store
+
+    if fmt not in ("json", "md"):
+        err.print("--format must be json or md")
+        raise typer.Exit(2)
+    try:
+        con = store.connect(db)
+    except store.StoreError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if store.get_run_id(con, run) is None:
+        names = [r[0] for r in con.execute("SELECT name FROM runs ORDER BY name").fetchall()]
+        err.print(f"[red]error:[/red] no run {run!r} in {db}; runs: {', '.join(names) or 'none'}")
+        raise typer.Exit(2)
+    inp = _load_config(config) if config else None
+    rep = build_report(con, run, inp)
+    con.close()
+    if fmt == "json":
+        sys.stdout.write(rep.model_dump_json(indent=2) + "\n")
+    else:
+        sys.stdout.write(render_markdown(rep))
+
+
+def _load_config(path: Path):  # noqa: ANN202
+    from pydantic import ValidationError
+
+    from commlens.backend.predict import PredictInput
+    from commlens.backend.predict_harness import input_from_run_config
+
+    try:
+        raw = json.loads(path.read_text())
+        return input_from_run_config(raw) if raw.get("schema", "").startswith("commlens.run") else PredictInput.model_validate(raw)
+    except (OSError, json.JSONDecodeError, ValidationError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {path}: {exc}")
+        raise typer.Exit(2) from None
+
+
+def predict(
+    run_json: Optional[Path] = typer.Option(None, "--run-json", help="Predict for a harness run.json (or predictor-input JSON)."),
+    layers: int = typer.Option(24, help="Transformer layers L."),
+    hidden: int = typer.Option(2048, help="Hidden size h."),
+    heads: int = typer.Option(16, help="Attention heads."),
+    kv_heads: Optional[int] = typer.Option(None, help="KV heads (GQA)."),
+    ffn: Optional[int] = typer.Option(None, help="FFN width (default 4h)."),
+    vocab: int = typer.Option(50304, help="Vocabulary size."),
+    seq_len: int = typer.Option(2048, help="Sequence length s."),
+    tied: bool = typer.Option(False, help="Tied input/output embeddings."),
+    dp: int = typer.Option(1), tp: int = typer.Option(1), pp: int = typer.Option(1), cp: int = typer.Option(1),
+    zero: int = typer.Option(0, help="ZeRO stage 0-3."),
+    sp: bool = typer.Option(False, help="Sequence parallelism (tp > 1)."),
+    micro_batches: int = typer.Option(1, help="Micro-batches per iteration m."),
+    micro_batch_size: int = typer.Option(1, help="Micro-batch size b."),
+    dtype: str = typer.Option("bfloat16", help="Activation, gradient and parameter dtype."),
+    implementation: str = typer.Option("paper", help="paper, megatron, deepspeed, fsdp or harness."),
+    fmt: str = typer.Option("table", "--format", help="table or json."),
+) -> None:
+    """Predicted communication per rank per iteration, for a run.json or any configuration (what-if at any scale)."""
+    from pydantic import ValidationError
+
+    from commlens.backend.histograms import format_bytes
+    from commlens.backend.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput, predict as run_predict
+
+    try:
+        if run_json:
+            inp = _load_config(run_json)
+        else:
+            inp = PredictInput(
+                model=ModelSpec(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn, vocab=vocab,
+                                seq_len=seq_len, tied_embeddings=tied),
+                parallel=ParallelSpec(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, sp=sp, micro_batches=micro_batches,
+                                      micro_batch_size=micro_batch_size),
+                dtypes=DtypeSpec(act=dtype, grad=dtype, param=dtype),
+                implementation=implementation,  # type: ignore[arg-type]
+            )
+        pred = run_predict(inp)
+    except (ValidationError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if fmt == "json":
+        sys.stdout.write(pred.model_dump_json(indent=2) + "\n")
+        return
+    console.print(f"{pred.implementation} prediction, world size {pred.world_size}, {pred.param_count:,} parameters")
+    for st in pred.stages:
+        table = Table(title=f"stage {st.stage}: ranks {_ranges(st.ranks)}, {st.params_per_rank:,} parameters per rank")
+        for col in ("scheme", "group", "op", "dtype", "S", "calls / iter", "S x calls"):
+            table.add_column(col, justify="right" if col in ("S", "calls / iter", "S x calls") else "left")
+        for o in st.ops:
+            table.add_row(o.scheme, o.group, o.op, o.dtype, format_bytes(o.msg_bytes), str(o.calls_per_iter),
+                          format_bytes(o.msg_bytes * o.calls_per_iter))
+        console.print(table)
+    totals = Table(title="per rank per iteration (mean over ranks)")
+    for col in ("scheme", "S-sum", "ring wire bytes", "paper (2S all_reduce)"):
+        totals.add_column(col, justify="left" if col == "scheme" else "right")
+    for t in pred.totals:
+        totals.add_row(t.scheme, format_bytes(t.s_sum), format_bytes(round(t.wire_bytes)), format_bytes(t.paper_bytes))
+    console.print(totals)
+    for note in pred.notes:
+        console.print(f"note: {note}")
+
+
+def _ranges(ranks: list[int]) -> str:
+    if not ranks:
+        return "-"
+    out, start, prev = [], ranks[0], ranks[0]
+    for r in ranks[1:] + [None]:  # type: ignore[list-item]
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(f"{start}-{prev}" if prev != start else str(start))
+        if r is not None:
+            start = prev = r
+    return ",".join(out)

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from .config import ConfigError, HarnessConfig
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
 
 EPILOG = """\
@@ -85,7 +85,7 @@ def harness(
     """Train a small GPT under DDP, ZeRO-1/2/3, TP(+SP), PP and their combinations, with profiler traces."""
     from . import launch
 
-    if not dry_run or device is None:
+    if device is None or (device == "cuda" and not dry_run):  # needs torch: which GPUs are visible
         device, dtype, gpus = _device_defaults(device, dtype)
     else:
         dtype, gpus = dtype or ("bfloat16" if device == "cuda" else "float32"), None

@@ -58,7 +58,7 @@ def plan_runs(out: Path, options: dict, nproc: int | None, sweeps: list[str], cu
     for combo in combos:
         opts = dict(options, **dict(combo))
         try:
-            opts["dp"] = resolve_world(opts.get("dp"), opts["tp"], opts["pp"], nproc)
+            opts["dp"] = resolve_world(opts.get("dp"), opts.get("tp", 1), opts.get("pp", 1), nproc)
         except ConfigError as exc:  # keep going: report the other problems of this config too
             errors.append(str(exc))
             opts["dp"] = opts.get("dp") or 1

@@ -27,6 +27,7 @@ from .model import GPTShape, TPInfo, build_stage, full_model
 from .schedule import StepRunner
 
 PROGRESS_PREFIX = "[commlens harness]"
+FAIL_RANK_ENV = "COMMLENS_HARNESS_FAIL_RANK"  # fault injection for tests: that rank raises in step 1
 NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,COLL,P2P,GRAPH,TUNING"}
 
 
@@ -85,8 +86,11 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
     losses: list[float] = []
     seconds: list[float] = []
     samples = cfg.dp * cfg.micro_batches * cfg.micro_batch_size
+    fail_rank = os.environ.get(FAIL_RANK_ENV)
     with _profiler(cfg, out, rank) as prof:
         for step in range(cfg.steps):
+            if step == 1 and fail_rank == str(rank):
+                raise RuntimeError(f"injected failure on rank {rank} ({FAIL_RANK_ENV})")
             tokens = global_batch(cfg.seed, step, samples, cfg.seq_len, cfg.vocab)
             batches = [micro_batch(tokens, coords["dp"], cfg.dp, j, cfg.micro_batch_size).to(device)
                        for j in range(cfg.micro_batches)]

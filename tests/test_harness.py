@@ -1,0 +1,390 @@
+"""The training harness: validation without processes, then real torchrun/gloo runs of every scheme.
+
+Each run is checked three ways: its losses against the single-process reference, its run.json, and
+its traces against the per-rank call list of harness/README.md (computed here from the formulas, not
+from the harness's code) — once on the raw Kineto JSON and once through the ingester's `comms` view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from commlens.harness import launch
+from commlens.harness.config import ConfigError, HarnessConfig, resolve_world, validation_errors
+
+# Profiled steps 2 and 3: step 1 holds DDP's one-time bucket rebuild (README), outside the window.
+TINY = dict(layers=2, hidden=32, heads=4, vocab=64, seq_len=16, micro_batch_size=2, steps=4, profile_wait=1,
+            profile_warmup=1, profile_active=2, device="cpu", dtype="float32", timeout_s=120.0)
+
+SCHEMES: dict[str, dict] = {
+    "ddp": dict(dp=2, micro_batches=2),
+    "zero1": dict(dp=2, zero=1, micro_batches=2),
+    "zero2": dict(dp=2, zero=2, micro_batches=2),
+    "zero3": dict(dp=2, zero=3, micro_batches=2),
+    "tp": dict(tp=2),
+    "tp-sp": dict(tp=2, sp=True),
+    "pp-gpipe": dict(pp=2, micro_batches=3, schedule="gpipe"),
+    "pp-1f1b": dict(pp=2, micro_batches=3, schedule="1f1b"),
+    "ddp+tp": dict(dp=2, tp=2, micro_batches=2),
+    "tp-sp+pp": dict(tp=2, pp=2, sp=True, micro_batches=2, schedule="1f1b"),
+}
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+# ----------------------------------------------------------------------------- no processes
+
+
+def test_validation_lists_every_problem():
+    cfg = HarnessConfig(tp=3, pp=2, layers=3, heads=4, vocab=64, sp=True, seq_len=16, zero=2, steps=1)
+    errors = "\n".join(validation_errors(cfg))
+    for needle in ("--layers 3 is not divisible by --pp 2", "--heads 4 is not divisible by --tp 3",
+                   "--vocab 64 is not divisible by --tp 3", "--seq-len 16 is not divisible by --tp 3",
+                   "--zero 2 shards over the dp group", "--steps 1 is shorter than the profiler schedule"):
+        assert needle in errors
+    assert validation_errors(HarnessConfig(sp=True)) == ["--sp (sequence parallelism) needs --tp > 1"]
+    assert validation_errors(HarnessConfig(dp=2, tp=2, pp=2, layers=4, sp=True, zero=1)) == []
+    assert "no CUDA device" in validation_errors(HarnessConfig(device="cuda"), cuda_devices=0)[0]
+    assert "needs 8 GPUs" in validation_errors(HarnessConfig(device="cuda", dp=8), cuda_devices=4)[0]
+
+
+def test_world_size_resolution():
+    assert resolve_world(None, 2, 2, 8) == 2
+    assert resolve_world(None, 1, 1, None) == 1 and resolve_world(4, 1, 1, None) == 4
+    with pytest.raises(ConfigError, match="world size 6 .* not divisible by tp\\*pp = 2\\*2 = 4"):
+        resolve_world(None, 2, 2, 6)
+    with pytest.raises(ConfigError, match="does not equal dp\\*tp\\*pp"):
+        resolve_world(2, 2, 1, 8)
+
+
+def test_sweep_plans_one_validated_run_per_value(tmp_path):
+    runs = launch.plan_runs(tmp_path, dict(TINY, dp=None, tp=2, pp=1), 2, ["seq-len=16,32", "lr=0.01"], None)
+    assert [(r.name, r.cfg.seq_len, r.cfg.lr, r.cfg.dp) for r in runs] == [
+        ("seq-len-16_lr-0.01", 16, 0.01, 1), ("seq-len-32_lr-0.01", 32, 0.01, 1)]
+    assert runs[0].out == tmp_path / "seq-len-16_lr-0.01"
+    with pytest.raises(ConfigError, match="not a numeric harness flag"):
+        launch.parse_sweep("schedule=gpipe,1f1b")
+    with pytest.raises(ConfigError, match="seq-len-15: --sp splits the sequence"):
+        launch.plan_runs(tmp_path, dict(TINY, dp=None, tp=2, pp=1, sp=True), None, ["seq-len=16,15"], None)
+
+
+def test_cli_refuses_impossible_config_before_starting(tmp_path):
+    out = tmp_path / "never"
+    proc = subprocess.run([sys.executable, "-m", "commlens.cli", "harness", "--out", str(out), "--device", "cpu",
+                           "--nproc", "3", "--tp", "2", "--layers", "3", "--pp", "2"],
+                          capture_output=True, text=True, env=ENV, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "world size 3 (--nproc) is not divisible by tp*pp = 2*2 = 4" in proc.stderr
+    assert "--layers 3 is not divisible by --pp 2" in proc.stderr
+    assert not out.exists()  # nothing written, nothing started
+
+
+def test_cli_import_does_not_import_torch():
+    code = "import sys, commlens.cli; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, env=ENV, timeout=120)
+
+
+def test_model_slices_compute_the_full_model():
+    torch = pytest.importorskip("torch")
+    from commlens.harness.model import GPTShape, TPInfo, build_stage, full_model
+
+    shape = GPTShape(layers=4, hidden=32, heads=4, vocab=64, seq_len=16)
+    full = full_model(shape, seed=3)
+    count = sum(p.numel() for p in full.parameters())
+    h, V, s, L = 32, 64, 16, 4
+    assert count == 2 * V * h + s * h + L * (12 * h * h + 13 * h) + 2 * h == shape.param_count()
+    for t, p in ((2, 1), (1, 2), (2, 2)):
+        held = 0
+        for pp_i in range(p):
+            for k in range(t):
+                stage = build_stage(shape, 3, TPInfo(t, k), pp_i, p)
+                n = sum(x.numel() for x in stage.parameters())
+                assert n == psi_r(shape.layers, h, V, s, t, p, pp_i)
+                held += n
+        replicated = (t - 1) * (s * h + L * 6 * h + 2 * h)  # wpe, LayerNorms, row biases on every tp rank
+        assert held - replicated == count
+    # tp=1, pp=1 is the full model, parameter for parameter
+    same = build_stage(shape, 3, TPInfo(), 0, 1)
+    for (n1, a), (n2, b) in zip(full.named_parameters(), same.named_parameters()):
+        assert n1 == n2 and torch.equal(a, b)
+
+
+def test_reference_loss_falls():
+    from commlens.harness.reference import reference_losses
+
+    losses = reference_losses(HarnessConfig(**dict(TINY, steps=4)))
+    assert losses[0] == pytest.approx(math.log(64), rel=0.05)  # untrained: about ln V
+    assert losses[-1] < losses[0] - 0.2
+
+
+# ----------------------------------------------------------------------------- expected calls (README)
+
+
+def psi_r(L: int, h: int, V: int, s: int, t: int, p: int, stage: int) -> int:
+    first, last, n = stage == 0, stage == p - 1, L // p
+    return first * (V * h // t + s * h) + n * ((12 * h * h + 7 * h) // t + 6 * h) + last * (2 * h + V * h // t)
+
+
+def _fsdp_units(cfg: HarnessConfig, rank: int) -> tuple[list[int], int]:
+    """FSDP2 unit sizes (elements, all ranks) for the rank's stage: blocks, root."""
+    from commlens.harness.model import GPTShape, TPInfo, build_stage
+
+    co = cfg.coords(rank)
+    stage = build_stage(GPTShape(cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq_len), cfg.seed,
+                        TPInfo(cfg.tp, co["tp"]), co["pp"], cfg.pp)
+    d = cfg.dp
+
+    def unit(params) -> int:  # noqa: ANN001
+        return d * sum(math.ceil(q.shape[0] / d) * (q.numel() // q.shape[0]) for q in params)
+
+    blocks = [unit(b.parameters()) for b in stage.blocks]
+    root = [q for n, q in stage.named_parameters() if not n.startswith("blocks.")]
+    return blocks, unit(root) if root else 0
+
+
+def expected_calls(cfg: HarnessConfig, rank: int, run: dict) -> Counter:
+    """(dim, op, S bytes) -> calls of one profiled step on `rank`, per harness/README.md."""
+    co = cfg.coords(rank)
+    L, h, V, s, b, M = cfg.layers, cfg.hidden, cfg.vocab, cfg.seq_len, cfg.micro_batch_size, cfg.micro_batches
+    d, t, p, w = cfg.dp, cfg.tp, cfg.pp, 4
+    first, last, n = co["pp"] == 0, co["pp"] == p - 1, L // p
+    A = b * s * h * w
+    calls: Counter = Counter()
+    if t > 1:
+        per_micro = 4 * n + first + last
+        if cfg.sp:
+            calls["tp", "all_gather", A] += M * per_micro
+            calls["tp", "reduce_scatter", A] += M * per_micro
+            sp_numel = first * s * h + n * 6 * h + last * 2 * h
+            if cfg.zero == 3:
+                sp_numel //= d  # every SP parameter's dim 0 divides by d in these runs
+            calls["tp", "all_reduce", sp_numel * w] += M if cfg.zero == 2 else 1
+        else:
+            calls["tp", "all_reduce", A] += M * per_micro
+        if last:
+            calls["tp", "all_reduce", b * s * 4] += 3 * M
+    if p > 1:
+        S = b * (s // t if cfg.sp else s) * h * w
+        for op in ("send", "recv"):
+            calls["pp", op, S] += M * ((co["pp"] < p - 1) + (co["pp"] > 0))
+    if d > 1:
+        psi = psi_r(L, h, V, s, t, p, co["pp"])
+        padded = math.ceil(psi / d) * d
+        sync = cfg.dp_sync
+        if sync == "ddp":
+            buckets = run["ranks"][rank]["sync"]["ddp_bucket_bytes"]
+            assert sum(buckets) == psi * w  # DDP buckets cover every gradient exactly once
+            for size in buckets:
+                calls["dp", "all_reduce", size] += 1
+        elif sync == "allreduce":
+            calls["dp", "all_reduce", psi * w] += 1
+        elif sync in ("zero1", "zero2"):
+            calls["dp", "reduce_scatter", padded * w] += 1 if sync == "zero1" else M
+            calls["dp", "all_gather", padded * w] += 1
+        elif sync == "zero3":
+            blocks, root = _fsdp_units(cfg, rank)
+            for u in blocks:
+                calls["dp", "all_gather", u * w] += 2 * M
+                calls["dp", "reduce_scatter", u * w] += M
+            if root:
+                calls["dp", "all_gather", root * w] += M
+                calls["dp", "reduce_scatter", root * w] += M
+    return calls
+
+
+# ----------------------------------------------------------------------------- raw traces
+
+_C10D = {"c10d::allreduce_": "all_reduce", "c10d::_allgather_base_": "all_gather",
+         "c10d::_reduce_scatter_base_": "reduce_scatter", "c10d::send": "send", "c10d::recv_": "recv"}
+
+
+def _numel(dims) -> int:  # noqa: ANN001 - nested lists from "Input Dims"
+    while dims and isinstance(dims[0], list):
+        dims = dims[0]
+    return math.prod(dims)
+
+
+def trace_calls(path: Path) -> tuple[dict, dict[int, Counter]]:
+    """distributedInfo and, per ProfilerStep, (dim, op, S bytes) -> calls of the labelled c10d ops."""
+    data = json.loads(gzip.open(path).read())
+    events = data["traceEvents"]
+    steps = [(int(e["name"].split("#")[1]), e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("name", "").startswith("ProfilerStep#")]
+    labels = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("commlens:")]
+    out: dict[int, Counter] = {n: Counter() for n, _, _ in steps}
+    for e in events:
+        if e.get("cat") != "cpu_op" or not e["name"].startswith("c10d::"):
+            continue
+        op = _C10D.get(e["name"])
+        assert op is not None, f"unexpected {e['name']} in {path.name}"
+        around = [lab for lab in labels if lab["tid"] == e["tid"] and lab["ts"] <= e["ts"]
+                  and e["ts"] + e["dur"] <= lab["ts"] + lab["dur"]]
+        assert around, f"{e['name']} at {e['ts']} in {path.name} has no commlens label"
+        dims = e["args"]["Input Dims"]
+        numel = _numel(dims[1]) if op == "reduce_scatter" else _numel(dims[0])  # S: gather output, scatter input
+        _, dim, _pg = around[-1]["name"].split(":")
+        step = next(n for n, t0, t1 in steps if t0 <= e["ts"] <= t1)
+        out[step][dim, op, numel * 4] += 1
+    return data["distributedInfo"], out
+
+
+# ----------------------------------------------------------------------------- real runs
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Runs each scheme once, on first use; later tests reuse the outputs."""
+    root = tmp_path_factory.mktemp("harness")
+    done: dict[str, launch.PlannedRun] = {}
+
+    def get(scheme: str) -> launch.PlannedRun:
+        if scheme not in done:
+            (run,) = launch.plan_runs(root / scheme, dict(TINY, **SCHEMES[scheme]), None, [], None)
+            launch.prepare(run, overwrite=False)
+            proc = subprocess.run(launch.torchrun_command(run, ["pytest", scheme]), env=ENV, capture_output=True,
+                                  text=True, timeout=600)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+            done[scheme] = run
+        return done[scheme]
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_scheme_run(scheme, runs):
+    from commlens.harness.reference import reference_losses
+    from commlens.runconfig import RunConfig
+
+    run = runs(scheme)
+    cfg = run.cfg
+    world = cfg.world_size
+    files = sorted(p.name for p in launch.output_files(run.out))
+    assert files == sorted(["run.json"] + [f"trace.rank{r}.json.gz" for r in range(world)])
+
+    data = json.loads((run.out / "run.json").read_text())
+    rc = RunConfig.model_validate(data)
+    assert rc.strategy == cfg.strategy and rc.world_size == world and rc.parallel.dp_sync == cfg.dp_sync
+    assert rc.model.param_count == 2 * 64 * 32 + 16 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32
+    assert rc.profile.profiled_steps == [2, 3] and rc.mesh_dims == cfg.mesh_dims
+    assert rc.torch_version and rc.backend == "gloo" and rc.command == ["pytest", scheme]
+    for info in rc.ranks:
+        assert info.coords == cfg.coords(info.rank)
+        assert info.param_count == psi_r(cfg.layers, cfg.hidden, cfg.vocab, cfg.seq_len, cfg.tp, cfg.pp, info.coords["pp"])
+    # every rank is in exactly one group per mesh dim, holding the ranks that differ only along that dim
+    for dim in cfg.mesh_dims:
+        groups = [g for g in rc.groups if g.dim == dim]
+        assert sorted(r for g in groups for r in g.ranks) == list(range(world))
+        for g in groups:
+            others = [{k: v for k, v in cfg.coords(r).items() if k != dim} for r in g.ranks]
+            assert all(o == others[0] for o in others) and len(g.ranks) == getattr(cfg, dim)
+
+    losses = rc.results.losses
+    ref = reference_losses(cfg)
+    assert losses[0] == pytest.approx(ref[0], rel=1e-5)  # the same function at the same initial weights
+    assert losses == pytest.approx(ref, rel=2e-3)
+    assert losses[-1] < losses[0]
+
+    pg_of = {(g.dim, r): g.pg_name for g in rc.groups for r in g.ranks}
+    for r in range(world):
+        info, per_step = trace_calls(run.out / f"trace.rank{r}.json.gz")
+        assert info["rank"] == r and info["world_size"] == world
+        names = {g["pg_name"] for g in info["pg_config"]}
+        assert {pg_of[dim, r] for dim in cfg.mesh_dims} <= names  # run.json names are the trace's names
+        expected = expected_calls(cfg, r, data)
+        assert sorted(per_step) == [2, 3]
+        for step, calls in per_step.items():
+            assert calls == expected, f"rank {r} step {step}: {sorted(calls.items())} != {sorted(expected.items())}"
+
+
+@pytest.mark.slow
+def test_crashing_rank_ends_the_job_with_its_traceback(tmp_path):
+    out = tmp_path / "crash"
+    proc = subprocess.run(
+        [sys.executable, "-m", "commlens.cli", "harness", "--out", str(out), "--device", "cpu", "--dp", "2",
+         "--layers", "2", "--hidden", "32", "--vocab", "64", "--seq-len", "16", "--steps", "3", "--profile-wait", "1",
+         "--profile-warmup", "0", "--timeout", "60"],
+        capture_output=True, text=True, env=dict(ENV, COMMLENS_HARNESS_FAIL_RANK="1"), timeout=240)
+    assert proc.returncode == 1
+    both = proc.stdout + proc.stderr
+    assert "injected failure on rank 1" in both and "Traceback" in both
+    assert "run crash failed (torchrun exit code" in both
+    assert not (out / "run.json").exists()
+
+
+@pytest.mark.slow
+def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path):
+    out, db = tmp_path / "sweep", tmp_path / "store.duckdb"
+    proc = subprocess.run(
+        [sys.executable, "-m", "commlens.cli", "harness", "--out", str(out), "--device", "cpu", "--tp", "2",
+         "--layers", "2", "--hidden", "32", "--vocab", "64", "--steps", "4", "--sweep", "seq-len=8,16",
+         "--ingest", "--db", str(db)],
+        capture_output=True, text=True, env=ENV, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "trace.rank1.json.gz" in proc.stdout and "loss per step" in proc.stdout
+    tp_bytes = {}
+    for s in (8, 16):
+        run_dir = out / f"seq-len-{s}"
+        assert json.loads((run_dir / "run.json").read_text())["model"]["seq_len"] == s
+        _, per_step = trace_calls(run_dir / "trace.rank0.json.gz")
+        tp_bytes[s] = sum(S * n for (dim, op, S), n in per_step[2].items() if dim == "tp" and op == "all_reduce")
+    assert tp_bytes[16] == 2 * tp_bytes[8]
+
+    from commlens.ingest import store
+
+    con = store.connect(db)
+    try:
+        names = {r[0] for r in con.execute("SELECT DISTINCT run FROM comms").fetchall()}
+        assert names == {"seq-len-8", "seq-len-16"}
+        per_run = dict(con.execute(
+            "SELECT run, sum(msg_bytes) FROM comms WHERE rank = 0 AND step = 2 AND op = 'all_reduce' GROUP BY run"
+        ).fetchall())
+        assert per_run == {"seq-len-8": tp_bytes[8], "seq-len-16": tp_bytes[16]}
+    finally:
+        con.close()
+
+
+# ----------------------------------------------------------------------------- through the ingester
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_ingested_run_shows_the_scheme_in_the_right_groups(scheme, runs, tmp_path):
+    from commlens.backend.attribution import attribute_run
+    from commlens.ingest import pipeline, store
+
+    run = runs(scheme)
+    cfg = run.cfg
+    data = json.loads((run.out / "run.json").read_text())
+    con = store.connect(tmp_path / "store.duckdb")
+    try:
+        summary = pipeline.ingest_paths(con, launch.output_files(run.out), scheme)
+        assert not summary.failed, [f.error for f in summary.failed]
+        attribute_run(con, scheme)
+        rows = con.execute(
+            "SELECT rank, step, scheme, group_key, op, msg_bytes, count(*) FROM comms WHERE run = ? "
+            "GROUP BY ALL", [scheme]).fetchall()
+    finally:
+        con.close()
+    pg_of = {(g["dim"], r): g["pg_name"] for g in data["groups"] for r in g["ranks"]}
+    measured: dict[tuple[int, int], Counter] = {}
+    for rank, step, sch, key, op, size, n in rows:
+        if step not in (2, 3):
+            continue
+        assert key == f"pg:{pg_of[sch, rank]}", (rank, sch, key, op)  # the rank's own group of that dim
+        measured.setdefault((rank, step), Counter())[sch, op, size] += n
+    for r in range(cfg.world_size):
+        expected = expected_calls(cfg, r, data)
+        for step in (2, 3):
+            assert measured.get((r, step), Counter()) == expected, f"rank {r} step {step}"
+    if scheme == "ddp":  # the headline: DDP all-reduces every parameter once per step
+        dp_bytes = sum(S * n for (sch, op, S), n in measured[0, 2].items() if sch == "dp")
+        assert dp_bytes == data["model"]["param_count"] * 4

@@ -23,6 +23,10 @@ from .ranks import rank_totals
 
 # Size below which a call counts as small when the run has no measured bandwidth curve for its op.
 DEFAULT_SMALL_BYTES = 64 * 1024
+# Ceiling on a measured half-bandwidth size. In the alpha-beta model busbw reaches half its peak at
+# S = alpha x B, about 0.5-1.5 MB for NVLink or InfiniBand; a measured point far above that comes from
+# kernel times stretched by overlap with compute or by waiting for a late peer, not from latency.
+SMALL_BYTES_CAP = 1 << 20
 SMALL_CALL_SHARE = 0.25  # fire when small calls are at least this share of a scheme's calls ...
 SMALL_TIME_SHARE = 0.10  # ... or of its measured time
 IMBALANCE_RATIO = 1.10  # max/mean above which ranks are uneven
@@ -68,7 +72,7 @@ def _config(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Any]:
 
 
 def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthReport) -> list[Finding]:
-    thresholds = {o.op: o.half_bw_bytes for o in bw.ops if o.half_bw_bytes}
+    thresholds = {o.op: min(o.half_bw_bytes, SMALL_BYTES_CAP) for o in bw.ops if o.half_bw_bytes}
     ops = [r[0] for r in con.execute("SELECT DISTINCT op FROM comm_events WHERE run_id = ?", [run_id]).fetchall()]
     table = pa.table({
         "op": pa.array(ops, pa.string()),
@@ -113,7 +117,8 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
             severity = "medium" if call_share >= 0.5 else "low"
             impact = small / run_calls
         name = scheme or "unattributed"
-        limit = ("below the size where busbw reaches half its best (measured per op in this run)" if all_measured
+        limit = (f"below the size where busbw reaches half its best (measured per op in this run, at most "
+                 f"{format_bytes(SMALL_BYTES_CAP)})" if all_measured
                  else f"below {format_bytes(DEFAULT_SMALL_BYTES)} (default; no measured bandwidth curve for these ops)")
         title = (f"{name}: {call_share:.0%} of calls"
                  + (f" and {time_share:.0%} of communication time" if time_share is not None else "")

@@ -1,5 +1,185 @@
-from .records import ParseError
+"""Kineto (PyTorch profiler) trace ingester: one comm_events row per logical call per rank.
+
+Reading is streaming (kineto_json), grouping of the events that describe one call is in
+kineto_events; this module reads the file's job description (distributedInfo: rank, world size,
+process groups) and assembles the ParseResult.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections import Counter
+from typing import Any
+
+from .inputs import Limits
+from .kineto_events import (
+    LAUNCH_PREFIXES,
+    PREFIXES,
+    Collector,
+    TraceContext,
+    build_calls,
+    call_row,
+    parse_ranks,
+    step_of,
+    as_int,
+)
+from .kineto_json import scan_trace
+from .records import ParseResult, RankHint
 
 
-def parse_kineto(stream, name, hint, limits):
-    raise ParseError("Kineto ingester not implemented yet")
+def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
+    """Parse one Kineto JSON trace (decompressed stream) into comm_events, steps and process groups."""
+    result = ParseResult(kind="kineto")
+    col = Collector()
+    scan = scan_trace(stream, limits.max_json_depth, PREFIXES, Collector.wanted, col.add, LAUNCH_PREFIXES, col.launch)
+    top = scan.top
+    for reason, n in col.skipped.items():
+        result.skip(reason, n)
+
+    dist, gen_dist = _distributed_info(top.get("distributedInfo"), result)
+    rank = as_int(dist.get("rank"))
+    if rank is None:
+        rank = hint.rank
+        if rank is not None:
+            what = "no distributedInfo" if gen_dist == "absent" else "distributedInfo has no rank"
+            result.warn(f"{what}: rank {rank} taken from the file name or --rank")
+        else:
+            result.warn("no rank in distributedInfo, the file name or --rank: rank recorded as NULL")
+    elif hint.rank is not None and hint.rank != rank:
+        result.warn(f"distributedInfo says rank {rank}, the file name or --rank says {hint.rank}: using {rank}")
+    result.rank = rank
+    result.world_size = as_int(dist.get("world_size")) or hint.world_size
+
+    ctx = TraceContext(backend=dist.get("backend") if isinstance(dist.get("backend"), str) else None)
+    for g in _pg_config(dist.get("pg_config"), result):
+        ctx.groups[g["name"]] = {"ranks": g["ranks"], "size": g["size"], "desc": g["description"], "uid": g.pop("uid")}
+        result.groups.append(g)
+    ctx.complete_groups = bool(ctx.groups)  # pg_config lists every group this rank belongs to
+
+    steps = sorted((ts, dur, n) for n, (ts, dur) in col.steps.items())
+    result.steps = [{"rank": rank, "step": n, "ts_us": ts, "dur_us": dur} for ts, dur, n in steps]
+
+    process = str(rank) if rank is not None else os.path.basename(name.split("!")[-1])
+    gen: Counter[str] = Counter()
+    for call in build_calls(col, result):
+        row = call_row(call, ctx, result, gen)
+        if row is None:
+            continue
+        row.update(rank=rank, process=process, seq=len(result.events), step=step_of(steps, call.issue_ts))
+        result.events.append(row)
+    result.groups = _dedupe_groups(result.groups)
+
+    result.meta = {
+        "generation": _generation(col, gen, gen_dist),
+        "distributedInfo": top.get("distributedInfo"),
+        "nccl_version": dist.get("nccl_version"),
+        "pg_count": dist.get("pg_count"),
+        **{k: top[k] for k in ("schemaVersion", "displayTimeUnit", "baseTimeNanoseconds", "trace_id", "traceName") if k in top},
+        "devices": len(top["deviceProperties"]) if isinstance(top.get("deviceProperties"), list) else None,
+        "scan": {
+            "events_total": scan.events_total,
+            "events_parsed": scan.events_parsed,
+            "fast_bytes": scan.fast_bytes,
+            "fallbacks": scan.fallbacks,
+            "decompressed_bytes": scan.decompressed_bytes,
+            "nccl_kernels": len(col.kernels),
+            "launches": len(col.launches),
+            "kernel_link": col.link_style,
+        },
+        "sized_by": {k.split(":", 1)[1]: v for k, v in sorted(gen.items()) if k.startswith("sized_by:")},
+    }
+    return result
+
+
+def _distributed_info(value: Any, result: ParseResult) -> tuple[dict[str, Any], str]:
+    """distributedInfo and its generation: absent, partial, 1 (backend/rank/world_size), 2 (+pg_config), 3 (+nccl_version)."""
+    if value is None:
+        return {}, "absent"
+    if not isinstance(value, dict):
+        result.warn(f"distributedInfo is a {type(value).__name__}, not an object: ignored")
+        return {}, "absent"
+    if not {"backend", "rank", "world_size"} <= value.keys():
+        return value, "partial"
+    if "nccl_version" in value:
+        return value, "3"
+    if "pg_config" in value or "pg_count" in value:
+        return value, "2"
+    return value, "1"
+
+
+def _pg_config(value: Any, result: ParseResult) -> list[dict[str, Any]]:
+    """process_groups rows from distributedInfo.pg_config (a list; ranks as a list or a string)."""
+    if value is None:
+        return []
+    items = list(value.values()) if isinstance(value, dict) else value
+    if not isinstance(items, list):
+        result.warn("distributedInfo.pg_config is not a list: ignored")
+        return []
+    rows = []
+    for i, g in enumerate(items):
+        if not isinstance(g, dict) or g.get("pg_name") is None:
+            result.warn(f"distributedInfo.pg_config[{i}] has no pg_name: ignored")
+            continue
+        ranks = parse_ranks(g.get("ranks"))
+        rows.append(
+            {
+                "group_key": f"pg:{g['pg_name']}",
+                "name": str(g["pg_name"]),
+                "description": g.get("pg_desc"),
+                "backend": g.get("backend_config"),
+                "ranks": ranks,
+                "size": as_int(g.get("pg_size")) or (len(ranks) if ranks else None),
+                "origin": "pg_config",
+                "uid": g.get("uid"),
+            }
+        )
+    return rows
+
+
+def _dedupe_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per group_key: pg_config first, then fields the events add."""
+    out: dict[str, dict[str, Any]] = {}
+    for g in groups:
+        have = out.get(g["group_key"])
+        if have is None:
+            out[g["group_key"]] = dict(g)
+        else:
+            for k, v in g.items():
+                if have.get(k) is None and v is not None:
+                    have[k] = v
+    return list(out.values())
+
+
+def _generation(col: Collector, gen: Counter[str], gen_dist: str) -> dict[str, Any]:
+    """Which generation of the format the file is (formats.md B.2-B.4)."""
+    size_field = group_field = None
+    tensorlist_dims = False
+    for ev in col.cpu:
+        a = ev.args
+        if size_field is None and ("In msg nelems" in a or "In msg size" in a):
+            size_field = "In msg nelems" if "In msg nelems" in a else "In msg size"
+        if group_field is None and ("Process Group Name" in a or "Process Group ID" in a):
+            group_field = "Process Group Name" if "Process Group Name" in a else "Process Group ID"
+        if not tensorlist_dims and ev.kind == "container" and isinstance(a.get("Input type"), list):
+            dims = a.get("Input Dims")
+            tensorlist_dims = any(
+                t == "TensorList" and isinstance(d, list) and bool(d)
+                for t, d in zip(a["Input type"], dims if isinstance(dims, list) else [])
+            )
+    kernel_meta = any("Collective name" in k.args for k in col.kernels)
+    if kernel_meta:
+        comm = "record_param_comms+kernel"
+    elif gen.get("record_param_comms"):
+        comm = "record_param_comms"
+    elif gen.get("sized_by:input_dims") or gen.get("sized_by:annotation_dims"):
+        comm = "input_dims"
+    else:
+        comm = "none"
+    return {
+        "distributed_info": gen_dist,
+        "comm_metadata": comm,
+        "size_field": size_field,
+        "group_field": group_field,
+        "tensorlist_dims": tensorlist_dims,
+    }

@@ -1,0 +1,673 @@
+"""Streaming reader for Kineto (Chrome trace) JSON that never builds the whole document.
+
+The document is `{"key": value, ..., "traceEvents": [event, ...], ...}`. Top-level values other than
+`traceEvents` are small and parsed exactly. Events are read in one of two modes:
+
+- exact: the array is cut into batches at candidate element boundaries (`}` `,` `{`); each batch is
+  parsed with orjson, which also proves the cut was a real boundary (a cut inside a string or inside a
+  nested object leaves the batch unterminated and the batch is extended to the next candidate). Every
+  event is parsed and checked, so errors carry `$.traceEvents[i]`. Used for the first EXACT_BYTES of
+  the array (a small trace is validated in full) and wherever the fast mode is unsure.
+- fast: a regex finds `"name": "<prefix>` for the name prefixes the caller cares about; only the
+  enclosing event is cut out (backwards to a `{` that follows `,`/`[`, forwards to `}` followed by
+  `,{` or `]`) and parsed. A successful parse proves both cuts (a cut inside a string cannot parse).
+  Everything between the last proven boundary and the scan head is kept, so when a cut fails to
+  parse the region is re-read in exact mode. Events the caller does not want are never parsed, so a
+  syntax error inside them goes unnoticed; structure, truncation and every event that is read are
+  still checked.
+
+Decompression (the stream's read) runs in a background thread: zlib releases the GIL, so it overlaps
+with the regex scan on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import io
+import queue
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import orjson
+
+from .records import ParseError
+
+BLOCK = 8 << 20  # bytes per read from the decompressed stream
+EXACT_BYTES = 4 << 20  # the first bytes of traceEvents are parsed in full
+BATCH = 1 << 20  # exact-mode batch size
+RETAIN = 16 << 20  # fast mode proves a boundary near the scan head once this much is unproven
+_WS = b" \t\r\n"
+
+_BOUND = re.compile(rb"}\s*,\s*(?={)")  # between two object elements: '}' ... up to the next '{'
+_END = re.compile(rb"}\s*(?:,\s*(?={)|])")  # end of an object element: before the next one or the array end
+_STRUCT = re.compile(rb'[{}\[\]",]')
+_STR_TAIL = re.compile(rb'(?:[^"\\]|\\.)*"', re.S)
+_SCALAR = re.compile(rb'[^\s,\]}{\[":]+')
+_NONWS = re.compile(rb"[^ \t\r\n]")
+# A runtime launch event in Kineto's own key order, read with one regex instead of being cut out and
+# parsed: these are the most frequent wanted events (one per kernel) and four numbers are needed.
+_LAUNCH = re.compile(
+    rb'"name"\s*:\s*"((?:cu|hip)\w*Launch\w*)",\s*"pid"\s*:\s*(-?\d+),\s*"tid"\s*:\s*(-?\d+),'
+    rb'\s*"ts"\s*:\s*(-?\d+(?:\.\d+)?),\s*"dur"\s*:\s*(-?\d+(?:\.\d+)?),'
+    rb'\s*"args"\s*:\s*\{\s*(?:"External id"\s*:\s*(\d+)\s*,)?[^{}]*?"correlation"\s*:\s*(\d+)[^{}]*\}\s*\}'
+)
+LaunchSink = Callable[[int, int, float, int, "int | None"], bool]
+
+
+def hit_pattern(prefixes: str) -> re.Pattern[bytes]:
+    """The fast-mode regex: `name": "` followed by one of the (non-capturing) name prefixes.
+
+    Without the opening quote the regex runs ~15% faster; a hit at the end of another key
+    ("thread_name") only costs a parse, the event's real name decides."""
+    return re.compile(rb'name"\s*:\s*"(?:' + prefixes.encode() + b")")
+
+
+class _NeedMore(Exception):
+    """The value continues past the end of the buffered window."""
+
+
+@dataclass
+class ScanResult:
+    top: dict[str, Any] = field(default_factory=dict)  # top-level keys other than traceEvents
+    has_events: bool = False
+    events_total: int | None = None  # every element of traceEvents, when all were counted
+    events_parsed: int = 0
+    fast_bytes: int = 0  # bytes of traceEvents read in fast mode
+    fallbacks: int = 0  # fast-mode regions re-read exactly
+    decompressed_bytes: int = 0
+
+
+# --------------------------------------------------------------------------------- block reader
+
+
+class _BlockReader:
+    """Reads the stream in large blocks on a background thread (decompression releases the GIL)."""
+
+    def __init__(self, stream: io.BufferedIOBase, block: int):
+        self._stream = stream
+        self._block = block
+        self._queue: queue.Queue = queue.Queue(maxsize=2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kineto-reader", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                chunk = self._stream.read(self._block)
+                self._put(chunk)
+                if not chunk:
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            self._put(exc)
+
+    def _put(self, item: Any) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def get(self) -> bytes:
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self._thread.join()
+
+
+class _Window:
+    """The buffered part of the document, with absolute offsets and line numbers for messages.
+
+    Counting lines costs as much as the fast scan itself, so data dropped in fast mode is not
+    counted; past that point errors give the byte offset in the decompressed file instead."""
+
+    def __init__(self, reader: _BlockReader):
+        self._reader = reader
+        self.data = bytearray()  # deleting from the front of a bytearray does not move the rest
+        self.base = 0  # absolute offset of data[0]
+        self.lines: int | None = 0  # newlines before data[0], while known
+        self.col0 = 0  # bytes after the last newline before data[0]
+        self.eof = False
+        self.count_lines = True
+
+    def more(self, keep_from: int) -> int:
+        """Drop data[:keep_from], append the next block; return keep_from (the shift of positions)."""
+        if self.lines is not None and keep_from:
+            if self.count_lines:
+                nl = self.data.count(b"\n", 0, keep_from)
+                if nl:
+                    self.lines += nl
+                    self.col0 = keep_from - self.data.rfind(b"\n", 0, keep_from) - 1
+                else:
+                    self.col0 += keep_from
+            else:
+                self.lines = None
+        self.base += keep_from
+        chunk = b"" if self.eof else self._reader.get()
+        del self.data[:keep_from]
+        if not chunk:
+            self.eof = True
+        else:
+            self.data += chunk
+        return keep_from
+
+    def loc(self, pos: int) -> str:
+        pos = max(0, min(pos, len(self.data)))
+        if self.lines is None:
+            return f"byte {self.base + pos}"
+        nl = self.data.count(b"\n", 0, pos)
+        if nl:
+            col = pos - self.data.rfind(b"\n", 0, pos)
+        else:
+            col = self.col0 + pos + 1
+        return f"line {self.lines + nl + 1} column {col}"
+
+
+# --------------------------------------------------------------------------------- helpers
+
+
+def _path(parts: list[Any]) -> str:
+    """'$.traceEvents[3].args.x'; an unknown index is written [?]."""
+    out = "$"
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) or p == "?" else f".{p}"
+    return out
+
+
+def _decode_key(raw: bytes) -> str:
+    try:
+        return orjson.loads(b'"' + raw + b'"')
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", "replace")
+
+
+def _skip_value(data: bytes, pos: int, prefix: list[Any], depth0: int, max_depth: int, win: _Window) -> int:
+    """End (exclusive) of the JSON value starting at data[pos]; checks nesting depth with its path."""
+    c = data[pos : pos + 1]
+    if c == b'"':
+        m = _STR_TAIL.match(data, pos + 1)
+        if m is None:
+            raise _NeedMore
+        return m.end()
+    if c not in (b"{", b"["):
+        m = _SCALAR.match(data, pos)
+        if m is None:
+            raise ParseError("invalid JSON: expected a value", win.loc(pos))
+        if m.end() >= len(data) and not win.eof:
+            raise _NeedMore
+        return m.end()
+    stack: list[list[Any]] = []  # [is_object, key or index, expecting a key]
+    i = pos
+    while True:
+        m = _STRUCT.search(data, i)
+        if m is None:
+            raise _NeedMore
+        j = m.start()
+        ch = data[j]
+        if ch == 0x22:  # '"'
+            e = _STR_TAIL.match(data, j + 1)
+            if e is None:
+                raise _NeedMore
+            top = stack[-1]
+            if top[0] and top[2]:
+                top[1] = data[j + 1 : e.end() - 1]
+                top[2] = False
+            i = e.end()
+        elif ch in (0x7B, 0x5B):  # '{' '['
+            stack.append([ch == 0x7B, None if ch == 0x7B else 0, ch == 0x7B])
+            if depth0 + len(stack) > max_depth:
+                parts = list(prefix)
+                for obj, key, _ in stack[:-1]:
+                    parts.append(_decode_key(bytes(key)) if obj and isinstance(key, (bytes, bytearray)) else key)
+                raise ParseError(f"JSON nested deeper than {max_depth} levels", f"{_path(parts)} ({win.loc(j)})")
+            i = j + 1
+        elif ch in (0x7D, 0x5D):  # '}' ']'
+            stack.pop()
+            i = j + 1
+            if not stack:
+                return i
+        else:  # ','
+            top = stack[-1]
+            if top[0]:
+                top[2] = True
+            else:
+                top[1] += 1
+            i = j + 1
+
+
+def _depth_path(value: Any, budget: int) -> list[Any] | None:
+    """Path to a container nested more than `budget` levels deep in `value` (itself level 1), or None."""
+    if budget < 1:
+        return []
+    items = value.items() if type(value) is dict else enumerate(value)
+    for k, x in items:
+        if type(x) is dict or type(x) is list:
+            sub = _depth_path(x, budget - 1)
+            if sub is not None:
+                return [k, *sub]
+    return None
+
+
+# --------------------------------------------------------------------------------- the scanner
+
+
+class _Scanner:
+    def __init__(
+        self,
+        stream: io.BufferedIOBase,
+        max_depth: int,
+        prefixes: str,
+        wanted: Callable[[dict], bool],
+        on_event: Callable[[dict], None],
+        launch_prefixes: str | None,
+        on_launch: LaunchSink | None,
+    ):
+        self.on_launch = on_launch if launch_prefixes else None
+        self.prefixes = prefixes
+        self.hit = hit_pattern(prefixes + ("|" + launch_prefixes if launch_prefixes else ""))
+        self.reader = _BlockReader(stream, BLOCK)
+        self.win = _Window(self.reader)
+        self.max_depth = max_depth
+        self.wanted = wanted
+        self.on_event = on_event
+        self.result = ScanResult()
+        self.index: int | None = 0  # index of the element at self.pos, while every element was counted
+        self.pos = 0
+
+    # ---- low-level helpers
+
+    def _ensure(self, pos: int, n: int = 1) -> int:
+        """Make data[pos:pos+n] available (reading more); returns the possibly shifted pos."""
+        while len(self.win.data) < pos + n and not self.win.eof:
+            pos -= self.win.more(0)
+        return pos
+
+    def _skip_ws(self, pos: int) -> int:
+        while True:
+            m = _NONWS.search(self.win.data, pos)
+            if m is not None:
+                return m.start()
+            if self.win.eof:
+                return len(self.win.data)
+            pos = len(self.win.data)
+            pos -= self.win.more(pos)
+
+    def _truncated(self, where: str) -> ParseError:
+        return ParseError(f"truncated JSON: the document ends inside {where}", self.win.loc(len(self.win.data)))
+
+    def _value(self, pos: int, parts: list[Any], depth0: int) -> tuple[Any, int]:
+        """Parse the value at pos exactly; returns (value, end)."""
+        while True:
+            try:
+                end = _skip_value(self.win.data, pos, parts, depth0, self.max_depth, self.win)
+                break
+            except _NeedMore:
+                if self.win.eof:
+                    raise self._truncated(_path(parts)) from None
+                pos -= self.win.more(pos)
+        try:
+            return orjson.loads(memoryview(self.win.data)[pos:end]), end
+        except orjson.JSONDecodeError as exc:
+            raise self._json_error(exc, self.win.data[pos:end], pos, _path(parts)) from None
+
+    def _json_error(self, exc: orjson.JSONDecodeError, doc: bytes, doc_pos: int, where: str) -> ParseError:
+        """A ParseError at the absolute place of an orjson error in `doc`, which starts at data[doc_pos]."""
+        bpos = len(doc.decode("utf-8", "replace")[: exc.pos].encode("utf-8"))
+        loc = self.win.loc(doc_pos + min(bpos, len(doc)))
+        if "depth" in exc.msg or "recursion" in exc.msg:
+            return ParseError(f"JSON nested too deeply ({exc.msg})", f"{where} ({loc})")
+        return ParseError(f"invalid JSON: {exc.msg}", f"{where} ({loc})")
+
+    # ---- document level
+
+    def run(self) -> ScanResult:
+        try:
+            self._document()
+        finally:
+            self.reader.close()
+        return self.result
+
+    def _document(self) -> None:
+        pos = self._ensure(0, 3)
+        if self.win.data.startswith(b"\xef\xbb\xbf"):
+            pos = 3
+        pos = self._skip_ws(pos)
+        if pos >= len(self.win.data):
+            raise ParseError("empty document: not a Kineto trace", "line 1")
+        first = self.win.data[pos : pos + 1]
+        if first == b"[":
+            raise ParseError("a JSON array, not a Kineto trace (expected an object with 'traceEvents')", "$")
+        if first != b"{":
+            raise ParseError("not JSON: a Kineto trace is a JSON object", self.win.loc(pos))
+        pos = self._skip_ws(pos + 1)
+        if self.win.data[pos : pos + 1] == b"}":
+            pos += 1
+        else:
+            while True:
+                if self.win.data[pos : pos + 1] != b'"':
+                    if pos >= len(self.win.data):
+                        raise self._truncated("the top-level object")
+                    raise ParseError("invalid JSON: expected a key string", self.win.loc(pos))
+                key, pos = self._value(pos, [], 1)
+                pos = self._skip_ws(pos)
+                if self.win.data[pos : pos + 1] != b":":
+                    if pos >= len(self.win.data):
+                        raise self._truncated(_path([key]))
+                    raise ParseError("invalid JSON: expected ':' after a key", self.win.loc(pos))
+                pos = self._skip_ws(pos + 1)
+                if pos >= len(self.win.data):
+                    raise self._truncated(_path([key]))
+                if key == "traceEvents":
+                    if self.result.has_events:
+                        raise ParseError("'traceEvents' appears twice", "$.traceEvents")
+                    self.result.has_events = True
+                    if self.win.data[pos : pos + 1] != b"[":
+                        value, _ = self._value(pos, ["traceEvents"], 1)
+                        raise ParseError(
+                            f"'traceEvents' is {type(value).__name__}, not a list: not a Kineto trace", "$.traceEvents"
+                        )
+                    pos = self._events(pos + 1)
+                else:
+                    value, pos = self._value(pos, [key], 1)
+                    self.result.top[key] = value
+                pos = self._skip_ws(pos)
+                c = self.win.data[pos : pos + 1]
+                if c == b",":
+                    pos = self._skip_ws(pos + 1)
+                    continue
+                if c == b"}":
+                    pos += 1
+                    break
+                if not c:
+                    raise self._truncated("the top-level object")
+                raise ParseError("invalid JSON: expected ',' or '}' in the top-level object", self.win.loc(pos))
+        pos = self._skip_ws(pos)
+        if pos < len(self.win.data):
+            raise ParseError("invalid JSON: extra data after the end of the document", self.win.loc(pos))
+        self.result.decompressed_bytes = self.win.base + len(self.win.data)
+        if not self.result.has_events:
+            raise ParseError("no 'traceEvents' list: not a Kineto trace", "$")
+
+    # ---- traceEvents
+
+    def _events(self, pos: int) -> int:
+        """Read the array whose '[' was just before pos; return the position after its ']'."""
+        self.pos = self._skip_ws(pos)
+        start_abs = self.win.base + self.pos
+        done = False
+        while not done:
+            budget_end = start_abs + EXACT_BYTES if self.index is not None else 0
+            if self.win.base + self.pos < budget_end:
+                done = self._exact(until_abs=budget_end)
+            else:
+                done = self._fast()
+        if self.index is not None:
+            self.result.events_total = self.index
+        end = self.pos + 1  # after ']'
+        return end
+
+    def _element(self, value: Any, where_pos: int, raw: bytes | memoryview | None = None) -> None:
+        """Handle one parsed element of traceEvents (`raw`: its text, when at hand)."""
+        if not isinstance(value, dict):
+            idx = "?" if self.index is None else self.index
+            raise ParseError(
+                f"an event that is not an object ({type(value).__name__})",
+                f"{_path(['traceEvents', idx])} ({self.win.loc(where_pos)})",
+            )
+        if self.wanted(value):
+            shallow = raw is not None and raw.count(b"[") + raw.count(b"{") <= self.max_depth - 2
+            deep = None if shallow else _depth_path(value, self.max_depth - 2)
+            if deep is not None:
+                idx = "?" if self.index is None else self.index
+                raise ParseError(
+                    f"JSON nested deeper than {self.max_depth} levels",
+                    f"{_path(['traceEvents', idx] + deep)} ({self.win.loc(where_pos)})",
+                )
+            self.result.events_parsed += 1
+            self.on_event(value)
+
+    def _exact(self, until_abs: int | None) -> bool:
+        """Parse elements from self.pos in batches until self.pos passes until_abs; True at the array end."""
+        while True:
+            self.pos = self._ensure(self.pos, 2)
+            data = self.win.data
+            if self.pos >= len(data):
+                raise self._truncated("$.traceEvents")
+            if data[self.pos] == 0x5D:  # ']'
+                return True
+            if until_abs is not None and self.win.base + self.pos >= until_abs:
+                return False
+            m = self._batch_cut()
+            data = self.win.data
+            items = None
+            while m is not None:
+                doc = b"[" + data[self.pos : m.start() + 1] + b"]"
+                try:
+                    items = orjson.loads(doc)
+                    break
+                except orjson.JSONDecodeError as exc:
+                    if "end of data" in exc.msg or exc.pos >= len(doc) - 1:
+                        m = _BOUND.search(data, m.end())  # the cut was inside a string or a nested value
+                        continue
+                    # the array ends (or the text is broken) inside the batch: cut before that point
+                    bpos = self.pos - 1 + len(doc.decode("utf-8", "replace")[: exc.pos].encode("utf-8"))
+                    m = None
+                    for m in _BOUND.finditer(data, self.pos, max(bpos, self.pos)):
+                        pass
+            if items is None:
+                # the first element or the rest of the array, one element at a time and exactly
+                if self._elements(1 if m is None and self._more_boundaries() else None):
+                    return True
+                continue
+            base = self.pos
+            for value in items:
+                self._element(value, base)
+                if self.index is not None:
+                    self.index += 1
+            self.pos = m.end()  # type: ignore[union-attr]
+
+    def _more_boundaries(self) -> bool:
+        return _BOUND.search(self.win.data, self.pos) is not None
+
+    def _batch_cut(self) -> re.Match[bytes] | None:
+        """A candidate boundary about BATCH bytes after self.pos (the last one when less is left)."""
+        while self.pos + BATCH >= len(self.win.data) and not self.win.eof:
+            self.pos -= self.win.more(self.pos)
+        data = self.win.data
+        if self.pos + BATCH < len(data):
+            m = _BOUND.search(data, self.pos + BATCH)
+            if m is not None:
+                return m
+        last = None
+        for last in _BOUND.finditer(data, self.pos):
+            pass
+        return last
+
+    def _one_element(self, idx: int | str) -> tuple[Any, int]:
+        """The element at self.pos and its end. An object is tried against the next few candidate ends
+        with orjson, whose message and position are precise for broken text; anything else (and an
+        object whose every candidate end falls inside a string) goes through the tokenizer."""
+        data = self.win.data
+        where = _path(["traceEvents", idx])
+        if data[self.pos] == 0x7B:  # '{'
+            e = _END.search(data, self.pos)
+            for _ in range(8):
+                if e is None:
+                    break
+                text = data[self.pos : e.start() + 1]
+                try:
+                    return orjson.loads(text), e.start() + 1
+                except orjson.JSONDecodeError as exc:
+                    if "after document" in exc.msg:  # the object ended before this candidate
+                        cut = len(bytes(text).decode("utf-8", "replace")[: exc.pos].encode("utf-8"))
+                        return orjson.loads(text[:cut]), self.pos + cut
+                    if not ("end of data" in exc.msg or exc.pos >= len(text) - 1):
+                        raise self._json_error(exc, bytes(text), self.pos, where) from None
+                e = _END.search(data, e.end())
+        return self._value(self.pos, ["traceEvents", idx], 2)
+
+    def _elements(self, count: int | None) -> bool:
+        """`count` elements (all when None) read one by one with the exact tokenizer; True at ']'."""
+        while count is None or count > 0:
+            self.pos = self._skip_ws(self.pos)
+            data = self.win.data
+            if self.pos >= len(data):
+                raise self._truncated("$.traceEvents")
+            if data[self.pos] == 0x5D:
+                return True
+            idx = "?" if self.index is None else self.index
+            value, end = self._one_element(idx)
+            self._element(value, self.pos)
+            if self.index is not None:
+                self.index += 1
+            self.pos = self._skip_ws(end)
+            c = self.win.data[self.pos : self.pos + 1]
+            if c == b",":
+                self.pos = self._skip_ws(self.pos + 1)
+            elif c != b"]":
+                if not c:
+                    raise self._truncated("$.traceEvents")
+                raise ParseError(
+                    "invalid JSON: expected ',' or ']' after an event", f"{_path(['traceEvents', idx])} ({self.win.loc(self.pos)})"
+                )
+            if count is not None:
+                count -= 1
+        return False
+
+    def _event_start(self, data: bytes, p: int, lower: int) -> int | None:
+        """The '{' that opens the element containing p: the nearest one preceded by ',' or '['."""
+        i = p
+        while True:
+            i = data.rfind(b"{", lower, i)
+            if i < 0:
+                return None
+            if i == lower:
+                return i
+            j = i - 1
+            while j > lower and data[j] in _WS:
+                j -= 1
+            if data[j] in (0x2C, 0x5B):  # ',' '['
+                return i
+
+    def _fast(self) -> bool:
+        """Scan for wanted events from self.pos (a proven element start); True at the array end."""
+        self.index = None
+        self.win.count_lines = False
+        scan = self.pos
+        on_launch = self.on_launch
+        launch_match = _LAUNCH.match
+        while True:
+            data = self.win.data
+            limit = len(data) if self.win.eof else max(len(data) - 512, scan)
+            action = "more"
+            for m in self.hit.finditer(data, scan, limit):
+                p = m.start()
+                if p < scan:
+                    continue  # inside an event already read
+                if on_launch is not None and data[m.end() - 6 : m.end()] == b"Launch":
+                    lm = launch_match(data, p - 1)
+                    if lm is not None:
+                        _, pid, tid, ts, _, ext, corr = lm.groups()
+                        scan = lm.end()
+                        if not on_launch(int(pid), int(tid), float(ts), int(corr), int(ext) if ext else None):
+                            action = "restart"  # the caller needs no more launches: stop matching them
+                            self.on_launch = on_launch = None
+                            self.hit = hit_pattern(self.prefixes)
+                            break
+                        continue
+                e = _END.search(data, p)
+                if e is None or (e.end() >= len(data) and not self.win.eof):
+                    action = "more" if not self.win.eof else "exact"
+                    scan = p
+                    break
+                s = self._event_start(data, p, self.pos)
+                value = raw = None
+                if s is not None:
+                    raw = data[s : e.start() + 1]
+                    try:
+                        value = orjson.loads(raw)
+                    except orjson.JSONDecodeError:
+                        value = None
+                if not isinstance(value, dict):
+                    action, scan = "fallback", e.end()
+                    break
+                self.result.fast_bytes += e.end() - self.pos
+                self._element(value, s, raw)
+                if data[e.end() - 1] == 0x5D:  # ']' : that was the last element
+                    self.pos = e.end() - 1
+                    return True
+                self.pos = scan = e.end()
+            else:
+                if self.win.eof:
+                    action = "exact"
+            if action == "restart":
+                continue
+            if action == "exact":
+                self.win.count_lines = True
+                return self._exact(until_abs=None)
+            if action == "fallback":
+                # an unproven cut: re-read from the last proven boundary exactly, past this event
+                self.result.fallbacks += 1
+                self.win.count_lines = True
+                done = self._exact(until_abs=self.win.base + scan)
+                self.win.count_lines = False
+                if done:
+                    return True
+                scan = self.pos
+                continue
+            if len(data) - self.pos > RETAIN:
+                self._prove_near(limit)
+            scan = max(min(scan, limit - 64), self.pos)
+            shift = self.win.more(self.pos)
+            self.pos -= shift
+            scan -= shift
+
+    def _prove_near(self, limit: int) -> None:
+        """Move the proven boundary up to the scan head by parsing one element there."""
+        data = self.win.data
+        start = max(self.pos, limit - (1 << 20))
+        for m in _BOUND.finditer(data, start, limit):
+            s = m.end()
+            e = _END.search(data, s, limit)
+            if e is None:
+                break
+            try:
+                value = orjson.loads(memoryview(data)[s : e.start() + 1])
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(value, dict) and data[e.end() - 1] != 0x5D:
+                self.result.fast_bytes += s - self.pos
+                self.pos = s
+                return
+
+
+def scan_trace(
+    stream: io.BufferedIOBase,
+    max_depth: int,
+    prefixes: str,
+    wanted: Callable[[dict], bool],
+    on_event: Callable[[dict], None],
+    launch_prefixes: str | None = None,
+    on_launch: LaunchSink | None = None,
+) -> ScanResult:
+    """Read a Kineto JSON document from `stream`.
+
+    `prefixes` (a regex without capturing groups) matches the start of the name of every event
+    that `wanted` accepts: fast mode parses only events named so. `on_event` receives each parsed
+    event that `wanted` accepts, in file order. Runtime launch events (names matching
+    `launch_prefixes`) in Kineto's key order go to `on_launch(pid, tid, ts, correlation, external
+    id)` without being parsed; once it returns False, fast mode stops looking for them.
+    Raises ParseError (with a JSON path and/or line and column) for anything that is not a trace.
+    """
+    return _Scanner(stream, max_depth, prefixes, wanted, on_event, launch_prefixes, on_launch).run()

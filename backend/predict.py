@@ -28,7 +28,7 @@ class ModelSpec(BaseModel):
     seq_len: int = Field(ge=1)
     learned_pos: bool = True
     tied_embeddings: bool = False
-    vocab_divisible_by: int = 1  # Megatron pads V to a multiple of this x tp (128 there)
+    vocab_divisible_by: int = Field(1, ge=1)  # Megatron pads V to a multiple of this x tp (128 there)
 
     @property
     def f(self) -> int:

@@ -198,6 +198,10 @@ def test_predict_is_the_predictor(client: httpx.Client) -> None:
     assert r.json() == json.loads(predict(PredictInput.model_validate(PREDICT_INPUT)).model_dump_json())
     bad = {**PREDICT_INPUT, "parallel": {"tp": 3}}
     assert "divisible" in problem(client.post("/api/predict", json=bad), 422)["detail"]
+    huge = {**PREDICT_INPUT, "model": {**PREDICT_INPUT["model"], "layers": 50_000_000}}
+    assert "at most 4096 layers" in problem(client.post("/api/predict", json=huge), 422)["detail"]
+    deep_pp = {**PREDICT_INPUT, "model": {**PREDICT_INPUT["model"], "layers": 1024}, "parallel": {"pp": 1024}}
+    assert "pipeline stages" in problem(client.post("/api/predict", json=deep_pp), 422)["detail"]
 
 
 def test_topology_rows(client: httpx.Client) -> None:

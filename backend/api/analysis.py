@@ -153,9 +153,25 @@ def promote_finding(run: str, finding_id: str, cur: Cursor, who: Writer) -> Revi
 # ---------------------------------------------------------------------------------- predictions
 
 
+# The predictor's time and answer grow with layers and stages; a request is a request, not a batch job.
+MAX_PREDICT_LAYERS = 4096
+MAX_PREDICT_STAGES = 512
+
+
+def check_predict_size(inp: PredictInput) -> None:
+    p = inp.parallel
+    if inp.model.layers > MAX_PREDICT_LAYERS:
+        raise ApiError(422, f"model.layers = {inp.model.layers}; the API predicts models of at most "
+                       f"{MAX_PREDICT_LAYERS} layers (use backend.predict.predict directly for more)", "prediction-too-large")
+    if p.pp * p.virtual_stages > MAX_PREDICT_STAGES:
+        raise ApiError(422, f"pp x virtual_stages = {p.pp * p.virtual_stages}; the API lists at most {MAX_PREDICT_STAGES} "
+                       "pipeline stages per prediction", "prediction-too-large")
+
+
 @router.post("/predict", response_model=Prediction, responses=problem_responses(422),
              summary="Predict the communication of any configuration (what-if)")
 def what_if(body: PredictInput) -> Prediction:
+    check_predict_size(body)
     with analysis_errors():
         return predict(body)
 

@@ -16,7 +16,10 @@ import pytest
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread
 from commlens.backend.attribution import attribute_run, attribution_summary
+from commlens.backend.compare import compare
+from commlens.backend.findings import findings
 from commlens.backend.predict import PredictInput, predict
+from commlens.backend.predict_harness import input_from_run_config
 from commlens.ingest import store
 from commlens.ingest.records import ParseResult
 
@@ -202,6 +205,47 @@ def test_predict_is_the_predictor(client: httpx.Client) -> None:
     assert "at most 4096 layers" in problem(client.post("/api/predict", json=huge), 422)["detail"]
     deep_pp = {**PREDICT_INPUT, "model": {**PREDICT_INPUT["model"], "layers": 1024}, "parallel": {"pp": 1024}}
     assert "pipeline stages" in problem(client.post("/api/predict", json=deep_pp), 422)["detail"]
+
+
+def test_prediction_and_comparison_of_the_runs_config(client: httpx.Client, server: ServerThread) -> None:
+    r = client.get("/api/runs/seeded/prediction")
+    assert r.status_code == 200, r.text
+    assert r.json() == json.loads(predict(input_from_run_config(RUN_JSON)).model_dump_json())
+    cur = direct(server)
+    try:
+        own = compare(cur, "seeded")
+        assert own.config_source == "run" and own.schemes
+        assert client.get("/api/runs/seeded/comparison").json() == json.loads(own.model_dump_json())
+        what_if = client.post("/api/runs/seeded/comparison", json=PREDICT_INPUT).json()
+        assert what_if == json.loads(compare(cur, "seeded", PredictInput.model_validate(PREDICT_INPUT)).model_dump_json())
+        assert what_if["config_source"] == "supplied"
+        page = client.get("/api/runs/seeded/findings").json()
+        assert page["items"] == [json.loads(f.model_dump_json()) for f in findings(cur, "seeded", own.findings_input())]
+        client.post("/api/runs", json={"name": "bare"})
+        both = client.get("/api/compare", params={"runs": "seeded,bare"}).json()["runs"]
+        assert [(x["run"], x["strategy"], x["world_size"]) for x in both] == [("seeded", "dp2-tp2", 4), ("bare", None, None)]
+        assert both[0]["comparison"] == json.loads(own.model_dump_json())
+        assert both[1]["comparison"]["config_source"] == "none"
+    finally:
+        cur.close()
+    assert "no configuration" in problem(client.get("/api/runs/bare/prediction"), 409)["detail"]
+    problem(client.get("/api/compare", params={"runs": "seeded,ghost"}), 404)
+    problem(client.get("/api/compare", params={"runs": ",".join(f"r{i}" for i in range(9))}), 422)
+    problem(client.get("/api/compare", params={"runs": "seeded,seeded"}), 422)
+
+
+def test_promote_a_finding_to_review(client: httpx.Client) -> None:
+    found = {f["id"]: f for f in client.get("/api/runs/seeded/findings").json()["items"]}
+    f = found["small-messages:tp"]  # eight 64 KiB all_reduces per step on each tp group
+    r = client.post(f"/api/runs/seeded/findings/{f['id']}/review")
+    assert r.status_code == 201, r.text
+    item = r.json()
+    assert item["finding"] == f["id"] and f["title"] in item["body"] and f["suggestion"] in item["body"]
+    assert {k: v for k, v in item["anchor"].items() if v is not None} == {"view": "histograms", "scheme": "tp", "op": "all_reduce"}
+    assert "<table>" in item["body_html"]
+    problem(client.post(f"/api/runs/seeded/findings/{f['id']}/review"), 409)
+    assert client.get("/api/runs/seeded/review", params={"finding": f["id"]}).json()["total"] == 1
+    problem(client.post("/api/runs/seeded/findings/no-such/review"), 404)
 
 
 def test_topology_rows(client: httpx.Client) -> None:

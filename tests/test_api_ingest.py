@@ -13,6 +13,7 @@ from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread, wait_job
 from commlens.backend.attribution import attribution_summary
 from commlens.backend.bandwidth import bandwidth
+from commlens.backend.compare import compare
 from commlens.backend.findings import findings
 from commlens.backend.histograms import histogram
 from commlens.backend.iterations import assign_iterations
@@ -92,6 +93,7 @@ def test_analysis_endpoints_equal_direct_calls(ingested, client: httpx.Client, r
         same(client.get(f"/api/runs/{run}/iterations").json(), assign_iterations(cur, run).info)
         same(client.get(f"/api/runs/{run}/bandwidth").json(), bandwidth(cur, run))
         same(client.get(f"/api/runs/{run}/ranks").json(), rank_totals(cur, run))
+        same(client.get(f"/api/runs/{run}/comparison").json(), compare(cur, run))
         page = client.get(f"/api/runs/{run}/findings").json()
         assert page["items"] == [json.loads(f.model_dump_json()) for f in findings(cur, run)]
         for params in ({}, {"weight": "bytes"}, {"normalize": "false"}, {"op": "all_reduce"}, {"rank": 0},
@@ -137,17 +139,3 @@ def test_topology_rows_of_nccl_logs(ingested, client: httpx.Client) -> None:
         assert client.get("/api/runs/nccl-logs/topology/tuning").json()["total"] > 0  # nvidia-nccl-1595 has TUNING lines
     finally:
         cur.close()
-
-
-def test_promote_a_finding_to_review(client: httpx.Client) -> None:
-    found = client.get("/api/runs/hta-ddp/findings").json()["items"]
-    assert found, "the DDP trace has findings (small broadcasts)"
-    f = found[0]
-    r = client.post(f"/api/runs/hta-ddp/findings/{f['id']}/review")
-    assert r.status_code == 201, r.text
-    item = r.json()
-    assert item["finding"] == f["id"] and f["title"] in item["body"] and f["suggestion"] in item["body"]
-    assert item["anchor"]["scheme"] == f["view"].get("scheme")
-    assert client.post(f"/api/runs/hta-ddp/findings/{f['id']}/review").status_code == 409
-    assert client.get("/api/runs/hta-ddp/review", params={"finding": f["id"]}).json()["total"] == 1
-    assert client.post("/api/runs/hta-ddp/findings/no-such/review").status_code == 404

@@ -10,18 +10,21 @@ from fastapi import APIRouter, Path, Query
 
 from commlens.backend import attribution
 from commlens.backend.bandwidth import bandwidth
+from commlens.backend.compare import Comparison, compare
 from commlens.backend.findings import findings
 from commlens.backend.histograms import histogram
 from commlens.backend.iterations import UnknownRunError, assign_iterations, run_id_of
 from commlens.backend.models import AttributionSummary, BandwidthReport, Finding, GroupAttribution, Histogram, IterationInfo, RankTotals
 from commlens.backend.predict import Prediction, PredictInput, predict
+from commlens.backend.predict_harness import input_from_run_config
 from commlens.backend.ranks import rank_totals
 
 from .db import retry_conflicts, transaction
 from .deps import Cursor, Limit, Offset, Writer, next_offset
 from .errors import ApiError, problem_responses
-from .models import GroupOverride, Op, Page, ReviewItem, TopologyRows
+from .models import GroupOverride, Op, Page, ReviewItem, RunComparison, RunsComparison, TopologyRows
 from .review import create_item
+from .runs import config_kind
 
 router = APIRouter(tags=["analysis"])
 Scheme = Literal["dp", "tp", "pp", "cp", "ep", "other"]
@@ -109,8 +112,10 @@ def ranks(run: str, cur: Cursor) -> RankTotals:
 
 
 def _findings(cur: Cursor, run: str) -> list[Finding]:
+    """Findings, with the predicted-vs-measured checks when the run has a configuration (as `commlens report`)."""
+    comparison = run_compare(cur, run) if run_predict_input(cur, run) is not None else None
     with analysis_errors():
-        return findings(cur, run)
+        return findings(cur, run, comparison.findings_input() if comparison is not None else None)
 
 
 @router.get("/runs/{run}/findings", response_model=Page[Finding], responses=problem_responses(404),
@@ -166,6 +171,85 @@ def check_predict_size(inp: PredictInput) -> None:
     if p.pp * p.virtual_stages > MAX_PREDICT_STAGES:
         raise ApiError(422, f"pp x virtual_stages = {p.pp * p.virtual_stages}; the API lists at most {MAX_PREDICT_STAGES} "
                        "pipeline stages per prediction", "prediction-too-large")
+
+
+def run_predict_input(cur: Cursor, run: str) -> PredictInput | None:
+    """The predictor input of the run's stored config (a harness run.json or a PredictInput), if any."""
+    return _stored_config(cur, run)[0]
+
+
+def run_compare(cur: Cursor, run: str, supplied: PredictInput | None = None) -> Comparison:
+    """compare() with the run's own config: a harness run.json is read by compare itself (config_source
+    'run'); a stored predictor input is handed over (it cannot read one)."""
+    config, kind = _stored_config(cur, run)
+    if supplied is None and kind == "predict_input":
+        supplied = config
+    for c in (supplied, config):
+        if c is not None:
+            check_predict_size(c)
+    with analysis_errors():
+        return compare(cur, run, supplied)
+
+
+def _stored_config(cur: Cursor, run: str) -> tuple[PredictInput | None, str | None]:
+    import json
+
+    run_id_of(cur, run)
+    raw = cur.execute("SELECT config FROM runs WHERE name = ?", [run]).fetchone()[0]
+    config = json.loads(raw) if isinstance(raw, str) else raw
+    kind = config_kind(config if isinstance(config, dict) else None)
+    try:
+        if kind == "predict_input":
+            return PredictInput.model_validate(config), kind
+        if kind == "run_config":
+            return input_from_run_config(config), kind
+    except ValueError as exc:
+        raise ApiError(422, f"the run's stored config cannot be used for a prediction: {exc}", "invalid-config") from None
+    return None, kind
+
+
+@router.get("/runs/{run}/prediction", response_model=Prediction, responses=problem_responses(404, 409, 422),
+            summary="The analytical prediction for the run's own configuration")
+def run_prediction(run: str, cur: Cursor) -> Prediction:
+    config = run_predict_input(cur, run)
+    if config is None:
+        raise ApiError(409, f"run {run!r} has no configuration to predict from; PATCH /api/runs/{run} with a config "
+                       "(a harness run.json or a predictor input), or use POST /api/predict", "no-config")
+    check_predict_size(config)
+    with analysis_errors():
+        return predict(config)
+
+
+@router.get("/runs/{run}/comparison", response_model=Comparison, responses=problem_responses(404, 422),
+            summary="Predicted (from the run's config) against measured, per scheme and per (op, dtype, size)")
+def run_comparison(run: str, cur: Cursor) -> Comparison:
+    return run_compare(cur, run)
+
+
+@router.post("/runs/{run}/comparison", response_model=Comparison, responses=problem_responses(404, 422),
+             summary="What-if: a supplied configuration's prediction against the run's measurements")
+def run_comparison_with(run: str, body: PredictInput, cur: Cursor) -> Comparison:
+    return run_compare(cur, run, body)
+
+
+MAX_COMPARE_RUNS = 8
+
+
+@router.get("/compare", response_model=RunsComparison, responses=problem_responses(404, 422),
+            summary="Several runs side by side: each run's predicted-vs-measured comparison")
+def compare_runs(
+    cur: Cursor,
+    runs: Annotated[str, Query(max_length=2000, description="comma-separated run names, 1 to 8")],
+) -> RunsComparison:
+    names = [r.strip() for r in runs.split(",") if r.strip()]
+    if not 1 <= len(names) <= MAX_COMPARE_RUNS or len(set(names)) != len(names):
+        raise ApiError(422, f"runs must name 1 to {MAX_COMPARE_RUNS} different runs, comma-separated", "invalid-argument")
+    out = []
+    for name in names:
+        comparison = run_compare(cur, name)
+        row = cur.execute("SELECT strategy, world_size FROM runs WHERE name = ?", [name]).fetchone()
+        out.append(RunComparison(run=name, strategy=row[0], world_size=row[1], comparison=comparison))
+    return RunsComparison(runs=out)
 
 
 @router.post("/predict", response_model=Prediction, responses=problem_responses(422),

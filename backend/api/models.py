@@ -7,6 +7,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from commlens.backend.compare import Comparison
 from commlens.backend.models import Scheme
 
 T = TypeVar("T")
@@ -235,3 +236,17 @@ class TopologyRows(BaseModel):
     limit: int
     offset: int
     next_offset: int | None
+
+
+# ---------------------------------------------------------------------------------- comparison
+
+
+class RunComparison(BaseModel):
+    run: str
+    strategy: str | None
+    world_size: int | None
+    comparison: Comparison
+
+
+class RunsComparison(BaseModel):
+    runs: list[RunComparison]

@@ -20,8 +20,8 @@ from .config import HarnessConfig
 LABEL_PREFIX = "commlens:"
 
 # torch 2.13 renamed the tensor collectives (same c10d ops underneath: _allgather_base_, _reduce_scatter_base_).
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def label(dim: str, pg_name: str) -> str:
@@ -54,12 +54,12 @@ class Group:
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         """out (flat, size * inp.numel()) <- concatenation of every rank's inp, in group-rank order."""
         with record_function(self.tag):
-            _all_gather(out, inp, group=self.pg)
+            all_gather_flat(out, inp, group=self.pg)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         """out <- sum over ranks of chunk `self.rank` of inp (inp split into `size` equal chunks)."""
         with record_function(self.tag):
-            _reduce_scatter(out, inp, op=dist.ReduceOp.SUM, group=self.pg)
+            reduce_scatter_flat(out, inp, op=dist.ReduceOp.SUM, group=self.pg)
 
     def p2p(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> None:
         """Post the sends then the receives (group-rank peers) as one batch and wait for all of them.

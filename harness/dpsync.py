@@ -1,6 +1,6 @@
 """Gradient synchronisation over the dp group, one class per strategy.
 
-Each strategy owns the optimizer of its rank and exposes the same four hooks the schedules call:
+Each strategy owns the optimizer of its rank and exposes the three hooks the schedules call:
 `micro(index, last)` (context around one micro-batch's forward+backward when pp = 1),
 `after_backward()` (after each micro-batch's backward on this stage) and `finish()` (end of step:
 reductions, optimizer step, parameter all-gather, zeroing). README.md gives the exact calls.
@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.profiler import record_function
 
-from .comm import Group, Mesh, _all_gather, _reduce_scatter
+from .comm import Group, Mesh, all_gather_flat, reduce_scatter_flat
 from .model import Stage
 
 ADAMW = {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0}
@@ -235,7 +235,7 @@ class _LabelledAllGather:
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):  # noqa: ANN001, ANN204
         with record_function(self.group.tag):
-            return _all_gather(output_tensor, input_tensor, group=group, async_op=async_op)
+            return all_gather_flat(output_tensor, input_tensor, group=group, async_op=async_op)
 
 
 class _LabelledReduceScatter:
@@ -247,7 +247,7 @@ class _LabelledReduceScatter:
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # noqa: ANN001, ANN204
         with record_function(self.group.tag):
-            return _reduce_scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+            return reduce_scatter_flat(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
 
 
 def make_sync(stage: Stage, mesh: Mesh, lr: float, strategy: str, device_ids: list[int] | None) -> Sync:

@@ -306,6 +306,27 @@ def test_scheme_run(scheme, runs):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_harness_predictor_matches_the_traces(scheme, runs):
+    """The predictor (backend/predict_harness.py) reads run.json only; it must match every rank's trace."""
+    from commlens.backend.predict_harness import input_from_run_config, predict_harness
+
+    run = runs(scheme)
+    prediction = predict_harness(input_from_run_config(json.loads((run.out / "run.json").read_text())))
+    covered = []
+    for entry in prediction.stages:
+        expected: Counter = Counter()
+        for op in entry.ops:
+            expected[op.scheme, op.op, op.msg_bytes] += op.calls_per_iter
+        for r in entry.ranks:
+            covered.append(r)
+            _, per_step = trace_calls(run.out / f"trace.rank{r}.json.gz")
+            for step, calls in per_step.items():
+                assert calls == expected, f"rank {r} step {step}: trace {sorted(calls.items())} != prediction {sorted(expected.items())}"
+    assert sorted(covered) == list(range(run.cfg.world_size))
+
+
+@pytest.mark.slow
 def test_crashing_rank_ends_the_job_with_its_traceback(tmp_path):
     out = tmp_path / "crash"
     proc = subprocess.run(

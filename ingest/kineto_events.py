@@ -304,8 +304,16 @@ def build_calls(col: Collector, result: ParseResult) -> list[Call]:
             elif root.kind == "annot" and root.backend == "gloo" and not call.kernels:
                 gloo_workers.append(call)
             elif _call_op(call) is None:
-                result.skip("record_param_comms without collective metadata, outside any collective")
-                orphans.extend(call.kernels)
+                coll = root.args.get("Collective name")
+                if isinstance(coll, str) and call.kernels:
+                    # e.g. 'coalesced': the calls of a coalescing group are counted one by one
+                    result.skip(f"NCCL kernel of record_param_comms {coll!r}", len(call.kernels))
+                else:
+                    orphans.extend(call.kernels)
+                result.skip(
+                    f"record_param_comms {coll!r} (not a collective)" if isinstance(coll, str)
+                    else "record_param_comms without collective metadata, outside any collective"
+                )
             else:
                 calls.append(call)
     for k in orphans:

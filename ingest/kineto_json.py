@@ -34,7 +34,7 @@ import orjson
 from .records import ParseError
 
 BLOCK = 8 << 20  # bytes per read from the decompressed stream
-EXACT_BYTES = 4 << 20  # the first bytes of traceEvents are parsed in full
+EXACT_BYTES = 2 << 20  # the first bytes of traceEvents are parsed in full
 BATCH = 1 << 20  # exact-mode batch size
 RETAIN = 16 << 20  # fast mode proves a boundary near the scan head once this much is unproven
 _WS = b" \t\r\n"
@@ -317,7 +317,7 @@ class _Scanner:
                     raise self._truncated(_path(parts)) from None
                 pos -= self.win.more(pos)
         try:
-            return orjson.loads(memoryview(self.win.data)[pos:end]), end
+            return orjson.loads(self.win.data[pos:end]), end
         except orjson.JSONDecodeError as exc:
             raise self._json_error(exc, self.win.data[pos:end], pos, _path(parts)) from None
 
@@ -643,7 +643,7 @@ class _Scanner:
             if e is None:
                 break
             try:
-                value = orjson.loads(memoryview(data)[s : e.start() + 1])
+                value = orjson.loads(data[s : e.start() + 1])
             except orjson.JSONDecodeError:
                 continue
             if isinstance(value, dict) and data[e.end() - 1] != 0x5D:

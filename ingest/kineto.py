@@ -99,7 +99,9 @@ def _distributed_info(value: Any, result: ParseResult) -> tuple[dict[str, Any], 
     if not isinstance(value, dict):
         result.warn(f"distributedInfo is a {type(value).__name__}, not an object: ignored")
         return {}, "absent"
-    if not {"backend", "rank", "world_size"} <= value.keys():
+    missing = [k for k in ("backend", "rank", "world_size") if k not in value]
+    if missing:
+        result.warn(f"distributedInfo is partial: no {', '.join(missing)}")
         return value, "partial"
     if "nccl_version" in value:
         return value, "3"

@@ -224,6 +224,8 @@ def test_distributed_info_generations(data_dir: Path, con) -> None:
                    "distributed_info_not_found.json.gz": "absent", "nccl_data.json.gz": "3"}
     assert (src["control.json.gz"]["rank"], src["control.json.gz"]["world_size"]) == (3, 8)
     assert (src["rank_non_gpu.json.gz"]["rank"], src["rank_non_gpu.json.gz"]["world_size"]) == (0, None)
+    assert json.loads(src["rank_non_gpu.json.gz"]["warnings"]) == ["distributedInfo is partial: no backend, world_size"]
+    assert json.loads(src["control.json.gz"]["warnings"]) == []
     assert src["distributed_info_not_found.json.gz"]["rank"] is None
     assert "rank recorded as NULL" in json.loads(src["distributed_info_not_found.json.gz"]["warnings"])[0]
     nulls = con.execute(

@@ -18,6 +18,11 @@ They are grouped into calls like this:
    started before it (same input size when both are known) and gives the call its duration; when
    the trace has `c10d::*` ops, unmatched worker annotations belong to calls issued before the
    profiling window and are skipped.
+
+The process group of a call comes from record_param_comms / kernel metadata (`Process Group Name`,
+or `Process Group ID` / ranks matched against pg_config), else from an enclosing
+`commlens:<mesh dim>:<pg name>` range (the harness labels every collective so; gloo traces carry no
+group on their events), else from pg_config when it lists a single group. Otherwise it is NULL.
 """
 
 from __future__ import annotations
@@ -36,7 +41,11 @@ from .records import ParseResult
 EPS = 0.002  # µs; Kineto timestamps carry ns fractions
 
 # Names worth parsing. The byte pattern is what the fast scanner looks for; the str pattern decides.
-PREFIXES = r"nccl|c10d::|_c10d_functional::|c10d_functional::|gloo:|ucc:|mpi:|xccl:|record_param_comms|ProfilerStep#"
+PREFIXES = (
+    r"nccl|c10d::|_c10d_functional::|c10d_functional::|gloo:|ucc:|mpi:|xccl:|record_param_comms|ProfilerStep#"
+    r"|commlens:"
+)
+LABEL_PREFIX = "commlens:"  # the harness's ranges: commlens:<mesh dim>:<pg name> around each collective
 LAUNCH_PREFIXES = r"cu\w*Launch|hip\w*Launch"
 _WANTED = re.compile(PREFIXES + "|" + LAUNCH_PREFIXES)
 STYLE_SAMPLE = 16  # launches looked at to tell how kernels link to CPU ops
@@ -93,6 +102,18 @@ class Kernel:
     args: dict[str, Any]
 
 
+@dataclass(slots=True)
+class Label:
+    """A `commlens:<dim>:<pg name>` range: the calls inside it are on that group."""
+
+    pid: Any
+    tid: Any
+    ts: float
+    dur: float
+    dim: str
+    pg: str
+
+
 @dataclass
 class Call:
     root: CpuEv | None
@@ -100,6 +121,7 @@ class Call:
     kernels: list[Kernel] = field(default_factory=list)
     worker: CpuEv | None = None  # the gloo worker annotation that ran it
     issue_ts: float = 0.0
+    label: Label | None = None
 
 
 @dataclass
@@ -127,6 +149,7 @@ class Collector:
         self.kernels: list[Kernel] = []
         self.launches: dict[Any, tuple[Any, Any, float]] = {}
         self.steps: dict[int, tuple[float, float]] = {}
+        self.labels: list[Label] = []
         self.skipped: dict[str, int] = defaultdict(int)
         # How kernels point at their CPU op: "external_id" (newer Kineto: kernels and launches carry
         # the launching op's External id) or "correlation" (older: both carry the CUDA correlation
@@ -175,6 +198,11 @@ class Collector:
             return
         cat = ev.get("cat") or ""
         dur = _num(ev.get("dur")) or 0.0
+        if name.startswith(LABEL_PREFIX):
+            parts = name.split(":", 2)
+            if len(parts) == 3 and parts[1] and parts[2] and not cat.startswith("gpu"):
+                self.labels.append(Label(ev.get("pid"), ev.get("tid"), ts, dur, parts[1], parts[2]))
+            return
         if name.startswith("ProfilerStep#"):
             m = _STEP.match(name)
             if m and not cat.startswith("gpu"):
@@ -332,8 +360,32 @@ def build_calls(col: Collector, result: ParseResult) -> list[Call]:
                 result.skip("gloo work annotation whose c10d op is not in the trace (issued before the window)", len(unmatched))
         else:
             calls.extend(unmatched)
+    _attach_labels(calls, col.labels)
     calls.sort(key=lambda c: c.issue_ts)
     return calls
+
+
+def _attach_labels(calls: list[Call], labels: list[Label]) -> None:
+    """Each call issued inside a commlens:<dim>:<pg> range (same thread) is on that group."""
+    if not labels:
+        return
+    by_thread: dict[tuple[Any, Any], list[Label]] = defaultdict(list)
+    for lab in labels:
+        by_thread[(lab.pid, lab.tid)].append(lab)
+    index = {}
+    for key, labs in by_thread.items():
+        labs.sort(key=lambda x: x.ts)
+        index[key] = ([x.ts for x in labs], labs)
+    for call in calls:
+        root = call.root
+        if root is None or (root.pid, root.tid) not in index:
+            continue
+        starts, labs = index[(root.pid, root.tid)]
+        i = bisect.bisect_right(starts, root.ts + EPS) - 1
+        for j in range(i, max(i - 4, -1), -1):
+            if labs[j].ts - EPS <= root.ts <= labs[j].ts + labs[j].dur + EPS:
+                call.label = labs[j]
+                break
 
 
 def _containing(starts: list[float], calls: list[Call], ts: float) -> Call | None:
@@ -523,6 +575,7 @@ class GroupInfo:
     ranks: list[int] | None = None
     name: str | None = None
     desc: str | None = None
+    mesh_dim: str | None = None
 
 
 def parse_ranks(value: Any) -> list[int] | None:
@@ -638,6 +691,16 @@ def call_row(call: Call, ctx: TraceContext, result: ParseResult, gen: dict[str, 
     gsize = size.group_size or group.size
     if gsize is None:
         gsize = _derived_group_size(op, size)
+    if call.label is not None:
+        lab = call.label
+        if group.key is None:
+            info = ctx.groups.get(lab.pg, {})
+            group = GroupInfo(key=f"pg:{lab.pg}", size=info.get("size"), ranks=info.get("ranks"), name=lab.pg)
+            gsize = gsize or group.size
+        elif group.name != lab.pg:
+            result.warn(f"a call labelled commlens:{lab.dim}:{lab.pg} names process group {group.name!r}: using the latter")
+        if group.key == f"pg:{lab.pg}":
+            group.mesh_dim = lab.dim
     if group.key is None and ctx.complete_groups and len(ctx.groups) == 1:
         (only,) = ctx.groups
         group = GroupInfo(key=f"pg:{only}", size=ctx.groups[only].get("size"), ranks=ctx.groups[only].get("ranks"), name=only)
@@ -660,7 +723,7 @@ def call_row(call: Call, ctx: TraceContext, result: ParseResult, gen: dict[str, 
     if group.key is not None:
         result.groups.append(
             {"group_key": group.key, "name": group.name, "description": group.desc, "ranks": group.ranks,
-             "size": group.size or gsize, "origin": "event"}
+             "size": group.size or gsize, "origin": "event", "mesh_dim": group.mesh_dim}
         )
     return {
         "op": op,

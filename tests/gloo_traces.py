@@ -37,6 +37,7 @@ class Expected:
     ranks: tuple[int, ...] | None = None  # the ranks that make the call (None: every rank)
     peer: dict[int, int] | None = None  # send/recv: rank -> global peer
     sized_on: tuple[int, ...] | None = None  # ranks whose trace records the dtype (None: every rank)
+    group_key: str | None = None  # known only where a commlens:<dim>:<pg> range labels the call
 
 
 def expected_calls(world: int) -> list[Expected]:
@@ -44,11 +45,11 @@ def expected_calls(world: int) -> list[Expected]:
     w = world
     return [
         Expected("all_reduce", "all_reduce", "float32", 1000 * 4),
-        Expected("all_reduce async on a subgroup", "all_reduce", "float64", 500 * 8),
+        Expected("all_reduce async on a subgroup, labelled", "all_reduce", "float64", 500 * 8, group_key="pg:1"),
         Expected("all_gather_into_tensor", "all_gather", "bfloat16", w * 300 * 2),
         Expected("all_gather (list)", "all_gather", "int64", w * 50 * 8),
         Expected("reduce_scatter_tensor", "reduce_scatter", "float32", w * 200 * 4),
-        Expected("broadcast on a subgroup", "broadcast", "float64", 77 * 8),
+        Expected("broadcast on a subgroup, labelled", "broadcast", "float64", 77 * 8, group_key="pg:1"),
         Expected("all_to_all_single", "all_to_all", "float32", w * 40 * 4),
         Expected("reduce", "reduce", "float32", 10 * 4),
         Expected("gather", "gather", "float32", w * 5 * 4),
@@ -67,14 +68,19 @@ def _step(rank: int, world: int, sub) -> None:  # noqa: ANN001 - a ProcessGroup
     import torch
     import torch.distributed as dist
     import torch.distributed._functional_collectives as fc
+    from torch.profiler import record_function
 
     w = world
+    tag = f"commlens:dp:{sub.group_name}"  # the harness's label: the range ties the calls to their group
     dist.all_reduce(torch.ones(1000, dtype=torch.float32))
-    dist.all_reduce(torch.ones(500, dtype=torch.float64), group=sub, async_op=True).wait()
+    with record_function(tag):
+        work = dist.all_reduce(torch.ones(500, dtype=torch.float64), group=sub, async_op=True)
+    work.wait()
     dist.all_gather_into_tensor(torch.empty(w * 300, dtype=torch.bfloat16), torch.ones(300, dtype=torch.bfloat16))
     dist.all_gather([torch.empty(50, dtype=torch.int64) for _ in range(w)], torch.ones(50, dtype=torch.int64))
     dist.reduce_scatter_tensor(torch.empty(200), torch.ones(w * 200))
-    dist.broadcast(torch.ones(77, dtype=torch.float64), src=0, group=sub)
+    with record_function(tag):
+        dist.broadcast(torch.ones(77, dtype=torch.float64), src=0, group=sub)
     dist.all_to_all_single(torch.empty(w * 40), torch.ones(w * 40))
     dist.reduce(torch.ones(10), dst=0)
     dist.gather(torch.ones(5), [torch.empty(5) for _ in range(w)] if rank == 0 else None, dst=0)

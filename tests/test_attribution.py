@@ -287,3 +287,19 @@ def test_harness_run_histogram_per_scheme_equals_prediction(harness_run):
         key = (o.scheme, o.op, 1 << (o.msg_bytes.bit_length() - 1))
         expected[key] = expected.get(key, 0) + o.calls_per_iter
     assert measured == expected
+
+
+def test_real_kineto_ddp_default_pg_is_dp(con, data_dir):
+    ingest_real(con, data_dir / "kineto-hta" / "nccl_parser_config" / "nccl_data.json.gz", "resnet")
+    [g] = attribute_run(con, "resnet")
+    assert (g.group_key, g.description, g.scheme, g.source) == ("pg:0", "default_pg", "dp", "structure")
+    assert "'default_pg'" in g.reason and "30.0 MiB" in g.reason and g.calls == 21
+    assert attribution_summary(con, "resnet").events_by_scheme == {"dp": 21}
+
+
+def test_real_kineto_without_group_metadata_counts_unattributed(con, data_dir):
+    # 2023 DLRM traces: no record_param_comms metadata, so no process group on any call.
+    ingest_real(con, data_dir / "kineto-param" / "dlrm_kineto.tar.gz", "dlrm")
+    assert attribute_run(con, "dlrm") == []
+    summary = attribution_summary(con, "dlrm")
+    assert summary.unattributed_events == 64 and summary.events_by_scheme == {"unattributed": 64}

@@ -267,3 +267,36 @@ def test_real_nccl_log_has_no_bandwidth(con, data_dir):
     assert report.calls_with_duration == 0 and report.excluded == {"no measured duration": 4}
     # All four calls are 27-28 MiB: no small-message finding, no busbw finding.
     assert not [f for f in findings(con, "ray") if f.id.startswith(("small-messages", "low-busbw"))]
+
+
+def test_real_kineto_ddp_bandwidth_from_kernel_durations(con, data_dir):
+    from statistics import median
+
+    from commlens.ingest.pipeline import ingest_paths
+
+    assert not ingest_paths(con, [data_dir / "kineto-hta" / "nccl_parser_config" / "nccl_data.json.gz"], "resnet").failed
+    attribute_run(con, "resnet")
+    report = bandwidth(con, "resnet")
+    assert report.calls_with_duration == 21 and report.excluded == {}
+    rows = con.execute("SELECT op, msg_bytes, dur_us, group_size FROM comms WHERE run = 'resnet'").fetchall()
+    assert {r[3] for r in rows} == {2}  # 2 ranks: all_reduce factor 2(n-1)/n = 1, broadcast 1
+    by_bin: dict = {}
+    for op, size, dur, _ in rows:
+        by_bin.setdefault((op, size.bit_length() - 1), []).append(size / dur / 1e3)
+    assert {(b.op, b.bin.k): b.median_busbw_gbps for b in report.bins} == pytest.approx(
+        {key: median(v) for key, v in by_bin.items()})
+    for call in call_bandwidth(con, "resnet"):
+        assert call.busbw_gbps == pytest.approx(call.algbw_gbps) and call.busbw_factor == 1.0
+    ar = next(o for o in report.ops if o.op == "all_reduce")
+    assert ar.best_bin == "16 MiB-32 MiB" and ar.half_bw_bytes == 16 * MiB and ar.latency_bound_calls == 6
+    # DDP over 2 ranks with 25 MiB buckets: no finding is warranted (the 4-16 MiB buckets sit below the
+    # measured half-bandwidth size, but that is above the 1 MiB cap: overlap, not latency).
+    assert findings(con, "resnet") == []
+
+
+def test_real_kineto_without_group_size_has_no_busbw(con, data_dir):
+    from commlens.ingest.pipeline import ingest_paths
+
+    assert not ingest_paths(con, [data_dir / "kineto-param" / "dlrm_kineto.tar.gz"], "dlrm").failed
+    report = bandwidth(con, "dlrm")
+    assert report.calls_with_duration == 0 and report.excluded == {"group size unknown": 64}

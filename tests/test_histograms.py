@@ -222,3 +222,27 @@ def test_real_nccl_log_with_period_and_int8_bins(con, data_dir):
     gathers = histogram(con, "hang", op="all_gather", normalize=False)
     assert [s.dtype for s in gathers.series] == ["int8"]
     assert series(gathers, "all_gather") == {"32 KiB-64 KiB": 1, "128 MiB-256 MiB": 1}
+
+
+def test_real_kineto_ddp_buckets_per_iteration(con, data_dir):
+    ingest_real(con, data_dir / "kineto-hta" / "nccl_parser_config" / "nccl_data.json.gz", "resnet")
+    attribute_run(con, "resnet")
+    h = histogram(con, "resnet")
+    assert h.iterations.mode == "steps" and h.iterations.iterations == {"0": 3} and h.excluded == {}
+    assert series(h, "all_reduce", "dp") == {"4 MiB-8 MiB": 1.0, "8 MiB-16 MiB": 1.0, "16 MiB-32 MiB": 3.0}
+    assert {s.dtype: s.total_calls for s in h.series if s.op == "broadcast"} == {"float32": 1.0, "int64": 1.0}
+    hb = histogram(con, "resnet", weight="bytes", op="all_reduce")
+    # Five buckets per iteration carry every ResNet-50 gradient: 25,557,032 float32 parameters.
+    assert hb.series[0].total_bytes == 25_557_032 * 4
+
+
+def test_real_kineto_dlrm_eight_ranks(con, data_dir):
+    ingest_real(con, data_dir / "kineto-param" / "dlrm_kineto.tar.gz", "dlrm")
+    h = histogram(con, "dlrm")
+    assert h.n_ranks == 8 and h.iterations.iterations == {str(r): 1 for r in range(8)}
+    totals = {(s.op, s.dtype): s.total_calls for s in h.series}
+    assert totals == {("all_reduce", "float32"): 3.0, ("all_to_all", "float32"): 2.0, ("all_to_all", "int32"): 2.0,
+                      ("all_to_all", "int64"): 1.0}
+    assert h.unattributed_events == 64 and {s.scheme for s in h.series} == {None}
+    # Every rank issues the same calls: rank 5 alone gives the same histogram.
+    assert {(s.op, s.dtype): s.total_calls for s in histogram(con, "dlrm", rank=5).series} == totals

@@ -269,17 +269,21 @@ def test_gloo_every_collective_exactly_once(gloo_traces: list[Path], con) -> Non
         want = Counter()
         for e in expected:
             sized = e.sized_on is None or rank in e.sized_on
-            key = (e.op, e.dtype if sized else None, e.msg_bytes if sized else None, e.peer.get(rank) if e.peer else None)
+            key = (e.op, e.dtype if sized else None, e.msg_bytes if sized else None, e.peer.get(rank) if e.peer else None,
+                   e.group_key)
             want[key] += gloo.ACTIVE
-        got = Counter((r["op"], r["dtype"], r["msg_bytes"], r["peer"]) for r in rows)
+        # two groups in pg_config and no group on gloo events: only labelled calls get a group_key
+        got = Counter((r["op"], r["dtype"], r["msg_bytes"], r["peer"], r["group_key"]) for r in rows)
         assert got == want, rank
         assert len(rows) == gloo.ACTIVE * len(expected)  # nothing counted twice (op + gloo:* annotations)
         assert Counter(r["step"] for r in rows) == {s: len(expected) for s in range(1, gloo.ACTIVE + 1)}
         assert {r["dur_source"] for r in rows} == {"cpu_op"} and all(r["dur_us"] > 0 for r in rows)
         assert {r["group_size"] for r in rows} == {world}
-    groups = _rows(con, "SELECT group_key, ranks, origin, description FROM process_groups ORDER BY group_key")
-    assert groups == [{"group_key": "pg:0", "ranks": [0, 1], "origin": "pg_config", "description": "default_pg"},
-                      {"group_key": "pg:1", "ranks": [0, 1], "origin": "pg_config", "description": "undefined"}]
+    groups = _rows(con, "SELECT group_key, ranks, origin, description, mesh_dim FROM process_groups ORDER BY group_key")
+    assert groups == [
+        {"group_key": "pg:0", "ranks": [0, 1], "origin": "pg_config", "description": "default_pg", "mesh_dim": None},
+        {"group_key": "pg:1", "ranks": [0, 1], "origin": "pg_config", "description": "undefined", "mesh_dim": "dp"},
+    ]
 
 
 def test_gloo_elements_and_durations(gloo_traces: list[Path]) -> None:

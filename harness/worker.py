@@ -82,6 +82,8 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
     s_local = cfg.seq_len // cfg.tp if cfg.sp else cfg.seq_len
     runner = StepRunner(stage, sync, mesh.group("pp"), cfg.micro_batches, cfg.schedule,
                         (cfg.micro_batch_size, s_local, cfg.hidden), dtype, device)
+    for group in mesh.groups.values():  # create every communicator now, not inside a step (NCCL is lazy)
+        dist.barrier(group=group.pg)
     reporter = coords["pp"] == cfg.pp - 1 and coords["dp"] == 0 and coords["tp"] == 0
     losses: list[float] = []
     seconds: list[float] = []

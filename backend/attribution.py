@@ -155,7 +155,10 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, _Group]:
 
 def _world_size(con: duckdb.DuckDBPyConnection, run_id: int, groups: dict[str, _Group]) -> int | None:
     row = con.execute(
-        "SELECT r.world_size, (SELECT max(rank) + 1 FROM comm_events WHERE run_id = r.run_id) FROM runs r WHERE run_id = ?",
+        """
+        SELECT r.world_size, (SELECT max(rank) + 1 FROM comm_events WHERE run_id = r.run_id)
+        FROM runs r WHERE run_id = ?
+        """,
         [run_id],
     ).fetchall()[0]
     candidates = [row[0], row[1], *(g.n for g in groups.values())]
@@ -208,17 +211,21 @@ def _config_label(g: _Group, config: dict[str, Any] | None, world: int | None) -
             return _dim_verdict(str(cg.get("dim")), config, world, g, "run.json group with the same ranks", 0.98)
     mesh = _mesh_groups(list(config.get("mesh_dims") or []), [int(x) for x in config.get("mesh_shape") or []])
     if ranks in mesh:
-        return _dim_verdict(mesh[ranks], config, world, g, "run.json mesh_dims x mesh_shape (row-major, as DeviceMesh)", 0.9)
+        where = "run.json mesh_dims x mesh_shape (row-major, as DeviceMesh)"
+        return _dim_verdict(mesh[ranks], config, world, g, where, 0.9)
     return None
 
 
-def _dim_verdict(dim: str, config: dict[str, Any] | None, world: int | None, g: _Group, where: str, conf: float) -> _Verdict:
+def _dim_verdict(
+    dim: str, config: dict[str, Any] | None, world: int | None, g: _Group, where: str, conf: float
+) -> _Verdict:
     scheme = scheme_of_dim(dim)
     if scheme is not None:
         return _Verdict(scheme, "label", f"{where}: dimension '{dim}'", conf)
     parallel = (config or {}).get("parallel") or {}
     if dim.lower() in ("world", "default", "global") and world and parallel.get("dp") == world and g.n == world:
-        return _Verdict("dp", "label", f"{where}: the world group, and the run config has parallel.dp = {world} = world size", conf)
+        return _Verdict("dp", "label",
+                        f"{where}: the world group, and the run config has parallel.dp = {world} = world size", conf)
     return _Verdict("other", "label", f"{where}: dimension '{dim}' is not one parallelism scheme", conf)
 
 
@@ -306,28 +313,70 @@ def _world_verdict(g: _Group, others_with_collectives: int, config: dict[str, An
     parallel = (config or {}).get("parallel") or {}
     if parallel.get("dp") == world and world > 1:
         return _Verdict("dp", "label", f"world group; the run config has parallel.dp = {world} = world size", 0.95)
-    desc = f"'{g.description}' " if g.description else ""
+    desc = f"world group '{g.description}'" if g.description else "world group"
     if others_with_collectives:
-        return _Verdict("other", "structure", f"world group {desc}next to {others_with_collectives} sub-group(s) with "
-                        "collectives: it carries setup and cross-scheme traffic, not one dimension", 0.5)
+        return _Verdict("other", "structure",
+                        f"{desc} next to {others_with_collectives} sub-group(s) with collectives: it carries setup "
+                        "and cross-scheme traffic, not one dimension", 0.5)
     ar_bytes, ar_max = g.op_bytes.get("all_reduce", 0), g.op_max.get("all_reduce", 0)
     a2a = g.op_bytes.get("all_to_all", 0)
     ar_share, a2a_share = _share(ar_bytes, g.bytes), _share(a2a, g.bytes)
     if ar_bytes and a2a_share >= 0.1:
-        return _Verdict("other", "structure", f"world group {desc}is the only group with collectives but mixes all_reduce "
-                        f"({ar_share:.0%} of bytes, data-parallel-like) and all_to_all ({a2a_share:.0%}, model-parallel "
-                        "exchange as in embedding or expert layers): one group serves two schemes; set an override "
-                        "if one of them is what you want to see", 0.3)
+        return _Verdict("other", "structure",
+                        f"{desc} is the only group with collectives but mixes all_reduce ({ar_share:.0%} of bytes, "
+                        f"data-parallel-like) and all_to_all ({a2a_share:.0%}, model-parallel exchange as in "
+                        "embedding or expert layers): one group serves two schemes; set an override if one of "
+                        "them is what you want to see", 0.3)
     if ar_share >= 0.9 and ar_max >= MiB:
-        return _Verdict("dp", "structure", f"world group {desc}is the only group with collectives; {ar_share:.0%} of its "
-                        f"bytes are all_reduce with calls up to {ar_max / MiB:.1f} MiB (gradient-bucket sized): "
-                        "data-parallel gradient synchronisation", 0.75)
+        return _Verdict("dp", "structure",
+                        f"{desc} is the only group with collectives; {ar_share:.0%} of its bytes are all_reduce "
+                        f"with calls up to {ar_max / MiB:.1f} MiB (gradient-bucket sized): data-parallel gradient "
+                        "synchronisation", 0.75)
     if a2a_share >= 0.5:
-        return _Verdict("ep", "structure", f"world group {desc}does mostly all_to_all ({a2a_share:.0%} of bytes); "
-                        "expert parallelism uses all_to_all, but so do Ulysses context parallelism and embedding "
-                        "exchange: weak evidence", 0.3)
-    return _Verdict("other", "structure", f"world group {desc}without gradient-sized all_reduce (largest all_reduce "
-                    f"{ar_max} B, {ar_share:.0%} of {g.bytes} B): setup or small traffic", 0.4)
+        return _Verdict("ep", "structure",
+                        f"{desc} does mostly all_to_all ({a2a_share:.0%} of bytes); {_A2A_WEAK}", 0.3)
+    return _Verdict("other", "structure",
+                    f"{desc} without gradient-sized all_reduce (largest all_reduce {ar_max} B, {ar_share:.0%} "
+                    f"of {g.bytes} B): setup or small traffic", 0.4)
+
+
+_A2A_WEAK = ("expert parallelism uses all_to_all, but so do Ulysses context parallelism and embedding exchange: "
+             "weak evidence")
+
+
+def _layout_verdict(g: _Group, s: int | None, distinct: list[int], has_pp: bool) -> _Verdict:
+    """A collective sub-group from its rank layout among the layouts of all collective sub-groups."""
+    ops = ", ".join(f"{op} x{n}" for op, n in sorted(g.op_calls.items()))
+    where = f"stride {s}, ranks {g.ranks}; {ops}"
+    several = f"among {len(distinct)} group layouts with collectives"
+    if g.ranks is None:
+        return _Verdict("other", "unknown",
+                        f"collectives ({ops}) on a group whose global ranks are unknown: no layout to reason from", 0.0)
+    if s is None:
+        return _Verdict("other", "unknown", f"irregular rank layout {g.ranks} ({ops})", 0.0)
+    if len(distinct) >= 2 and s == distinct[0]:
+        return _Verdict("tp", "structure",
+                        f"contiguous-most layout ({where}) {several}: Megatron and DeviceMesh put tp innermost so "
+                        "it stays within a node; layout convention, not a label", 0.5)
+    if len(distinct) >= 2 and s == distinct[-1]:
+        return _Verdict("dp", "structure",
+                        f"widest-stride layout ({where}) {several}: data parallelism spans the outer mesh "
+                        "dimension; layout convention, not a label", 0.5)
+    if len(distinct) >= 2:
+        return _Verdict("other", "unknown",
+                        f"stride {s} lies between the tp-like ({distinct[0]}) and dp-like ({distinct[-1]}) layouts; "
+                        "by Megatron's order this is cp or ep, which the layout cannot decide", 0.0)
+    if s > 1:
+        return _Verdict("dp", "structure",
+                        f"the only layout with collectives is strided ({where}): an outer mesh dimension, as data "
+                        "parallelism usually is", 0.4)
+    if has_pp:
+        return _Verdict("tp", "structure",
+                        f"contiguous blocks ({where}) next to pipeline groups: the inner dimension of a tp x pp "
+                        "layout", 0.4)
+    return _Verdict("other", "unknown",
+                    f"one family of contiguous rank blocks ({where}): tp and dp cannot be told apart by layout alone",
+                    0.0)
 
 
 def _structure(groups: list[_Group], world: int | None, config: dict[str, Any] | None) -> dict[str, _Verdict]:
@@ -343,47 +392,19 @@ def _structure(groups: list[_Group], world: int | None, config: dict[str, Any] |
         elif world and g.n == world and world > 1:
             continue  # decided below, once the sub-groups are known
         elif _share(g.op_calls.get("all_to_all", 0), g.calls) >= 0.5:
-            out[g.key] = _Verdict("ep", "structure", f"mostly all_to_all ({g.op_calls['all_to_all']} of {g.calls} calls): "
-                                  "expert parallelism uses all_to_all, but so do Ulysses context parallelism and "
-                                  "embedding exchange: weak evidence", 0.3)
+            n_a2a = g.op_calls["all_to_all"]
+            reason = f"mostly all_to_all ({n_a2a} of {g.calls} calls): {_A2A_WEAK}"
+            out[g.key] = _Verdict("ep", "structure", reason, 0.3)
         else:
             collective.append(g)
-    world_groups = [g for g in groups if g.key not in out and g not in collective]
-    for g in world_groups:
-        out[g.key] = _world_verdict(g, len(collective), config, world or g.n)
-
+    for g in groups:
+        if g.key not in out and g not in collective:  # world groups
+            out[g.key] = _world_verdict(g, len(collective), config, world or g.n)
     strides = {g.key: layout_stride(g.ranks) for g in collective}
     distinct = sorted({s for s in strides.values() if s is not None})
     has_pp = any(v.scheme == "pp" for v in out.values())
     for g in collective:
-        s = strides[g.key]
-        ops = ", ".join(f"{op} x{n}" for op, n in sorted(g.op_calls.items()))
-        if g.ranks is None:
-            out[g.key] = _Verdict("other", "unknown", f"collectives ({ops}) on a group whose global ranks are unknown: "
-                                  "no layout to reason from", 0.0)
-        elif s is None:
-            out[g.key] = _Verdict("other", "unknown", f"irregular rank layout {g.ranks} ({ops})", 0.0)
-        elif len(distinct) >= 2 and s == distinct[0]:
-            out[g.key] = _Verdict("tp", "structure", f"contiguous-most layout (stride {s}, ranks {g.ranks}) among "
-                                  f"{len(distinct)} group layouts with collectives ({ops}): Megatron and DeviceMesh put "
-                                  "tp innermost so it stays within a node; layout convention, not a label", 0.5)
-        elif len(distinct) >= 2 and s == distinct[-1]:
-            out[g.key] = _Verdict("dp", "structure", f"widest-stride layout (stride {s}, ranks {g.ranks}) among "
-                                  f"{len(distinct)} group layouts with collectives ({ops}): data parallelism spans the "
-                                  "outer mesh dimension; layout convention, not a label", 0.5)
-        elif len(distinct) >= 2:
-            out[g.key] = _Verdict("other", "unknown", f"stride {s} lies between the tp-like ({distinct[0]}) and dp-like "
-                                  f"({distinct[-1]}) layouts; by Megatron's order this is cp or ep, which the layout "
-                                  "cannot decide", 0.0)
-        elif s > 1:
-            out[g.key] = _Verdict("dp", "structure", f"the only layout with collectives is strided (stride {s}, ranks "
-                                  f"{g.ranks}; {ops}): an outer mesh dimension, as data parallelism usually is", 0.4)
-        elif has_pp:
-            out[g.key] = _Verdict("tp", "structure", f"contiguous blocks (ranks {g.ranks}; {ops}) next to pipeline "
-                                  "groups: the inner dimension of a tp x pp layout", 0.4)
-        else:
-            out[g.key] = _Verdict("other", "unknown", f"one family of contiguous rank blocks ({g.ranks}; {ops}): "
-                                  "tp and dp cannot be told apart by layout alone", 0.0)
+        out[g.key] = _layout_verdict(g, strides[g.key], distinct, has_pp)
     return out
 
 
@@ -449,14 +470,18 @@ def attribute_run(con: duckdb.DuckDBPyConnection, run: str) -> list[GroupAttribu
     return [_result(g) for g in groups.values()]
 
 
-def set_override(con: duckdb.DuckDBPyConnection, run: str, group_key: str, scheme: str, reason: str) -> GroupAttribution:
+def set_override(
+    con: duckdb.DuckDBPyConnection, run: str, group_key: str, scheme: str, reason: str
+) -> GroupAttribution:
     """Pin a group's scheme; attribute_run never overwrites it."""
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {', '.join(SCHEMES)}, not {scheme!r}")
     if not reason or not reason.strip():
         raise ValueError("an override needs a reason (what you know that the traces do not say)")
     run_id = run_id_of(con, run)
-    known = con.execute("SELECT count(*) FROM process_groups WHERE run_id = ? AND group_key = ?", [run_id, group_key]).fetchall()[0][0]
+    known = con.execute(
+        "SELECT count(*) FROM process_groups WHERE run_id = ? AND group_key = ?", [run_id, group_key]
+    ).fetchall()[0][0]
     if not known:
         size = con.execute(
             "SELECT count(*), max(group_size) FROM comm_events WHERE run_id = ? AND group_key = ?", [run_id, group_key]
@@ -479,7 +504,10 @@ def clear_override(con: duckdb.DuckDBPyConnection, run: str, group_key: str) -> 
     """Drop a user's override and attribute the run again from its evidence."""
     run_id = run_id_of(con, run)
     con.execute(
-        "UPDATE process_groups SET scheme_source = NULL WHERE run_id = ? AND group_key = ? AND scheme_source = 'override'",
+        """
+        UPDATE process_groups SET scheme_source = NULL
+        WHERE run_id = ? AND group_key = ? AND scheme_source = 'override'
+        """,
         [run_id, group_key],
     )
     return attribute_run(con, run)
@@ -491,7 +519,8 @@ def attribution_summary(con: duckdb.DuckDBPyConnection, run: str) -> Attribution
     rows = con.execute(
         """
         SELECT g.group_key, g.name, g.description, g.ranks, g.size, g.scheme, g.scheme_source, g.scheme_reason,
-               g.scheme_confidence, (SELECT count(*) FROM comm_events e WHERE e.run_id = g.run_id AND e.group_key = g.group_key)
+               g.scheme_confidence,
+               (SELECT count(*) FROM comm_events e WHERE e.run_id = g.run_id AND e.group_key = g.group_key)
         FROM process_groups g WHERE g.run_id = ? ORDER BY g.group_key
         """,
         [run_id],

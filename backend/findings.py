@@ -111,7 +111,10 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
         if call_share < SMALL_CALL_SHARE and (time_share is None or time_share < SMALL_TIME_SHARE):
             continue
         if time_share is not None:
-            severity = "high" if time_share >= 0.3 else "medium" if time_share >= SMALL_TIME_SHARE or call_share >= 0.5 else "low"
+            if time_share >= 0.3:
+                severity = "high"
+            else:
+                severity = "medium" if time_share >= SMALL_TIME_SHARE or call_share >= 0.5 else "low"
             impact = (small_time or 0.0) / run_time if run_time else 0.0
         else:
             severity = "medium" if call_share >= 0.5 else "low"
@@ -143,7 +146,8 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
 def _pp_chain_ratio(con: duckdb.DuckDBPyConnection, run_id: int) -> float:
     """Expected max/mean of per-rank pp bytes for a pipeline chain: the end stages talk to one
     neighbour, interior stages to two, so p stages give p / (p - 1)."""
-    p = con.execute("SELECT max(size) FROM process_groups WHERE run_id = ? AND scheme = 'pp'", [run_id]).fetchall()[0][0]
+    sql = "SELECT max(size) FROM process_groups WHERE run_id = ? AND scheme = 'pp'"
+    p = con.execute(sql, [run_id]).fetchall()[0][0]
     return p / (p - 1) if p and p > 2 else 1.0
 
 
@@ -176,12 +180,12 @@ def _imbalance(con: duckdb.DuckDBPyConnection, run_id: int, totals: RankTotals) 
                           "sharding or bucket assignment, pipeline stages with unequal layer counts, or skewed expert "
                           "routing; balance the work so no rank carries more traffic than its peers.")
         else:
-            suggestion = (f"Rank {imb.max_rank} spends {imb.max_over_mean:.2f}x the mean {what} in {name}. Time in "
-                          "a collective includes waiting for the slowest peer: look for a straggler (compute imbalance, "
-                          "data loading) or a slower link for that rank on the topology page.")
+            suggestion = (f"Rank {imb.max_rank} spends {imb.max_over_mean:.2f}x the mean {what} in {name}. Time "
+                          "in a collective includes waiting for the slowest peer: look for a straggler (compute "
+                          "imbalance, data loading) or a slower link for that rank on the topology page.")
+        title = f"{name}: uneven {what} across ranks (max/mean {imb.max_over_mean:.2f}, rank {imb.max_rank})"
         out.append(Finding(
-            id=f"imbalance:{name}:{imb.metric}", title=f"{name}: uneven {what} across ranks "
-            f"(max/mean {imb.max_over_mean:.2f}, rank {imb.max_rank})", severity=severity, impact=impact,  # type: ignore[arg-type]
+            id=f"imbalance:{name}:{imb.metric}", title=title, severity=severity, impact=impact,  # type: ignore[arg-type]
             evidence={"scheme": name, "metric": imb.metric, "basis": imb.basis, "ranks": imb.ranks,
                       "max": imb.max, "mean": imb.mean, "max_over_mean": imb.max_over_mean,
                       "expected_max_over_mean": expected, "max_rank": imb.max_rank, "min_rank": imb.min_rank},
@@ -243,7 +247,8 @@ def _zero_accumulation(config: dict[str, Any], totals: RankTotals) -> list[Findi
     per_it = [r.bytes_per_iteration for r in totals.rows if r.scheme == "dp" and r.bytes_per_iteration is not None]
     return [Finding(
         id="zero-accumulation", severity=severity or "low", impact=(1 - 1 / ratio) * dp_share,  # type: ignore[arg-type]
-        title=f"ZeRO-{zero} with {m} accumulation micro-steps: about {ratio:.1f}x the data-parallel traffic of {baseline}",
+        title=f"ZeRO-{zero} with {m} accumulation micro-steps: about {ratio:.1f}x the data-parallel traffic "
+              f"of {baseline}",
         evidence={"zero_stage": zero, "micro_batches": m, "predicted_ratio": ratio, "baseline": baseline,
                   "dp_degree": parallel.get("dp"), "measured_dp_bytes_per_rank_per_iteration":
                   sum(per_it) / len(per_it) if per_it else None},

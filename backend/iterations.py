@@ -90,7 +90,12 @@ class _Comm:
     period: Period | None = None
 
 
-def _detect(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[_Comm], dict[tuple[int, str], int | None], dict[tuple[int, str], int | None]]:
+ProcKey = tuple[int, str]  # (source_id, process)
+
+
+def _detect(
+    con: duckdb.DuckDBPyConnection, run_id: int
+) -> tuple[list[_Comm], dict[ProcKey, int | None], dict[ProcKey, int | None]]:
     """Periods of every communicator of the sources that have no profiler steps."""
     rows = con.execute(
         """
@@ -139,7 +144,7 @@ def detect_period(con: duckdb.DuckDBPyConnection, run: str) -> PeriodReport:
 
 
 def _report(
-    run: str, comms: list[_Comm], iterations: dict[tuple[int, str], int | None], ranks: dict[tuple[int, str], int | None]
+    run: str, comms: list[_Comm], iterations: dict[ProcKey, int | None], ranks: dict[ProcKey, int | None]
 ) -> PeriodReport:
     out: list[CommPeriod] = []
     for c in comms:
@@ -154,7 +159,8 @@ def _report(
             offset=c.period.offset, repeats=c.period.repeats, units_per_iteration=upi,
             note=None if upi == 1 else f"repeats {upi}x per iteration (a micro-batch-sized unit)" if upi else None,
         ))
-    procs = [ProcessIterations(process=p, rank=ranks.get((s, p)), iterations=it) for (s, p), it in sorted(iterations.items())]
+    procs = [ProcessIterations(process=p, rank=ranks.get((s, p)), iterations=it)
+             for (s, p), it in sorted(iterations.items())]
     found = any(p.iterations for p in procs)
     if not comms:
         message = "every source of the run has profiler steps (or there are no calls): nothing to detect"

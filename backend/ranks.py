@@ -3,7 +3,8 @@
 Totals count every call; per-iteration values count only calls inside complete iterations (profiler
 steps or the detected period) divided by the rank's iterations, so ranks that captured different
 numbers of steps compare fairly. Imbalance uses per-iteration values when every rank involved has
-profiler steps (or the same detected iteration count), else totals; per scheme it looks at the ranks that use the scheme, overall at all ranks.
+profiler steps (or the same detected iteration count), else totals; per scheme it looks at the ranks
+that use the scheme, overall at all ranks.
 Time is the sum of measured durations only (kernel time or gloo CPU time), and is left out when a
 rank involved has none.
 """
@@ -24,7 +25,9 @@ def _rank_order(key: str) -> tuple[int, int | str]:
     return (0, int(key)) if key.lstrip("-").isdigit() else (1, key)
 
 
-def _imbalance(scheme: str | None, metric: str, values: dict[str, float], basis: str, overall: bool) -> Imbalance | None:
+def _imbalance(
+    scheme: str | None, metric: str, values: dict[str, float], basis: str, overall: bool
+) -> Imbalance | None:
     if len(values) < 2:
         return None
     mean = sum(values.values()) / len(values)
@@ -32,8 +35,9 @@ def _imbalance(scheme: str | None, metric: str, values: dict[str, float], basis:
         return None
     hi = max(values, key=lambda r: values[r])
     lo = min(values, key=lambda r: values[r])
-    return Imbalance(all_schemes=overall, scheme=scheme, metric=metric, basis=basis, ranks=len(values), max=values[hi], mean=mean,  # type: ignore[arg-type]
-                     max_over_mean=values[hi] / mean, max_rank=hi, min_rank=lo)
+    return Imbalance(all_schemes=overall, scheme=scheme, metric=metric, basis=basis,  # type: ignore[arg-type]
+                     ranks=len(values), max=values[hi], mean=mean, max_over_mean=values[hi] / mean,
+                     max_rank=hi, min_rank=lo)
 
 
 def rank_totals(con: duckdb.DuckDBPyConnection, run: str) -> RankTotals:

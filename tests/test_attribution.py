@@ -36,17 +36,15 @@ def ev(rank: int, seq: int, op: str, size: int | None, group: str | None, n: int
             "group_size": n, "group_key": group, **kw}
 
 
-def grid_2x2(con, run: str, descs: dict[str, str | None] | None = None, mesh_dims: dict[str, str] | None = None) -> None:
+def grid_2x2(con, run: str, descs: dict[str, str] | None = None, mesh_dims: dict[str, str] | None = None) -> None:
     """4 ranks: tp groups {0,1},{2,3} with many same-size all_reduces; dp groups {0,2},{1,3} with few big ones."""
     descs = descs or {}
     mesh_dims = mesh_dims or {}
-    groups = [
-        {"group_key": "pg:tpA", "ranks": [0, 1], "size": 2, "origin": "pg_config", "description": descs.get("tpA"), "mesh_dim": mesh_dims.get("tpA")},
-        {"group_key": "pg:tpB", "ranks": [2, 3], "size": 2, "origin": "pg_config", "description": descs.get("tpB"), "mesh_dim": mesh_dims.get("tpB")},
-        {"group_key": "pg:dpA", "ranks": [0, 2], "size": 2, "origin": "pg_config", "description": descs.get("dpA"), "mesh_dim": mesh_dims.get("dpA")},
-        {"group_key": "pg:dpB", "ranks": [1, 3], "size": 2, "origin": "pg_config", "description": descs.get("dpB"), "mesh_dim": mesh_dims.get("dpB")},
-        {"group_key": "pg:0", "ranks": [0, 1, 2, 3], "size": 4, "origin": "pg_config", "description": "default_pg"},
-    ]
+    layout = {"tpA": [0, 1], "tpB": [2, 3], "dpA": [0, 2], "dpB": [1, 3]}
+    groups = [{"group_key": f"pg:{k}", "ranks": ranks, "size": 2, "origin": "pg_config", "description": descs.get(k),
+               "mesh_dim": mesh_dims.get(k)} for k, ranks in layout.items()]
+    groups.append({"group_key": "pg:0", "ranks": [0, 1, 2, 3], "size": 4, "origin": "pg_config",
+                   "description": "default_pg"})
     for rank in range(4):
         tp = "pg:tpA" if rank < 2 else "pg:tpB"
         dp = "pg:dpA" if rank % 2 == 0 else "pg:dpB"
@@ -123,7 +121,8 @@ def test_override_is_kept_and_can_be_cleared(con):
 def test_world_group_alone_with_gradient_all_reduce_is_dp(con):
     groups = [{"group_key": "pg:0", "ranks": [0, 1], "size": 2, "origin": "pg_config", "description": "default_pg"},
               {"group_key": "pg:1", "ranks": [0, 1], "size": 2, "origin": "pg_config", "description": "undefined"}]
-    events = [ev(0, 0, "broadcast", 4096, "pg:0", 2)] + [ev(0, i, "all_reduce", 24 * MiB, "pg:0", 2) for i in range(1, 4)]
+    events = [ev(0, 0, "broadcast", 4096, "pg:0", 2)]
+    events += [ev(0, i, "all_reduce", 24 * MiB, "pg:0", 2) for i in range(1, 4)]
     write(con, "ddp", events, groups, rank=0)
     result = {a.group_key: a for a in attribute_run(con, "ddp")}
     assert (result["pg:0"].scheme, result["pg:0"].source) == ("dp", "structure")
@@ -141,7 +140,8 @@ def test_world_group_with_small_all_reduce_only_is_not_dp(con):
 
 def test_world_group_mixing_all_to_all_and_all_reduce_is_other(con):
     events = [ev(0, 0, "all_to_all", 8 * MiB, "pg:0", 8), ev(0, 1, "all_reduce", 4 * MiB, "pg:0", 8)]
-    write(con, "dlrm", events, [{"group_key": "pg:0", "ranks": list(range(8)), "size": 8, "origin": "pg_config"}], rank=0)
+    world = [{"group_key": "pg:0", "ranks": list(range(8)), "size": 8, "origin": "pg_config"}]
+    write(con, "dlrm", events, world, rank=0)
     [a] = attribute_run(con, "dlrm")
     assert a.scheme == "other" and "all_to_all" in a.reason and a.confidence <= 0.3
 
@@ -272,9 +272,9 @@ def test_harness_run_groups_take_run_json_labels(harness_run):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the Kineto ingester does not map the harness's commlens:<dim>:<pg> ranges onto "
-                   "group_key yet; gloo traces carry no Process Group Name, so every call is unattributed")
 def test_harness_run_histogram_per_scheme_equals_prediction(harness_run):
+    """gloo traces carry no process-group name; the ingester ties each call to its group through the
+    harness's commlens:<dim>:<pg> ranges, and the groups take their scheme from run.json."""
     from commlens.backend.histograms import histogram
 
     con = harness_run

@@ -236,7 +236,8 @@ def test_comparison_findings_and_ranking(con):
     write(con, "cmp", [ev(0, 0, "all_reduce", 64 * MiB, "pg:dp", 2)], [group("pg:dp", [0, 1], "mesh_dp")], rank=0)
     attribute_run(con, "cmp")
     comparison = {"per_scheme": [
-        {"scheme": "dp", "predicted_bytes": 100.0, "measured_bytes": 160.0, "unexplained_calls": 3, "unexplained_bytes": 1.0},
+        {"scheme": "dp", "predicted_bytes": 100.0, "measured_bytes": 160.0, "unexplained_calls": 3,
+         "unexplained_bytes": 1.0},
         {"scheme": "tp", "predicted_bytes": 100.0, "measured_bytes": 104.0},
         {"scheme": "pp", "predicted_bytes": 100.0, "measured_bytes": 110.0},
     ]}
@@ -274,7 +275,8 @@ def test_real_kineto_ddp_bandwidth_from_kernel_durations(con, data_dir):
 
     from commlens.ingest.pipeline import ingest_paths
 
-    assert not ingest_paths(con, [data_dir / "kineto-hta" / "nccl_parser_config" / "nccl_data.json.gz"], "resnet").failed
+    trace = data_dir / "kineto-hta" / "nccl_parser_config" / "nccl_data.json.gz"
+    assert not ingest_paths(con, [trace], "resnet").failed
     attribute_run(con, "resnet")
     report = bandwidth(con, "resnet")
     assert report.calls_with_duration == 21 and report.excluded == {}

@@ -24,7 +24,8 @@ def write(con, run: str, events: list[dict], groups: list[dict] = (), steps: lis
     store.write_result(con, run_id, f"{run}-{digest[:8]}", digest, 1, result)
 
 
-def ev(rank, seq: int, op: str, size: int | None, group: str | None = "pg:0", n: int = 2, process: str | None = None, **kw):
+def ev(rank, seq: int, op: str, size: int | None, group: str | None = "pg:0", n: int = 2, process: str | None = None,
+       **kw) -> dict:
     return {"rank": rank, "process": process or f"r{rank}", "seq": seq, "op": op, "dtype": "float32",
             "msg_bytes": size, "group_size": n, "group_key": group, **kw}
 
@@ -58,7 +59,8 @@ def test_bin_edges(size, key, label):
 
 
 def test_format_bytes():
-    assert [format_bytes(n) for n in (0, 1000, 1024, 1536, 3 * MiB, 1 << 30)] == ["0 B", "1000 B", "1 KiB", "1.5 KiB", "3 MiB", "1 GiB"]
+    sizes = (0, 1000, 1024, 1536, 3 * MiB, 1 << 30)
+    assert [format_bytes(n) for n in sizes] == ["0 B", "1000 B", "1 KiB", "1.5 KiB", "3 MiB", "1 GiB"]
 
 
 def test_raw_counts_weights_and_contiguous_axis(con):
@@ -118,7 +120,8 @@ def test_normalised_per_rank_per_profiler_step(con):
     assert h7.n_ranks == 1 and series(h7, "all_reduce") == {"4 MiB-8 MiB": 2.0, "4 B-8 B": 1.0}
     # Raw counts keep everything.
     raw = histogram(con, "steps", normalize=False)
-    assert series(raw, "all_reduce") == {"4 MiB-8 MiB": 10, "4 B-8 B": 5} and series(raw, "broadcast") == {"4 KiB-8 KiB": 1}
+    assert series(raw, "all_reduce") == {"4 MiB-8 MiB": 10, "4 B-8 B": 5}
+    assert series(raw, "broadcast") == {"4 KiB-8 KiB": 1}
 
 
 def test_scheme_filter_after_attribution(con):

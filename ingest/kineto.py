@@ -1,8 +1,8 @@
 """Kineto (PyTorch profiler) trace ingester: one comm_events row per logical call per rank.
 
-Reading is streaming (kineto_json), grouping of the events that describe one call is in
-kineto_events; this module reads the file's job description (distributedInfo: rank, world size,
-process groups) and assembles the ParseResult.
+kineto_json reads the document as a stream, kineto_events groups the events that describe one call,
+kineto_calls tells what each call is; this module reads the file's job description (distributedInfo:
+rank, world size, process groups) and assembles the ParseResult.
 """
 
 from __future__ import annotations
@@ -13,17 +13,9 @@ from collections import Counter
 from typing import Any
 
 from .inputs import Limits
-from .kineto_events import (
-    LAUNCH_PREFIXES,
-    PREFIXES,
-    Collector,
-    TraceContext,
-    build_calls,
-    call_row,
-    parse_ranks,
-    step_of,
-    as_int,
-)
+from .kineto_calls import call_row, parse_ranks, step_of
+from .kineto_events import LAUNCH_PREFIXES, PREFIXES, Collector, build_calls
+from .kineto_model import TraceContext, as_int
 from .kineto_json import scan_trace
 from .records import ParseResult, RankHint
 

@@ -19,26 +19,22 @@ They are grouped into calls like this:
    the trace has `c10d::*` ops, unmatched worker annotations belong to calls issued before the
    profiling window and are skipped.
 
-The process group of a call comes from record_param_comms / kernel metadata (`Process Group Name`,
-or `Process Group ID` / ranks matched against pg_config), else from an enclosing
-`commlens:<mesh dim>:<pg name>` range (the harness labels every collective so; gloo traces carry no
-group on their events), else from pg_config when it lists a single group. Otherwise it is NULL.
+What each call then is (op, sizes, group, duration) is kineto_calls' business.
 """
+
 
 from __future__ import annotations
 
 import bisect
-import math
 import re
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
 from typing import Any
 
-from commlens.vocab import C10_DTYPES, CPP_DTYPES, DTYPE_BYTES, normalize_op
+from commlens.vocab import normalize_op
 
+from .kineto_calls import annot_elems, call_op, container_sizes, kernel_op
+from .kineto_model import EPS, Call, CpuEv, Kernel, Label, as_float
 from .records import ParseResult
-
-EPS = 0.002  # µs; Kineto timestamps carry ns fractions
 
 # Names worth parsing. The byte pattern is what the fast scanner looks for; the str pattern decides.
 PREFIXES = (
@@ -52,93 +48,8 @@ STYLE_SAMPLE = 16  # launches looked at to tell how kernels link to CPU ops
 _LAUNCH = re.compile(r"(?:cu|hip)\w*Launch")
 _ANNOT = re.compile(r"(nccl|gloo|ucc|mpi|xccl):(\w+)")
 _STEP = re.compile(r"ProfilerStep#(\d+)")
-_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)|nccl([A-Z][A-Za-z]+?)(?:Ring|Tree|CollNet)")
-_KERNEL_TYPE = re.compile(r"_(?:Sum|Prod|Max|Min|Avg|PreMulSum|SumPostDiv|sum|prod|max|min|avg)_([A-Za-z0-9_]+?)(?:_[A-Z]|\(|$)")
-_KERNEL_OPS = {
-    "AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
-    "Broadcast": "broadcast", "Reduce": "reduce", "AllToAll": "all_to_all", "AlltoAll": "all_to_all",
-    "Gather": "gather", "Scatter": "scatter", "Send": "send", "Recv": "recv",
-}
-_KERNEL_DTYPES = {
-    "f32": "float32", "float": "float32", "f16": "float16", "half": "float16", "bf16": "bfloat16",
-    "__nv_bfloat16": "bfloat16", "f64": "float64", "double": "float64", "i8": "int8", "int8_t": "int8",
-    "u8": "uint8", "uint8_t": "uint8", "i32": "int32", "int32_t": "int32", "int": "int32", "u32": "uint32",
-    "uint32_t": "uint32", "i64": "int64", "int64_t": "int64", "u64": "uint64", "uint64_t": "uint64",
-    "f8e4m3": "float8_e4m3fn", "__nv_fp8_e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2", "__nv_fp8_e5m2": "float8_e5m2",
-}
-_REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
-# c10d dispatcher ops whose first two arguments are (output, input); all others are in place (arg 0).
-_OUT_IN = {
-    "_allgather_base_", "allgather_", "allgather_coalesced_", "allgather_into_tensor_coalesced_",
-    "_reduce_scatter_base_", "reduce_scatter_", "reduce_scatter_tensor_coalesced_", "alltoall_base_",
-    "alltoall_", "gather_", "scatter_", "all_gather_into_tensor_out",
-}
 # gloo implements some ops with others: which worker annotation can carry a call's work.
 _GLOO_COMPATIBLE = {"reduce_scatter": {"reduce_scatter", "all_reduce"}, "barrier": {"barrier", "all_reduce"}}
-
-
-@dataclass(slots=True)
-class CpuEv:
-    kind: str  # container | annot
-    name: str
-    op: str | None
-    pid: Any
-    tid: Any
-    ts: float
-    dur: float
-    ext: Any
-    args: dict[str, Any]
-    backend: str | None = None  # for annotations
-    children: list["CpuEv"] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class Kernel:
-    name: str
-    ts: float
-    dur: float
-    ext: Any
-    corr: Any
-    args: dict[str, Any]
-
-
-@dataclass(slots=True)
-class Label:
-    """A `commlens:<dim>:<pg name>` range: the calls inside it are on that group."""
-
-    pid: Any
-    tid: Any
-    ts: float
-    dur: float
-    dim: str
-    pg: str
-
-
-@dataclass
-class Call:
-    root: CpuEv | None
-    members: list[CpuEv] = field(default_factory=list)
-    kernels: list[Kernel] = field(default_factory=list)
-    worker: CpuEv | None = None  # the gloo worker annotation that ran it
-    issue_ts: float = 0.0
-    label: Label | None = None
-
-
-@dataclass
-class Sizes:
-    elems_in: int | None = None
-    elems_out: int | None = None
-    dtype: str | None = None
-    group_size: int | None = None
-
-
-@dataclass
-class TraceContext:
-    """What the file says about its job, needed to turn calls into rows."""
-
-    backend: str | None = None  # distributedInfo backend
-    groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # pg name -> {ranks, size, desc, uid}
-    complete_groups: bool = False  # pg_config lists every group of the job
 
 
 class Collector:
@@ -187,7 +98,7 @@ class Collector:
             args = {}
         ts = ev.get("ts")
         if type(ts) is not float and type(ts) is not int:
-            ts = _num(ts)
+            ts = as_float(ts)
             if ts is None:
                 self.skipped["event without a numeric ts"] += 1
                 return
@@ -197,7 +108,7 @@ class Collector:
                 self.launch(ev.get("pid"), ev.get("tid"), ts, corr, args.get("External id"))
             return
         cat = ev.get("cat") or ""
-        dur = _num(ev.get("dur")) or 0.0
+        dur = as_float(ev.get("dur")) or 0.0
         if name.startswith(LABEL_PREFIX):
             parts = name.split(":", 2)
             if len(parts) == 3 and parts[1] and parts[2] and not cat.startswith("gpu"):
@@ -236,30 +147,6 @@ class Collector:
             self.cpu.append(
                 CpuEv("annot", name, op, ev.get("pid"), ev.get("tid"), ts, dur, args.get("External id"), args, m.group(1))
             )
-
-
-def _num(v: Any) -> float | None:
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            f = float(v)
-        except ValueError:
-            return None
-        return f if math.isfinite(f) else None
-    return None
-
-
-def as_int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
-        return int(v)
-    return None
 
 
 # ------------------------------------------------------------------------------------ grouping
@@ -331,7 +218,7 @@ def build_calls(col: Collector, result: ParseResult) -> list[Call]:
                 orphans.extend(call.kernels)
             elif root.kind == "annot" and root.backend == "gloo" and not call.kernels:
                 gloo_workers.append(call)
-            elif _call_op(call) is None:
+            elif call_op(call) is None:
                 coll = root.args.get("Collective name")
                 if isinstance(coll, str) and call.kernels:
                     # e.g. 'coalesced': the calls of a coalescing group are counted one by one
@@ -345,7 +232,7 @@ def build_calls(col: Collector, result: ParseResult) -> list[Call]:
             else:
                 calls.append(call)
     for k in orphans:
-        if _kernel_op(k) is None:
+        if kernel_op(k) is None:
             result.skip("NCCL kernel with no CPU call, whose name does not tell the collective (SendRecv, Generic)")
             continue
         launch = col.launches.get(k.corr) if k.corr is not None else None
@@ -409,10 +296,10 @@ def _match_gloo(calls: list[Call], workers: list[Call]) -> list[Call]:
             continue
         if any(m.kind == "annot" and m.backend == "nccl" for m in call.members):
             continue
-        op = _call_op(call)
+        op = call_op(call)
         if op is None:
             continue
-        want_in = _container_sizes(call).elems_in
+        want_in = container_sizes(call).elems_in
         best: tuple[float, str, int] | None = None
         for wop in _GLOO_COMPATIBLE.get(op, {op}):
             q = queues.get(wop)
@@ -423,7 +310,7 @@ def _match_gloo(calls: list[Call], workers: list[Call]) -> list[Call]:
             for i, w in enumerate(q):
                 if i >= 8:
                     break
-                have = _annot_elems(w.root)  # type: ignore[arg-type]
+                have = annot_elems(w.root)  # type: ignore[arg-type]
                 if want_in is not None and have is not None and have != want_in:
                     continue
                 if best is None or w.root.ts < best[0]:  # type: ignore[union-attr]
@@ -440,433 +327,3 @@ def _match_gloo(calls: list[Call], workers: list[Call]) -> list[Call]:
     return unmatched
 
 
-# ------------------------------------------------------------------------------------ one call
-
-
-def _call_op(call: Call) -> str | None:
-    """The logical op: dispatcher op > record_param_comms metadata > annotation > kernel."""
-    for kind in ("c10d", "rpc", "annot"):
-        for ev in call.members:
-            if kind == "c10d" and ev.kind == "container" and ev.name != "record_param_comms" and ev.op:
-                return ev.op
-            if kind == "rpc" and ev.name == "record_param_comms" and ev.op:
-                return ev.op
-            if kind == "annot" and ev.kind == "annot" and ev.op and ev is not call.worker:
-                return ev.op
-    for k in call.kernels:
-        op = _kernel_op(k)
-        if op:
-            return op
-    return None
-
-
-def _kernel_op(k: Kernel) -> str | None:
-    coll = k.args.get("Collective name")
-    if isinstance(coll, str) and normalize_op(coll):
-        return normalize_op(coll)
-    m = _KERNEL.match(k.name)
-    if not m:
-        return None
-    return _KERNEL_OPS.get(m.group(1) or m.group(2))
-
-
-def _kernel_dtype(k: Kernel, op: str) -> str | None:
-    if op not in _REDUCING:
-        return None  # AllGather/Broadcast/SendRecv kernels are typed by bytes, not by the payload
-    m = _KERNEL_TYPE.search(k.name)
-    return _KERNEL_DTYPES.get(m.group(1)) if m else None
-
-
-def _prod(dims: Any) -> int | None:
-    if not isinstance(dims, list):
-        return None
-    n = 1
-    for d in dims:
-        if isinstance(d, bool) or not isinstance(d, int):
-            return None
-        n *= d
-    return n
-
-
-def _numel(typ: Any, dims: Any) -> int | None:
-    """Elements of one recorded argument: a tensor (dims = shape) or a tensor list (dims = shapes)."""
-    if isinstance(typ, str) and typ in CPP_DTYPES:
-        return _prod(dims)
-    if not isinstance(dims, list) or not dims:
-        return None
-    total = 0
-    for d in dims:
-        n = _prod(d) if (d and all(isinstance(x, int) for x in d)) or d == [] else _numel("TensorList", d)
-        if n is None:
-            return None
-        total += n
-    return total
-
-
-def _meta_sizes(args: dict[str, Any]) -> Sizes | None:
-    if "Collective name" not in args:
-        return None
-    ein = as_int(args.get("In msg nelems", args.get("In msg size")))
-    eout = as_int(args.get("Out msg nelems", args.get("Out msg size")))
-    dt = args.get("dtype")
-    dtype = C10_DTYPES.get(dt) if isinstance(dt, str) else None
-    if dtype is None and isinstance(dt, str) and dt.lower() in DTYPE_BYTES:
-        dtype = dt.lower()
-    return Sizes(ein, eout, dtype, as_int(args.get("Group size")))
-
-
-def _container_sizes(call: Call) -> Sizes:
-    """Sizes from the outermost c10d op's Input Dims / Input type."""
-    for ev in call.members:
-        if ev.kind != "container" or ev.name == "record_param_comms":
-            continue
-        dims, types = ev.args.get("Input Dims"), ev.args.get("Input type")
-        if not isinstance(dims, list) or not isinstance(types, list):
-            continue
-        base = ev.name.rsplit("::", 1)[-1]
-        nargs = min(len(dims), len(types))
-        if nargs == 0:
-            continue
-        dtype = next((CPP_DTYPES[t] for t in types[:2] if isinstance(t, str) and t in CPP_DTYPES), None)
-        if base in _OUT_IN and nargs >= 2:
-            return Sizes(_numel(types[1], dims[1]), _numel(types[0], dims[0]), dtype, _concrete_group_size(ev, base))
-        n = _numel(types[0], dims[0])
-        if base.startswith(("all_gather", "reduce_scatter", "all_to_all")):  # functional ops: the input only
-            return Sizes(n, None, dtype, _concrete_group_size(ev, base))
-        return Sizes(n, n, dtype)
-    return Sizes()
-
-
-def _concrete_group_size(ev: CpuEv, base: str) -> int | None:
-    """`_c10d_functional::all_gather_into_tensor(input, group_size, group_name)` records its group size."""
-    if not ev.name.startswith(("_c10d_functional::", "c10d_functional::")):
-        return None
-    conc = ev.args.get("Concrete Inputs")
-    if base.startswith(("all_gather", "reduce_scatter")) and isinstance(conc, list) and len(conc) > 1:
-        return as_int(conc[1] if base.startswith("all_gather") else (conc[2] if len(conc) > 2 else None))
-    return None
-
-
-def _annot_elems(ev: CpuEv) -> int | None:
-    dims, types = ev.args.get("Input Dims"), ev.args.get("Input type")
-    if not isinstance(dims, list) or not isinstance(types, list) or not dims:
-        return None
-    total = 0
-    for t, d in zip(types, dims):
-        if isinstance(t, str) and t in CPP_DTYPES:
-            n = _prod(d)
-            if n is None:
-                return None
-            total += n
-    return total if any(isinstance(t, str) and t in CPP_DTYPES for t in types) else None
-
-
-def _annot_dtype(ev: CpuEv) -> str | None:
-    types = ev.args.get("Input type")
-    if isinstance(types, list):
-        return next((CPP_DTYPES[t] for t in types if isinstance(t, str) and t in CPP_DTYPES), None)
-    return None
-
-
-@dataclass
-class GroupInfo:
-    key: str | None = None
-    size: int | None = None
-    ranks: list[int] | None = None
-    name: str | None = None
-    desc: str | None = None
-    mesh_dim: str | None = None
-
-
-def parse_ranks(value: Any) -> list[int] | None:
-    """Ranks as a JSON list or a string "[0, 1, 2]"; None when truncated ("...") or unreadable."""
-    if isinstance(value, list):
-        out = [as_int(v) for v in value]
-        return None if any(v is None for v in out) else out  # type: ignore[return-value]
-    if isinstance(value, str):
-        text = value.strip()
-        if "..." in text:
-            return None
-        text = text.strip("[]() ")
-        if not text:
-            return []
-        try:
-            return [int(x) for x in re.split(r"[,\s]+", text) if x]
-        except ValueError:
-            return None
-    return None
-
-
-def group_of(args: dict[str, Any], ctx: TraceContext) -> GroupInfo:
-    """The process group named by record_param_comms / kernel metadata."""
-    g = GroupInfo(size=as_int(args.get("Group size")))
-    ranks = parse_ranks(args.get("Process Group Ranks"))
-    start, stride = as_int(args.get("Global rank start")), as_int(args.get("Global rank stride"))
-    if ranks is None and start is not None and stride and g.size:
-        ranks = list(range(start, start + stride * g.size, stride))
-    g.ranks = ranks
-    name = args.get("Process Group Name")
-    if name is not None:
-        g.name = str(name)
-    elif args.get("Process Group ID") is not None:
-        pgid = args.get("Process Group ID")
-        for pname, info in ctx.groups.items():
-            if info.get("uid") is not None and info.get("uid") == pgid:
-                g.name = pname
-                break
-        else:
-            if str(pgid) in ctx.groups and ctx.groups[str(pgid)].get("uid") is None:
-                g.name = str(pgid)
-    if g.name is None and ranks:
-        matches = [n for n, info in ctx.groups.items() if info.get("ranks") == ranks]
-        if len(matches) == 1:
-            g.name = matches[0]
-    desc = args.get("Process Group Description")
-    g.desc = str(desc) if desc is not None else None
-    if g.name is not None:
-        g.key = f"pg:{g.name}"
-        info = ctx.groups.get(g.name)
-        if info:
-            g.size = g.size or info.get("size")
-            g.ranks = g.ranks or info.get("ranks")
-    return g
-
-
-def call_row(call: Call, ctx: TraceContext, result: ParseResult, gen: dict[str, int]) -> dict[str, Any] | None:
-    """The comm_events row of one call (rank, process, seq and step are filled by the caller)."""
-    op = _call_op(call)
-    if op is None:
-        result.skip("call whose collective cannot be told")
-        return None
-    raw_name = _raw_name(call, op)
-    # sizes, best source first
-    sources: list[tuple[str, Sizes]] = []
-    group = GroupInfo()
-    for ev in call.members:
-        if ev.name == "record_param_comms":
-            s = _meta_sizes(ev.args)
-            if s is not None:
-                if ev.op == op or ev.op is None:
-                    sources.append(("record_param_comms", s))
-                if group.key is None and group.size is None:
-                    group = group_of(ev.args, ctx)
-                gen["record_param_comms"] += 1
-    for k in call.kernels:
-        s = _meta_sizes(k.args)
-        if s is not None:
-            sources.append(("kernel", s))
-            if group.key is None and group.size is None:
-                group = group_of(k.args, ctx)
-            gen["kernel_metadata"] += 1
-    cs = _container_sizes(call)
-    if cs.elems_in is not None or cs.elems_out is not None or cs.dtype is not None:
-        sources.append(("input_dims", cs))
-    for ev in call.members:
-        if ev.kind == "annot":
-            n = _annot_elems(ev)
-            if n is None and _annot_dtype(ev) is None:
-                continue
-            compatible = ev.op == op or (ev is call.worker)
-            if not compatible:
-                continue
-            if cs.elems_in is not None and n is not None and n != cs.elems_in:
-                continue
-            sources.append(("annotation_dims", _annot_sizes(op, n, _annot_dtype(ev))))
-    size = Sizes()
-    used: list[str] = []
-    for label, s in sources:
-        took = False
-        if size.elems_in is None and s.elems_in is not None:
-            size.elems_in, took = s.elems_in, True
-        if size.elems_out is None and s.elems_out is not None:
-            size.elems_out, took = s.elems_out, True
-        if size.dtype is None and s.dtype is not None:
-            size.dtype, took = s.dtype, True
-        if size.group_size is None and s.group_size is not None:
-            size.group_size, took = s.group_size, True
-        if took:
-            used.append(label)
-    if size.dtype is None and call.kernels:
-        size.dtype = _kernel_dtype(call.kernels[0], op)
-    gsize = size.group_size or group.size
-    if gsize is None:
-        gsize = _derived_group_size(op, size)
-    if call.label is not None:
-        lab = call.label
-        if group.key is None:
-            info = ctx.groups.get(lab.pg, {})
-            group = GroupInfo(key=f"pg:{lab.pg}", size=info.get("size"), ranks=info.get("ranks"), name=lab.pg)
-            gsize = gsize or group.size
-        elif group.name != lab.pg:
-            result.warn(f"a call labelled commlens:{lab.dim}:{lab.pg} names process group {group.name!r}: using the latter")
-        if group.key == f"pg:{lab.pg}":
-            group.mesh_dim = lab.dim
-    if group.key is None and ctx.complete_groups and len(ctx.groups) == 1:
-        (only,) = ctx.groups
-        group = GroupInfo(key=f"pg:{only}", size=ctx.groups[only].get("size"), ranks=ctx.groups[only].get("ranks"), name=only)
-        gsize = gsize or group.size
-    if gsize is None and ctx.complete_groups:
-        sizes = {g.get("size") for g in ctx.groups.values()}
-        if len(sizes) == 1 and None not in sizes:
-            gsize = sizes.pop()
-    _fill_derived(op, size, gsize)
-    es = DTYPE_BYTES.get(size.dtype) if size.dtype else None
-    s_elems = _s_elems(op, size, gsize)
-    msg_bytes = s_elems * es if (s_elems is not None and es is not None) else None
-    for label in used:
-        gen[label] += 0  # keep the key visible
-        gen[f"sized_by:{label}"] += 1
-    if not used:
-        gen["sized_by:none"] += 1
-    ts, dur, dur_source = _timing(call, ctx)
-    peer = _peer(call, op, group, ctx, result) if op in ("send", "recv") else None
-    if group.key is not None:
-        result.groups.append(
-            {"group_key": group.key, "name": group.name, "description": group.desc, "ranks": group.ranks,
-             "size": group.size or gsize, "origin": "event", "mesh_dim": group.mesh_dim}
-        )
-    return {
-        "op": op,
-        "dtype": size.dtype,
-        "msg_bytes": msg_bytes,
-        "elems_in": size.elems_in,
-        "elems_out": size.elems_out,
-        "group_size": gsize,
-        "group_key": group.key,
-        "peer": peer,
-        "ts_us": ts,
-        "dur_us": dur,
-        "dur_source": dur_source,
-        "raw_name": raw_name,
-    }
-
-
-def _raw_name(call: Call, op: str) -> str:
-    for ev in call.members:
-        if ev.kind == "container" and ev.name != "record_param_comms" and ev.op == op:
-            return ev.name
-    for ev in call.members:
-        if ev.name == "record_param_comms" and ev.op == op:
-            return str(ev.args.get("Collective name"))
-    for ev in call.members:
-        if ev.kind == "annot":
-            return ev.name
-    if call.kernels:
-        return call.kernels[0].name.split("(", 1)[0]
-    return call.members[0].name if call.members else op
-
-
-def _annot_sizes(op: str, n: int | None, dtype: str | None) -> Sizes:
-    """Annotation dims are the input tensor's."""
-    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
-        return Sizes(n, None, dtype)
-    return Sizes(n, n, dtype)
-
-
-def _derived_group_size(op: str, s: Sizes) -> int | None:
-    """all_gather out = in x n, reduce_scatter in = out x n: the group size follows from both counts."""
-    a, b = (s.elems_out, s.elems_in) if op == "all_gather" else (s.elems_in, s.elems_out)
-    if op in ("all_gather", "reduce_scatter") and a and b and a % b == 0:
-        return a // b
-    return None
-
-
-def _fill_derived(op: str, s: Sizes, n: int | None) -> None:
-    if not n:
-        return
-    if op == "all_gather" and s.elems_out is None and s.elems_in is not None:
-        s.elems_out = s.elems_in * n
-    elif op == "reduce_scatter" and s.elems_in is None and s.elems_out is not None:
-        s.elems_in = s.elems_out * n
-    elif op == "reduce_scatter" and s.elems_out is None and s.elems_in is not None and s.elems_in % n == 0:
-        s.elems_out = s.elems_in // n
-
-
-def _s_elems(op: str, s: Sizes, n: int | None) -> int | None:
-    """Elements of the nccl-tests size S (formats.md A.3/B.5)."""
-    ein, eout = s.elems_in, s.elems_out
-    if op == "all_to_all":
-        return ein if ein is not None else eout
-    if op == "all_gather":
-        return eout if eout is not None else (ein * n if ein is not None and n else None)
-    if op == "reduce_scatter":
-        return ein if ein is not None else (eout * n if eout is not None and n else None)
-    if op == "gather":
-        return ein * n if ein is not None and n else None
-    if op == "scatter":
-        return eout * n if eout is not None and n else None
-    if ein is None and eout is None:
-        return None
-    return max(ein or 0, eout or 0)
-
-
-def _timing(call: Call, ctx: TraceContext) -> tuple[float | None, float | None, str | None]:
-    """(ts, dur, source): the NCCL kernels' span, else gloo's measured CPU time, else no duration."""
-    if call.kernels:
-        start = min(k.ts for k in call.kernels)
-        # offsets from the first start keep the kernels' own precision (ts ~ 1e12 µs would not)
-        return start, max((k.ts - start) + k.dur for k in call.kernels), "kernel"
-    root = call.root
-    backend = _backend(call, ctx)
-    if call.worker is not None and call.worker.args.get("finished") is not False:
-        return call.worker.ts, call.worker.dur, "cpu_op"  # gloo's own measured time of the work
-    if root is None:
-        return None, None, None
-    if backend == "gloo":
-        return root.ts, root.dur, "cpu_op"
-    return root.ts, None, None  # NCCL (or unknown) CPU time is only the enqueue
-
-
-def _backend(call: Call, ctx: TraceContext) -> str | None:
-    for ev in call.members:
-        if ev.kind == "annot" and ev.backend:
-            return ev.backend
-    b = (ctx.backend or "").lower()
-    if "nccl" in b:
-        return "nccl"
-    if "gloo" in b:
-        return "gloo"
-    return None
-
-
-def _peer(call: Call, op: str, group: GroupInfo, ctx: TraceContext, result: ParseResult) -> int | None:
-    """The peer's global rank: Src/Dst Rank; else the group rank (metadata Rank or the c10d argument)
-    mapped through the group's ranks; else the group rank itself (noted in a warning)."""
-    group_rank = None
-    for ev in call.members:
-        if ev.name == "record_param_comms":
-            g = as_int(ev.args.get("Dst Rank" if op == "send" else "Src Rank"))
-            if g is not None:
-                return g
-            if group_rank is None:
-                group_rank = as_int(ev.args.get("Rank"))
-    for k in call.kernels:
-        g = as_int(k.args.get("Dst Rank" if op == "send" else "Src Rank"))
-        if g is not None:
-            return g
-    if group_rank is None:
-        for ev in call.members:
-            if ev.kind == "container" and ev.name.startswith("c10d::"):
-                conc = ev.args.get("Concrete Inputs")
-                if isinstance(conc, list) and len(conc) > 2:
-                    group_rank = as_int(conc[2])
-                    break
-    if group_rank is None:
-        return None
-    ranks = group.ranks
-    if ranks is None and ctx.complete_groups and len(ctx.groups) == 1:
-        ranks = next(iter(ctx.groups.values())).get("ranks")
-    if ranks and 0 <= group_rank < len(ranks):
-        return ranks[group_rank]
-    result.warn("send/recv peers are group ranks: the trace does not tell the process group of those calls")
-    return group_rank
-
-
-def step_of(steps: list[tuple[float, float, int]], ts: float | None) -> int | None:
-    """The ProfilerStep whose interval contains ts (steps sorted by start)."""
-    if ts is None or not steps:
-        return None
-    i = bisect.bisect_right([s[0] for s in steps], ts + EPS) - 1
-    if i >= 0 and ts <= steps[i][0] + steps[i][1] + EPS:
-        return steps[i][2]
-    return None

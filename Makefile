@@ -26,9 +26,21 @@ install: venv
 install-test: install
 	$(BIN)/pip install -q -e ".[harness,test]"
 
+# The demo: fresh harness runs of four schemes on CPU (gloo), each ingested as a run named after its
+# directory, then the shared real traces, then a report. It rebuilds $(DB) and $(DEMO_OUT) from scratch.
+DEMO_OUT ?= demo-runs
+DEMO_MODEL ?= --layers 4 --hidden 128 --heads 4 --vocab 256 --seq-len 64 --micro-batch-size 2 --steps 4 --device cpu
+HARNESS = $(BIN)/commlens harness $(DEMO_MODEL) --ingest --db $(DB) --overwrite
+
 demo: install
-	$(BIN)/commlens ingest $(DATA) --db $(DB) --run shared-data || true
-	@echo "store: $(DB)"
+	rm -rf $(DEMO_OUT) $(DB) $(DB).wal
+	$(HARNESS) --out $(DEMO_OUT)/ddp --dp 2
+	$(HARNESS) --out $(DEMO_OUT)/zero3 --dp 2 --zero 3
+	$(HARNESS) --out $(DEMO_OUT)/tp --tp 2 --sp
+	$(HARNESS) --out $(DEMO_OUT)/pp --pp 2 --micro-batches 4
+	@if [ -d "$(DATA)" ]; then $(BIN)/commlens ingest $(DATA) --db $(DB) --run shared-data; else echo "no $(DATA): skipping the shared real traces"; fi
+	$(BIN)/commlens report --db $(DB) --run zero3
+	@echo "store: $(DB) (runs: ddp zero3 tp pp shared-data); try: $(BIN)/commlens report --db $(DB) --run tp"
 
 test: install-test
 	$(BIN)/python -m pytest -q

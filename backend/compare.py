@@ -31,14 +31,17 @@ class OpComparison(BaseModel):
     predicted_calls_per_iter: float
     measured_calls_per_iter: float
     difference: float  # measured - predicted
-    status: Literal["match", "more", "fewer", "unexplained", "missing"]
+    # bucketed: a DP/ZeRO op of a framework prediction, compared on the scheme total only (bucket
+    # boundaries are framework internals, volume-models.md §1.3)
+    status: Literal["match", "more", "fewer", "unexplained", "missing", "bucketed"]
 
 
 class SchemeResult(BaseModel):
     scheme: str
     predicted_bytes_per_iter: float  # S-sum of sent ops per rank per iteration
-    measured_bytes_per_iter: float
-    ratio: float | None  # measured / predicted
+    measured_bytes_per_iter: float  # every measured call, explained or not
+    unexplained_bytes_per_iter: float  # measured calls the model does not contain (not charged, §1.3)
+    ratio: float | None  # (measured - unexplained) / predicted
     predicted_wire_bytes_per_iter: float
     measured_wire_bytes_per_iter: float
     ops: list[OpComparison]
@@ -69,7 +72,8 @@ class Comparison(BaseModel):
         for s in self.schemes:
             unexplained = [o for o in self.unexplained if o.scheme == s.scheme]
             per.append(FindingsSchemeComparison(
-                scheme=s.scheme, predicted_bytes=s.predicted_bytes_per_iter, measured_bytes=s.measured_bytes_per_iter,
+                scheme=s.scheme, predicted_bytes=s.predicted_bytes_per_iter,
+                measured_bytes=s.measured_bytes_per_iter - s.unexplained_bytes_per_iter,
                 unexplained_calls=round(sum(o.measured_calls_per_iter for o in unexplained)),
                 unexplained_bytes=sum((o.msg_bytes or 0) * o.measured_calls_per_iter for o in unexplained if o.op != "recv"),
             ))
@@ -90,7 +94,7 @@ def _measured(con: duckdb.DuckDBPyConnection, run: str) -> tuple[dict[str, dict[
                    coalesce(g.scheme, 'other') AS scheme, e.op, e.dtype, e.msg_bytes, count(*)
             FROM comm_events e
             LEFT JOIN process_groups g ON g.run_id = e.run_id AND g.group_key = e.group_key
-            LEFT JOIN _cmp_detected d ON d.source_id = e.source_id AND d.process = e.process AND d.seq = e.seq
+            LEFT JOIN _cmp_detected d ON d.source_id = e.source_id AND d.process = coalesce(e.process, cast(e.rank AS VARCHAR), '?') AND d.seq = e.seq
             WHERE e.run_id = ? AND (e.step IS NOT NULL OR d.iteration IS NOT NULL)
             GROUP BY ALL
             """,
@@ -121,7 +125,13 @@ def _predicted_per_rank(pred: Prediction, rank_keys: list[str]) -> dict[str, dic
     out: dict[str, dict[OpKey, float]] = {}
     for rk in rank_keys:
         st = _entry_for(pred, rk)
-        out[rk] = ({(o.scheme, o.op, o.dtype, o.msg_bytes): float(o.calls_per_iter) for o in st.ops} if st else dict(mean))
+        if st is None:
+            out[rk] = dict(mean)
+            continue
+        calls: dict[OpKey, float] = defaultdict(float)
+        for o in st.ops:
+            calls[(o.scheme, o.op, o.dtype, o.msg_bytes)] += o.calls_per_iter
+        out[rk] = calls
     return out
 
 
@@ -169,10 +179,15 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput | Non
         "SELECT coalesce(scheme, 'other') || '/' || op, max(group_size) FROM comms WHERE run = ? GROUP BY ALL", [run]
     ).fetchall())
     by_scheme: dict[str, list[OpComparison]] = defaultdict(list)
+    bucketed = set()
+    if pred is not None and pred.implementation != "harness":
+        bucketed = {(k[0], k[1]) for k in predicted if k[0] == "dp" and k[1] in ("all_reduce", "reduce_scatter", "all_gather", "reduce")}
     for key in sorted(set(measured) | set(predicted), key=lambda k: (k[0], k[1], str(k[2]), k[3] or -1)):
         p, m = predicted.get(key, 0.0), measured.get(key, 0.0)
         if pred is None:
             status = "unexplained"
+        elif (key[0], key[1]) in bucketed and abs(p - m) >= 1e-9:
+            status = "bucketed"
         elif abs(p - m) < 1e-9:
             status = "match"
         elif p == 0:
@@ -196,8 +211,10 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput | Non
             return total
 
         pb, mb = volume("predicted_calls_per_iter", False), volume("measured_calls_per_iter", False)
+        ub = sum((o.msg_bytes or 0) * o.measured_calls_per_iter for o in ops if o.status == "unexplained" and o.op != "recv")
         schemes.append(SchemeResult(
-            scheme=scheme, predicted_bytes_per_iter=pb, measured_bytes_per_iter=mb, ratio=(mb / pb) if pb else None,
+            scheme=scheme, predicted_bytes_per_iter=pb, measured_bytes_per_iter=mb, unexplained_bytes_per_iter=ub,
+            ratio=((mb - ub) / pb) if pb else None,
             predicted_wire_bytes_per_iter=volume("predicted_calls_per_iter", True),
             measured_wire_bytes_per_iter=volume("measured_calls_per_iter", True), ops=ops,
         ))

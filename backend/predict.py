@@ -28,7 +28,10 @@ class ModelSpec(BaseModel):
     seq_len: int = Field(ge=1)
     learned_pos: bool = True
     tied_embeddings: bool = False
-    vocab_divisible_by: int = Field(1, ge=1)  # Megatron pads V to a multiple of this x tp (128 there)
+    vocab_divisible_by: int = Field(1, ge=1)
+    # Total parameters of a model the GPT formulas do not describe (a CNN, a recommender): DP and ZeRO
+    # volumes then come from this count as one flat gradient; TP/PP/CP still use the shape fields.
+    params_override: int | None = Field(None, ge=1)  # Megatron pads V to a multiple of this x tp (128 there)
 
     @property
     def f(self) -> int:
@@ -167,6 +170,8 @@ def layer_params(m: ModelSpec, tp: int) -> tuple[list[tuple[str, int]], list[tup
 
 def stage_parameters(m: ModelSpec, p: ParallelSpec, stage: int) -> list[tuple[str, int]]:
     """Parameter tensors held by one rank of a pipeline stage, in the model's parameter order."""
+    if m.params_override is not None:
+        return [("params", math.ceil(m.params_override / (p.tp * p.pp)))]
     t, V = p.tp, m.padded_vocab(p.tp)
     l_stage = m.layers // p.pp
     params: list[tuple[str, int]] = []
@@ -192,6 +197,8 @@ def stage_parameters(m: ModelSpec, p: ParallelSpec, stage: int) -> list[tuple[st
 
 def param_count(m: ModelSpec) -> int:
     """Total parameters of the GPT (one copy, unsharded, unpadded vocabulary)."""
+    if m.params_override is not None:
+        return m.params_override
     one = ParallelSpec()
     total = sum(c for _, c in stage_parameters(m.model_copy(update={"vocab_divisible_by": 1}), one, 0))
     return total

@@ -15,7 +15,7 @@ from commlens.vocab import DTYPE_BYTES
 
 from .predict import (
     BucketSpec, DtypeSpec, ModelSpec, ParallelSpec, PredictedOp, Prediction, PredictInput, StagePrediction,
-    mean_totals, param_count, totals,
+    _merge, mean_totals, param_count, totals,
 )
 
 Param = tuple[str, tuple[int, ...]]  # (registration name, shape)
@@ -182,9 +182,9 @@ def predict_harness(inp: PredictInput) -> Prediction:
                 ops = list(common)
                 add(ops, "tp", "tp", t, "all_reduce", size, calls, "sequence-parallel parameter gradients", per_micro=calls > 1)
                 rk = [(stage * d + r) * t + k for r in dp_ranks for k in range(t)]
-                entries.append(StagePrediction(stage=stage, ranks=rk, params_per_rank=n_params, ops=ops, totals=totals(ops)))
+                entries.append(StagePrediction(stage=stage, ranks=rk, params_per_rank=n_params, ops=_merge(ops), totals=totals(ops)))
         else:
-            entries.append(StagePrediction(stage=stage, ranks=ranks, params_per_rank=n_params, ops=common, totals=totals(common)))
+            entries.append(StagePrediction(stage=stage, ranks=ranks, params_per_rank=n_params, ops=_merge(common), totals=totals(common)))
     notes = ["harness implementation: exact to the byte for profiled steps (set-up traffic excluded)"]
     if p.zero >= 2 and M > 1:
         notes.append(f"ZeRO-{p.zero} communicates every micro-step: {M} micro-steps multiply that traffic")

@@ -29,7 +29,8 @@ class ReportScheme(BaseModel):
     scheme: str
     predicted_bytes_per_iter: float | None  # None when the run has no configuration to predict from
     measured_bytes_per_iter: float
-    ratio: float | None
+    unexplained_bytes_per_iter: float
+    ratio: float | None  # measured calls the model explains / predicted
     ops: list[ReportOp]
 
 
@@ -54,6 +55,7 @@ def build_report(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput 
             scheme=s.scheme,
             predicted_bytes_per_iter=s.predicted_bytes_per_iter if has_prediction else None,
             measured_bytes_per_iter=s.measured_bytes_per_iter,
+            unexplained_bytes_per_iter=s.unexplained_bytes_per_iter,
             ratio=s.ratio,
             ops=[ReportOp(op=o.op, dtype=o.dtype, msg_bytes=o.msg_bytes, predicted_calls_per_iter=o.predicted_calls_per_iter,
                           measured_calls_per_iter=o.measured_calls_per_iter, status=o.status) for o in s.ops],
@@ -83,11 +85,12 @@ def render_markdown(r: Report) -> str:
     lines += ["", "## Process groups", "", "| group | size | scheme | source | confidence | reason |", "|---|---|---|---|---|---|"]
     for g in r.attribution.groups:
         lines.append(f"| `{g.group_key}` | {g.size or '-'} | {g.scheme} | {g.source} | {g.confidence:.2f} | {g.reason} |")
-    lines += ["", "## Bytes per iteration per rank", "", "| scheme | predicted | measured | measured / predicted |", "|---|---|---|---|"]
+    lines += ["", "## Bytes per iteration per rank", "",
+              "| scheme | predicted | measured | of which unexplained | explained / predicted |", "|---|---|---|---|---|"]
     for s in r.schemes:
         pred = format_bytes(round(s.predicted_bytes_per_iter)) if s.predicted_bytes_per_iter is not None else "-"
         lines.append(f"| {s.scheme} | {pred} | {format_bytes(round(s.measured_bytes_per_iter))} | "
-                     f"{'-' if s.ratio is None else f'{s.ratio:.3f}'} |")
+                     f"{format_bytes(round(s.unexplained_bytes_per_iter))} | {'-' if s.ratio is None else f'{s.ratio:.3f}'} |")
     lines += ["", "## Calls per iteration per rank by (op, size)", "",
               "| scheme | op | dtype | S (bytes) | predicted | measured | status |", "|---|---|---|---|---|---|---|"]
     for s in r.schemes:

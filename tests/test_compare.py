@@ -1,0 +1,74 @@
+"""Predicted against measured on real third-party data (the harness's exactness is in test_harness.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from commlens.backend.attribution import attribute_run
+from commlens.backend.compare import compare
+from commlens.backend.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
+from commlens.backend.report import build_report, render_markdown
+from commlens.ingest.pipeline import ingest_paths
+
+RESNET50_PARAMS = 25_557_032
+
+
+def _resnet_ddp(implementation: str = "fsdp") -> PredictInput:
+    return PredictInput(
+        model=ModelSpec(layers=1, hidden=1, heads=1, vocab=1, seq_len=1, params_override=RESNET50_PARAMS),
+        parallel=ParallelSpec(dp=2),
+        dtypes=DtypeSpec(act="float32", grad="float32", param="float32"),
+        implementation=implementation,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def resnet(con, data_dir: Path):
+    summary = ingest_paths(con, [data_dir / "kineto-hta/nccl_parser_config/nccl_data.json.gz"], "resnet")
+    assert not summary.failed
+    attribute_run(con, "resnet")
+    return con
+
+
+def test_resnet50_ddp_trace_against_a_ddp_prediction(resnet) -> None:
+    c = compare(resnet, "resnet", _resnet_ddp())
+    (dp,) = c.schemes
+    assert dp.scheme == "dp"
+    assert dp.predicted_bytes_per_iter == RESNET50_PARAMS * 4
+    # five all-reduce buckets add up to every parameter; two buffer broadcasts come on top, unexplained
+    bcast = sum(o.msg_bytes * o.measured_calls_per_iter for o in dp.ops if o.op == "broadcast")
+    assert dp.unexplained_bytes_per_iter == bcast > 0
+    assert dp.measured_bytes_per_iter == RESNET50_PARAMS * 4 + bcast
+    assert dp.ratio == 1.0
+    measured_ar = [o for o in dp.ops if o.op == "all_reduce" and o.measured_calls_per_iter]
+    assert len(measured_ar) == 5 and all(o.status == "bucketed" for o in dp.ops if o.op == "all_reduce")
+    # DDP's per-forward BatchNorm buffer broadcasts are real traffic the gradient model does not contain
+    assert {o.op for o in c.unexplained} == {"broadcast"}
+    assert sum(o.measured_calls_per_iter for o in c.unexplained) == 2.0
+    assert not c.missing and not c.exact
+    inferred = next(i for i in c.inferences if i.quantity.startswith("parameters per rank"))
+    assert inferred.value == RESNET50_PARAMS
+
+
+def test_without_a_config_only_measurements_and_inferences(resnet) -> None:
+    c = compare(resnet, "resnet")
+    assert c.config_source == "none" and c.implementation is None
+    assert c.schemes[0].predicted_bytes_per_iter == 0 and c.schemes[0].ratio is None
+    assert any("no configuration" in n for n in c.notes)
+
+
+def test_report_shape_and_markdown(resnet) -> None:
+    rep = build_report(resnet, "resnet", _resnet_ddp())
+    doc = rep.model_dump(mode="json")
+    assert doc["run"] == "resnet"
+    dp = next(s for s in doc["schemes"] if s["scheme"] == "dp")
+    assert dp["predicted_bytes_per_iter"] == RESNET50_PARAMS * 4 and dp["ratio"] == 1.0
+    assert {"op", "msg_bytes", "predicted_calls_per_iter", "measured_calls_per_iter"} <= set(dp["ops"][0])
+    assert all({"title", "severity"} <= set(f) for f in doc["findings"])
+    # the unexplained broadcasts are reported, the bucketed all-reduces are not
+    ids = [f["id"] for f in doc["findings"]]
+    assert "unexplained-calls:dp" in ids and "above-prediction:dp" not in ids
+    md = render_markdown(rep)
+    assert "| dp | 97.5 MiB | 97.7 MiB | 208 KiB | 1.000 |" in md

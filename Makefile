@@ -8,7 +8,7 @@ DB ?= commlens.duckdb
 # on the team's machines) is installed before the project so no multi-GB CUDA build is pulled.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: venv install install-test demo test clean
+.PHONY: venv install install-test system-test-deps demo test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,16 @@ install: venv
 	fi
 	$(BIN)/pip install -q -e ".[harness]"
 
-install-test: install
+# Browser tests drive Debian's Chromium; compose validation uses Debian's docker-compose.
+system-test-deps:
+	@if [ ! -x /usr/bin/chromium ] || ! command -v docker-compose >/dev/null 2>&1; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    echo "installing chromium and docker-compose (Debian packages)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium docker-compose >/dev/null; \
+	  else echo "note: install chromium and docker-compose (Debian packages) for the browser and compose tests"; fi; \
+	fi
+
+install-test: install system-test-deps
 	$(BIN)/pip install -q -e ".[harness,test]"
 
 # The demo: fresh harness runs of four schemes on CPU (gloo), each ingested as a run named after its

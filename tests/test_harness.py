@@ -411,3 +411,27 @@ def test_ingested_run_shows_the_scheme_in_the_right_groups(scheme, runs, tmp_pat
     if scheme == "ddp":  # the headline: DDP all-reduces every parameter once per step
         dp_bytes = sum(S * n for (sch, op, S), n in measured[0, 2].items() if sch == "dp")
         assert dp_bytes == data["model"]["param_count"] * 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_report_shows_predicted_equal_to_measured(scheme, runs, tmp_path):
+    """The whole analysis chain on a harness run: ingest -> attribution -> compare is exact for every scheme."""
+    from commlens.backend.attribution import attribute_run
+    from commlens.backend.compare import compare
+    from commlens.ingest import pipeline, store
+
+    run = runs(scheme)
+    con = store.connect(tmp_path / "store.duckdb")
+    try:
+        assert not pipeline.ingest_paths(con, launch.output_files(run.out), scheme).failed
+        attribute_run(con, scheme)
+        c = compare(con, scheme)
+    finally:
+        con.close()
+    assert c.config_source == "run" and c.implementation == "harness" and c.iterations_mode == "steps"
+    assert c.ranks == [str(r) for r in range(run.cfg.world_size)]
+    assert not c.unexplained and not c.missing, (c.unexplained, c.missing)
+    assert c.exact, [o for s in c.schemes for o in s.ops if o.status != "match"]
+    assert {s.scheme for s in c.schemes} == {d for d in run.cfg.mesh_dims}
+    assert all(s.ratio == 1.0 for s in c.schemes)

@@ -30,6 +30,7 @@ router = APIRouter(tags=["uploads"])
 
 MAX_FIELD_BYTES = 64 << 10
 SNIFF_BYTES = 1 << 16
+SPOOL_HEADROOM = 256 << 20  # keep this much disk free for the store itself
 
 
 class _Refused(Exception):
@@ -222,7 +223,7 @@ def list_jobs(
 
 @router.post(
     "/runs/{run}/files", status_code=202, response_model=JobOut,
-    responses=problem_responses(401, 404, 411, 413, 415, 422),
+    responses=problem_responses(401, 404, 413, 415, 422, 507),
     summary="Upload trace files (multipart/form-data, any number of file parts); returns the ingest job",
     openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
         "type": "object", "required": ["files"],
@@ -252,6 +253,11 @@ async def upload_files(
         raise ApiError(413, f"the request declares {declared} bytes, more than the limit of {settings.max_request_bytes} "
                        "per request (commlens serve --max-request-mb); send the files in several requests", "request-too-large")
 
+    if declared is not None and declared.isdigit():
+        free = shutil.disk_usage(settings.spool).free
+        if int(declared) > free - SPOOL_HEADROOM:
+            raise ApiError(507, f"the server's disk has {free} bytes free next to the store; this upload needs "
+                           f"{declared} bytes plus headroom. Free space or upload fewer files", "insufficient-storage")
     job_id = new_job_id()
     folder = settings.spool / job_id
     folder.mkdir(parents=True)

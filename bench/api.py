@@ -1,0 +1,341 @@
+"""API benchmark: latency of the analysis endpoints on a run of >= 10 million calls, and upload throughput.
+
+The big run is a real trace (HTA's DDP ResNet-50 rank, `nccl_data.json.gz`) ingested through the API,
+then scaled up inside DuckDB: every call copied to more ranks and more profiler steps (new sources,
+steps and groups to match), so the analysis sees a consistent run. The server runs as its own
+process (`commlens serve`), the client here; each endpoint is measured sequentially after warm-up.
+Baselines in the same run: the same analysis function called directly in-process (the API's overhead
+is the difference), and a plain file copy of the uploaded file (the disk floor of an upload).
+
+    python bench/api.py                     # >= 10M calls, 256 MiB upload; writes bench/README.md
+    python bench/api.py --ranks 8 --copies 100 --upload-mb 32 --no-write   # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("COMMLENS_DATA", ROOT.parent / "shared" / "data"))
+README = ROOT / "bench" / "README.md"
+START, END = "<!-- RESULTS:api START -->", "<!-- RESULTS:api END -->"
+TRACE = DATA / "kineto-hta" / "nccl_parser_config" / "nccl_data.json.gz"
+LOG = DATA / "nccl-logs" / "nvidia-nccl-1193.log"
+RUN = "big"
+
+
+# ------------------------------------------------------------------------------------ the store
+
+
+def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
+    """Ingest the real trace (in-process, the same pipeline the API worker uses) and scale it up."""
+    from commlens.backend.attribution import attribute_run
+    from commlens.ingest import pipeline, store
+
+    con = store.connect(db)
+    pipeline.ingest_paths(con, [TRACE], RUN)
+    pipeline.ingest_paths(con, [TRACE], "small")
+    run_id = store.get_run_id(con, RUN)
+    src = con.execute("SELECT source_id, rank FROM sources WHERE run_id = ? AND status = 'ok'", [run_id]).fetchone()
+    base_steps = con.execute("SELECT max(step) - min(step) + 1, min(step) FROM comm_events WHERE run_id = ?", [run_id]).fetchone()
+    n_steps, first_step = int(base_steps[0]), int(base_steps[1])
+    span = con.execute("SELECT max(ts_us) - min(ts_us) + 1000 FROM comm_events WHERE run_id = ?", [run_id]).fetchone()[0]
+    t0 = time.perf_counter()
+    con.execute("BEGIN TRANSACTION")
+    # One source per new rank (a copy of the real one), so per-rank iteration counts stay right.
+    con.execute(
+        """INSERT INTO sources (run_id, path, kind, sha256, size_bytes, rank, world_size, status, n_events, skipped, warnings, meta)
+           SELECT run_id, 'scaled/rank' || r.i || '.json', kind, sha256 || '-' || r.i, size_bytes, r.i, ?, status,
+                  n_events * ?, skipped, warnings, meta
+           FROM sources, range(1, ?) r(i) WHERE source_id = ?""",
+        [ranks, copies, ranks, src[0]],
+    )
+    con.execute("UPDATE sources SET n_events = n_events * ?, world_size = ? WHERE source_id = ?", [copies, ranks, src[0]])
+    con.execute(
+        """CREATE TEMP TABLE rank_src AS SELECT rank, source_id FROM sources WHERE run_id = ? AND status = 'ok'""", [run_id])
+    con.execute(
+        """INSERT INTO comm_events
+           SELECT e.run_id, rs.source_id, rs.rank, 'rank' || rs.rank, e.seq + c.k * 100000, e.op, e.dtype, e.msg_bytes,
+                  e.elems_in, e.elems_out, ?, e.group_key, e.peer, e.step + c.k * ?, e.ts_us + c.k * ?, e.dur_us,
+                  e.dur_source, e.op_count, e.comm_ptr, e.raw_name
+           FROM comm_events e, rank_src rs, range(?) c(k)
+           WHERE e.run_id = ? AND e.source_id = ? AND NOT (rs.source_id = ? AND c.k = 0)""",
+        [ranks, n_steps, span, copies, run_id, src[0], src[0]],
+    )
+    con.execute(
+        """INSERT INTO steps
+           SELECT s.run_id, rs.source_id, rs.rank, s.step + c.k * ?, s.ts_us + c.k * ?, s.dur_us
+           FROM steps s, rank_src rs, range(?) c(k)
+           WHERE s.run_id = ? AND s.source_id = ? AND NOT (rs.source_id = ? AND c.k = 0)""",
+        [n_steps, span, copies, run_id, src[0], src[0]],
+    )
+    con.execute("UPDATE comm_events SET group_size = ? WHERE run_id = ?", [ranks, run_id])
+    con.execute("UPDATE process_groups SET ranks = range(0, ?)::INTEGER[], size = ? WHERE run_id = ?", [ranks, ranks, run_id])
+    con.execute("UPDATE runs SET world_size = ? WHERE run_id = ?", [ranks, run_id])
+    con.execute("COMMIT")
+    scale_s = time.perf_counter() - t0
+    attribute_run(con, RUN)
+    attribute_run(con, "small")
+    calls = con.execute("SELECT count(*) FROM comm_events WHERE run_id = ?", [run_id]).fetchone()[0]
+    con.execute("CHECKPOINT")
+    con.close()
+    return {"calls": calls, "ranks": ranks, "steps_per_rank": n_steps * copies, "first_step": first_step,
+            "scale_s": scale_s, "db_mb": db.stat().st_size / 2**20}
+
+
+# ----------------------------------------------------------------------------------- the server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(db: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "commlens.cli", "serve", "--db", str(db), "--port", str(port)],
+                                stdout=out, stderr=out)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(url + "/api/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("server did not start:\n" + log.read_text())
+        time.sleep(0.2)
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+# ---------------------------------------------------------------------------------- measurements
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    s = sorted(samples)
+    p95 = s[min(len(s) - 1, max(0, round(0.95 * len(s)) - 1))]
+    return statistics.median(s), p95
+
+
+def time_endpoint(client: httpx.Client, path: str, params: dict[str, Any], n: int, warmup: int = 2) -> dict[str, Any]:
+    for _ in range(warmup):
+        r = client.get(path, params=params)
+        r.raise_for_status()
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r = client.get(path, params=params)
+        samples.append((time.perf_counter() - t0) * 1000)
+        r.raise_for_status()
+    p50, p95 = percentiles(samples)
+    return {"p50_ms": p50, "p95_ms": p95, "bytes": len(r.content)}
+
+
+def time_direct(fn: Callable[[], Any], n: int) -> float:
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(samples)
+
+
+def make_upload(path: Path, mb: int) -> None:
+    """A real NCCL log repeated to the size: lines the parser knows, bytes that are not all alike."""
+    lines = [ln for ln in LOG.read_bytes().splitlines(keepends=True) if b"NCCL" in ln]
+    block = b"".join(lines)
+    with open(path, "wb") as f:
+        written, i = 0, 0
+        while written < mb * 2**20:
+            chunk = block + f"# pad {i}\n".encode()
+            f.write(chunk)
+            written += len(chunk)
+            i += 1
+
+
+def bench_upload(url: str, path: Path, tmp: Path) -> dict[str, Any]:
+    size = path.stat().st_size
+    t0 = time.perf_counter()
+    shutil.copyfile(path, tmp / "copy.bin")
+    copy_s = time.perf_counter() - t0
+    (tmp / "copy.bin").unlink()
+    with httpx.Client(base_url=url, timeout=600) as c:
+        c.post("/api/runs", json={"name": "upload"})
+        with open(path, "rb") as f:
+            t0 = time.perf_counter()
+            r = c.post("/api/runs/upload/files", files={"files": (path.name, f)})
+            upload_s = time.perf_counter() - t0
+        r.raise_for_status()
+        job_id = r.json()["job_id"]
+        while (job := c.get(f"/api/jobs/{job_id}").json())["state"] in ("queued", "running"):
+            time.sleep(0.2)
+        ingest_s = time.perf_counter() - t0
+    return {"mb": size / 2**20, "upload_mb_s": size / 2**20 / upload_s, "copy_mb_s": size / 2**20 / copy_s,
+            "upload_and_ingest_mb_s": size / 2**20 / ingest_s, "job_state": job["state"],
+            "events": sum(x["events"] for x in job["results"])}
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=64)
+    ap.add_argument("--copies", type=int, default=7500, help="copies of the trace's steps per rank")
+    ap.add_argument("-n", type=int, default=20, help="timed requests per endpoint")
+    ap.add_argument("--direct-n", type=int, default=3, help="timed in-process calls per analysis function")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed requests per endpoint first")
+    ap.add_argument("--upload-mb", type=int, default=256)
+    ap.add_argument("--no-write", action="store_true", help="print only; do not update bench/README.md")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="commlens-bench-api-"))
+    try:
+        db = tmp / "bench.duckdb"
+        store_info = build_store(db, args.ranks, args.copies)
+        print(f"store: {store_info}", flush=True)
+        direct = measure_direct(db, args.direct_n)
+        proc, url = start_server(db, tmp / "server.log")
+        try:
+            endpoints = {
+                "histograms (default: per rank per iteration)": (f"/api/runs/{RUN}/histograms", {}),
+                "histograms (weight=bytes, scheme=dp)": (f"/api/runs/{RUN}/histograms", {"weight": "bytes", "scheme": "dp"}),
+                "histograms (rank=3, step)": (f"/api/runs/{RUN}/histograms", {"rank": 3, "step": store_info["first_step"]}),
+                "comparison (predicted vs measured)": (f"/api/runs/{RUN}/comparison", {}),
+                "compare runs (big, small)": ("/api/compare", {"runs": f"{RUN},small"}),
+                "findings": (f"/api/runs/{RUN}/findings", {}),
+                "run detail": (f"/api/runs/{RUN}", {}),
+            }
+            latency = {}
+            with httpx.Client(base_url=url, timeout=600) as c:
+                for label, (path, params) in endpoints.items():
+                    latency[label] = time_endpoint(c, path, params, args.n, args.warmup)
+                    print(f"{label}: {latency[label]}", flush=True)
+            make_upload(tmp / "upload.log", args.upload_mb)
+            upload = bench_upload(url, tmp / "upload.log", tmp)
+            print(f"upload: {upload}", flush=True)
+            rss = peak_rss_mb(proc.pid)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+        text = render(store_info, latency, direct, upload, rss, args)
+        print(text)
+        if not args.no_write:
+            write(text)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure_direct(db: Path, n: int) -> dict[str, float]:
+    """The analysis functions called in-process on the same store (before the server holds it)."""
+    from commlens.backend.compare import compare
+    from commlens.backend.findings import findings
+    from commlens.backend.histograms import histogram
+    from commlens.ingest import store
+
+    con = store.connect(db)
+    try:
+        return {
+            "histograms (default: per rank per iteration)": time_direct(lambda: histogram(con, RUN), n),
+            "comparison (predicted vs measured)": time_direct(lambda: compare(con, RUN), n),
+            "findings": time_direct(lambda: findings(con, RUN), n),
+        }
+    finally:
+        con.close()
+
+
+def render(store_info: dict, latency: dict, direct: dict, upload: dict, rss: float | None, args: argparse.Namespace) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                   if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    lines = [
+        f"### API ({dt.date.today().isoformat()}, {cpu}, {os.cpu_count()} cores, Python {platform.python_version()})",
+        "",
+        f"`python bench/api.py --ranks {args.ranks} --copies {args.copies} -n {args.n} --warmup {args.warmup} "
+        f"--direct-n {args.direct_n} --upload-mb {args.upload_mb}`: "
+        f"the real DDP trace `nccl_data.json.gz` scaled in DuckDB to **{store_info['calls']:,} calls** "
+        f"({store_info['ranks']} ranks x {store_info['steps_per_rank']:,} profiler steps; store {store_info['db_mb']:.0f} MiB, "
+        f"scaled in {store_info['scale_s']:.1f} s). Server: `commlens serve` in its own process, client sequential "
+        f"after {args.warmup} warm-up request(s), {args.n} timed requests per endpoint. Target: p50 under 100 ms.",
+        "",
+        "| endpoint | p50 ms | p95 ms | response KiB | same function in-process, p50 ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, m in latency.items():
+        d = direct.get(label)
+        lines.append(f"| {label} | {m['p50_ms']:.1f} | {m['p95_ms']:.1f} | {m['bytes'] / 1024:.1f} | "
+                     f"{'' if d is None else f'{d:.1f}'} |")
+    lines += [
+        "",
+        f"Upload of a {upload['mb']:.0f} MiB NCCL log (multipart, streamed to the spool): "
+        f"**{upload['upload_mb_s']:.0f} MiB/s**, against a plain file copy of {upload['copy_mb_s']:.0f} MiB/s in the "
+        f"same run ({upload['upload_mb_s'] / upload['copy_mb_s']:.2f}x); upload plus ingest of the file "
+        f"{upload['upload_and_ingest_mb_s']:.1f} MiB/s (job {upload['job_state']}, {upload['events']:,} calls)."
+        + (f" Server peak RSS {rss:.0f} MiB." if rss else ""),
+        "",
+        WHY_SLOW,
+    ]
+    return "\n".join(lines)
+
+
+WHY_SLOW = """**Where the time goes.** The API adds little: the same functions called in-process take as long (the
+machine is shared, so single runs vary by tens of percent). The analysis functions scan every call of
+the run on every request, through the `comms` joins, several times:
+`iterations.assign_iterations` (per-source step counts with a correlated count over `steps` plus
+`count(DISTINCT step)` over all events) runs inside `histograms.histogram`, `ranks.rank_totals` and
+`compare.compare`; `histogram` then groups all events joined to the registered iteration table;
+`findings.findings` runs `bandwidth.bandwidth` and `rank_totals` (each a full pass) before its own
+checks, so it costs the sum; `attribution.attribution_summary` counts events per group with a
+correlated subquery. A single plain `GROUP BY op, msg_bytes` over this run's `comm_events` takes about
+0.1-0.3 s on this machine and over the `comms` view about 0.9 s, so no per-request scan reaches 100 ms at
+10 million calls on 2 cores. Reaching the target needs a per-run aggregate written once (at ingest and
+attribution time: calls, bytes and duration statistics per rank, group, op, dtype, size and
+iteration), from which these functions answer; that is a store/analysis change, not an API one, and
+the API does not cache results (a cache keyed on a run's write generation would be correct, since the
+server is the only writer, but it would only hide the cold cost measured here). `run detail` (the
+API's own endpoint) also pays one pass (`count` per op, distinct ranks)."""
+
+
+def write(text: str) -> None:
+    body = README.read_text() if README.exists() else "# Benchmarks\n"
+    block = f"{START}\n{text}\n{END}"
+    if START in body:
+        pre, rest = body.split(START, 1)
+        body = pre + block + rest.split(END, 1)[1]
+    else:
+        body = body.rstrip("\n") + "\n\n" + block + "\n"
+    README.write_text(body)
+
+
+if __name__ == "__main__":
+    main()

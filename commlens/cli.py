@@ -120,17 +120,40 @@ def serve(
     insecure: bool = typer.Option(False, "--insecure", help="Off loopback: start without users and accept tokenless writes."),
     max_file_mb: float = typer.Option(4096, help="Largest uploaded file (MiB, as sent)."),
     max_request_mb: float = typer.Option(8192, help="Largest upload request (MiB)."),
+    ui: bool = typer.Option(True, "--ui/--no-ui", help="Serve the dashboard at / (the API stays under /api)."),
 ) -> None:
-    """Serve the API under /api (OpenAPI docs at /docs) and own the store while running."""
+    """Serve the API under /api (OpenAPI docs at /docs) and the dashboard at /; own the store while running."""
     from commlens.backend.api import Settings, StartupRefused
     from commlens.backend.api.server import serve as run_server
     from commlens.ingest.store import StoreError
 
     settings = Settings(db=db, host=host, port=port, insecure=insecure, max_file_bytes=int(max_file_mb * 2**20),
                         max_request_bytes=int(max_request_mb * 2**20))
+    dashboard = None
+    if ui:
+        from commlens.frontend import create_ui
+
+        dashboard = create_ui()
     try:
-        run_server(settings)
+        run_server(settings, ui=dashboard)
     except (StartupRefused, StoreError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+@app.command("ui")
+def ui_command(
+    api: str = typer.Option(..., "--api", help="The commlens server's root URL, e.g. http://api:8050."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(8051, help="TCP port."),
+    insecure: bool = typer.Option(False, "--insecure", help="Serve off loopback in front of a loopback-bound API."),
+) -> None:
+    """Serve the dashboard alone, against a commlens API elsewhere (docker-compose's ui service)."""
+    from commlens.frontend.server import UiRefused, serve_ui
+
+    try:
+        serve_ui(api, host=host, port=port, insecure=insecure)
+    except UiRefused as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
 

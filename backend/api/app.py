@@ -51,6 +51,8 @@ def as_asgi(ui: Any) -> Any:
         import warnings
 
         with warnings.catch_warnings():
+            # starlette says StarletteDeprecationWarning (a UserWarning) on import; a2wsgi is the preferred path
+            warnings.filterwarnings("ignore", message=".*starlette.middleware.wsgi is deprecated")
             warnings.simplefilter("ignore", DeprecationWarning)
             from starlette.middleware.wsgi import WSGIMiddleware  # type: ignore[no-redef]
     return WSGIMiddleware(wsgi)

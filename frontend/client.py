@@ -1,0 +1,190 @@
+"""The UI's one way to the API: a typed httpx client returning the backend's own pydantic models.
+
+Every number the dashboard shows comes through here. Errors become `ApiProblem` with the API's
+problem+json detail (or a sentence about the connection), so pages can say what went wrong in words.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+
+from commlens.backend.api.models import (
+    Anchor, JobOut, Me, Page, ReviewCreate, ReviewItem, ReviewUpdate, RunCreate, RunDetail, RunsComparison,
+    RunSummary, RunUpdate, SourceOut, TopologyRows,
+)
+from commlens.backend.compare import Comparison
+from commlens.backend.models import AttributionSummary, BandwidthReport, Finding, Histogram, RankTotals
+from commlens.backend.predict import Prediction, PredictInput
+
+M = TypeVar("M", bound=BaseModel)
+
+# Reads of big runs (comparison, findings) can take a while; connecting must not.
+TIMEOUT = httpx.Timeout(180.0, connect=5.0)
+UPLOAD_TIMEOUT = httpx.Timeout(900.0, connect=5.0)
+
+
+class ApiProblem(Exception):
+    """An API error (status and the API's detail) or an unreachable API (status 0)."""
+
+    def __init__(self, status: int, detail: str, title: str = ""):
+        self.status = status
+        self.detail = detail
+        self.title = title
+        super().__init__(f"{status} {title}: {detail}" if status else detail)
+
+
+def _problem(resp: httpx.Response) -> ApiProblem:
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "detail" in body:
+        detail = body["detail"]
+        if not isinstance(detail, str):
+            detail = json.dumps(detail)[:500]
+        errors = body.get("errors")
+        if errors:
+            detail += " (" + "; ".join(
+                f"{'.'.join(str(x) for x in e.get('loc', [])[1:])}: {e.get('msg')}" for e in errors[:5]) + ")"
+        return ApiProblem(resp.status_code, detail, str(body.get("title", "")))
+    return ApiProblem(resp.status_code, resp.text[:300] or resp.reason_phrase, resp.reason_phrase)
+
+
+class ApiClient:
+    """Calls the commlens API at `base_url` (the server root; routes are under /api) as `token`'s user."""
+
+    def __init__(self, base_url: str, token: str | None = None, http: httpx.Client | None = None):
+        self.base_url = base_url.rstrip("/")
+        self._http = http or httpx.Client(timeout=TIMEOUT)
+        self._headers = {"Authorization": f"Bearer {token.strip()}"} if token and token.strip() else {}
+
+    # ------------------------------------------------------------------------------ plumbing
+
+    def _request(self, method: str, path: str, *, params: dict[str, Any] | None = None, json_body: Any = None,
+                 files: Any = None, timeout: httpx.Timeout = TIMEOUT) -> httpx.Response:
+        clean = {k: v for k, v in (params or {}).items() if v is not None and v != ""}
+        try:
+            resp = self._http.request(method, f"{self.base_url}/api{path}", params=clean, json=json_body, files=files,
+                                      headers=self._headers, timeout=timeout)
+        except httpx.TimeoutException:
+            raise ApiProblem(0, f"the API at {self.base_url} did not answer {method} /api{path} in time") from None
+        except httpx.HTTPError as exc:
+            raise ApiProblem(0, f"cannot reach the API at {self.base_url}: {exc}") from None
+        if resp.status_code >= 400:
+            raise _problem(resp)
+        return resp
+
+    def _get(self, path: str, model: type[M], **params: Any) -> M:
+        return model.model_validate_json(self._request("GET", path, params=params).content)
+
+    def _send(self, method: str, path: str, model: type[M], body: BaseModel | dict[str, Any] | None) -> M:
+        payload = body.model_dump(mode="json", exclude_unset=True) if isinstance(body, BaseModel) else body
+        return model.model_validate_json(self._request(method, path, json_body=payload).content)
+
+    # ---------------------------------------------------------------------------- who / runs
+
+    def me(self) -> Me:
+        return self._get("/me", Me)
+
+    def runs(self, q: str | None = None, tag: str | None = None, limit: int = 50, offset: int = 0) -> Page[RunSummary]:
+        return self._get("/runs", Page[RunSummary], q=q, tag=tag, limit=limit, offset=offset)
+
+    def run(self, run: str) -> RunDetail:
+        return self._get(f"/runs/{_seg(run)}", RunDetail)
+
+    def create_run(self, body: RunCreate) -> RunDetail:
+        return self._send("POST", "/runs", RunDetail, body)
+
+    def update_run(self, run: str, body: RunUpdate) -> RunDetail:
+        return self._send("PATCH", f"/runs/{_seg(run)}", RunDetail, body)
+
+    def sources(self, run: str, limit: int = 200, offset: int = 0) -> Page[SourceOut]:
+        return self._get(f"/runs/{_seg(run)}/sources", Page[SourceOut], limit=limit, offset=offset)
+
+    def upload(self, run: str, files: Sequence[tuple[str, bytes]], rank: int | None = None) -> JobOut:
+        parts = [("files", (name, data, "application/octet-stream")) for name, data in files]
+        resp = self._request("POST", f"/runs/{_seg(run)}/files", params={"rank": rank}, files=parts,
+                             timeout=UPLOAD_TIMEOUT)
+        return JobOut.model_validate_json(resp.content)
+
+    def job(self, job_id: str) -> JobOut:
+        return self._get(f"/jobs/{_seg(job_id)}", JobOut)
+
+    # ------------------------------------------------------------------------------ analysis
+
+    def groups(self, run: str) -> AttributionSummary:
+        return self._get(f"/runs/{_seg(run)}/groups", AttributionSummary)
+
+    def histogram(self, run: str, *, scheme: str | None = None, op: str | None = None, dtype: str | None = None,
+                  rank: int | None = None, step: int | None = None, weight: str = "calls",
+                  normalize: bool = True) -> Histogram:
+        return self._get(f"/runs/{_seg(run)}/histograms", Histogram, scheme=scheme, op=op, dtype=dtype, rank=rank,
+                         step=step, weight=weight, normalize=str(normalize).lower())
+
+    def bandwidth(self, run: str) -> BandwidthReport:
+        return self._get(f"/runs/{_seg(run)}/bandwidth", BandwidthReport)
+
+    def ranks(self, run: str) -> RankTotals:
+        return self._get(f"/runs/{_seg(run)}/ranks", RankTotals)
+
+    def findings(self, run: str, limit: int = 50, offset: int = 0) -> Page[Finding]:
+        return self._get(f"/runs/{_seg(run)}/findings", Page[Finding], limit=limit, offset=offset)
+
+    def promote_finding(self, run: str, finding_id: str) -> ReviewItem:
+        return self._send("POST", f"/runs/{_seg(run)}/findings/{_seg(finding_id)}/review", ReviewItem, None)
+
+    def comparison(self, run: str, supplied: PredictInput | None = None) -> Comparison:
+        if supplied is None:
+            return self._get(f"/runs/{_seg(run)}/comparison", Comparison)
+        return self._send("POST", f"/runs/{_seg(run)}/comparison", Comparison, supplied.model_dump(mode="json"))
+
+    def compare(self, runs: Sequence[str]) -> RunsComparison:
+        return self._get("/compare", RunsComparison, runs=",".join(runs))
+
+    def predict(self, body: PredictInput) -> Prediction:
+        return self._send("POST", "/predict", Prediction, body.model_dump(mode="json"))
+
+    def topology(self, run: str, table: str, limit: int = 500, offset: int = 0,
+                 group_key: str | None = None) -> TopologyRows:
+        return self._get(f"/runs/{_seg(run)}/topology/{_seg(table)}", TopologyRows, limit=limit, offset=offset,
+                         group_key=group_key)
+
+    def calls(self, run: str, **filters: Any) -> Iterator[dict[str, Any]]:
+        """The run's rows of the `comms` view (GET /export as JSON lines) with the export's filters,
+        streamed so a caller can stop early."""
+        clean = {k: v for k, v in filters.items() if v is not None}
+        try:
+            with self._http.stream("GET", f"{self.base_url}/api/runs/{_seg(run)}/export", headers=self._headers,
+                                   params={"format": "jsonl", **clean}, timeout=TIMEOUT) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise _problem(resp)
+                for line in resp.iter_lines():
+                    if line:
+                        yield json.loads(line)
+        except httpx.HTTPError as exc:
+            raise ApiProblem(0, f"cannot read the calls from the API at {self.base_url}: {exc}") from None
+
+    # -------------------------------------------------------------------------------- review
+
+    def review(self, run: str, status: str | None = None, limit: int = 100, offset: int = 0) -> Page[ReviewItem]:
+        return self._get(f"/runs/{_seg(run)}/review", Page[ReviewItem], status=status, limit=limit, offset=offset)
+
+    def add_review(self, run: str, body: str, anchor: Anchor | None = None, parent_id: int | None = None) -> ReviewItem:
+        create = ReviewCreate(body=body, anchor=anchor, parent_id=parent_id)
+        return self._send("POST", f"/runs/{_seg(run)}/review", ReviewItem,
+                          create.model_dump(mode="json", exclude_none=True))
+
+    def update_review(self, item_id: int, body: ReviewUpdate) -> ReviewItem:
+        return self._send("PATCH", f"/review/{item_id}", ReviewItem, body)
+
+
+def _seg(value: str) -> str:
+    """One URL path segment, every reserved character escaped."""
+    return quote(value, safe="")

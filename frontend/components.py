@@ -1,0 +1,172 @@
+"""Shared pieces of every page: tables with numeric cells, chart blocks with a table and a CSV
+alternative, messages for loading, empty and error states, and the guard that turns exceptions into words."""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+from collections.abc import Callable, Sequence
+from functools import wraps
+from typing import Any
+from urllib.parse import quote
+
+import plotly.graph_objects as go
+from dash import dcc, html, no_update
+from dash.exceptions import PreventUpdate
+
+from .client import ApiProblem
+from .fmt import num
+
+log = logging.getLogger("commlens.frontend")
+
+GRAPH_CONFIG = {"displaylogo": False, "responsive": True,
+                "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d"],
+                "toImageButtonOptions": {"format": "png", "scale": 2}}
+OP_COLORS = {
+    "all_reduce": "#1f77b4", "all_gather": "#ff7f0e", "reduce_scatter": "#2ca02c", "broadcast": "#d62728",
+    "reduce": "#9467bd", "all_to_all": "#8c564b", "gather": "#e377c2", "scatter": "#7f7f7f", "send": "#bcbd22",
+    "recv": "#17becf", "barrier": "#444444",
+}
+SCHEME_COLORS = {"dp": "#1f77b4", "tp": "#ff7f0e", "pp": "#2ca02c", "cp": "#9467bd", "ep": "#8c564b",
+                 "other": "#7f7f7f", None: "#bbbbbb"}
+
+
+# ------------------------------------------------------------------------------------ messages
+
+
+def message(text: Any, kind: str = "info") -> html.Div:
+    return html.Div(text, className=f"msg msg-{kind}", role="alert" if kind == "error" else "status")
+
+
+def empty(text: str) -> html.Div:
+    return message(text, "empty")
+
+
+def problem_box(exc: ApiProblem) -> html.Div:
+    if exc.status == 0:
+        head = "The API cannot be reached"
+    elif exc.status == 401:
+        head = "Not signed in for this action (enter a token at the top right)"
+    elif exc.status == 403:
+        head = "Not allowed"
+    elif exc.status == 404:
+        head = "Not found"
+    elif exc.status == 409:
+        head = "Conflict"
+    elif exc.status in (413, 415, 422):
+        head = "Refused by the API"
+    else:
+        head = f"The API answered {exc.status}"
+    return message([html.Strong(head + ": "), exc.detail], "error")
+
+
+def guarded(outputs: int = 1) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Callbacks never raise into Dash: API problems and UI bugs become a message in the first output."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except PreventUpdate:
+                raise
+            except ApiProblem as exc:
+                box = problem_box(exc)
+            except Exception as exc:  # noqa: BLE001 - shown in words, logged with the traceback
+                log.exception("UI callback %s failed", fn.__name__)
+                box = message([html.Strong("The page could not draw this view: "), f"{type(exc).__name__}: {exc}"],
+                              "error")
+            return box if outputs == 1 else (box, *([no_update] * (outputs - 1)))
+
+        return wrapper
+
+    return deco
+
+
+def loading(child: Any, id_: str | None = None) -> dcc.Loading:
+    kwargs = {"id": id_} if id_ else {}
+    return dcc.Loading(child, type="default", delay_show=150, **kwargs)
+
+
+# -------------------------------------------------------------------------------------- tables
+
+
+def td_num(value: float | int | None, text: str | None = None, **props: Any) -> html.Td:
+    """A numeric cell: the readable text shown, the exact value in data-value."""
+    return html.Td(num(value) if text is None else text, className="num",
+                   **{"data-value": "" if value is None else repr(value)}, **props)
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], id_: Any = None, caption: str | None = None,
+          row_class: Sequence[str | None] | None = None) -> html.Table:
+    head = html.Thead(html.Tr([html.Th(c, scope="col") for c in columns]))
+    body = []
+    for i, row in enumerate(rows):
+        cells = [c if isinstance(c, (html.Td, html.Th)) else html.Td(c) for c in row]
+        cls = row_class[i] if row_class is not None else None
+        body.append(html.Tr(cells, className=cls) if cls else html.Tr(cells))
+    parts: list[Any] = [html.Caption(caption)] if caption else []
+    kwargs = {"id": id_} if id_ is not None else {}
+    return html.Table(parts + [head, html.Tbody(body)], className="data", **kwargs)
+
+
+def csv_href(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(columns)
+    writer.writerows(["" if v is None else v for v in r] for r in rows)
+    return "data:text/csv;charset=utf-8," + quote(buf.getvalue())
+
+
+def csv_link(columns: Sequence[str], rows: Sequence[Sequence[Any]], filename: str) -> html.A:
+    return html.A("Download CSV", href=csv_href(columns, rows), download=filename, className="csv")
+
+
+def chart_block(graph_id: Any, fig: go.Figure, columns: Sequence[str], display_rows: Sequence[Sequence[Any]],
+                raw_rows: Sequence[Sequence[Any]], filename: str, note: Any = None,
+                open_table: bool = False) -> html.Div:
+    """A chart with its table view and CSV: the same numbers three ways."""
+    tidy_legend(fig)
+    return html.Div([
+        dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, className="graph"),
+        html.Div(note, className="chart-note") if note else None,
+        html.Details([html.Summary("Table view"), table(columns, display_rows)], open=open_table),
+        csv_link(columns, raw_rows, filename),
+    ], className="chart")
+
+
+def figure(title: str, x_title: str, y_title: str, height: int = 340) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 15}},
+        xaxis_title=x_title, yaxis_title=y_title, height=height, template="plotly_white",
+        margin={"l": 70, "r": 20, "t": 60, "b": 60}, legend={"orientation": "h", "y": 1.02, "yanchor": "bottom",
+                                                             "x": 1, "xanchor": "right"},
+        hoverlabel={"namelength": -1}, font={"size": 12},
+    )
+    return fig
+
+
+def tidy_legend(fig: go.Figure) -> None:
+    """Many legend entries go below the plot, where they cannot cover the title."""
+    entries = sum(1 for t in fig.data if t.showlegend is not False and t.type != "heatmap")
+    if entries <= 4:
+        return
+    rows = -(-entries // 4)
+    height = (fig.layout.height or 340) + 22 * rows
+    tilted = fig.layout.xaxis.tickangle not in (None, 0)
+    fig.update_layout(height=height, margin={"b": 90 + 22 * rows + (30 if tilted else 0)},
+                      legend={"orientation": "h", "y": -0.22 - (0.12 if tilted else 0) - 0.02 * rows,
+                              "yanchor": "top", "x": 0, "xanchor": "left"})
+
+
+def kv(pairs: Sequence[tuple[str, Any]]) -> html.Dl:
+    items: list[Any] = []
+    for k, v in pairs:
+        items += [html.Dt(k), html.Dd(v if v not in (None, "") else "-")]
+    return html.Dl(items, className="kv")
+
+
+def severity_badge(severity: str) -> html.Span:
+    return html.Span(severity, className=f"badge sev-{severity}")

@@ -1,0 +1,216 @@
+"""`/runs/{run}/histograms`: message sizes per scheme in power-of-two bins, bars coloured by op, calls or
+bytes, normalised per rank per iteration; a click on a bar lists its calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dash import ALL, Dash, Input, Output, State, ctx, dcc, html
+from dash.exceptions import PreventUpdate
+
+from commlens.backend.histograms import bin_spec
+from commlens.backend.models import SCHEMES, BinSpec, Histogram, HistogramSeries
+
+from .components import (
+    OP_COLORS, chart_block, csv_link, empty, figure, guarded, loading, message, table, td_num,
+)
+from .config import UiConfig
+from .fmt import byte_axis, duration_us, exact_bytes, num
+from .urls import int_or_none, query
+
+OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "gather", "scatter", "send",
+       "recv", "barrier"]
+UNATTRIBUTED = "-"  # the selection's scheme for calls without a group
+MAX_LISTED = 300
+NORM_TEXT = {"per_rank_per_iteration": "per rank per iteration", "per_rank": "per rank", "none": "in the whole run"}
+
+
+def _select(id_: str, label: str, options: list[str], value: str | None, all_label: str = "all") -> html.Div:
+    return html.Div([html.Label(label, htmlFor=id_),
+                     dcc.Dropdown(id=id_, options=[{"label": all_label, "value": ""}] + [{"label": o, "value": o}
+                                                                                        for o in options],
+                                  value=value or "", clearable=False, searchable=False)], className="field")
+
+
+def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> html.Div:
+    return html.Div([
+        dcc.Store(id="hg-run", data=run),
+        html.Div([
+            _select("hg-scheme", "Scheme", list(SCHEMES), q.get("scheme")),
+            _select("hg-op", "Op", OPS, q.get("op")),
+            html.Div([html.Label("Dtype", htmlFor="hg-dtype"),
+                      dcc.Input(id="hg-dtype", type="text", value=q.get("dtype", ""), debounce=True,
+                                placeholder="all", size="9")], className="field"),
+            html.Div([html.Label("Rank", htmlFor="hg-rank"),
+                      dcc.Input(id="hg-rank", type="number", min=0, step=1, value=int_or_none(q.get("rank")),
+                                debounce=True, placeholder="all")], className="field"),
+            html.Div([html.Label("Step / iteration", htmlFor="hg-step"),
+                      dcc.Input(id="hg-step", type="number", step=1, value=int_or_none(q.get("step")), debounce=True,
+                                placeholder="all")], className="field"),
+            html.Div([html.Label("Weight"),
+                      dcc.RadioItems(id="hg-weight", options=[{"label": " calls", "value": "calls"},
+                                                              {"label": " bytes", "value": "bytes"}],
+                                     value=q.get("weight", "calls") if q.get("weight") in ("calls", "bytes") else "calls",
+                                     inline=True, inputStyle={"marginLeft": "8px"})], className="field"),
+            html.Div([html.Label("Normalise"),
+                      dcc.Checklist(id="hg-norm", options=[{"label": " per rank per iteration", "value": "1"}],
+                                    value=[] if q.get("norm") == "0" else ["1"])], className="field"),
+        ], className="controls"),
+        dcc.Store(id="hg-sel", data=q.get("sel")),
+        loading(html.Div(id="hg-content")),
+        html.H2("Calls of the selected bar"),
+        loading(html.Div(id="hg-calls")),
+    ])
+
+
+def _series_name(s: HistogramSeries) -> str:
+    return f"{s.op} {s.dtype}" if s.dtype else s.op
+
+
+def panel(h: Histogram, scheme: str | None, series: list[HistogramSeries]) -> html.Div:
+    labels = [b.label for b in h.bins]
+    title_scheme = scheme if scheme is not None else "unattributed (no group)"
+    unit = "bytes" if h.weight == "bytes" else "calls"
+    norm = NORM_TEXT[h.normalization]
+    fig = figure(f"{title_scheme}: {unit} {norm} by message size", "message size S (power-of-two bin)",
+                 f"{unit} {norm}")
+    top = 0.0
+    for s in series:
+        key = scheme if scheme is not None else UNATTRIBUTED
+        custom = [[key, s.op, s.dtype or "", b.key, num(s.calls[i]), exact_bytes(s.bytes[i])]
+                  for i, b in enumerate(h.bins)]
+        fig.add_bar(name=_series_name(s), x=labels, y=s.values, customdata=custom,
+                    marker_color=OP_COLORS.get(s.op, "#777"),
+                    marker_pattern_shape="" if series.index(s) == _first_of_op(series, s.op) else "/",
+                    hovertemplate=("<b>%{x}</b><br>" + _series_name(s) + "<br>calls: %{customdata[4]}"
+                                   "<br>bytes: %{customdata[5]}<extra></extra>"))
+        top = max([top, *s.values])
+    fig.update_layout(barmode="stack", xaxis={"type": "category", "categoryorder": "array", "categoryarray": labels,
+                                              "tickangle": -35}, clickmode="event")
+    if h.weight == "bytes":
+        fig.update_layout(yaxis=byte_axis(top))
+    cols = ["op", "dtype", "size bin", "bin from (B)", "bin to (B)", f"calls {norm}", f"bytes {norm}"]
+    display, raw = [], []
+    for s in series:
+        for i, b in enumerate(h.bins):
+            if s.calls[i] == 0 and s.bytes[i] == 0:
+                continue
+            display.append([s.op, s.dtype or "-", b.label, td_num(b.lo), td_num(b.hi), td_num(s.calls[i]),
+                            td_num(s.bytes[i], exact_bytes(s.bytes[i]))])
+            raw.append([s.op, s.dtype, b.label, b.lo, b.hi, s.calls[i], s.bytes[i]])
+    graph_id = {"type": "hg-graph", "scheme": scheme if scheme is not None else UNATTRIBUTED}
+    return chart_block(graph_id, fig, cols, display, raw, f"{h.run}-{scheme or 'unattributed'}-histogram.csv")
+
+
+def _first_of_op(series: list[HistogramSeries], op: str) -> int:
+    return next(i for i, s in enumerate(series) if s.op == op)
+
+
+def histogram_view(h: Histogram) -> Any:
+    notes: list[Any] = []
+    if h.iterations is not None:
+        notes.append(h.iterations.message)
+    notes += h.notes
+    if h.excluded:
+        notes.append("left out of the normalised histogram: " + ", ".join(f"{k}: {num(v)} calls"
+                                                                          for k, v in h.excluded.items()))
+    if h.unattributed_events:
+        notes.append(f"{num(h.unattributed_events)} calls have no group and so no scheme")
+    head = html.Ul([html.Li(n) for n in notes], className="note-list") if notes else None
+    if not h.series:
+        return html.Div([head, empty("No calls match these filters.")])
+    order: list[str | None] = []
+    for s in h.series:
+        if s.scheme not in order:
+            order.append(s.scheme)
+    panels = [panel(h, sc, [s for s in h.series if s.scheme == sc]) for sc in order]
+    hint = html.P("Click a bar to list its calls below. Hover shows the exact numbers.", className="hint")
+    return html.Div([head, hint, html.Div(panels, className="grid2" if len(panels) > 1 else "")])
+
+
+def parse_sel(sel: str | None) -> tuple[str, str, str, str] | None:
+    parts = (sel or "").split(":")
+    return (parts[0], parts[1], parts[2], parts[3]) if len(parts) == 4 else None
+
+
+def in_bin(msg_bytes: int | None, b: BinSpec | None, key: str) -> bool:
+    if key == "unknown":
+        return msg_bytes is None
+    if key == "zero":
+        return msg_bytes == 0
+    return b is not None and msg_bytes is not None and b.lo is not None and b.hi is not None and b.lo <= msg_bytes < b.hi
+
+
+def register(app: Dash, cfg: UiConfig) -> None:
+    controls = [Input("hg-scheme", "value"), Input("hg-op", "value"), Input("hg-dtype", "value"),
+                Input("hg-rank", "value"), Input("hg-step", "value"), Input("hg-weight", "value"),
+                Input("hg-norm", "value")]
+
+    @app.callback(Output("url", "search", allow_duplicate=True), Output("rendered", "data", allow_duplicate=True),
+                  *controls, Input("hg-sel", "data"), State("url", "pathname"), prevent_initial_call=True)
+    def sync(scheme: str, op: str, dtype: str, rank: int | None, step: int | None, weight: str, norm: list[str],
+             sel: str | None, pathname: str) -> Any:
+        search = query({"scheme": scheme, "op": op, "dtype": dtype, "rank": rank, "step": step,
+                        "weight": None if weight == "calls" else weight, "norm": None if norm else "0", "sel": sel})
+        return search, {"path": pathname, "search": search}
+
+    @app.callback(Output("hg-content", "children"), *controls, State("hg-run", "data"), State("token", "data"))
+    @guarded()
+    def show(scheme: str, op: str, dtype: str, rank: int | None, step: int | None, weight: str, norm: list[str],
+             run: str, token: str | None) -> Any:
+        h = cfg.client(token).histogram(run, scheme=scheme or None, op=op or None, dtype=dtype or None, rank=rank,
+                                        step=step, weight=weight or "calls", normalize=bool(norm))
+        return histogram_view(h)
+
+    @app.callback(Output("hg-sel", "data"), Input({"type": "hg-graph", "scheme": ALL}, "clickData"),
+                  prevent_initial_call=True)
+    def select(clicks: list[dict | None]) -> Any:
+        trig = ctx.triggered[0]["value"] if ctx.triggered else None
+        if not trig or not trig.get("points"):
+            raise PreventUpdate
+        scheme, op, dtype, key = trig["points"][0]["customdata"][:4]
+        return f"{scheme}:{op}:{dtype}:{key}"
+
+    @app.callback(Output("hg-calls", "children"), Input("hg-sel", "data"), Input("hg-rank", "value"),
+                  Input("hg-step", "value"), State("hg-run", "data"), State("token", "data"))
+    @guarded()
+    def calls(sel: str | None, rank: int | None, step: int | None, run: str, token: str | None) -> Any:
+        parsed = parse_sel(sel)
+        if parsed is None:
+            return empty("Click a bar of a histogram to list the calls in it.")
+        scheme, op, dtype, key = parsed
+        client = cfg.client(token)
+        try:
+            spec: BinSpec | None = bin_spec(key)  # the API's own bin definition
+        except ValueError:
+            return message(f"The selection names no size bin: {key!r}.", "error")
+        label = spec.label
+        rows = []
+        complete = True
+        for row in client.calls(run, scheme=None if scheme == UNATTRIBUTED else scheme, op=op, dtype=dtype or None,
+                                rank=rank, step=step):
+            if scheme == UNATTRIBUTED and row.get("scheme") is not None:
+                continue
+            if in_bin(row.get("msg_bytes"), spec, key):
+                rows.append(row)
+                if len(rows) >= MAX_LISTED:
+                    complete = False
+                    break
+        title = f"{'unattributed' if scheme == UNATTRIBUTED else scheme} · {op} {dtype} · {label}"
+        if not rows:
+            return html.Div([html.H3(title), empty("No calls of the trace fall in this bar with these filters.")])
+        cols = ["rank", "op", "dtype", "S", "group", "group size", "step", "start (µs)", "duration", "source", "file"]
+        display = [[td_num(r["rank"]), r["op"], r["dtype"] or "-", td_num(r["msg_bytes"], exact_bytes(r["msg_bytes"])),
+                    html.Span(r["group_key"] or "-", className="mono"), td_num(r["group_size"]), td_num(r["step"]),
+                    td_num(r["ts_us"], "-" if r["ts_us"] is None else f"{r['ts_us']:,.1f}"), td_num(r["dur_us"], duration_us(r["dur_us"])), r["source_kind"],
+                    html.Span(r["file"], className="mono")] for r in rows]
+        raw_cols = ["rank", "op", "dtype", "msg_bytes", "group_key", "group_size", "step", "ts_us", "dur_us",
+                    "source_kind", "file"]
+        raw = [[r[c] for c in raw_cols] for r in rows]
+        note = (f"The first {MAX_LISTED} calls, in file, rank and time order." if not complete
+                else f"{len(rows)} calls (every rank and step of the trace, not normalised).")
+        return html.Div([html.H3(title, id="hg-calls-title"), html.P(note, className="hint"),
+                         html.Div(table(cols, display, id_="hg-calls-table"), className="scroll"),
+                         csv_link(raw_cols, raw, f"{run}-calls.csv")])
+
+

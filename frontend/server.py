@@ -1,0 +1,50 @@
+"""The dashboard as its own service (`commlens ui`, `python -m commlens.frontend`) against an API URL."""
+
+from __future__ import annotations
+
+import argparse
+from urllib.parse import urlsplit
+
+import uvicorn
+
+from commlens.backend.api.app import as_asgi
+from commlens.backend.api.settings import is_loopback
+
+from .app import create_ui
+
+
+class UiRefused(RuntimeError):
+    """The UI must not start with these settings (the message says why)."""
+
+
+def check_exposure(host: str, api_url: str, insecure: bool) -> None:
+    """A UI reachable from the network in front of a loopback API would hand every visitor the API's
+    tokenless local admin (the API sees the UI's loopback address); refuse that unless told --insecure."""
+    parts = urlsplit(api_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UiRefused(f"--api must be an http(s) URL of the commlens server, like http://127.0.0.1:8050; got {api_url!r}")
+    if not is_loopback(host) and is_loopback(parts.hostname) and not insecure:
+        raise UiRefused(
+            f"refusing to serve the UI on {host} in front of the API at {api_url}: that API trusts loopback clients as "
+            "its local admin, so every visitor of the UI would be one. Serve the API off loopback with users "
+            "(commlens users add NAME) and point --api at that address, bind the UI to 127.0.0.1, or pass --insecure.")
+
+
+def serve_ui(api_url: str, host: str = "127.0.0.1", port: int = 8051, insecure: bool = False,
+             log_level: str = "info") -> None:
+    check_exposure(host, api_url, insecure)
+    app = as_asgi(create_ui(api_url=api_url))
+    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, proxy_headers=False)).run()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m commlens.frontend", description=__doc__)
+    p.add_argument("--api", required=True, help="the commlens server's root URL, e.g. http://api:8050")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8051)
+    p.add_argument("--insecure", action="store_true", help="serve off loopback in front of a loopback API")
+    args = p.parse_args(argv)
+    try:
+        serve_ui(args.api, args.host, args.port, args.insecure)
+    except UiRefused as exc:
+        p.exit(2, f"error: {exc}\n")

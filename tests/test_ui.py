@@ -1,0 +1,453 @@
+"""The dashboard in a real browser (Playwright + Debian's Chromium) against a real `commlens serve`
+(subprocess, ephemeral port) over a store with real ingested runs: a tiny harness run, a Kineto trace
+and NCCL logs. Numbers on the pages are read from the DOM and from the Plotly figures and compared
+with the API's. Screenshots of every page go to test-artifacts/ui/."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts" / "ui"
+CHROMIUM = Path(os.environ.get("COMMLENS_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run", "--disable-sync"]
+VIEWPORT = {"width": 1366, "height": 768}
+HARNESS_RUN = "ddp"  # named after the harness's --out directory
+LOG_FILES = ["nccl-logs/nvidia-nccl-671.log", "nccl-logs/nvidia-nccl-429.log"]
+KINETO = "kineto-hta/nccl_parser_config/nccl_data.json.gz"
+UPLOAD_LOG = "nccl-logs/nvidia-nccl-1238.log"
+
+
+def _missing(what: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what}; CI needs it (apt-get install -y chromium; pip install -e '.[test]')")
+    pytest.skip(what)
+
+
+def _data_dir(config: pytest.Config) -> Path:
+    """conftest's shared_data() (skip when absent, fail under CI) for module-scoped fixtures."""
+    for plugin in config.pluginmanager.get_plugins():
+        if str(getattr(plugin, "__file__", "")).endswith("conftest.py") and callable(getattr(plugin, "shared_data", None)):
+            return plugin.shared_data()
+    raise RuntimeError("tests/conftest.py with shared_data() not loaded")
+
+
+def _cli(*args: str, timeout: float = 300) -> str:
+    done = subprocess.run([sys.executable, "-m", "commlens.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+    assert done.returncode == 0, f"commlens {' '.join(args)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+# ------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Three real runs, attributed, and two users with tokens."""
+    if importlib.util.find_spec("playwright") is None:
+        _missing("playwright is not installed")
+    if not CHROMIUM.exists():
+        _missing(f"no Chromium at {CHROMIUM}")
+    data = _data_dir(request.config)
+    tmp = tmp_path_factory.mktemp("ui")
+    db = tmp / "ui.duckdb"
+    _cli("ingest", str(data / KINETO), "--db", str(db), "--run", "hta")
+    _cli("ingest", *[str(data / f) for f in LOG_FILES], "--db", str(db), "--run", "nccl")
+    _cli("harness", "--out", str(tmp / HARNESS_RUN), "--dp", "2", "--layers", "2", "--hidden", "32", "--heads", "4",
+         "--vocab", "64", "--seq-len", "16", "--device", "cpu", "--ingest", "--db", str(db))
+    from commlens.backend.api.auth import add_user
+    from commlens.backend.attribution import attribute_run
+    from commlens.ingest import store as store_mod
+
+    con = store_mod.connect(db)
+    try:
+        for run in ("hta", "nccl", HARNESS_RUN):
+            attribute_run(con, run)  # `commlens ingest` leaves attribution to `report` and the API's uploads
+        tokens = {name: add_user(con, name) for name in ("alice", "bob")}
+    finally:
+        con.close()
+    return {"db": db, "tmp": tmp, "data": data, "tokens": tokens}
+
+
+@pytest.fixture(scope="module")
+def server(store: dict[str, Any]) -> Iterator[str]:
+    log = open(store["tmp"] / "serve.log", "w+")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "commlens.cli", "serve", "--db", str(store["db"]), "--port", "0"],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    url = ""
+    try:
+        deadline = time.monotonic() + 60
+        while not url:
+            assert proc.poll() is None, "commlens serve exited: " + (store["tmp"] / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "commlens serve did not start in 60 s"
+            m = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", (store["tmp"] / "serve.log").read_text())
+            url = m.group(1) if m else ""
+            time.sleep(0.1)
+        assert httpx.get(url + "/api/health").json()["status"] == "ok"
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def api(server: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server + "/api", timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def browser(server: str) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Tab:
+    """A browser page on the server with every console error and page error recorded."""
+
+    def __init__(self, browser: Any, base: str):
+        self.context = browser.new_context(viewport=VIEWPORT)
+        self.page = self.context.new_page()
+        self.base = base
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+        self.page.on("dialog", lambda d: (self.errors.append(f"dialog opened: {d.message}"), d.dismiss()))
+
+    def open(self, path: str) -> Any:
+        self.page.goto(self.base + path)
+        self.idle()
+        return self.page
+
+    def idle(self, timeout: float = 60_000) -> None:
+        """Dash is done: no callback in flight, no component marked loading."""
+        self.page.wait_for_load_state("networkidle")
+        self.page.wait_for_function(
+            "() => window.dash_clientside !== undefined && document.querySelector('#page') !== null "
+            "&& document.querySelector('#page').children.length > 0 "
+            "&& document.querySelectorAll('[data-dash-is-loading=\"true\"]').length === 0", timeout=timeout)
+        self.page.wait_for_load_state("networkidle")
+
+    def shot(self, name: str) -> None:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+    def set_token(self, token: str) -> None:
+        self.page.fill("#token-input", token)
+        self.page.click("#token-save")
+        self.page.wait_for_selector("#whoami-name")
+        self.idle()
+
+    def figure_data(self, graph_dom_id: str) -> list[dict[str, Any]]:
+        """The traces Plotly drew in the graph (waits for the lazily loaded plotly.js to draw)."""
+        self.page.wait_for_function(
+            "(id) => { const e = document.getElementById(id); const g = e && e.querySelector('.js-plotly-plot');"
+            " return g && g.data && g.data.length > 0; }", arg=graph_dom_id)
+        return self.page.evaluate(
+            "(id) => { const g = document.getElementById(id).querySelector('.js-plotly-plot');"
+            " return g.data.map(t => ({name: t.name, x: Array.from(t.x || []), y: Array.from(t.y || []),"
+            " z: t.z ? t.z.map(r => Array.from(r)) : null})); }", graph_dom_id)
+
+    def cells(self, table_id: str) -> list[list[str]]:
+        """data-value of numeric cells, text of the others, per row of a table."""
+        return self.page.evaluate(
+            "(id) => Array.from(document.querySelectorAll('#' + id + ' tbody tr')).map(tr =>"
+            " Array.from(tr.children).map(td => td.hasAttribute('data-value') ? td.getAttribute('data-value')"
+            " : td.innerText.trim()))", table_id)
+
+    def no_error_boxes(self) -> None:
+        boxes = self.page.locator(".msg-error").all_inner_texts()
+        assert not boxes, f"error messages on {self.page.url}: {boxes}"
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def tab(browser: Any, server: str) -> Iterator[Tab]:
+    t = Tab(browser, server)
+    yield t
+    errors = list(t.errors)
+    t.close()
+    assert not errors, f"browser errors: {errors}"
+
+
+def pattern_id(**parts: str) -> str:
+    """The DOM id Dash gives a pattern-matching component id (JSON, keys sorted, no spaces)."""
+    return json.dumps(dict(sorted(parts.items())), separators=(",", ":"))
+
+
+def _num(value: str) -> float | None:
+    return None if value in ("", "None") else float(value)
+
+
+# --------------------------------------------------------------------------------------- tests
+
+
+PAGES = {
+    "runs": "/",
+    "overview": f"/runs/{HARNESS_RUN}",
+    "histograms": f"/runs/{HARNESS_RUN}/histograms",
+    "predicted": f"/runs/{HARNESS_RUN}/predicted",
+    "ranks": "/runs/hta/ranks",
+    "topology": "/runs/nccl/topology",
+    "review": f"/runs/{HARNESS_RUN}/review",
+    "compare": f"/compare?runs={HARNESS_RUN},hta",
+    "missing-run": "/runs/no-such-run/histograms",
+    "not-found": "/no/such/page",
+}
+
+
+def test_every_page_loads_without_errors(tab: Tab) -> None:
+    for name, path in PAGES.items():
+        page = tab.open(path)
+        tab.shot(name)
+        text = page.inner_text("#page")
+        assert "Traceback" not in text
+        if name == "missing-run":
+            assert "Not found" in text and "no-such-run" in text  # the API's 404 in words, not a blank page
+        elif name == "not-found":
+            assert "There is no page at" in text
+        else:
+            tab.no_error_boxes()
+            assert page.locator("#page h1").count() >= 1, f"{path}: no heading"
+    assert tab.page.locator(".js-plotly-plot").count() == 0  # the not-found page draws nothing
+
+
+def test_runs_and_overview_show_the_api_numbers(tab: Tab, api: httpx.Client) -> None:
+    runs = api.get("/runs").json()["items"]
+    page = tab.open("/")
+    rows = tab.cells("runs")
+    assert [r[0] for r in rows] == [r["name"] for r in runs]
+    assert [int(r[5]) for r in rows] == [r["events"] for r in runs]  # calls column
+    assert [int(r[2]) for r in rows] == [r["world_size"] for r in runs]
+    page.click(f"text={HARNESS_RUN}")
+    tab.idle()
+    assert urlsplit(page.url).path == f"/runs/{HARNESS_RUN}"
+    comparison = api.get(f"/runs/{HARNESS_RUN}/comparison").json()
+    data = {t["name"]: t for t in tab.figure_data("ov-volumes")}
+    assert data["predicted"]["y"] == [s["predicted_bytes_per_iter"] for s in comparison["schemes"]]
+    assert data["measured"]["y"] == [s["measured_bytes_per_iter"] for s in comparison["schemes"]]
+    assert data["measured"]["x"] == [s["scheme"] for s in comparison["schemes"]] == ["dp"]
+    groups = api.get(f"/runs/{HARNESS_RUN}/groups").json()["groups"]
+    shown = tab.cells("ov-groups")
+    assert [(r[0], r[4], r[5], int(r[8])) for r in shown] == [(g["group_key"], g["scheme"], g["source"], g["calls"])
+                                                              for g in groups]
+    sources = api.get(f"/runs/{HARNESS_RUN}/sources").json()["items"]
+    assert [(r[0], r[2], int(r[4])) for r in tab.cells("ov-sources")] == [(s["path"], s["status"], s["n_events"])
+                                                                          for s in sources]
+
+
+def test_histogram_bars_equal_the_api_and_a_click_lists_the_calls(tab: Tab, api: httpx.Client) -> None:
+    page = tab.open(f"/runs/{HARNESS_RUN}/histograms?weight=bytes")
+    h = api.get(f"/runs/{HARNESS_RUN}/histograms", params={"weight": "bytes"}).json()
+    series = [s for s in h["series"] if s["scheme"] == "dp"]
+    assert series, h
+    traces = tab.figure_data(pattern_id(type="hg-graph", scheme="dp"))
+    assert [t["y"] for t in traces] == [s["values"] for s in series]
+    assert all(t["x"] == [b["label"] for b in h["bins"]] for t in traces)
+    # the click: the tallest bar of the first series
+    first = series[0]
+    k = max(range(len(first["values"])), key=lambda i: first["values"][i])
+    graph = page.locator(f"[id='{pattern_id(type='hg-graph', scheme='dp')}'] .js-plotly-plot")
+    page.evaluate("([el, k]) => { const g = el; const pt = {curveNumber: 0, pointNumber: k, pointIndex: k,"
+                  " customdata: g.data[0].customdata[k], x: g.data[0].x[k], y: g.data[0].y[k]};"
+                  " g.emit('plotly_click', {points: [pt], event: {}}); }", [graph.element_handle(), k])
+    page.wait_for_selector("#hg-calls-table")
+    tab.idle()
+    bin_ = h["bins"][k]
+    rows = tab.cells("hg-calls-table")
+    export = [json.loads(line) for line in api.get(f"/runs/{HARNESS_RUN}/export", params={
+        "format": "jsonl", "scheme": "dp", "op": first["op"], "dtype": first["dtype"]}).text.splitlines()]
+    expected = [r for r in export if bin_["lo"] <= r["msg_bytes"] < bin_["hi"]]
+    assert [(int(r[0]), int(r[3])) for r in rows] == [(r["rank"], r["msg_bytes"]) for r in expected]
+    assert parse_qs(urlsplit(page.url).query)["sel"] == [f"dp:{first['op']}:{first['dtype']}:{bin_['key']}"]
+    tab.shot("histograms-selected")
+
+
+def test_predicted_ranks_topology_compare_equal_the_api(tab: Tab, api: httpx.Client) -> None:
+    tab.open(f"/runs/{HARNESS_RUN}/predicted")
+    comparison = api.get(f"/runs/{HARNESS_RUN}/comparison").json()
+    for s in comparison["schemes"]:
+        rows = tab.cells(f"pv-ops-{s['scheme']}")
+        assert [(r[0], int(r[2]), _num(r[3]), _num(r[4]), r[6]) for r in rows] == [
+            (o["op"], o["msg_bytes"], o["predicted_calls_per_iter"], o["measured_calls_per_iter"], o["status"])
+            for o in s["ops"]]
+    # what-if at another scale: the form posts to /api/predict and shows its totals
+    page = tab.page
+    page.fill("#wi-dp", "8")
+    page.fill("#wi-layers", "4")
+    page.click("#wi-go")
+    page.wait_for_selector("#wi-totals .js-plotly-plot")
+    tab.idle()
+    q = parse_qs(urlsplit(page.url).query)
+    assert q["w_dp"] == ["8"] and q["w_layers"] == ["4"]
+    config = api.get(f"/runs/{HARNESS_RUN}").json()["config"]
+    body = {"model": {k: config["model"][k] for k in ("layers", "hidden", "heads", "vocab", "seq_len", "ffn_hidden")},
+            "parallel": {"dp": 8, "tp": 1, "pp": 1, "cp": 1, "zero": 0, "sp": False,
+                         "micro_batches": config["parallel"]["micro_batches"],
+                         "micro_batch_size": config["parallel"]["micro_batch_size"]},
+            "implementation": config["implementation"],
+            "dtypes": {"grad": "float32", "param": "float32", "act": "float32"}}
+    body["model"]["layers"] = 4
+    predicted = api.post("/predict", json=body).json()
+    totals = {t["name"]: t for t in tab.figure_data("wi-totals")}
+    assert totals["sum of S (sent)"]["y"] == [t["s_sum"] for t in predicted["totals"]]
+    tab.shot("predicted-whatif")
+
+    tab.open("/runs/hta/ranks")
+    ranks = api.get("/runs/hta/ranks").json()
+    heat = tab.figure_data("rk-heatmap")[0]
+    cell = {(r["rank"], r["scheme"] or "unattributed"): r["bytes_per_iteration"] for r in ranks["rows"]}
+    shown = {(y, x): v for y, row in zip(heat["y"], heat["z"]) for x, v in zip(heat["x"], row) if v is not None}
+    assert shown == {k: v for k, v in cell.items() if v is not None} and shown
+    bw = api.get("/runs/hta/bandwidth").json()
+    traces = {t["name"]: t for t in tab.figure_data("rk-busbw")}
+    for op in {b["op"] for b in bw["bins"]}:
+        assert traces[op]["y"] == [b["median_busbw_gbps"] for b in bw["bins"] if b["op"] == op]
+
+    tab.open("/runs/nccl/topology")
+    rings = api.get("/runs/nccl/topology/topology", params={"limit": 500}).json()
+    cols = rings["columns"]
+    ring_rows = [dict(zip(cols, r)) for r in rings["rows"] if r[cols.index("kind")] == "ring"]
+    shown = tab.cells("tp-rings")
+    assert [r[2] for r in shown] == [" → ".join(map(str, r["ranks"])) for r in ring_rows]
+    comms = api.get("/runs/nccl/topology/comms", params={"limit": 500}).json()
+    assert len(tab.cells("tp-comms")) == len(comms["rows"]) > 0
+
+    tab.open(f"/compare?runs={HARNESS_RUN},hta")
+    both = api.get("/compare", params={"runs": f"{HARNESS_RUN},hta"}).json()["runs"]
+    traces = {t["name"]: t for t in tab.figure_data("cmp-volumes")}
+    for r in both:
+        assert traces[f"{r['run']} measured"]["y"] == [s["measured_bytes_per_iter"] for s in r["comparison"]["schemes"]]
+
+
+def test_upload_through_the_page(tab: Tab, api: httpx.Client, store: dict[str, Any]) -> None:
+    broken = store["tmp"] / "broken.json"
+    broken.write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "name": "ncclKernel_AllReduce", ')
+    page = tab.open("/")
+    page.fill("#up-run", "uploaded")
+    page.set_input_files("#up-files input[type=file]", [str(store["data"] / UPLOAD_LOG), str(broken)])
+    page.wait_for_selector("#up-job-view[data-state=done], #up-job-view[data-state=failed]", timeout=90_000)
+    tab.idle()
+    results = {r[0]: r for r in tab.cells("up-results")}
+    assert results[Path(UPLOAD_LOG).name][2] == "ok"
+    assert results["broken.json"][2] == "failed" and results["broken.json"][7]  # the file's error, in words
+    job = api.get("/jobs", params={"run": "uploaded"}).json()["items"][0]
+    assert {r["upload"]: r["status"] for r in job["results"]} == {Path(UPLOAD_LOG).name: "ok", "broken.json": "failed"}
+    page.wait_for_selector("#runs a.run-link:text-is('uploaded')")
+    tab.shot("runs-uploaded")
+    # a file of no known format is refused whole, and the page says so
+    junk = store["tmp"] / "notes.txt"
+    junk.write_text("just some notes, not a trace\n")
+    page.set_input_files("#up-files input[type=file]", [str(junk)])
+    page.wait_for_selector("#up-msg .msg-error")
+    assert "notes.txt" in page.inner_text("#up-msg")
+
+
+def test_review_comment_persists_and_a_second_user_sees_it(browser: Any, server: str, store: dict[str, Any],
+                                                         api: httpx.Client) -> None:
+    alice, bob = Tab(browser, server), Tab(browser, server)
+    try:
+        view = f"/runs/{HARNESS_RUN}/histograms?scheme=dp&weight=bytes"
+        page = alice.open(view)
+        alice.set_token(store["tokens"]["alice"])
+        assert page.inner_text("#whoami-name") == "alice"
+        page.click("#comment-box summary")
+        body = "DP buckets look **right** <img src=x onerror=alert(1)><script>alert(2)</script>"
+        page.fill("#comment-body", body)
+        page.click("#comment-add")
+        page.wait_for_selector("#comment-result .msg-ok")
+        assert "added by alice" in page.inner_text("#comment-result")
+        page.reload()
+        alice.idle()
+        assert page.inner_text("#whoami-name") == "alice"  # the token survives the reload (local storage)
+        page = alice.open(f"/runs/{HARNESS_RUN}/review")
+        item = page.locator(".review-item").first
+        assert "alice" in item.inner_text()
+        assert item.locator("strong", has_text="right").count() == 1  # Markdown rendered
+        assert item.locator("img, script").count() == 0  # raw HTML shown as text, never injected
+        assert "<img src=x onerror=alert(1)>" in item.inner_text()
+        link = item.locator("a", has_text="view:")
+        assert link.get_attribute("href") == f"/runs/{HARNESS_RUN}/histograms?scheme=dp&weight=bytes"
+        alice.shot("review")
+
+        page_b = bob.open(f"/runs/{HARNESS_RUN}/review")
+        bob.set_token(store["tokens"]["bob"])
+        item_b = page_b.locator(".review-item").first
+        assert "alice" in item_b.inner_text() and "right" in item_b.inner_text()
+        item_b.locator("textarea").fill("Agreed, resolving.")
+        item_b.locator("button", has_text="Reply").click()
+        page_b.wait_for_selector("#rv-msg .msg-ok")
+        bob.idle()
+        page_b.locator(".review-item").first.locator("button", has_text="Resolve").click()
+        page_b.wait_for_selector(".review-item[data-status=resolved]")
+        items = api.get(f"/runs/{HARNESS_RUN}/review").json()["items"]
+        top = items[0]
+        assert (top["author"], top["status"]) == ("alice", "resolved")
+        assert [(r["author"], r["body"]) for r in top["replies"]] == [("bob", "Agreed, resolving.")]
+        assert top["anchor"]["view"] == "histograms" and top["anchor"]["scheme"] == "dp"
+        # alice sees bob's reply after a reload
+        page = alice.open(f"/runs/{HARNESS_RUN}/review")
+        assert "Agreed, resolving." in page.locator(".review-item").first.inner_text()
+        assert not alice.errors and not bob.errors, alice.errors + bob.errors
+    finally:
+        alice.close()
+        bob.close()
+
+
+def test_a_copied_url_reproduces_the_view(tab: Tab, browser: Any, server: str) -> None:
+    page = tab.open(f"/runs/{HARNESS_RUN}/histograms")
+    page.click("#hg-weight label:has-text('bytes')")
+    tab.idle()
+    page.locator("#hg-scheme").click()
+    page.get_by_role("option", name="dp", exact=True).click()
+    tab.idle()
+    q = parse_qs(urlsplit(page.url).query)
+    assert q == {"scheme": ["dp"], "weight": ["bytes"]}, page.url
+    graph = pattern_id(type="hg-graph", scheme="dp")
+    before = tab.figure_data(graph)
+    copied = page.url
+    other = Tab(browser, server)
+    try:
+        other.page.goto(copied)
+        other.idle()
+        assert other.figure_data(graph) == before
+        assert other.page.locator("#hg-weight input[value=bytes]").is_checked()
+        assert "dp" in other.page.inner_text("#hg-scheme")
+        other.shot("histograms-from-link")
+        assert not other.errors, other.errors
+    finally:
+        other.close()
+    # back in the first tab, Back returns to the unfiltered view
+    page.go_back()
+    tab.idle()
+    page.go_back()
+    tab.idle()
+    assert urlsplit(page.url).query == ""
+    assert not page.locator("#hg-weight input[value=bytes]").is_checked()

@@ -158,6 +158,51 @@ def ui_command(
         raise typer.Exit(2) from None
 
 
+@app.command("upload")
+def upload_command(
+    paths: list[Path] = typer.Argument(..., help="Files or directories (their files but hidden ones, not sub-folders)."),
+    api: str = typer.Option(..., "--api", help="The commlens server's root URL, e.g. http://127.0.0.1:8050."),
+    run: str = typer.Option(..., "--run", help="Run to upload into (created if missing)."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="Global rank of single-rank files that do not say."),
+    token: Optional[str] = typer.Option(None, "--token", envvar="COMMLENS_TOKEN", help="API token (or COMMLENS_TOKEN)."),
+) -> None:
+    """Upload files to a running server (the store belongs to `commlens serve` while it runs) and wait for the job."""
+    import time
+
+    from commlens.backend.api.models import RunCreate
+    from commlens.frontend.client import ApiClient, ApiProblem
+
+    files = [f for p in paths
+             for f in (sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith(".")) if p.is_dir() else [p])]
+    if not files:
+        err_console.print("[red]error:[/red] no files to upload")
+        raise typer.Exit(2)
+    client = ApiClient(api, token)
+    try:
+        try:
+            client.run(run)
+        except ApiProblem as exc:
+            if exc.status != 404:
+                raise
+            client.create_run(RunCreate(name=run))
+        job = client.upload(run, [(f.name, f.read_bytes()) for f in files], rank=rank)
+        while job.state not in ("done", "failed"):
+            time.sleep(0.5)
+            job = client.job(job.job_id)
+    except ApiProblem as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    table = Table(title=f"run {run}: job {job.job_id} {job.state}")
+    for col in ("file", "status", "kind", "rank", "calls", "error"):
+        table.add_column(col, overflow="fold")
+    for r in job.results:
+        table.add_row(r.path, r.status, r.kind or "-", "-" if r.rank is None else str(r.rank), str(r.events), r.error or "",
+                      style="red" if r.status == "failed" else None)
+    console.print(table)
+    if job.state == "failed" or any(r.status == "failed" for r in job.results):
+        raise typer.Exit(1)
+
+
 users_app = typer.Typer(help="Users and their API tokens (tokens are stored hashed; shown once).", no_args_is_help=True)
 app.add_typer(users_app, name="users")
 

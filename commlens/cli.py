@@ -20,8 +20,8 @@ app = typer.Typer(
     add_completion=False,
 )
 # Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
-console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True)
+console = Console(width=None if sys.stdout.isatty() else 1000)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 1000)
 app.command("harness", epilog=harness_cli.EPILOG)(harness_cli.harness)
 app.command("report")(cli_analysis.report)
 app.command("predict")(cli_analysis.predict)
@@ -93,7 +93,7 @@ def _print_summary(con, summary) -> None:  # noqa: ANN001
         note = f.error or "; ".join(f.warnings)
         if note.startswith(f.path + ":"):
             note = note[len(f.path) + 1 :].lstrip()  # the file is in the first column already
-        style = {"failed": "red", "duplicate": "yellow"}.get(f.status)
+        style = {"failed": "red", "duplicate": "yellow", "skipped": "dim"}.get(f.status)
         files.add_row(f.path, f.kind or "-", f.status, "-" if f.rank is None else str(f.rank), str(f.events), skipped, note or "", style=style)
     console.print(files)
     totals = run_totals(con, summary.run)
@@ -108,7 +108,7 @@ def _print_summary(con, summary) -> None:  # noqa: ANN001
     skipped_total = sum(sum(f.skipped.values()) for f in summary.files)
     console.print(
         f"{len(summary.files)} files: {status['ok']} ingested, {status['duplicate']} already present, "
-        f"{status['failed']} failed; {skipped_total} lines/events skipped (reasons above)."
+        f"{status['failed']} failed, {status['skipped']} passed over; {skipped_total} lines/events skipped (reasons above)."
     )
 
 

@@ -43,6 +43,14 @@ class InputFile:
     size: int
     open_raw: Callable[[], BinaryIO]
     error: str | None = None  # set when the container itself could not be read
+    skip: str | None = None  # set for files a directory walk passes over (documentation, code, images)
+
+
+# Files a directory walk passes over: what sits next to traces in real job folders but is never one.
+NOT_TRACES = frozenset({
+    ".md", ".rst", ".py", ".sh", ".ipynb", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".html", ".css", ".js",
+    ".png", ".jpg", ".jpeg", ".svg", ".pdf", ".duckdb", ".wal", ".pt", ".pth", ".safetensors", ".ckpt",
+})
 
 
 class BoundedGzipReader(io.RawIOBase):
@@ -172,6 +180,10 @@ def iter_inputs(paths: list[Path], limits: Limits = DEFAULT_LIMITS) -> Iterator[
     for path in paths:
         if path.is_dir():
             for sub in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")):
+                if sub.suffix.lower() in NOT_TRACES:
+                    yield InputFile(str(sub), sub.stat().st_size, lambda: io.BytesIO(b""),
+                                    skip=f"not a trace ({sub.suffix} files are passed over in directories)")
+                    continue
                 yield from _iter_file(sub, str(sub), limits)
         elif path.is_file():
             yield from _iter_file(path, str(path), limits)

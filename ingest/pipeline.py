@@ -32,7 +32,7 @@ def _parsers() -> dict[str, Parser]:
 @dataclass
 class FileOutcome:
     path: str
-    status: str  # ok | failed | duplicate
+    status: str  # ok | failed | duplicate | skipped
     kind: str | None = None
     rank: int | None = None
     events: int = 0
@@ -88,6 +88,8 @@ def ingest_file(
     limits: Limits = DEFAULT_LIMITS,
 ) -> FileOutcome:
     """Parse and store one input file; never raises for a bad file."""
+    if item.skip:
+        return FileOutcome(item.name, "skipped", error=item.skip, size=item.size)
     if item.error:
         store.record_failure(con, run_id, item.name, "unknown", "", item.size, f"{item.name}: {item.error}")
         return FileOutcome(item.name, "failed", error=f"{item.name}: {item.error}", size=item.size)

@@ -31,7 +31,7 @@ def test_ingest_exit_status_and_summary(tmp_path: Path) -> None:
     proc = _commlens("ingest", str(good), str(bad), "--db", str(db), "--run", "demo")
     assert proc.returncode == 1, proc.stderr
     assert "truncated gzip data" in proc.stdout and f"{bad}:byte" in proc.stderr
-    assert "2 files: 1 ingested, 0 already present, 1 failed" in " ".join(proc.stdout.split())
+    assert "2 files: 1 ingested, 0 already present, 1 failed, 0 passed over" in " ".join(proc.stdout.split())
     again = _commlens("ingest", str(good), "--db", str(db), "--run", "demo")
     assert again.returncode == 0, again.stderr
     assert "1 already present" in " ".join(again.stdout.split())

@@ -175,3 +175,17 @@ def test_comms_view_has_exactly_the_contract_columns(con) -> None:
 )
 def test_rank_from_file_name(name: str, rank: int | None) -> None:
     assert file_rank_hint(name) == rank
+
+
+def test_directory_walk_passes_over_documentation_but_named_files_are_tried(tmp_path: Path, con) -> None:
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "run.json").write_bytes(_run_json())
+    (folder / "NOTES.md").write_text("We saw `NCCL INFO` lines in the log.\n")
+    summary = ingest_paths(con, [folder], "walk")
+    by_name = {Path(f.path).name: f for f in summary.files}
+    assert by_name["run.json"].status == "ok"
+    assert by_name["NOTES.md"].status == "skipped" and "passed over" in by_name["NOTES.md"].error
+    assert con.execute("SELECT count(*) FROM sources WHERE path LIKE '%NOTES.md'").fetchone()[0] == 0
+    named = ingest_paths(con, [folder / "NOTES.md"], "walk")
+    assert named.files[0].status == "failed"  # a file named explicitly is parsed, and fails clearly

@@ -4,6 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DATA ?= ../shared/data
 DB ?= commlens.duckdb
+PORT ?= 8050
 # torch: a user's existing torch is kept; with none and no GPU, the CPU build 2.13.0 (on local disk
 # on the team's machines) is installed before the project so no multi-GB CUDA build is pulled.
 TORCH_PIN ?= torch==2.13.0
@@ -49,7 +50,8 @@ demo: install
 	$(HARNESS) --out $(DEMO_OUT)/pp --pp 2 --micro-batches 4
 	@if [ -d "$(DATA)" ]; then $(BIN)/commlens ingest $(DATA) --db $(DB) --run shared-data; else echo "no $(DATA): skipping the shared real traces"; fi
 	$(BIN)/commlens report --db $(DB) --run zero3
-	@echo "store: $(DB) (runs: ddp zero3 tp pp shared-data); try: $(BIN)/commlens report --db $(DB) --run tp"
+	@echo "store: $(DB) (runs: ddp zero3 tp pp shared-data); the dashboard follows (Ctrl-C stops it)"
+	$(BIN)/commlens serve --db $(DB) --host 127.0.0.1 --port $(PORT)
 
 test: install-test
 	$(BIN)/python -m pytest -q

@@ -69,10 +69,10 @@ def _header() -> html.Header:
 
 
 def run_frame(run: str, page: str, body: Any) -> html.Div:
-    tabs = [dcc.Link(label, href=run_path(run, key), className="tab active" if key == page else "tab")
+    tabs = [dcc.Link(label, href=run_path(run, key), className="cl-tab active" if key == page else "cl-tab")
             for key, label in RUN_PAGES.items()]
     return html.Div([
-        html.Div([html.H1(["Run ", html.Span(run, className="run-name")]), html.Nav(tabs, className="tabs")],
+        html.Div([html.H1(["Run ", html.Span(run, className="run-name")]), html.Nav(tabs, className="cl-tabs")],
                  className="run-head"),
         body,
         None if page == "review" else html.Details([

@@ -124,7 +124,7 @@ def overlaid(hists: list[Histogram], mode: str) -> Any:
                         customdata=[[num(s.calls[k]), exact_bytes(s.bytes[k])] for k in range(len(h.bins))],
                         hovertemplate="<b>" + name + "</b><br>%{x}<br>calls %{customdata[0]}<br>bytes "
                                       "%{customdata[1]}<extra></extra>")
-            top = max([top, *s.values])
+            top += max(s.values, default=0.0)  # bound of the bars' height, for the tick labels only
             for k, b in enumerate(h.bins):
                 if s.calls[k] or s.bytes[k]:
                     rows.append([h.run, s.scheme or "-", s.op, s.dtype or "-", b.label, td_num(s.calls[k]),

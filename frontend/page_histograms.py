@@ -84,7 +84,7 @@ def panel(h: Histogram, scheme: str | None, series: list[HistogramSeries]) -> ht
                     marker_pattern_shape="" if series.index(s) == _first_of_op(series, s.op) else "/",
                     hovertemplate=("<b>%{x}</b><br>" + _series_name(s) + "<br>calls: %{customdata[4]}"
                                    "<br>bytes: %{customdata[5]}<extra></extra>"))
-        top = max([top, *s.values])
+        top += max(s.values, default=0.0)  # bound of the stacked bars' height, for the tick labels only
     fig.update_layout(barmode="stack", xaxis={"type": "category", "categoryorder": "array", "categoryarray": labels,
                                               "tickangle": -35}, clickmode="event")
     if h.weight == "bytes":

@@ -31,13 +31,13 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
             id="rv-status", options=[{"label": v, "value": k} for k, v in STATUSES.items()],
             value=q.get("status", "") if q.get("status", "") in STATUSES else "", clearable=False, searchable=False)],
             className="field")], className="controls"),
-        html.Div([
-            html.H3("New comment on the run"),
+        html.Details([
+            html.Summary("New comment on the run"),
             dcc.Textarea(id="rv-new-text", className="comment-text", placeholder="Markdown is allowed"),
             html.Button("Add comment", id="rv-new-btn", className="btn"),
             html.P("To comment on a chart, use “Comment on this view” under it: the comment then links back to "
                    "that exact view.", className="hint"),
-        ], className="card"),
+        ], className="comment-box", id="rv-new"),
         html.Div(id="rv-msg"),
         loading(html.Div(id="rv-content")),
     ])

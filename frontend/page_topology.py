@@ -55,7 +55,9 @@ def _cell(v: Any) -> Any:
 
 
 def generic_table(t: TopologyRows, rows: list[dict[str, Any]], cols: list[str], table_id: str) -> Any:
-    return html.Div(table(cols, [[_cell(r.get(c)) for c in cols] for r in rows], id_=table_id), className="scroll")
+    body = [[html.Span(r.get(c), className="mono") if c == "file" and r.get(c) else _cell(r.get(c)) for c in cols]
+            for r in rows]
+    return html.Div(table(cols, body, id_=table_id), className="scroll short")
 
 
 def connections_chart(rows: list[dict[str, Any]], run: str) -> Any:
@@ -153,12 +155,12 @@ def topology_view(client: ApiClient, run: str, group: str | None, offset: int) -
     rows = records(topo)
     comm_cols = [c for c in comms.columns if any(r.get(c) is not None for r in records(comms))]
     return html.Div([
-        html.H2("Communicators"),
-        generic_table(comms, records(comms), comm_cols, "tp-comms") if comms.rows else empty("No Init lines."),
-        _pager(comms, run, group, "communicator ranks"),
         html.H2("Connections and transports"),
         _pager(topo, run, group, "topology lines"),
         connections_chart(rows, run),
+        html.H2("Communicators"),
+        generic_table(comms, records(comms), comm_cols, "tp-comms") if comms.rows else empty("No Init lines."),
+        _pager(comms, run, group, "communicator ranks"),
         html.H2("Rings"), rings_table(rows),
         html.H2("Trees"), trees_table(rows),
         other_lines(rows),

@@ -15,8 +15,7 @@ header.top a { color: #dfe7f7; }
 .auth { margin-left: auto; display: flex; align-items: center; gap: 6px; font-size: 12px; color: #c9d2e3; }
 .auth .who { font-weight: 600; color: #fff; }
 .auth .bad { color: #ffb4ab; }
-.token-input { width: 170px; padding: 3px 6px; border-radius: 4px; border: 1px solid #445; background: #243047;
-               color: #fff; }
+.token-input { width: 190px !important; height: 28px !important; }
 .page { max-width: 1340px; margin: 0 auto; padding: 12px 20px 40px; }
 h1 { font-size: 21px; margin: 6px 0 8px; }
 h2 { font-size: 16px; margin: 20px 0 8px; border-bottom: 1px solid var(--line); padding-bottom: 4px; }
@@ -24,19 +23,18 @@ h3 { font-size: 14px; margin: 14px 0 6px; }
 .run-name { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; }
 .run-head { display: flex; align-items: flex-end; gap: 24px; flex-wrap: wrap; border-bottom: 1px solid var(--line);
             margin-bottom: 10px; }
-.tabs { display: flex; gap: 2px; flex-wrap: wrap; }
-.tab { white-space: nowrap; flex-shrink: 0; padding: 6px 12px; border: 1px solid transparent; border-bottom: none; border-radius: 6px 6px 0 0;
+.cl-tabs { display: flex; gap: 2px; flex-wrap: wrap; }
+.cl-tab { white-space: nowrap; flex-shrink: 0; padding: 6px 12px; border: 1px solid transparent; border-bottom: none; border-radius: 6px 6px 0 0;
        color: var(--muted); }
-.tab.active { background: #fff; border-color: var(--line); color: var(--fg); font-weight: 600; }
+.cl-tab.active { background: #fff; border-color: var(--line); color: var(--fg); font-weight: 600; }
 .controls { display: flex; flex-wrap: wrap; gap: 10px 16px; align-items: flex-end; background: #fff;
             border: 1px solid var(--line); border-radius: 8px; padding: 8px 12px; margin-bottom: 10px; }
 .controls .field > label, .field > label { display: block; font-size: 11px; color: var(--muted); text-transform: uppercase;
                                 letter-spacing: .4px; margin-bottom: 2px; }
 .controls .field { min-width: 110px; }
 .controls .field.wide { min-width: 260px; }
-input[type=text], input[type=number], input[type=search], select, textarea {
-  padding: 4px 6px; border: 1px solid #c5ccd8; border-radius: 4px; font: inherit; background: #fff; }
-input[type=number] { width: 90px; }
+select, textarea { padding: 4px 6px; border: 1px solid #c5ccd8; border-radius: 4px; font: inherit; background: #fff; }
+.controls .dash-input-container { min-width: 110px; }
 .card { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 10px 14px; margin-bottom: 12px; }
 .grid2 { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 12px; }
 .grid3 { display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 12px; }
@@ -50,6 +48,7 @@ table.data tr.flag td { background: #fff4e5; }
 table.data tr.bad td { background: #fdecea; }
 table.data caption { text-align: left; font-weight: 600; padding: 4px 0; }
 .scroll { max-height: 420px; overflow: auto; border: 1px solid var(--line); border-radius: 6px; }
+.scroll.short { max-height: 300px; }
 .chart { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 6px 10px 8px; margin-bottom: 12px; }
 .chart details summary { cursor: pointer; color: var(--accent); font-size: 12.5px; }
 .chart .csv { font-size: 12.5px; margin-left: 2px; }
@@ -98,7 +97,6 @@ progress { width: 100%; height: 14px; }
 .markdown table { border-collapse: collapse; } .markdown td, .markdown th { border: 1px solid var(--line); padding: 2px 6px; }
 .pager { display: flex; gap: 12px; align-items: center; font-size: 12.5px; color: var(--muted); margin: 4px 0; }
 .whatif { display: grid; grid-template-columns: repeat(8, minmax(0, 1fr)); gap: 6px 10px; align-items: end; }
-.whatif input[type=number] { width: 100%; }
 .whatif .Select, .whatif .dash-dropdown { min-width: 0; }
 .note-list { color: var(--muted); font-size: 12.5px; margin: 4px 0 4px 18px; padding: 0; }
 .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; }

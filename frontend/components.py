@@ -84,6 +84,14 @@ def guarded(outputs: int = 1) -> Callable[[Callable[..., Any]], Callable[..., An
     return deco
 
 
+def push_state(rendered: dict[str, str] | None, search: str) -> tuple[str, dict[str, str]]:
+    """Outputs (url.search, rendered) of a page's state change; nothing when the URL says it already
+    (a component settling its value on mount must not add a history entry)."""
+    if rendered is not None and rendered.get("search", "") == search:
+        raise PreventUpdate
+    return search, {"path": (rendered or {}).get("path", "/"), "search": search}
+
+
 def loading(child: Any, id_: str | None = None) -> dcc.Loading:
     kwargs = {"id": id_} if id_ else {}
     return dcc.Loading(child, type="default", delay_show=150, **kwargs)

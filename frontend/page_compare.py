@@ -11,7 +11,7 @@ from commlens.backend.api.models import RunsComparison
 from commlens.backend.models import SCHEMES, BinSpec, Histogram
 
 from .client import ApiClient, ApiProblem
-from .components import chart_block, empty, figure, guarded, loading, problem_box, td_num
+from .components import push_state, chart_block, empty, figure, guarded, loading, problem_box, td_num
 from .config import UiConfig
 from .fmt import byte_axis, exact_bytes, num
 from .page_histograms import OPS
@@ -209,12 +209,12 @@ def register(app: Dash, cfg: UiConfig) -> None:
     @app.callback(Output("url", "search", allow_duplicate=True), Output("rendered", "data", allow_duplicate=True),
                   Input("cmp-runs", "value"), Input("cmp-scheme", "value"), Input("cmp-op", "value"),
                   Input("cmp-weight", "value"), Input("cmp-mode", "value"), Input("cmp-sweep", "value"),
-                  State("url", "pathname"), prevent_initial_call=True)
-    def sync(runs: list[str], scheme: str, op: str, weight: str, mode: str, sweep: str | None, pathname: str) -> Any:
+                  State("rendered", "data"), prevent_initial_call=True)
+    def sync(runs: list[str], scheme: str, op: str, weight: str, mode: str, sweep: str | None, rendered: dict | None) -> Any:
         search = query({"runs": ",".join(runs or []), "scheme": scheme, "op": op,
                         "weight": None if weight == "calls" else weight, "mode": None if mode == "overlay" else mode,
                         "sweep": sweep})
-        return search, {"path": pathname, "search": search}
+        return push_state(rendered, search)
 
     @app.callback(Output("cmp-content", "children"), Input("cmp-runs", "value"), Input("cmp-scheme", "value"),
                   Input("cmp-op", "value"), Input("cmp-weight", "value"), Input("cmp-mode", "value"),

@@ -12,6 +12,7 @@ from commlens.backend.histograms import bin_spec
 from commlens.backend.models import SCHEMES, BinSpec, Histogram, HistogramSeries
 
 from .components import (
+    push_state,
     OP_COLORS, chart_block, csv_link, empty, figure, guarded, loading, message, table, td_num,
 )
 from .config import UiConfig
@@ -147,12 +148,12 @@ def register(app: Dash, cfg: UiConfig) -> None:
                 Input("hg-norm", "value")]
 
     @app.callback(Output("url", "search", allow_duplicate=True), Output("rendered", "data", allow_duplicate=True),
-                  *controls, Input("hg-sel", "data"), State("url", "pathname"), prevent_initial_call=True)
+                  *controls, Input("hg-sel", "data"), State("rendered", "data"), prevent_initial_call=True)
     def sync(scheme: str, op: str, dtype: str, rank: int | None, step: int | None, weight: str, norm: list[str],
-             sel: str | None, pathname: str) -> Any:
+             sel: str | None, rendered: dict | None) -> Any:
         search = query({"scheme": scheme, "op": op, "dtype": dtype, "rank": rank, "step": step,
                         "weight": None if weight == "calls" else weight, "norm": None if norm else "0", "sel": sel})
-        return search, {"path": pathname, "search": search}
+        return push_state(rendered, search)
 
     @app.callback(Output("hg-content", "children"), *controls, State("hg-run", "data"), State("token", "data"))
     @guarded()

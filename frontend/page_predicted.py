@@ -14,6 +14,7 @@ from commlens.backend.predict import ParallelSpec, Prediction, PredictInput
 
 from .client import ApiProblem
 from .components import (
+    push_state,
     OP_COLORS, SCHEME_COLORS, chart_block, empty, figure, guarded, loading, message, problem_box, table, td_num,
 )
 from .config import UiConfig
@@ -250,16 +251,14 @@ def register(app: Dash, cfg: UiConfig) -> None:
 
     @app.callback(Output("url", "search", allow_duplicate=True), Output("rendered", "data", allow_duplicate=True),
                   Input("pv-scheme", "value"), Input("pv-filter", "value"), Input("wi-go", "n_clicks"),
-                  *form_states, State("wi-auto", "data"), State("url", "search"), State("url", "pathname"),
-                  prevent_initial_call=True)
+                  *form_states, State("wi-auto", "data"), State("rendered", "data"), prevent_initial_call=True)
     def sync(scheme: str, filt: str, go: int | None, *rest: Any) -> Any:
-        *values, auto, search, pathname = rest
+        *values, auto, rendered = rest
         state: dict[str, Any] = {"scheme": scheme, "filter": filt}
         if go or auto:  # the what-if joins the URL once predicted
             for key, value in zip(WHATIF_KEYS, values):
                 state[f"w_{key}"] = ("1" if value else "0") if key == "sp" else value
-        new = query(state)
-        return new, {"path": pathname, "search": new}
+        return push_state(rendered, query(state))
 
     @app.callback(Output("pv-content", "children"), Input("pv-scheme", "value"), Input("pv-filter", "value"),
                   State("pv-run", "data"), State("token", "data"))

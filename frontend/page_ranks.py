@@ -12,6 +12,7 @@ from commlens.backend.models import BandwidthReport, Finding, RankSchemeTotal, R
 
 from .client import ApiProblem
 from .components import (
+    push_state,
     OP_COLORS, chart_block, empty, figure, guarded, loading, table, td_num,
 )
 from .config import UiConfig
@@ -183,11 +184,11 @@ def bandwidth_view(b: BandwidthReport) -> Any:
 def register(app: Dash, cfg: UiConfig) -> None:
     @app.callback(Output("url", "search", allow_duplicate=True), Output("rendered", "data", allow_duplicate=True),
                   Input("rk-metric", "value"), Input("rk-basis", "value"), State("rk-focus", "data"),
-                  State("url", "pathname"), prevent_initial_call=True)
-    def sync(metric: str, basis: str, focus: dict, pathname: str) -> Any:
+                  State("rendered", "data"), prevent_initial_call=True)
+    def sync(metric: str, basis: str, focus: dict, rendered: dict | None) -> Any:
         search = query({"metric": None if metric == "bytes" else metric,
                         "basis": None if basis == "per_iteration" else basis, **(focus or {})})
-        return search, {"path": pathname, "search": search}
+        return push_state(rendered, search)
 
     @app.callback(Output("rk-content", "children"), Input("rk-metric", "value"), Input("rk-basis", "value"),
                   State("rk-focus", "data"), State("rk-run", "data"), State("token", "data"))

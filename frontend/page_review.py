@@ -14,7 +14,7 @@ from commlens.backend.histograms import bin_spec
 from commlens.backend.models import Finding
 
 from .client import ApiClient, ApiProblem
-from .components import empty, guarded, loading, message, problem_box, severity_badge
+from .components import push_state, empty, guarded, loading, message, problem_box, severity_badge
 from .config import UiConfig
 from .safe_html import to_components
 from .urls import anchor_link, query, view_link
@@ -124,11 +124,11 @@ def review_view(client: ApiClient, run: str, status: str, selected: str | None) 
 
 def register(app: Dash, cfg: UiConfig) -> None:
     @app.callback(Output("url", "search", allow_duplicate=True), Output("rendered", "data", allow_duplicate=True),
-                  Input("rv-status", "value"), State("rv-item", "data"), State("url", "pathname"),
+                  Input("rv-status", "value"), State("rv-item", "data"), State("rendered", "data"),
                   prevent_initial_call=True)
-    def sync(status: str, item: str | None, pathname: str) -> Any:
+    def sync(status: str, item: str | None, rendered: dict | None) -> Any:
         search = query({"status": status, "item": item})
-        return search, {"path": pathname, "search": search}
+        return push_state(rendered, search)
 
     @app.callback(Output("rv-content", "children"), Input("rv-status", "value"), Input("rv-refresh", "data"),
                   State("rv-item", "data"), State("rv-run", "data"), State("token", "data"))

@@ -12,7 +12,7 @@ from dash.exceptions import PreventUpdate
 from commlens.backend.api.models import RUN_NAME_PATTERN, JobOut, RunCreate, RunSummary
 
 from .client import ApiProblem
-from .components import empty, guarded, loading, message, problem_box, table, td_num
+from .components import push_state, empty, guarded, loading, message, problem_box, table, td_num
 from .config import UiConfig
 from .fmt import exact_bytes, human_bytes
 from .urls import int_or_none, query, run_path
@@ -125,11 +125,11 @@ def job_view(job: JobOut) -> html.Div:
 
 def register(app: Dash, cfg: UiConfig) -> None:
     @app.callback(Output("url", "search", allow_duplicate=True), Output("rendered", "data", allow_duplicate=True),
-                  Input("runs-q", "value"), Input("runs-tag", "value"), State("url", "pathname"),
+                  Input("runs-q", "value"), Input("runs-tag", "value"), State("rendered", "data"),
                   prevent_initial_call=True)
-    def sync(q: str | None, tag: str | None, pathname: str) -> Any:
+    def sync(q: str | None, tag: str | None, rendered: dict | None) -> Any:
         search = query({"q": q, "tag": tag})
-        return search, {"path": pathname, "search": search}
+        return push_state(rendered, search)
 
     @app.callback(Output("runs-table", "children"), Input("runs-q", "value"), Input("runs-tag", "value"),
                   Input("runs-offset", "data"), Input("up-done", "data"), State("token", "data"))

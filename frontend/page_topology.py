@@ -11,7 +11,7 @@ from dash import Dash, Input, Output, State, ctx, dcc, html
 from commlens.backend.api.models import TopologyRows
 
 from .client import ApiClient, ApiProblem
-from .components import chart_block, empty, figure, guarded, loading, problem_box, table, td_num
+from .components import push_state, chart_block, empty, figure, guarded, loading, problem_box, table, td_num
 from .config import UiConfig
 from .fmt import exact_bytes
 from .urls import int_or_none, query, run_path
@@ -170,10 +170,10 @@ def topology_view(client: ApiClient, run: str, group: str | None, offset: int) -
 
 def register(app: Dash, cfg: UiConfig) -> None:
     @app.callback(Output("url", "search", allow_duplicate=True), Output("rendered", "data", allow_duplicate=True),
-                  Input("tp-group", "value"), State("url", "pathname"), prevent_initial_call=True)
-    def sync(group: str, pathname: str) -> Any:
+                  Input("tp-group", "value"), State("rendered", "data"), prevent_initial_call=True)
+    def sync(group: str, rendered: dict | None) -> Any:
         search = query({"group": group})
-        return search, {"path": pathname, "search": search}
+        return push_state(rendered, search)
 
     @app.callback(Output("tp-content", "children"), Input("tp-group", "value"), State("tp-offset", "data"),
                   State("tp-run", "data"), State("token", "data"))

@@ -451,3 +451,27 @@ def test_a_copied_url_reproduces_the_view(tab: Tab, browser: Any, server: str) -
     tab.idle()
     assert urlsplit(page.url).query == ""
     assert not page.locator("#hg-weight input[value=bytes]").is_checked()
+
+
+def test_an_unreachable_api_is_said_in_words(browser: Any, tmp_path: Path) -> None:
+    """The dashboard alone (`commlens ui`) in front of an API that is not there: every page says so."""
+    log = tmp_path / "ui.log"
+    proc = subprocess.Popen([sys.executable, "-m", "commlens.cli", "ui", "--api", "http://127.0.0.1:9", "--port", "0"],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
+    tab = Tab(browser, "")
+    try:
+        deadline = time.monotonic() + 60
+        while not (m := re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        tab.base = m.group(1)
+        for path in ("/", f"/runs/{HARNESS_RUN}", f"/runs/{HARNESS_RUN}/histograms", "/compare?runs=a,b"):
+            page = tab.open(path)
+            assert "The API cannot be reached" in page.inner_text("#page"), path
+            assert page.inner_text("#whoami") == "API unreachable"
+        tab.shot("api-unreachable")
+        assert not tab.errors, tab.errors
+    finally:
+        tab.close()
+        proc.terminate()
+        proc.wait(20)

@@ -28,6 +28,7 @@ OP_COLORS = {
     "reduce": "#9467bd", "all_to_all": "#8c564b", "gather": "#e377c2", "scatter": "#7f7f7f", "send": "#bcbd22",
     "recv": "#17becf", "barrier": "#444444",
 }
+MAX_TABLE_ROWS = 1000
 SCHEME_COLORS = {"dp": "#1f77b4", "tp": "#ff7f0e", "pp": "#2ca02c", "cp": "#9467bd", "ep": "#8c564b",
                  "other": "#7f7f7f", None: "#bbbbbb"}
 
@@ -134,12 +135,17 @@ def csv_link(columns: Sequence[str], rows: Sequence[Sequence[Any]], filename: st
 def chart_block(graph_id: Any, fig: go.Figure, columns: Sequence[str], display_rows: Sequence[Sequence[Any]],
                 raw_rows: Sequence[Sequence[Any]], filename: str, note: Any = None,
                 open_table: bool = False) -> html.Div:
-    """A chart with its table view and CSV: the same numbers three ways."""
+    """A chart with its table view and CSV: the same numbers three ways (the table shows the first
+    MAX_TABLE_ROWS rows; the CSV has them all)."""
     tidy_legend(fig)
+    shown = display_rows[:MAX_TABLE_ROWS]
+    more = (html.P(f"The table shows the first {MAX_TABLE_ROWS} of {len(display_rows)} rows; the CSV has them all.",
+                   className="hint") if len(display_rows) > MAX_TABLE_ROWS else None)
     return html.Div([
         dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, className="graph"),
         html.Div(note, className="chart-note") if note else None,
-        html.Details([html.Summary("Table view"), table(columns, display_rows)], open=open_table),
+        html.Details([html.Summary("Table view"), more, html.Div(table(columns, shown), className="scroll")],
+                     open=open_table),
         csv_link(columns, raw_rows, filename),
     ], className="chart")
 

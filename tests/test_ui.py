@@ -5,7 +5,9 @@ with the API's. Screenshots of every page go to test-artifacts/ui/."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
+import io
 import json
 import os
 import re
@@ -15,7 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import httpx
 import pytest
@@ -271,6 +273,13 @@ def test_histogram_bars_equal_the_api_and_a_click_lists_the_calls(tab: Tab, api:
     traces = tab.figure_data(pattern_id(type="hg-graph", scheme="dp"))
     assert [t["y"] for t in traces] == [s["values"] for s in series]
     assert all(t["x"] == [b["label"] for b in h["bins"]] for t in traces)
+    # the CSV alternative holds the same numbers
+    href = page.locator(f"[id='{pattern_id(type='hg-graph', scheme='dp')}'] ~ a.csv").get_attribute("href")
+    assert href.startswith("data:text/csv")
+    rows = list(csv.DictReader(io.StringIO(unquote(href.split(",", 1)[1]))))
+    assert [(r["op"], r["size bin"], float(r["bytes per rank per iteration"])) for r in rows] == [
+        (s["op"], b["label"], s["bytes"][i]) for s in series for i, b in enumerate(h["bins"])
+        if s["calls"][i] or s["bytes"][i]]
     # the click: the tallest bar of the first series
     first = series[0]
     k = max(range(len(first["values"])), key=lambda i: first["values"][i])

@@ -74,10 +74,18 @@ def ingest(
                 err_console.print(f"[red]failed[/red] {outcome.error}")
 
         summary = pipeline.ingest_paths(con, paths, run, RankHint(rank=rank), on_file=on_file, description=description)
+    _attribute(con, run)
     _print_summary(con, summary)
     con.close()
     if summary.failed:
         raise typer.Exit(1)
+
+
+def _attribute(con, run: str) -> None:  # noqa: ANN001
+    """Scheme attribution right after ingest, so the `comms` view shows schemes straight away."""
+    from commlens.backend.attribution import attribute_run
+
+    attribute_run(con, run)
 
 
 def _print_summary(con, summary) -> None:  # noqa: ANN001

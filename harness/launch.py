@@ -126,8 +126,12 @@ def ingest_run(db: Path, run: PlannedRun):  # noqa: ANN201 - commlens.ingest.pip
     """Ingest run.json, the traces and NCCL logs as a run named after the output directory."""
     from commlens.ingest import pipeline, store
 
+    from commlens.backend.attribution import attribute_run
+
     con = store.connect(db)
     try:
-        return pipeline.ingest_paths(con, output_files(run.out), run.name, description=f"commlens harness: {run.cfg.strategy}")
+        summary = pipeline.ingest_paths(con, output_files(run.out), run.name, description=f"commlens harness: {run.cfg.strategy}")
+        attribute_run(con, run.name)  # schemes straight from run.json's labelled groups
+        return summary
     finally:
         con.close()

@@ -130,6 +130,14 @@ class IngestWorker:
         if self.spool.is_dir():
             for folder in self.spool.iterdir():
                 shutil.rmtree(folder, ignore_errors=True)
+        # Runs ingested with the CLI while no server held the store may not be attributed yet.
+        with self.db.session() as cur:
+            pending = [r[0] for r in cur.execute(
+                "SELECT DISTINCT r.name FROM runs r JOIN process_groups g USING (run_id) WHERE g.scheme IS NULL"
+            ).fetchall()]
+            for run in pending:
+                if error := self._attribute(cur, run):
+                    log.warning("%s: %s", run, error)
 
     def submit(self, job_id: str) -> None:
         self._live[job_id] = Live()

@@ -18,6 +18,7 @@ from typing import Any
 
 import duckdb
 
+from commlens.ingest.aggregates import ensure_fresh, refresh_if_stale
 from commlens.vocab import P2P_OPS
 
 from .iterations import run_id_of
@@ -463,6 +464,7 @@ def attribute_run(con: duckdb.DuckDBPyConnection, run: str) -> list[GroupAttribu
             )
             g = groups[key]
             g.scheme, g.source, g.reason, g.confidence = v.scheme, v.source, v.reason, v.confidence
+        refresh_if_stale(con, run_id)  # schemes changed: the scheme-dependent aggregates, atomically
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -497,6 +499,7 @@ def set_override(
         """,
         [scheme, f"set by a user: {reason.strip()}", run_id, group_key],
     )
+    refresh_if_stale(con, run_id)
     return next(a for a in attribution_summary(con, run).groups if a.group_key == group_key)
 
 
@@ -514,16 +517,20 @@ def clear_override(con: duckdb.DuckDBPyConnection, run: str, group_key: str) -> 
 
 
 def attribution_summary(con: duckdb.DuckDBPyConnection, run: str) -> AttributionSummary:
-    """The stored attribution of a run (as last written), with the events no scheme can cover."""
+    """The stored attribution of a run (as last written), with the events no scheme can cover (calls
+    counted from the run's aggregates)."""
     run_id = run_id_of(con, run)
+    ensure_fresh(con, run_id)
     rows = con.execute(
         """
         SELECT g.group_key, g.name, g.description, g.ranks, g.size, g.scheme, g.scheme_source, g.scheme_reason,
-               g.scheme_confidence,
-               (SELECT count(*) FROM comm_events e WHERE e.run_id = g.run_id AND e.group_key = g.group_key)
-        FROM process_groups g WHERE g.run_id = ? ORDER BY g.group_key
+               g.scheme_confidence, coalesce(a.calls, 0)
+        FROM process_groups g
+        LEFT JOIN (SELECT group_key, sum(calls) AS calls FROM comm_agg WHERE run_id = ? GROUP BY group_key) a
+               ON a.group_key = g.group_key
+        WHERE g.run_id = ? ORDER BY g.group_key
         """,
-        [run_id],
+        [run_id, run_id],
     ).fetchall()
     groups = [
         GroupAttribution(
@@ -533,15 +540,15 @@ def attribution_summary(con: duckdb.DuckDBPyConnection, run: str) -> Attribution
         )
         for r in rows
     ]
-    unattributed = con.execute(
-        "SELECT count(*) FROM comm_events WHERE run_id = ? AND group_key IS NULL", [run_id]
-    ).fetchall()[0][0]
-    by_scheme = dict(con.execute(
+    unattributed = int(con.execute(
+        "SELECT coalesce(sum(calls), 0) FROM comm_agg WHERE run_id = ? AND group_key IS NULL", [run_id]
+    ).fetchall()[0][0])
+    by_scheme = {k: int(n) for k, n in con.execute(
         """
-        SELECT coalesce(g.scheme, 'unattributed'), count(*) FROM comm_events e
-        LEFT JOIN process_groups g ON g.run_id = e.run_id AND g.group_key = e.group_key
-        WHERE e.run_id = ? GROUP BY ALL ORDER BY 1
+        SELECT coalesce(g.scheme, 'unattributed'), sum(a.calls) FROM comm_agg a
+        LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
+        WHERE a.run_id = ? GROUP BY ALL ORDER BY 1
         """,
         [run_id],
-    ).fetchall())
+    ).fetchall()}
     return AttributionSummary(run=run, groups=groups, unattributed_events=unattributed, events_by_scheme=by_scheme)

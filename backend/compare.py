@@ -2,7 +2,8 @@
 calls measured but not predicted and predicted but missing, and inferences for runs without a config.
 
 Measured calls count only inside complete iterations (profiler steps for traces, detected periods
-for NCCL logs), so set-up traffic stays out, as the models require (volume-models.md §8.4)."""
+for NCCL logs), so set-up traffic stays out, as the models require (volume-models.md §8.4). Measured
+counts come from the run's aggregates (comm_agg), not from the calls themselves."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import duckdb
 from pydantic import BaseModel
 
 from commlens.ingest import store
+from commlens.ingest.aggregates import ensure_fresh
 from commlens.vocab import DTYPE_BYTES, busbw_factor
 
-from .iterations import assign_iterations
+from .iterations import iteration_info
 from .models import ComparisonInput, SchemeComparison as FindingsSchemeComparison
 from .predict import Prediction, PredictInput, StagePrediction, predict
 from .predict_harness import input_from_run_config
@@ -85,27 +87,22 @@ def _measured(con: duckdb.DuckDBPyConnection, run: str) -> tuple[dict[str, dict[
     run_id = store.get_run_id(con, run)
     if run_id is None:
         raise KeyError(f"no run named {run!r}")
-    its = assign_iterations(con, run)
-    con.register("_cmp_detected", its.detected)
-    try:
-        rows = con.execute(
-            """
-            SELECT coalesce(cast(e.rank AS VARCHAR), e.process, '?') AS rk,
-                   coalesce(g.scheme, 'other') AS scheme, e.op, e.dtype, e.msg_bytes, count(*)
-            FROM comm_events e
-            LEFT JOIN process_groups g ON g.run_id = e.run_id AND g.group_key = e.group_key
-            LEFT JOIN _cmp_detected d ON d.source_id = e.source_id AND d.process = coalesce(e.process, cast(e.rank AS VARCHAR), '?') AND d.seq = e.seq
-            WHERE e.run_id = ? AND (e.step IS NOT NULL OR d.iteration IS NOT NULL)
-            GROUP BY ALL
-            """,
-            [run_id],
-        ).fetchall()
-    finally:
-        con.unregister("_cmp_detected")
+    ensure_fresh(con, run_id)
+    info = iteration_info(con, run, run_id)
+    rows = con.execute(
+        """
+        SELECT a.rank_key AS rk, coalesce(g.scheme, 'other') AS scheme, a.op, a.dtype, a.msg_bytes, sum(a.calls)
+        FROM comm_agg a
+        LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
+        WHERE a.run_id = ? AND a.in_iteration
+        GROUP BY ALL
+        """,
+        [run_id],
+    ).fetchall()
     calls: dict[str, dict[OpKey, int]] = defaultdict(dict)
     for rk, scheme, op, dtype, size, n in rows:
         calls[rk][(scheme, op, dtype, size)] = n
-    return calls, dict(its.info.iterations), its.info.mode, its.info.message
+    return calls, dict(info.iterations), info.mode, info.message
 
 
 def _entry_for(pred: Prediction, rank_key: str) -> StagePrediction | None:
@@ -176,7 +173,13 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput | Non
                 predicted[key] += c / n
     group_sizes = _group_sizes(pred)
     measured_sizes = dict(con.execute(
-        "SELECT coalesce(scheme, 'other') || '/' || op, max(group_size) FROM comms WHERE run = ? GROUP BY ALL", [run]
+        """
+        SELECT coalesce(g.scheme, 'other') || '/' || a.op, max(a.max_group_size)
+        FROM comm_agg a JOIN runs r ON r.run_id = a.run_id
+        LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
+        WHERE r.name = ? GROUP BY ALL
+        """,
+        [run],
     ).fetchall())
     by_scheme: dict[str, list[OpComparison]] = defaultdict(list)
     bucketed = set()

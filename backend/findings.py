@@ -5,6 +5,7 @@ Checks: latency-bound small messages per scheme (the study's headline), rank imb
 time, busbw far below the run's own best, ZeRO-2/3 traffic multiplied by gradient accumulation (run
 config), and, given a comparison with the prediction, volume above prediction and unexplained calls.
 Each check has a threshold below which it stays silent; the thresholds are module constants.
+Every check reads the run's aggregates (commlens.ingest.aggregates), never the calls themselves.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from .bandwidth import bandwidth, measured_dur_sql
-from .histograms import format_bytes, registered
-from .iterations import run_id_of
+from commlens.ingest.aggregates import measured_kind_sql, registered
+
+from .bandwidth import bandwidth
+from .histograms import format_bytes
+from .iterations import fresh_run_id
 from .models import SEVERITY_ORDER, BandwidthReport, ComparisonInput, Finding, RankTotals
 from .ranks import rank_totals
 
@@ -73,29 +76,39 @@ def _config(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Any]:
 
 def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthReport) -> list[Finding]:
     thresholds = {o.op: min(o.half_bw_bytes, SMALL_BYTES_CAP) for o in bw.ops if o.half_bw_bytes}
-    ops = [r[0] for r in con.execute("SELECT DISTINCT op FROM comm_events WHERE run_id = ?", [run_id]).fetchall()]
+    ops = [r[0] for r in con.execute("SELECT DISTINCT op FROM comm_agg WHERE run_id = ?", [run_id]).fetchall()]
     table = pa.table({
         "op": pa.array(ops, pa.string()),
         "threshold": pa.array([thresholds.get(op, DEFAULT_SMALL_BYTES) for op in ops], pa.int64()),
         "measured": pa.array([op in thresholds for op in ops], pa.bool_()),
     })
-    measured = measured_dur_sql()
+    measured = measured_kind_sql("a", "g")
     with registered(con, table) as tname:
+        # From the run's aggregates: one row per (group, op, size, duration kind, ...), weighted by calls.
         rows = con.execute(
             f"""
             WITH c AS (
-                SELECT g.scheme, e.op, e.msg_bytes, t.threshold, t.measured,
-                       e.msg_bytes < t.threshold AS small,
-                       CASE WHEN {measured} THEN e.dur_us END AS dur
-                FROM comm_events e
-                LEFT JOIN process_groups g ON g.run_id = e.run_id AND g.group_key = e.group_key
-                JOIN {tname} t ON t.op = e.op
-                WHERE e.run_id = ? AND e.msg_bytes IS NOT NULL AND e.op <> 'barrier'
+                SELECT g.scheme, a.op, a.msg_bytes, a.calls, a.first_row, t.threshold, t.measured,
+                       a.msg_bytes < t.threshold AS small,
+                       CASE WHEN {measured} THEN a.sum_dur_us END AS dur,
+                       CASE WHEN {measured} THEN a.calls ELSE 0 END AS timed
+                FROM comm_agg a
+                LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
+                JOIN {tname} t ON t.op = a.op
+                WHERE a.run_id = ? AND a.msg_bytes IS NOT NULL AND a.op <> 'barrier'
+            ), small_ops AS (
+                -- the most common small op per scheme (ties: the one seen first, as mode() does)
+                SELECT scheme, first(op ORDER BY n DESC, first_seen) AS top_op FROM (
+                    SELECT scheme, op, sum(calls) AS n, min(first_row) AS first_seen
+                    FROM c WHERE small GROUP BY scheme, op
+                ) GROUP BY scheme
             )
-            SELECT scheme, count(*), count(*) FILTER (WHERE small), sum(dur), sum(dur) FILTER (WHERE small),
-                   count(dur), mode(op) FILTER (WHERE small), bool_and(measured) FILTER (WHERE small),
-                   max(threshold) FILTER (WHERE small), coalesce(sum(msg_bytes) FILTER (WHERE small), 0)
-            FROM c GROUP BY scheme
+            SELECT c.scheme, sum(c.calls), coalesce(sum(c.calls) FILTER (WHERE c.small), 0), sum(c.dur),
+                   sum(c.dur) FILTER (WHERE c.small), sum(c.timed), any_value(s.top_op),
+                   bool_and(c.measured) FILTER (WHERE c.small), max(c.threshold) FILTER (WHERE c.small),
+                   coalesce(sum(cast(c.msg_bytes AS HUGEINT) * c.calls) FILTER (WHERE c.small), 0)
+            FROM c LEFT JOIN small_ops s ON s.scheme IS NOT DISTINCT FROM c.scheme
+            GROUP BY c.scheme
             """,
             [run_id],
         ).fetchall()
@@ -305,7 +318,7 @@ def findings(con: duckdb.DuckDBPyConnection, run: str, comparison: Any = None) -
     """All findings of a run, most severe and most impactful first. `comparison` is a ComparisonInput
     or any object/dict with per_scheme entries (scheme, predicted_bytes, measured_bytes,
     unexplained_calls)."""
-    run_id = run_id_of(con, run)
+    run_id = fresh_run_id(con, run)
     bw = bandwidth(con, run)
     totals = rank_totals(con, run)
     out = _small_messages(con, run_id, bw) + _imbalance(con, run_id, totals) + _low_busbw(bw)

@@ -9,14 +9,14 @@ used by half the ranks shows half a call per rank.
 
 from __future__ import annotations
 
-import uuid
 from collections import defaultdict
-from contextlib import contextmanager
-from typing import Iterator, Literal
+from typing import Literal
 
 import duckdb
 
-from .iterations import Iterations, assign_iterations, rank_key_sql, run_id_of
+from commlens.ingest.aggregates import rank_key_sql, registered  # noqa: F401 - registered: re-exported
+
+from .iterations import fresh_run_id, iteration_info
 from .models import BinSpec, Histogram, HistogramSeries
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB")
@@ -69,40 +69,40 @@ def bin_axis(keys: set[str]) -> list[BinSpec]:
     return axis
 
 
-@contextmanager
-def registered(con: duckdb.DuckDBPyConnection, table) -> Iterator[str]:
-    """Register an Arrow table under a fresh name for the duration of a query."""
-    name = f"_commlens_{uuid.uuid4().hex[:12]}"
-    con.register(name, table)
-    try:
-        yield name
-    finally:
-        con.unregister(name)
+def _rows_sql(run_id: int, step: int | None, rank: int | None) -> tuple[str, list]:
+    """SQL for (scheme, op, dtype, rank_key, msg_bytes, has_it, no_iteration_reason, no_group, calls) of
+    a run within the scope filters (rank, iteration), and its parameters.
 
-
-def event_rows_sql(detected: str) -> str:
-    """Events of a run with scheme, rank key and iteration (step for traces with steps, else the
-    detected iteration), plus why an event has no iteration. Parameters: run_id, run_id."""
+    Without an iteration filter the run's aggregates answer (comm_agg, a few thousand rows). One
+    iteration reads the calls themselves: the profiler step of traces with steps (a WHERE on run_id
+    and step), and the stored detected iteration of the calls of sources without steps."""
+    if step is None:
+        rank_cond = " AND a.rank = ?" if rank is not None else ""
+        return f"""
+            SELECT g.scheme, a.op, a.dtype, a.rank_key, a.msg_bytes, a.in_iteration AS has_it, a.no_iteration_reason,
+                   a.group_key IS NULL AS no_group, sum(a.calls) AS calls
+            FROM comm_agg a LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
+            WHERE a.run_id = ?{rank_cond}
+            GROUP BY ALL
+        """, [run_id, *([rank] if rank is not None else [])]
+    rank_cond = " AND e.rank = ?" if rank is not None else ""
+    rank_params = [rank] if rank is not None else []
     return f"""
-        WITH stepped AS (SELECT DISTINCT source_id FROM comm_events WHERE run_id = ? AND step IS NOT NULL)
-        SELECT e.source_id, e.process, e.seq, e.rank, {rank_key_sql()} AS rank_key, e.op, e.dtype, e.msg_bytes,
-               e.group_key, e.group_size, e.peer, e.dur_us, e.dur_source, g.scheme, g.backend, g.size AS pg_size,
-               CASE WHEN st.source_id IS NOT NULL THEN e.step ELSE d.iteration END AS iteration,
-               CASE WHEN st.source_id IS NOT NULL THEN
-                        CASE WHEN e.step IS NULL THEN 'outside profiler steps' END
-                    ELSE d.reason END AS no_iteration_reason
-        FROM comm_events e
-        LEFT JOIN process_groups g ON g.run_id = e.run_id AND g.group_key = e.group_key
-        LEFT JOIN stepped st ON st.source_id = e.source_id
-        LEFT JOIN {detected} d ON d.source_id = e.source_id AND d.process IS NOT DISTINCT FROM
-             coalesce(e.process, cast(e.rank AS VARCHAR), '?') AND d.seq = e.seq
-        WHERE e.run_id = ?
-    """
-
-
-def _where(conditions: list[tuple[str, object]]) -> str:
-    """WHERE clause over fixed column names; the values go in as parameters."""
-    return ("WHERE " + " AND ".join(f"{column} = ?" for column, _ in conditions)) if conditions else ""
+        WITH ev AS (
+            SELECT e.group_key, e.op, e.dtype, {rank_key_sql()} AS rank_key, e.msg_bytes
+            FROM comm_events e WHERE e.run_id = ? AND e.step = ?{rank_cond}
+            UNION ALL
+            SELECT e.group_key, e.op, e.dtype, {rank_key_sql()} AS rank_key, e.msg_bytes
+            FROM comm_iterations d
+            JOIN comm_events e ON e.run_id = d.run_id AND e.source_id = d.source_id
+                 AND coalesce(e.process, cast(e.rank AS VARCHAR), '?') = d.process AND e.seq = d.seq
+            WHERE d.run_id = ? AND d.iteration = ?{rank_cond}
+        )
+        SELECT g.scheme, ev.op, ev.dtype, ev.rank_key, ev.msg_bytes, true AS has_it, NULL AS no_iteration_reason,
+               ev.group_key IS NULL AS no_group, count(*) AS calls
+        FROM ev LEFT JOIN process_groups g ON g.run_id = ? AND g.group_key = ev.group_key
+        GROUP BY ALL
+    """, [run_id, step, *rank_params, run_id, step, *rank_params, run_id]
 
 
 def histogram(
@@ -125,32 +125,19 @@ def histogram(
     else per rank."""
     if weight not in ("calls", "bytes"):
         raise ValueError(f"weight must be 'calls' or 'bytes', not {weight!r}")
-    run_id = run_id_of(con, run)
-    its: Iterations = assign_iterations(con, run)
+    run_id = fresh_run_id(con, run)
+    info = iteration_info(con, run, run_id)
     filters: dict[str, str | int | None] = {"scheme": scheme, "op": op, "dtype": dtype, "rank": rank, "step": step}
-    # Scope filters choose the ranks (and iteration) averaged over; series filters choose the calls.
-    scope = [(c, v) for c, v in (("rank", rank), ("iteration", step)) if v is not None]
-    select = scope + [(c, v) for c, v in (("scheme", scheme), ("op", op), ("dtype", dtype)) if v is not None]
-    with registered(con, its.detected) as detected:
-        base = event_rows_sql(detected)
-        rows = con.execute(
-            f"""
-            SELECT scheme, op, dtype, rank_key, msg_bytes, iteration IS NOT NULL AS has_it, no_iteration_reason,
-                   group_key IS NULL AS no_group, count(*) AS calls
-            FROM ({base}) ev {_where(select)}
-            GROUP BY ALL
-            """,
-            [run_id, run_id, *[v for _, v in select]],
-        ).fetchall()
-        all_ranks = {
-            r[0] for r in con.execute(
-                f"SELECT DISTINCT rank_key FROM ({base}) ev {_where(scope)}", [run_id, run_id, *[v for _, v in scope]]
-            ).fetchall()
-        }
+    # Scope filters (rank, iteration) choose the ranks averaged over; series filters choose the calls.
+    sql, params = _rows_sql(run_id, step, rank)
+    scoped = con.execute(sql, params).fetchall()
+    all_ranks = {r[3] for r in scoped}
+    rows = [r for r in scoped
+            if (scheme is None or r[0] == scheme) and (op is None or r[1] == op) and (dtype is None or r[2] == dtype)]
 
     notes: list[str] = []
-    iterations = its.info.iterations
-    known = normalize and its.info.mode != "none"
+    iterations = info.iterations
+    known = normalize and info.mode != "none"
     if not normalize:
         normalization = "none"
     elif known:
@@ -200,6 +187,6 @@ def histogram(
         notes.append(f"{unattributed} calls have no process group, so no scheme (series with scheme null)")
     return Histogram(
         run=run, weight=weight, normalization=normalization, filters=filters, n_ranks=n_ranks,
-        iterations=its.info, bins=axis, series=series, excluded=dict(excluded),
+        iterations=info, bins=axis, series=series, excluded=dict(excluded),
         unattributed_events=unattributed, notes=notes,
     )

@@ -6,7 +6,7 @@ numbers of steps compare fairly. Imbalance uses per-iteration values when every 
 profiler steps (or the same detected iteration count), else totals; per scheme it looks at the ranks
 that use the scheme, overall at all ranks.
 Time is the sum of measured durations only (kernel time or gloo CPU time), and is left out when a
-rank involved has none.
+rank involved has none. Read from the run's aggregates (comm_agg joined to its groups' schemes).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections import defaultdict
 
 import duckdb
 
-from .bandwidth import measured_dur_sql
-from .histograms import event_rows_sql, registered
-from .iterations import assign_iterations, run_id_of
+from commlens.ingest.aggregates import measured_kind_sql
+
+from .iterations import fresh_run_id, iteration_info
 from .models import Imbalance, RankSchemeTotal, RankTotals
 
 
@@ -42,22 +42,22 @@ def _imbalance(
 
 def rank_totals(con: duckdb.DuckDBPyConnection, run: str) -> RankTotals:
     """Calls, bytes and measured time per rank and scheme, with max/mean imbalance per scheme."""
-    run_id = run_id_of(con, run)
-    its = assign_iterations(con, run)
-    measured = measured_dur_sql("ev", "ev")
-    with registered(con, its.detected) as detected:
-        rows = con.execute(
-            f"""
-            SELECT rank_key, scheme, count(*), coalesce(sum(msg_bytes), 0),
-                   sum(dur_us) FILTER (WHERE {measured}),
-                   coalesce(sum(msg_bytes) FILTER (WHERE iteration IS NOT NULL), 0),
-                   sum(dur_us) FILTER (WHERE iteration IS NOT NULL AND {measured})
-            FROM ({event_rows_sql(detected)}) ev
-            GROUP BY rank_key, scheme
-            """,
-            [run_id, run_id],
-        ).fetchall()
-    iterations = its.info.iterations
+    run_id = fresh_run_id(con, run)
+    info = iteration_info(con, run, run_id)
+    measured = measured_kind_sql("a", "g")
+    rows = con.execute(
+        f"""
+        SELECT a.rank_key, g.scheme, sum(a.calls), coalesce(sum(cast(a.msg_bytes AS HUGEINT) * a.calls), 0),
+               sum(a.sum_dur_us) FILTER (WHERE {measured}),
+               coalesce(sum(cast(a.msg_bytes AS HUGEINT) * a.calls) FILTER (WHERE a.in_iteration), 0),
+               sum(a.sum_dur_us) FILTER (WHERE a.in_iteration AND {measured})
+        FROM comm_agg a LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
+        WHERE a.run_id = ?
+        GROUP BY a.rank_key, g.scheme
+        """,
+        [run_id],
+    ).fetchall()
+    iterations = info.iterations
     out: list[RankSchemeTotal] = []
     for rk, scheme, calls, nbytes, time_us, it_bytes, it_time in rows:
         n = iterations.get(rk)
@@ -79,7 +79,7 @@ def rank_totals(con: duckdb.DuckDBPyConnection, run: str) -> RankTotals:
         counts = {r.rank: r.iterations for r in rs}
         # Detected iterations of a rank grow with its calls when the pattern is short, so they only
         # normalise when every rank found the same count; profiler steps always do.
-        per_it = all(counts.values()) and (its.info.mode == "steps" or len(set(counts.values())) == 1)
+        per_it = all(counts.values()) and (info.mode == "steps" or len(set(counts.values())) == 1)
         basis = "per_iteration" if per_it else "total"
         bytes_by: dict[str, float] = defaultdict(float)
         time_by: dict[str, float] = defaultdict(float)
@@ -98,7 +98,7 @@ def rank_totals(con: duckdb.DuckDBPyConnection, run: str) -> RankTotals:
             imb = _imbalance(None if overall else scheme, metric, dict(values), basis, overall)
             if imb is not None:
                 imbalance.append(imb)
-        if not per_it and len(counts) > 1 and its.info.mode != "none":
+        if not per_it and len(counts) > 1 and info.mode != "none":
             notes.append(f"{label}: iterations unknown or unequal across ranks, imbalance uses totals")
     imbalance.sort(key=lambda i: -i.max_over_mean)
     return RankTotals(run=run, rows=out, imbalance=imbalance, notes=notes)

@@ -14,7 +14,7 @@ from typing import BinaryIO, Callable
 
 import duckdb
 
-from . import store
+from . import aggregates, store
 from .inputs import DEFAULT_LIMITS, InputFile, Limits, detect_kind, file_rank_hint, iter_inputs, open_content
 from .records import ParseError, ParseResult, RankHint
 
@@ -143,7 +143,8 @@ def ingest_paths(
 
 
 def finalize_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
-    """Run-level linking after files land: NCCL communicators across processes, harness groups."""
+    """Run-level linking after files land: NCCL communicators across processes, harness groups; then
+    the run's aggregates are recomputed."""
     from .nccl_link import link_run
 
     con.execute("BEGIN TRANSACTION")
@@ -153,6 +154,7 @@ def finalize_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     except BaseException:
         con.execute("ROLLBACK")
         raise
+    aggregates.refresh_run(con, run_id)  # the run's precomputed aggregates (own transaction)
 
 
 def run_totals(con: duckdb.DuckDBPyConnection, run: str) -> dict[str, Counter]:

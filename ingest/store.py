@@ -12,12 +12,14 @@ from typing import Any, Iterator
 import duckdb
 import pyarrow as pa
 
+from .aggregates import MIGRATION_V2
 from .records import ParseResult
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Explicit upgrades: {from_version: [sql, ...]} applied in order up to SCHEMA_VERSION.
-MIGRATIONS: dict[int, list[str]] = {}
+# 1 -> 2: per-run aggregate tables (ingest/aggregates.py), filled by each run's first refresh.
+MIGRATIONS: dict[int, list[str]] = {1: MIGRATION_V2}
 
 
 class StoreError(Exception):

@@ -8,6 +8,7 @@ small API writes are retried a few times before the client sees a 409.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +18,9 @@ from typing import TypeVar
 
 import duckdb
 
-from commlens.ingest import store
+from commlens.ingest import aggregates, store
+
+log = logging.getLogger("commlens.api.db")
 
 T = TypeVar("T")
 
@@ -27,6 +30,18 @@ class Database:
         self.path = path
         self._con: duckdb.DuckDBPyConnection | None = store.connect(path)
         self._lock = threading.Lock()
+        self._refresh_aggregates()
+
+    def _refresh_aggregates(self) -> None:
+        """Bring every run's aggregates up to date before requests arrive (a store upgraded from schema
+        1, or rows written by other tools); analyses would otherwise do it on the run's first read."""
+        try:
+            n = aggregates.refresh_all(self._con)
+        except duckdb.Error as exc:  # a request will try again for its run
+            log.warning("refreshing the runs' aggregates failed: %s", exc)
+            return
+        if n:
+            log.info("refreshed the aggregates of %d run(s)", n)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         with self._lock:

@@ -11,6 +11,8 @@ from pydantic import ValidationError
 
 from commlens.backend.iterations import UnknownRunError, run_id_of
 from commlens.backend.predict import PredictInput
+from commlens.ingest import aggregates
+from commlens.ingest.aggregates import AGG_TABLES
 from commlens.runconfig import RunConfig
 
 from .db import transaction
@@ -115,9 +117,13 @@ def run_detail(cur: duckdb.DuckDBPyConnection, name: str) -> RunDetail:
     if not rows:
         raise UnknownRunError(f"no run named {name!r} in this store")
     row = rows[0]
-    ops = dict(cur.execute("SELECT op, count(*) FROM comm_events WHERE run_id = ? GROUP BY op ORDER BY op",
-                           [row["run_id"]]).fetchall())
-    ranks = cur.execute("SELECT count(DISTINCT rank) FROM comm_events WHERE run_id = ?", [row["run_id"]]).fetchone()[0]
+    run_id = row["run_id"]
+    aggregates.ensure_fresh(cur, run_id)
+    # The run's aggregates when they are up to date; the calls themselves while an ingest job writes.
+    table, count = ("comm_agg", "sum(calls)") if aggregates.is_fresh(cur, run_id) else ("comm_events", "count(*)")
+    ops = {op: int(n) for op, n in cur.execute(
+        f"SELECT op, {count} FROM {table} WHERE run_id = ? GROUP BY op ORDER BY op", [run_id]).fetchall()}
+    ranks = cur.execute(f"SELECT count(DISTINCT rank) FROM {table} WHERE run_id = ?", [run_id]).fetchone()[0]
     return RunDetail(**row, ranks=ranks, ops=ops)
 
 
@@ -245,7 +251,7 @@ def update_run(run: str, body: RunUpdate, cur: Cursor, _: Writer) -> RunDetail:
 
 
 RUN_TABLES = ("comm_events", "steps", "nccl_comms", "nccl_topology", "nccl_tuning", "process_groups", "review_items",
-              "sources", "jobs")
+              "sources", "jobs", *AGG_TABLES)
 
 
 @router.delete("/runs/{run}", status_code=204, responses=problem_responses(401, 403, 404, 409))

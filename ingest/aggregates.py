@@ -1,0 +1,556 @@
+"""Per-run aggregates of the store's calls, computed once when a run's data or attribution changes,
+so analyses answer from a few thousand rows instead of rescanning every call on every request.
+
+Tables (ingest/schema.sql, documented in docs/store.md): `agg_runs` (freshness and iteration mode),
+`agg_sources`, `agg_iterations`, `comm_periods`, `process_iterations`, `comm_iterations` (the detected
+iteration of each call of a source without profiler steps), `comm_agg` (calls per rank key, group,
+op, dtype, size, iteration membership and duration kind) and the bandwidth summaries `bw_excluded`,
+`bw_bins`, `bw_ops`, `bw_schemes` (exact medians, recomputed when groups change).
+
+When: `refresh_run` at the end of ingest (pipeline.finalize_run) recomputes everything;
+`refresh_if_stale` (after scheme attribution and overrides, and on read through `ensure_fresh`)
+compares fingerprints of the run's sources and process groups with those stored in `agg_runs` and
+recomputes what changed: everything when sources changed; the bandwidth summaries when a group's
+backend or size (which decide what counts as measured, and the busbw factor) or the set of groups
+changed; only the per-scheme bandwidth medians (`bw_schemes`) when only schemes changed. Scheme is a
+group property, so `comm_agg` (keyed by group_key) stays valid across attribution changes; readers
+join process_groups at query time.
+
+While an ingest job of the API is queued or running on a run, reads serve the aggregates of the last
+refresh (the job's own refresh comes at its end), so polling clients do not recompute a growing run.
+
+Only ingest/ writes these tables; the SQL here is the definition of what counts as a measured
+duration and why a call has no bandwidth (backend.bandwidth builds its report from it).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from contextlib import contextmanager
+from importlib import resources
+from typing import Callable, Iterator, TypeVar
+
+import duckdb
+import pyarrow as pa
+
+from commlens.vocab import busbw_factor
+
+from .periods import MIN_COVERAGE, Period, find_period
+
+T = TypeVar("T")
+
+# Every table holding a run's aggregates (each has run_id), in refresh order.
+AGG_TABLES = (
+    "agg_sources", "comm_periods", "process_iterations", "comm_iterations", "comm_agg", "agg_iterations",
+    "bw_excluded", "bw_bins", "bw_ops", "bw_schemes", "agg_runs",
+)
+_BW_TABLES = ("bw_excluded", "bw_bins", "bw_ops", "bw_schemes")
+_CONFLICT_RETRIES = 3
+
+
+
+def _v2_tables() -> list[str]:
+    """The CREATE TABLE statements of the aggregate tables in schema.sql (the 1 -> 2 upgrade)."""
+    sql = resources.files("commlens.ingest").joinpath("schema.sql").read_text()
+    return [m.group(0) for m in re.finditer(r"CREATE TABLE IF NOT EXISTS (\w+) \(.*?\n\);", sql, re.S)
+            if m.group(1) in AGG_TABLES]
+
+
+# Schema 1 -> 2: the aggregate tables, empty; each run's aggregates are filled by its first refresh
+# (its next ingest or attribution, or the first analysis that reads it: ensure_fresh).
+MIGRATION_V2: list[str] = _v2_tables()
+
+
+class AggregatesError(Exception):
+    """The aggregates of a run cannot be brought up to date (read-only store)."""
+
+
+def rank_key_sql(alias: str = "e") -> str:
+    """SQL for the rank identity of an event: its global rank, else its process."""
+    return f"coalesce(cast({alias}.rank AS VARCHAR), {alias}.process, '?')"
+
+
+def measured_dur_sql(e: str = "e", g: str = "g") -> str:
+    """SQL predicate: the event's duration is measured transfer time (kernel, or a gloo CPU op)."""
+    return (f"({e}.dur_us > 0 AND ({e}.dur_source = 'kernel' OR ({e}.dur_source = 'cpu_op' "
+            f"AND lower(coalesce({g}.backend, '')) NOT LIKE '%nccl%')))")
+
+
+def measured_kind_sql(a: str = "a", g: str = "g") -> str:
+    """The same predicate over a comm_agg row (its dur_kind) and its group."""
+    return (f"({a}.dur_kind = 'kernel' OR ({a}.dur_kind = 'cpu_op' "
+            f"AND lower(coalesce({g}.backend, '')) NOT LIKE '%nccl%'))")
+
+
+@contextmanager
+def registered(con: duckdb.DuckDBPyConnection, table) -> Iterator[str]:
+    """Register an Arrow table under a fresh name for the duration of a query."""
+    name = f"_commlens_{uuid.uuid4().hex[:12]}"
+    con.register(name, table)
+    try:
+        yield name
+    finally:
+        con.unregister(name)
+
+
+# ------------------------------------------------------------------------------ bandwidth SQL
+
+CALLS_SQL = """
+    SELECT e.rank, e.process, g.scheme, e.op, coalesce(e.group_size, g.size) AS n, e.msg_bytes, e.dur_us,
+           e.dur_source, g.backend,
+           CASE
+             WHEN e.op = 'barrier' THEN 'barrier moves no payload'
+             WHEN e.msg_bytes IS NULL THEN 'no message size'
+             WHEN e.msg_bytes = 0 THEN 'zero-byte call'
+             WHEN e.dur_us IS NULL OR e.dur_us <= 0 THEN 'no measured duration'
+             WHEN e.dur_source = 'cpu_op' AND lower(coalesce(g.backend, '')) LIKE '%nccl%'
+               THEN 'CPU enqueue time of an NCCL call is not its transfer time'
+             WHEN coalesce(e.dur_source, '') NOT IN ('kernel', 'cpu_op') THEN 'duration of unknown origin'
+             WHEN coalesce(e.group_size, g.size) IS NULL THEN 'group size unknown'
+             WHEN coalesce(e.group_size, g.size) < 2 AND e.op NOT IN ('send', 'recv') THEN 'single-rank group'
+           END AS excluded
+    FROM comm_events e
+    LEFT JOIN process_groups g ON g.run_id = e.run_id AND g.group_key = e.group_key
+    WHERE e.run_id = ?
+"""
+
+
+def _bin_index(msg_bytes: int) -> int:
+    return int(msg_bytes).bit_length() - 1
+
+
+@contextmanager
+def measured_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> Iterator[tuple[str, dict[str, int]]]:
+    """SQL over the usable calls (rank, process, scheme, op, n, msg_bytes, dur_us, factor, k, algbw,
+    busbw; one parameter: run_id) and the count of calls left out per reason."""
+    excluded: dict[str, int] = {}
+    pairs: list[tuple[str, int, int]] = []
+    for reason, op, n, size, calls in con.execute(
+        f"""
+        SELECT excluded, CASE WHEN excluded IS NULL THEN op END, CASE WHEN excluded IS NULL THEN n END,
+               CASE WHEN excluded IS NULL THEN msg_bytes END, count(*)
+        FROM ({CALLS_SQL}) c GROUP BY ALL
+        """,
+        [run_id],
+    ).fetchall():
+        if reason is None:
+            pairs.append((op, n, size))
+        else:
+            excluded[reason] = excluded.get(reason, 0) + calls
+    factors = sorted({(op, n) for op, n, _ in pairs})
+    sizes = sorted({size for _, _, size in pairs})
+    factor_table = pa.table({
+        "op": pa.array([op for op, _ in factors], pa.string()),
+        "n": pa.array([n for _, n in factors], pa.int32()),
+        "factor": pa.array([busbw_factor(op, n) for op, n in factors], pa.float64()),
+    })
+    size_table = pa.table({
+        "msg_bytes": pa.array(sizes, pa.int64()),
+        "k": pa.array([_bin_index(size) for size in sizes], pa.int32()),
+    })
+    with registered(con, factor_table) as fname, registered(con, size_table) as sname:
+        yield f"""
+            SELECT c.rank, c.process, c.scheme, c.op, c.n, c.msg_bytes, c.dur_us, f.factor, s.k,
+                   c.msg_bytes / c.dur_us / 1e3 AS algbw, c.msg_bytes / c.dur_us / 1e3 * f.factor AS busbw
+            FROM ({CALLS_SQL}) c
+            JOIN {fname} f ON f.op = c.op AND f.n = c.n
+            JOIN {sname} s ON s.msg_bytes = c.msg_bytes
+            WHERE c.excluded IS NULL
+        """, excluded
+
+
+# ----------------------------------------------------------------------------- fingerprints
+
+
+def fingerprints(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, str]:
+    """(sources, groups) fingerprints of a run: its ok sources (append-only), and its process groups'
+    fields the aggregates depend on: "count:backend and size:scheme". Both are small tables."""
+    src = con.execute(
+        "SELECT count(*), coalesce(max(source_id), 0), coalesce(sum(source_id), 0) FROM sources "
+        "WHERE run_id = ? AND status = 'ok'",
+        [run_id],
+    ).fetchall()[0]
+    grp = con.execute(
+        """
+        SELECT count(*),
+               coalesce(md5(string_agg(concat_ws('|', group_key, coalesce(backend, '-'),
+                        coalesce(cast(size AS VARCHAR), '-')), chr(10) ORDER BY group_key)), ''),
+               coalesce(md5(string_agg(concat_ws('|', group_key, coalesce(scheme, '-')), chr(10)
+                                       ORDER BY group_key)), '')
+        FROM process_groups WHERE run_id = ?
+        """,
+        [run_id],
+    ).fetchall()[0]
+    return f"{src[0]}:{src[1]}:{src[2]}", f"{grp[0]}:{grp[1]}:{grp[2]}"
+
+
+def _stale(stored: tuple[str, str] | None, now: tuple[str, str]) -> str | None:
+    """What to recompute: 'full' (sources changed), 'groups' (a group's backend or size, or the group
+    set), 'schemes' (only schemes: the per-scheme bandwidth medians), or None (fresh)."""
+    if stored is None or stored[0] != now[0]:
+        return "full"
+    if stored[1] == now[1]:
+        return None
+    return "schemes" if stored[1].rsplit(":", 1)[0] == now[1].rsplit(":", 1)[0] else "groups"
+
+
+def stored_fingerprints(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, str] | None:
+    rows = con.execute("SELECT sources_fp, groups_fp FROM agg_runs WHERE run_id = ?", [run_id]).fetchall()
+    return (rows[0][0], rows[0][1]) if rows else None
+
+
+def _job_active(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
+    return bool(con.execute(
+        "SELECT count(*) FROM jobs WHERE run_id = ? AND state IN ('queued', 'running')", [run_id]
+    ).fetchall()[0][0])
+
+
+# ------------------------------------------------------------------------------ transactions
+
+
+def in_transaction(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the connection is inside an explicit transaction (in autocommit mode every statement
+    gets a new transaction id; a failed BEGIN would abort the caller's transaction, so it is not tried)."""
+    first = con.execute("SELECT txid_current()").fetchall()[0][0]
+    return con.execute("SELECT txid_current()").fetchall()[0][0] == first
+
+
+def _atomic(con: duckdb.DuckDBPyConnection, fn: Callable[[], T]) -> T:
+    """fn in a transaction of its own (retried on a conflicting concurrent transaction), or inside the
+    caller's transaction when one is open (the caller commits or rolls back everything together)."""
+    if in_transaction(con):
+        return fn()
+    for attempt in range(_CONFLICT_RETRIES):
+        con.execute("BEGIN TRANSACTION")
+        try:
+            result = fn()
+            con.execute("COMMIT")
+            return result
+        except (duckdb.TransactionException, duckdb.ConstraintException):
+            _rollback(con)
+            if attempt == _CONFLICT_RETRIES - 1:
+                raise
+        except BaseException:
+            _rollback(con)
+            raise
+    raise AssertionError("unreachable")
+
+
+def _rollback(con: duckdb.DuckDBPyConnection) -> None:
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:
+        pass  # a failed COMMIT has ended the transaction already
+
+
+# ----------------------------------------------------------------------------------- refresh
+
+
+def refresh_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+    """Recompute every aggregate of the run (after its calls were written or linked)."""
+    _atomic(con, lambda: _refresh(con, run_id, "full"))
+
+
+def refresh_if_stale(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
+    """Recompute what changed since the last refresh (see the module docstring); True when it did."""
+
+    def body() -> bool:
+        now = fingerprints(con, run_id)
+        level = _stale(stored_fingerprints(con, run_id), now)
+        if level is None:
+            return False
+        _refresh(con, run_id, level, now)
+        return True
+
+    return _atomic(con, body)
+
+
+def refresh_all(con: duckdb.DuckDBPyConnection) -> int:
+    """Bring every run's aggregates up to date (an upgraded store); the number of runs refreshed."""
+    return sum(refresh_if_stale(con, r[0]) for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall())
+
+
+def is_fresh(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
+    """Whether the run's aggregates match its sources and groups now."""
+    stored = stored_fingerprints(con, run_id)
+    return stored is not None and stored == fingerprints(con, run_id)
+
+
+def ensure_fresh(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+    """Called by analyses before they read: refresh a stale run unless an ingest job is still writing it."""
+    if is_fresh(con, run_id):
+        return
+    if _job_active(con, run_id):
+        return  # the job refreshes at its end; meanwhile serve the last aggregates
+    try:
+        refresh_if_stale(con, run_id)
+    except (duckdb.TransactionException, duckdb.ConstraintException):
+        return  # another connection is refreshing the same run; serve what is committed
+    except duckdb.InvalidInputException as exc:
+        if "read-only" in str(exc) or "read only" in str(exc):
+            raise AggregatesError(
+                "the aggregates of this run are out of date and the store is open read-only; open it once for "
+                "writing (commlens ingest, commlens serve) to refresh them"
+            ) from None
+        raise
+
+
+def _refresh(con: duckdb.DuckDBPyConnection, run_id: int, level: str, fps: tuple[str, str] | None = None) -> None:
+    # Deleting the run's agg_runs row first makes two concurrent refreshes of one run conflict early.
+    con.execute("DELETE FROM agg_runs WHERE run_id = ?", [run_id])
+    fps = fps or fingerprints(con, run_id)
+    tables = {"full": AGG_TABLES[:-1], "groups": _BW_TABLES, "schemes": ("bw_schemes",)}[level]
+    for table in tables:
+        con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])  # fixed names
+    if level == "full":
+        _refresh_calls(con, run_id)
+    if level in ("full", "groups"):
+        _refresh_bandwidth(con, run_id)
+    _refresh_bw_schemes(con, run_id)
+    con.execute(
+        """
+        INSERT INTO agg_runs (run_id, sources_fp, groups_fp, calls, has_steps, has_detected)
+        SELECT ?, ?, ?, coalesce(sum(calls), 0), coalesce(bool_or(has_steps), false),
+               (SELECT count(*) > 0 FROM process_iterations WHERE run_id = ? AND iterations > 0)
+        FROM agg_sources WHERE run_id = ?
+        """,
+        [run_id, fps[0], fps[1], run_id, run_id],
+    )
+
+
+def _refresh_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
+    """agg_sources, detected periods and iterations, comm_agg, agg_iterations; True when some process
+    of a source without profiler steps has a detected period."""
+    con.execute(
+        f"""
+        INSERT INTO agg_sources (run_id, source_id, rank_key, has_steps, iterations, calls)
+        WITH ev AS (
+            SELECT e.source_id, any_value({rank_key_sql()}) AS rank_key, bool_or(e.step IS NOT NULL) AS has_steps,
+                   count(DISTINCT e.step) AS n_steps, count(*) AS calls
+            FROM comm_events e WHERE e.run_id = ? GROUP BY e.source_id
+        ), st AS (
+            SELECT source_id, count(DISTINCT step) AS n FROM steps WHERE run_id = ? GROUP BY source_id
+        )
+        SELECT ?, ev.source_id, ev.rank_key, ev.has_steps,
+               CASE WHEN ev.has_steps THEN greatest(coalesce(st.n, 0), ev.n_steps) END, ev.calls
+        FROM ev LEFT JOIN st USING (source_id)
+        """,
+        [run_id, run_id, run_id],
+    )
+    has_detected = _refresh_periods(con, run_id)
+    con.execute(
+        f"""
+        INSERT INTO comm_agg (run_id, rank_key, rank, group_key, op, dtype, msg_bytes, in_iteration,
+                              no_iteration_reason, dur_kind, calls, sum_dur_us, min_dur_us, max_dur_us,
+                              max_group_size, first_row)
+        SELECT e.run_id, {rank_key_sql()}, e.rank, e.group_key, e.op, e.dtype, e.msg_bytes,
+               CASE WHEN s.has_steps THEN e.step IS NOT NULL ELSE d.iteration IS NOT NULL END,
+               CASE WHEN s.has_steps THEN CASE WHEN e.step IS NULL THEN 'outside profiler steps' END
+                    ELSE d.reason END,
+               CASE WHEN e.dur_us > 0 AND e.dur_source IN ('kernel', 'cpu_op') THEN e.dur_source END,
+               count(*), sum(e.dur_us), min(e.dur_us), max(e.dur_us), max(e.group_size), min(e.rowid)
+        FROM comm_events e
+        JOIN agg_sources s ON s.run_id = e.run_id AND s.source_id = e.source_id
+        LEFT JOIN comm_iterations d ON d.run_id = e.run_id AND d.source_id = e.source_id
+             AND d.process = coalesce(e.process, cast(e.rank AS VARCHAR), '?')
+             AND d.seq = e.seq
+        WHERE e.run_id = ?
+        GROUP BY ALL
+        """,
+        [run_id],
+    )
+    # Iterations per rank key: profiler steps of the sources with steps, plus detected iterations.
+    iterations: dict[str, int] = {
+        rk: int(n) for rk, n in con.execute(
+            "SELECT rank_key, sum(iterations) FROM agg_sources WHERE run_id = ? AND has_steps GROUP BY rank_key",
+            [run_id],
+        ).fetchall() if n
+    }
+    for source_id, process, rank, it in con.execute(
+        "SELECT source_id, process, rank, iterations FROM process_iterations WHERE run_id = ? ORDER BY ord", [run_id]
+    ).fetchall():
+        if it:
+            rk = str(rank) if rank is not None else process
+            iterations[rk] = iterations.get(rk, 0) + it
+    if iterations:
+        con.executemany("INSERT INTO agg_iterations (run_id, rank_key, iterations) VALUES (?, ?, ?)",
+                        [[run_id, rk, n] for rk, n in iterations.items()])
+    return has_detected
+
+
+def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
+    """Period detection for every communicator of the sources without profiler steps (see
+    backend.iterations for the rules), stored in comm_periods and process_iterations, and the
+    detected iteration of each of their calls in comm_iterations."""
+    table = con.sql(
+        """
+        SELECT e.source_id, coalesce(e.process, cast(e.rank AS VARCHAR), '?') AS process, e.rank,
+               coalesce(e.group_key, 'ptr:' || e.comm_ptr) AS comm, e.group_key, e.op, e.msg_bytes
+        FROM comm_events e JOIN agg_sources s ON s.run_id = e.run_id AND s.source_id = e.source_id AND NOT s.has_steps
+        WHERE e.run_id = ?
+        ORDER BY e.source_id, process, comm, e.seq
+        """,
+        params=[run_id],
+    ).to_arrow_table()
+    if not table.num_rows:
+        return False
+    names = ("source_id", "process", "rank", "comm", "group_key", "op", "msg_bytes")
+    cols = {name: table[name].to_pylist() for name in names}
+    # Communicators in first-seen order, each with its (op, msg_bytes) sequence.
+    comms: dict[tuple, dict] = {}
+    ranks: dict[tuple[int, str], int | None] = {}
+    for source_id, process, rank, comm, group_key, op, size in zip(
+        cols["source_id"], cols["process"], cols["rank"], cols["comm"], cols["group_key"], cols["op"], cols["msg_bytes"]
+    ):
+        c = comms.get((source_id, process, comm))
+        if c is None:
+            c = comms[(source_id, process, comm)] = {"group_key": group_key, "items": []}
+        c["items"].append((op, size))
+        if rank is not None or (source_id, process) not in ranks:
+            ranks[(source_id, process)] = rank if rank is not None else ranks.get((source_id, process))
+    proc_iters: dict[tuple[int, str], int | None] = {}
+    share: dict[tuple[int, str], list[int]] = {}  # [calls in communicators with a period, all calls]
+    periods: list[tuple[tuple, dict, Period | None]] = []
+    for key, c in comms.items():
+        p = find_period(c["items"])
+        periods.append((key, c, p))
+        proc = key[:2]
+        sh = share.setdefault(proc, [0, 0])
+        sh[1] += len(c["items"])
+        if p is not None:
+            sh[0] += len(c["items"])
+            prev = proc_iters.get(proc)
+            proc_iters[proc] = p.repeats if prev is None else min(prev, p.repeats)
+        else:
+            proc_iters.setdefault(proc, None)
+    for proc, (with_period, total) in share.items():
+        if with_period < MIN_COVERAGE * total:
+            proc_iters[proc] = None  # a small repeating communicator does not define the process's iterations
+    con.executemany(
+        """INSERT INTO comm_periods (run_id, source_id, process, comm, group_key, ord, calls, period,
+                                   offset_calls, repeats)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+        [[run_id, key[0], key[1], key[2], c["group_key"], i, len(c["items"]),
+          p.period if p else None, p.offset if p else None, p.repeats if p else None]
+         for i, (key, c, p) in enumerate(periods)],
+    )
+    con.executemany(
+        "INSERT INTO process_iterations (run_id, source_id, process, rank, iterations, ord) VALUES (?, ?, ?, ?, ?, ?)",
+        [[run_id, s, p, ranks.get((s, p)), it, i] for i, ((s, p), it) in enumerate(sorted(proc_iters.items()))],
+    )
+    # The iteration of each call: its position in its communicator's sequence against the period.
+    con.execute(
+        """
+        INSERT INTO comm_iterations (run_id, source_id, process, seq, iteration, reason)
+        WITH x AS (
+            SELECT source_id, process, comm, seq,
+                   row_number() OVER (PARTITION BY source_id, process, comm ORDER BY seq) - 1 AS idx
+            FROM (SELECT e.source_id, coalesce(e.process, cast(e.rank AS VARCHAR), '?') AS process,
+                         coalesce(e.group_key, 'ptr:' || e.comm_ptr) AS comm, e.seq
+                  FROM comm_events e
+                  JOIN agg_sources s ON s.run_id = e.run_id AND s.source_id = e.source_id AND NOT s.has_steps
+                  WHERE e.run_id = ?)
+        ), y AS (
+            SELECT x.source_id, x.process, x.seq, x.idx, pi.iterations AS iters, c.period, c.offset_calls,
+                   CASE WHEN c.period IS NOT NULL AND coalesce(pi.iterations, 0) > 0 AND x.idx >= c.offset_calls
+                        THEN (x.idx - c.offset_calls) // (c.period * (c.repeats // pi.iterations)) END AS it
+            FROM x
+            LEFT JOIN process_iterations pi ON pi.run_id = ? AND pi.source_id = x.source_id AND pi.process = x.process
+            LEFT JOIN comm_periods c ON c.run_id = ? AND c.source_id = x.source_id AND c.process = x.process
+                 AND c.comm IS NOT DISTINCT FROM x.comm
+        )
+        SELECT ?, source_id, process, seq,
+               CASE WHEN it < iters THEN it END,
+               CASE WHEN coalesce(iters, 0) = 0 THEN 'no repeating pattern in its process'
+                    WHEN period IS NULL THEN 'communicator without a repeating pattern'
+                    WHEN idx < offset_calls THEN 'before the repeating pattern (setup)'
+                    WHEN it >= iters THEN 'after the last complete iteration'
+               END
+        FROM y
+        """,
+        [run_id, run_id, run_id, run_id],
+    )
+    return any(proc_iters.values())
+
+
+def _refresh_bandwidth(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+    """Exact medians of algbw and busbw per (op, size bin) and per (scheme, op), the half-bandwidth
+    size per op and the calls below it (backend.bandwidth states the rules)."""
+    with measured_calls(con, run_id) as (sql, excluded):
+        if excluded:
+            con.executemany("INSERT INTO bw_excluded (run_id, reason, calls) VALUES (?, ?, ?)",
+                            [[run_id, reason, n] for reason, n in excluded.items()])
+        con.execute(
+            f"""
+            INSERT INTO bw_bins (run_id, op, k, calls, median_bytes, median_dur_us, median_algbw_gbps,
+                                 median_busbw_gbps, group_sizes)
+            SELECT ?, op, k, count(*), median(msg_bytes), median(dur_us), median(algbw), median(busbw),
+                   list(DISTINCT n ORDER BY n)
+            FROM ({sql}) m GROUP BY op, k
+            """,
+            [run_id, run_id],
+        )
+        bins = con.execute(
+            "SELECT op, k, calls, median_busbw_gbps FROM bw_bins WHERE run_id = ? ORDER BY op, k", [run_id]
+        ).fetchall()
+        per_op: dict[str, list[tuple]] = {}
+        for row in bins:
+            per_op.setdefault(row[0], []).append(row)
+        ops: dict[str, list] = {}
+        for op, rows in per_op.items():
+            best = max(rows, key=lambda r: r[3])
+            reach = next((r for r in rows if r[3] >= best[3] / 2), None)
+            half_k = reach[1] if reach is not None and best[3] > 0 else None
+            half_bytes = (1 << half_k) if half_k is not None else None
+            ops[op] = [op, sum(r[2] for r in rows), best[1], best[3], half_k, half_bytes]
+        half_table = pa.table({"op": pa.array(list(ops), pa.string()),
+                               "half": pa.array([ops[o][5] or 0 for o in ops], pa.int64())})
+        with registered(con, half_table) as hname:
+            below = {op: (n, t) for op, n, t in con.execute(
+                f"""
+                SELECT m.op, count(*), coalesce(sum(m.dur_us), 0) FROM ({sql}) m JOIN {hname} h ON h.op = m.op
+                WHERE m.msg_bytes < h.half GROUP BY m.op
+                """,
+                [run_id],
+            ).fetchall()}
+        if ops:
+            con.executemany(
+                """INSERT INTO bw_ops (run_id, op, calls, best_k, best_busbw_gbps, half_k, half_bw_bytes,
+                                       latency_bound_calls, latency_bound_time_us)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                [[run_id, *row, *below.get(op, (0, 0.0))] for op, row in ops.items()],
+            )
+
+
+def _refresh_bw_schemes(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+    """Bandwidth per (scheme, op), the only summary that depends on schemes: medians over the measured
+    calls, and over those at or above the op's half-bandwidth size (bw_ops; 0 when it has none)."""
+    factors = sorted({(op, n) for op, sizes in con.execute(
+        "SELECT op, group_sizes FROM bw_bins WHERE run_id = ?", [run_id]).fetchall() for n in sizes})
+    if not factors:
+        return
+    factor_table = pa.table({
+        "op": pa.array([op for op, _ in factors], pa.string()),
+        "n": pa.array([n for _, n in factors], pa.int32()),
+        "factor": pa.array([busbw_factor(op, n) for op, n in factors], pa.float64()),
+    })
+    with registered(con, factor_table) as fname:
+        con.execute(
+            f"""
+            INSERT INTO bw_schemes (run_id, scheme, op, calls, time_us, median_busbw_gbps, large_calls,
+                                    large_median_busbw_gbps)
+            WITH h AS (SELECT op, coalesce(half_bw_bytes, 0) AS half FROM bw_ops WHERE run_id = ?),
+            m AS (
+                SELECT c.scheme, c.op, c.msg_bytes, c.dur_us, c.msg_bytes / c.dur_us / 1e3 * f.factor AS busbw
+                FROM ({CALLS_SQL}) c JOIN {fname} f ON f.op = c.op AND f.n = c.n
+                WHERE c.excluded IS NULL
+            )
+            SELECT ?, m.scheme, m.op, count(*), sum(m.dur_us), median(m.busbw),
+                   count(*) FILTER (WHERE m.msg_bytes >= h.half),
+                   median(m.busbw) FILTER (WHERE m.msg_bytes >= h.half)
+            FROM m JOIN h ON h.op = m.op
+            GROUP BY m.scheme, m.op
+            """,
+            [run_id, run_id, run_id],
+        )

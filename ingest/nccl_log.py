@@ -4,10 +4,17 @@ One file may hold one process (NCCL_DEBUG_FILE=name.%h.%p) or many processes int
 launcher). The stream is read in blocks of whole lines; lines longer than `Limits.max_line_bytes` are
 skipped without being held in memory.
 
-Speed: per-operation (COLL) lines dominate large logs. A block is matched with one compiled bytes regex
-that yields one tuple per line; clean COLL lines are turned into rows from a template cached per
-(envelope with op name, "datatype .. comm .. [nranks=..]" text), everything else goes through the
-slower, line-by-line path (`_Parser.line`), which yields the same rows for COLL lines.
+Speed: per-operation (COLL) lines dominate large logs. Rows come from a template cached per (envelope
+with op name, "datatype .. comm .. [nranks=..]" text); only opCount, count and the sequence number vary.
+A large block (`VECTOR_MIN_LINES` lines or more) is split into lines and cut at the COLL markers with
+pyarrow kernels; the pieces are checked (the repeated ones once per distinct value) so that a line takes
+the vectorised route only when `_FAST` would match it as a clean COLL line with these very groups; its
+rows then go into an Arrow table (`ParseResult.event_tables`). Every other line (init, topology,
+tuning, damaged lines), and short runs of clean COLL lines between such lines, go through the
+per-line path in order (`_block_lines`), so sequence numbers, communicator instances and skips come
+out exactly as line by line. A small block is matched with one compiled bytes regex that yields one
+tuple per line (`_block_lines`); everything but clean COLL lines goes through the slower line-by-line
+path (`_Parser.line`), which yields the same rows for COLL lines.
 
 Damage from concurrent writers: every "host:pid:tid [dev] NCCL INFO" envelope on a line starts a
 message that ends at the next envelope; a COLL message that lost its prefix is attributed through its
@@ -33,8 +40,12 @@ from __future__ import annotations
 
 import io
 import re
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from commlens.vocab import NCCL_DTYPES, DTYPE_BYTES, msg_bytes_from_nccl_count, normalize_op
 
@@ -44,6 +55,11 @@ from .records import ParseError, ParseResult, RankHint
 KIND = "nccl_log"
 BLOCK_BYTES = 4 << 20
 MAX_KEPT_WARN_LINES = 20
+# Blocks of fewer lines, and runs of fewer clean COLL lines between other lines, take the per-line path:
+# the vectorised path has a fixed cost per block and per run.
+VECTOR_MIN_LINES = 4096
+VECTOR_MIN_RUN = 256
+VECTOR_PAUSE_BLOCKS = 4  # blocks parsed line by line after one that was mostly other lines
 
 # NCCL COLL names that are not two-sided collectives commlens counts (one-sided ops, 2.29+).
 ONE_SIDED = frozenset({"PutSignal", "Signal", "WaitSignal"})
@@ -71,6 +87,12 @@ _FAST = re.compile(
 )
 _FAST_HEAD = re.compile(r"(.+):(\d+):\d+ \[(-?\d+)\] NCCL INFO ([A-Za-z]+)")
 _FAST_TAIL = re.compile(r"(\d+) op (\d+) root (-?\d+) comm (\S+) \[nranks=(\d+)\]", re.ASCII)
+# The pieces of a COLL line between the markers ": opCount ", " ", " count ", " " (vectorised path); each
+# fullmatch below is the corresponding part of `_FAST`, so that the pieces of a line all match exactly
+# when `_FAST` matches the line as a COLL line, with the same groups (see `_clean_coll`).
+_PIECE_HEAD = re.compile(rb"([^\n]*?)(?<![\w.-])([\w.-]+:\d+:\d+ \[-?\d+\] NCCL INFO [A-Za-z]+)")
+_PIECE_BUFFERS = re.compile(rb"sendbuff \S+ recvbuff \S+")
+_PIECE_TAIL = re.compile(rb"datatype (\d+ op \d+ root -?\d+ comm \S+ \[nranks=\d+\]) stream \S+([^\n]*)")
 
 _ENVELOPE = re.compile(r"(?<![\w.-])([\w.-]+):(\d+):(\d+) \[(-?\d+)\] (?:\S+:\d+ )?NCCL (INFO|WARN)(?= |$) ?")
 _FALLBACK = re.compile(r"\[(-?\d+)\] (?:\S+:\d+ )?NCCL (INFO|WARN)(?= |$) ?")
@@ -160,13 +182,21 @@ class _Parser:
         self.max_nranks = 0
         self.comm_owner: dict[str, set[tuple]] = {}  # raw comm pointer -> process keys using it
         self.first_skip_line: dict[str, int] = {}
+        self.vector_pause = 0  # blocks left to parse line by line after one that was mostly not clean COLL
+        self.counting = pa.array([], pa.int64())
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def skip(self, reason: str, line_no: int) -> None:
-        self.res.skip(reason)
+    def skip(self, reason: str, line_no: int, n: int = 1) -> None:
+        self.res.skip(reason, n)
         if reason not in self.first_skip_line:
             self.first_skip_line[reason] = line_no
+
+    def arange(self, n: int) -> pa.Array:
+        """0 .. n-1 as int64 (cached)."""
+        if len(self.counting) < n:
+            self.counting = pa.array(range(max(n, 2 * len(self.counting))), pa.int64())
+        return self.counting.slice(0, n)
 
     def proc(self, host: str | None, pid: str | None, dev: int) -> _Proc:
         if host is not None and (host, pid) not in self.procs:
@@ -261,13 +291,161 @@ class _Parser:
         d["elems_out"] = n * f_out
         self.res.events.append(d)
 
-    # ------------------------------------------------------------------ blocks (fast path)
+    # ------------------------------------------------------------------ blocks (fast paths)
 
-    def block(self, data: bytes, first_line: int) -> None:
+    def block(self, data: bytes, first_line: int) -> int:
+        """A block of whole lines (without the last newline) whose first line is `first_line`; returns
+        the number of its lines."""
+        if self.vector_pause or len(data) < VECTOR_MIN_LINES * 32:
+            self.vector_pause = max(0, self.vector_pause - 1)
+            return self._block_lines(data, first_line)
+        return self._block_vector(data, first_line)
+
+    def _block_vector(self, data: bytes, first_line: int) -> int:
+        """Clean COLL lines in runs through pyarrow kernels, everything else through `_block_lines`, in
+        line order: a run of clean COLL lines between two other lines only needs the state those lines left."""
+        typ = pa.binary() if len(data) < 2**31 - 1 else pa.large_binary()
+        ends = pa.array([0, len(data)], pa.int32() if typ == pa.binary() else pa.int64())
+        whole = pa.Array.from_buffers(typ, 1, [None, ends.buffers()[1], pa.py_buffer(data)])  # no copy
+        lines = pc.split_pattern(whole, b"\n").flatten()
+        n = len(lines)
+        clean = _clean_coll(lines, self.arange(n)) if n >= VECTOR_MIN_LINES else None
+        if clean is None:
+            self.vector_pause = VECTOR_PAUSE_BLOCKS
+            return self._block_lines(data, first_line)
+        nv = len(clean.line)
+        others: list[int] = []  # lines that are not clean COLL lines but mention NCCL: line by line
+        if nv < n:
+            rest = pc.indices_nonzero(pc.invert(pc.is_in(self.arange(n), value_set=clean.line)))
+            texts = lines.take(rest).to_pylist()
+            others = [i for i, t in zip(rest.to_pylist(), texts) if b"CCL" in t or b"opCount" in t]
+        vlines = clean.line.to_pylist() if others else None
+
+        def v_line(p: int) -> int:
+            return vlines[p] if vlines is not None else clean.line[p].as_py()
+
+        # Runs of clean lines long enough for the vectorised path; everything between them line by line.
+        parts: list[tuple[bool, int, int]] = []  # (vectorised, start, end): positions in clean, else lines
+        py_start: int | None = None
+        pv = 0
+        for s in others + [n]:
+            pe = bisect_left(vlines, s) if vlines is not None else nv
+            if pe - pv >= VECTOR_MIN_RUN:
+                if py_start is not None:
+                    parts.append((False, py_start, v_line(pv)))
+                parts.append((True, pv, pe))
+                py_start = s if s < n else None
+            elif py_start is None and (pe > pv or s < n):
+                py_start = v_line(pv) if pe > pv else s
+            pv = pe
+        if py_start is not None:
+            parts.append((False, py_start, n))
+
+        offsets = pa.Array.from_buffers(  # where each line starts in the buffer of all lines
+            pa.int32() if typ == pa.binary() else pa.int64(), n + 1, [None, lines.buffers()[1]], offset=lines.offset
+        )
+        base = offsets[0].as_py()
+        by_line = 0
+        for vectorised, a, b in parts:
+            if vectorised:
+                self._emit_run(clean, a, b, first_line)
+            else:
+                by_line += b - a
+                start = offsets[a].as_py() - base + a
+                end = offsets[b].as_py() - base + b - 1
+                self._block_lines(data[start:end], first_line + a)
+        if by_line * 2 > n:
+            self.vector_pause = VECTOR_PAUSE_BLOCKS
+        return n
+
+    def _emit_run(self, clean: "_CleanColl", p0: int, p1: int, first_line: int) -> None:
+        """Rows of the clean COLL lines p0..p1-1 of `clean` as one Arrow table, exactly as `_block_lines`
+        would make them one by one."""
+        n = p1 - p0
+        enc = pc.dictionary_encode(clean.key.slice(p0, n))
+        ind = enc.indices
+        templates = []
+        for u, key in enumerate(enc.dictionary.to_pylist()):  # in order of first appearance
+            head, tail = clean.heads[key // clean.n_tails], clean.tails[key % clean.n_tails]
+            t = self.fast_cache.get((head, tail))
+            if t is None:
+                line_no = first_line + clean.line[p0 + pc.index(ind, u).as_py()].as_py()
+                t = self.fast_cache[(head, tail)] = self.fast_template(head, tail, line_no)
+            templates.append(t)
+        self.nccl_lines += n
+        opc = clean.op_count.slice(p0, n)
+        count = clean.count.slice(p0, n)
+        if any(t[0] is None for t in templates):
+            vc = pc.value_counts(ind)
+            counts = dict(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()))
+            for u, t in enumerate(templates):
+                if t[0] is None:
+                    line_no = first_line + clean.line[p0 + pc.index(ind, u).as_py()].as_py()
+                    self.skip(t[1], line_no, counts[u])
+            keep = pc.take(pa.array([t[0] is not None for t in templates]), ind)
+            ind, opc, count = ind.filter(keep), opc.filter(keep), count.filter(keep)
+            if not len(ind):
+                return
+        rows = [t[0] or {} for t in templates]
+        cells: list[list[int]] = []  # the processes' sequence counters
+        cell_ids: list[int] = []
+        for t in templates:
+            c = next((i for i, cell in enumerate(cells) if cell is t[4]), None) if t[4] is not None else 0
+            if c is None:
+                c = len(cells)
+                cells.append(t[4])
+            cell_ids.append(c)
+        m = len(ind)
+        if len(cells) == 1:
+            seq = pc.add(self.arange(m), cells[0][0])
+            cells[0][0] += m
+        else:
+            seq = self._seq(pc.take(pa.array(cell_ids, pa.int32()), ind), cells)
+
+        def dict_col(k: str) -> pa.Array:
+            return pa.DictionaryArray.from_arrays(ind, pa.array([r.get(k, "") for r in rows], pa.string()))
+
+        def col(values: list, typ: pa.DataType) -> pa.Array:
+            return pc.take(pa.array(values, typ), ind)
+
+        self.res.event_tables.append(pa.table({
+            "process": dict_col("process"),
+            "seq": seq,
+            "op": dict_col("op"),
+            "dtype": col([r.get("dtype") for r in rows], pa.string()),
+            "msg_bytes": pc.multiply_checked(count, col([t[1] if t[0] else None for t in templates], pa.int64())),
+            "elems_in": pc.multiply_checked(count, col([t[2] for t in templates], pa.int64())),
+            "elems_out": pc.multiply_checked(count, col([t[3] for t in templates], pa.int64())),
+            "group_size": col([r.get("group_size") for r in rows], pa.int32()),
+            "group_key": dict_col("group_key"),
+            "peer": col([r.get("peer") for r in rows], pa.int32()),
+            "op_count": opc,
+            "comm_ptr": dict_col("comm_ptr"),
+            "raw_name": dict_col("raw_name"),
+        }))
+
+    def _seq(self, cell: pa.Array, cells: list[list[int]]) -> pa.Array:
+        """Sequence numbers of rows whose process counter is cells[cell]: each counter counts on in row order."""
+        m = len(cell)
+        order = pc.sort_indices(cell)  # stable: row order within a counter
+        in_order = pc.take(cell, order)
+        vc = pc.value_counts(cell)
+        counts = dict(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()))
+        starts, first = [], 0
+        for c in range(len(cells)):
+            starts.append(cells[c][0] - first)  # seq = position in sorted order - first + counter
+            first += counts.get(c, 0)
+            cells[c][0] += counts.get(c, 0)
+        ranked = pc.add(self.arange(m), pc.take(pa.array(starts, pa.int64()), in_order))
+        return pc.take(ranked, pc.sort_indices(order))
+
+    def _block_lines(self, data: bytes, first_line: int) -> int:
+        """`block` line by line: one `_FAST` match per line."""
         cache = self.fast_cache
         append = self.res.events.append
         n_coll = 0
-        for line_no, (pre, head, opc, count, tail, post, other) in enumerate(_FAST.findall(data), first_line):
+        matches = _FAST.findall(data)
+        for line_no, (pre, head, opc, count, tail, post, other) in enumerate(matches, first_line):
             if head:
                 if pre and (b"NCCL" in pre or b"opCount" in pre):
                     self.fragment(pre, line_no)
@@ -295,6 +473,7 @@ class _Parser:
             elif other and (b"CCL" in other or b"opCount" in other):
                 self.line(other.decode("utf-8", "replace"), line_no)
         self.nccl_lines += n_coll
+        return len(matches)
 
     def fast_template(self, head: bytes, tail: bytes, line_no: int) -> tuple:
         h = _FAST_HEAD.fullmatch(head.decode("utf-8", "replace"))
@@ -650,6 +829,10 @@ class _Parser:
             res.rank = self.hint.rank
             for ev in res.events:
                 ev["rank"] = self.hint.rank
+            for i, t in enumerate(res.event_tables):
+                rank = pa.repeat(pa.scalar(self.hint.rank, pa.int32()), t.num_rows)
+                k = t.schema.get_field_index("rank")
+                res.event_tables[i] = t.set_column(k, "rank", rank) if k >= 0 else t.append_column("rank", rank)
         elif len(contexts) == 1 and res.nccl_comms:
             world = [r for r in res.nccl_comms if r["nranks"] == self.max_nranks]
             res.rank = world[0]["comm_rank"] if world else None
@@ -695,6 +878,9 @@ class _Parser:
             bases.add(p.base)
             for comm, dev in p.comm_devs.items():
                 labels[(p.base, comm)] = p.label(dev, True)
+        if self.res.event_tables:
+            self.res.event_tables = [self._relabel_table(labels)]
+            return
         seqs: dict[str, int] = {}
         for ev in self.res.events:
             if ev["process"] in bases:
@@ -703,6 +889,184 @@ class _Parser:
                 s = seqs.get(label, 0)
                 ev["seq"] = s
                 seqs[label] = s + 1
+
+    def _relabel_table(self, labels: dict[tuple[str, str], str]) -> pa.Table:
+        """`_relabel` on the event tables, after the rows of the per-line path joined them: the new
+        sequence of a label follows the old sequence of its process, the order in which its rows were made."""
+        tables = [_plain_events(t) for t in self.res.event_tables]
+        if self.res.events:
+            tables.append(_events_table(self.res.events))
+            self.res.events = []
+        t = pa.concat_tables(tables).combine_chunks()
+        process = t["process"].combine_chunks()
+        seq = t["seq"].combine_chunks()
+        keys = pc.binary_join_element_wise(process, t["comm_ptr"].combine_chunks(), "\x00")
+        found = pc.index_in(keys, value_set=pa.array([f"{b}\x00{c}" for b, c in labels], pa.string()))
+        label = pc.take(pa.array(list(labels.values()), pa.string()), found)
+        moved = pc.is_valid(label)
+        rows = pc.indices_nonzero(moved)
+        if not len(rows):
+            return t
+        enc = pc.dictionary_encode(pc.take(label, rows))
+        by = pa.table({"label": enc.indices, "seq": pc.take(seq, rows)})
+        order = pc.sort_indices(by, sort_keys=[("label", "ascending"), ("seq", "ascending")])
+        sorted_label = pc.take(enc.indices, order)
+        vc = pc.value_counts(enc.indices)
+        counts = dict(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()))
+        starts, first = [], 0
+        for k in range(len(enc.dictionary)):
+            starts.append(-first)
+            first += counts.get(k, 0)
+        ranked = pc.add(self.arange(len(rows)), pc.take(pa.array(starts, pa.int64()), sorted_label))
+        new_seq = pc.take(ranked, pc.sort_indices(order))
+        t = t.set_column(t.schema.get_field_index("process"), "process", pc.coalesce(label, process))
+        return t.set_column(t.schema.get_field_index("seq"), "seq", pc.replace_with_mask(seq, moved, new_seq))
+
+
+# ------------------------------------------------------------------------------------------ vectorised
+
+
+@dataclass
+class _CleanColl:
+    """The clean COLL lines of a block: line index, template key (head id x n_tails + tail id), opCount
+    and count, one entry per line; heads and tails are the `_FAST` head and tail groups by id."""
+
+    line: pa.Array
+    key: pa.Array
+    op_count: pa.Array
+    count: pa.Array
+    heads: list[bytes]
+    tails: list[bytes]
+    n_tails: int
+
+
+def _clean_coll(lines: pa.Array, arange: pa.Array) -> _CleanColl | None:
+    """Find the lines that `_FAST` matches as COLL lines without NCCL text glued before or after.
+
+    A line is cut at the first ": opCount ", the first space after it, the first " count " after that
+    and the first space after that: prefix+head | opCount | "sendbuff .. recvbuff .." | count | "datatype
+    .. stream ..". Each piece must fullmatch its part of `_FAST` (`_PIECE_*`, hex and decimal digits); the
+    repeated pieces are checked once per distinct value. When all do, `_FAST` matches the line with the
+    same groups: each run of non-blanks or digits ends where the next literal starts, a head cannot contain
+    ": opCount ", and the lazy prefix is the shortest for which the head matches, in `_FAST` as in
+    `_PIECE_HEAD`. Lines where some piece does not match go to the per-line path, which decides exactly;
+    so do opCount of more than 15 and count of more than 18 digits, which int64 cannot always hold."""
+    idx: pa.Array | None = None  # surviving line indices, None while all lines survive
+    pieces: list[pa.Array] = []
+    rest = lines
+    for sep in (b": opCount ", b" ", b" count ", b" "):
+        parts = pc.split_pattern(rest, sep, max_splits=1)
+        ok = pc.equal(pc.list_value_length(parts), 2)
+        if ok.false_count:
+            idx = pc.indices_nonzero(ok) if idx is None else idx.filter(ok)
+            parts = parts.filter(ok)
+            pieces = [piece.filter(ok) for piece in pieces]
+            if not len(parts):
+                return None
+        pieces.append(pc.list_element(parts, 0))
+        rest = pc.list_element(parts, 1)
+    head_piece, opc_piece, buf_piece, count_piece = pieces
+    tail_piece = rest
+
+    heads: dict[bytes, int] = {}
+    enc = pc.dictionary_encode(head_piece)
+    ids = []
+    for text in enc.dictionary.to_pylist():
+        h = _PIECE_HEAD.fullmatch(text)
+        if h is None or b"NCCL" in h.group(1) or b"opCount" in h.group(1):
+            ids.append(-1)
+        else:
+            ids.append(heads.setdefault(h.group(2), len(heads)))
+    head_id = pc.take(pa.array(ids, pa.int64()), enc.indices)
+    tails: dict[bytes, int] = {}
+    enc = pc.dictionary_encode(tail_piece)
+    ids = []
+    for text in enc.dictionary.to_pylist():
+        t = _PIECE_TAIL.fullmatch(text)
+        ids.append(-1 if t is None or b"NCCL" in t.group(2) else tails.setdefault(t.group(1), len(tails)))
+    tail_id = pc.take(pa.array(ids, pa.int64()), enc.indices)
+    enc = pc.dictionary_encode(buf_piece)
+    buf_ok = [_PIECE_BUFFERS.fullmatch(b) is not None for b in enc.dictionary.to_pylist()]
+    buf_ok = pc.take(pa.array(buf_ok, pa.bool_()), enc.indices)
+    op_count, opc_ok = _hex_int64(opc_piece)
+    try:
+        count_text = pc.cast(count_piece, pa.string())
+        count_ok = pc.and_(pc.ascii_is_decimal(count_text), pc.less_equal(pc.binary_length(count_piece), 18))
+    except pa.ArrowInvalid:  # not UTF-8
+        count_text = None
+        count_ok = pc.match_substring_regex(count_piece, r"^[0-9]{1,18}$")
+    ok = pc.and_(pc.and_(pc.and_(pc.greater_equal(head_id, 0), pc.greater_equal(tail_id, 0)), buf_ok),
+                 pc.and_(opc_ok, count_ok))
+    if idx is None:
+        idx = pc.indices_nonzero(ok) if ok.false_count else None
+    elif ok.false_count:
+        idx = idx.filter(ok)
+    if ok.false_count:
+        head_id, tail_id, op_count, count_piece = (a.filter(ok) for a in (head_id, tail_id, op_count, count_piece))
+        count_text = None
+        if not len(head_id):
+            return None
+    line = pc.cast(idx, pa.int64()) if idx is not None else arange
+    n_tails = len(tails)
+    return _CleanColl(
+        line=line,
+        key=pc.add(pc.multiply(head_id, n_tails), tail_id),
+        op_count=op_count,
+        count=pc.cast(count_text if count_text is not None else pc.cast(count_piece, pa.string()), pa.int64()),
+        heads=list(heads),
+        tails=list(tails),
+        n_tails=n_tails,
+    )
+
+
+# Nibble of each byte value; 16 for bytes that are not hex digits.
+_HEX_NIBBLE = pa.array(
+    [int(chr(b), 16) if chr(b) in "0123456789abcdefABCDEF" else 16 for b in range(256)], pa.uint8()
+)
+
+
+def _hex_int64(text: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """Hex strings of 1 to 15 digits as int64, and which strings were such (others give garbage).
+
+    Reversed and padded with "0" to 16 bytes, the digits are mapped to nibbles through a lookup table;
+    pairs of nibbles make the bytes of a little-endian int64."""
+    n = len(text)
+    length = pc.binary_length(text)
+    ok_len = pc.and_(pc.greater_equal(length, 1), pc.less_equal(length, 15))
+    pad = pa.scalar(b"0" * 16, text.type)
+    joined = pc.binary_join_element_wise(pc.binary_reverse(text), pad, pa.scalar(b"", text.type))
+    padded = pc.binary_slice(joined, 0, 16)
+    fixed = padded.cast(pa.binary(16))
+    digits = pa.Array.from_buffers(pa.uint8(), n * 16, [None, fixed.buffers()[1]], offset=fixed.offset * 16)
+    nibbles = pc.take(_HEX_NIBBLE, digits)
+    bad = pc.equal(nibbles, 16)
+    if bad.offset or nibbles.offset:  # not expected from fresh kernel outputs
+        raise AssertionError("unexpected array offset")
+    bad_any = pa.Array.from_buffers(pa.uint16(), n, [None, bad.buffers()[1]])  # 16 flags per string
+    ok = pc.and_(ok_len, pc.equal(bad_any, 0))
+    pairs = pa.Array.from_buffers(pa.uint16(), n * 8, [None, nibbles.buffers()[1]])  # low nibble | high << 8
+    packed = pc.bit_wise_or(pc.bit_wise_and(pairs, 0x0F), pc.bit_wise_and(pc.shift_right(pairs, 4), 0xF0))
+    as_bytes = pc.cast(packed, pa.uint8())
+    return pa.Array.from_buffers(pa.int64(), n, [None, as_bytes.buffers()[1]]), ok
+
+
+# The comm_events columns this parser fills, with their store types.
+_EVENT_FIELDS = pa.schema([
+    ("rank", pa.int32()), ("process", pa.string()), ("seq", pa.int64()), ("op", pa.string()),
+    ("dtype", pa.string()), ("msg_bytes", pa.int64()), ("elems_in", pa.int64()), ("elems_out", pa.int64()),
+    ("group_size", pa.int32()), ("group_key", pa.string()), ("peer", pa.int32()), ("op_count", pa.int64()),
+    ("comm_ptr", pa.string()), ("raw_name", pa.string()),
+])
+
+
+def _events_table(rows: list[dict[str, Any]]) -> pa.Table:
+    return pa.Table.from_struct_array(pa.array(rows, type=pa.struct(_EVENT_FIELDS)))
+
+
+def _plain_events(t: pa.Table) -> pa.Table:
+    """All `_EVENT_FIELDS` columns with their plain types (dictionaries decoded, missing ones NULL)."""
+    cols = [t[f.name].cast(f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type) for f in _EVENT_FIELDS]
+    return pa.Table.from_arrays(cols, schema=_EVENT_FIELDS)
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -751,14 +1115,13 @@ def _topo_row(
     }
 
 
-def iter_blocks(stream: io.BufferedReader, limits: Limits) -> Iterator[tuple[bytes | None, int]]:
-    """(block of whole lines without the last newline, number of its first line); (None, n) for an
-    overlong line n. No line longer than limits.max_line_bytes is ever held in memory whole."""
+def iter_blocks(stream: io.BufferedReader, limits: Limits) -> Iterator[bytes | None]:
+    """Blocks of whole lines without the last newline, in order; None for an overlong line (counts as
+    one line). No line longer than limits.max_line_bytes is ever held in memory whole."""
     max_line = max(1, limits.max_line_bytes)
     size = min(BLOCK_BYTES, max_line)
     carry = b""
     skipping = False
-    line_no = 1
     while True:
         block = stream.read(size)
         if not block:
@@ -769,12 +1132,11 @@ def iter_blocks(stream: io.BufferedReader, limits: Limits) -> Iterator[tuple[byt
                 continue
             block = block[nl + 1 :]
             skipping = False
-            line_no += 1
         if carry:
             nl = block.find(b"\n")
             if nl < 0:
                 if len(carry) + len(block) > max_line:
-                    yield None, line_no
+                    yield None
                     carry, skipping = b"", True
                 else:
                     carry += block
@@ -782,25 +1144,23 @@ def iter_blocks(stream: io.BufferedReader, limits: Limits) -> Iterator[tuple[byt
             first = carry + block[:nl]
             carry = b""
             if len(first) > max_line:
-                yield None, line_no
+                yield None
             else:
-                yield first, line_no
-            line_no += 1
+                yield first
             block = block[nl + 1 :]
         cut = block.rfind(b"\n")
         if cut < 0:
             if len(block) > max_line:
-                yield None, line_no
+                yield None
                 skipping = True
             else:
                 carry = block
             continue
         body = block[:cut]
-        yield body, line_no
-        line_no += body.count(b"\n") + 1
+        yield body
         carry = block[cut + 1 :]
     if carry:
-        yield carry, line_no
+        yield carry
 
 
 def parse_nccl_log(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
@@ -808,13 +1168,15 @@ def parse_nccl_log(stream: io.BufferedReader, name: str, hint: RankHint, limits:
     nccl_topology and nccl_tuning rows. Damaged lines are counted in `skipped`, not fatal."""
     parser = _Parser(name, hint)
     first = True
-    for body, line_no in iter_blocks(stream, limits):
+    line_no = 1
+    for body in iter_blocks(stream, limits):
         if body is None:
             parser.skip(f"line longer than {limits.max_line_bytes} bytes", line_no)
+            line_no += 1
             continue
         if first:
             first = False
             if body.startswith(b"\xef\xbb\xbf"):
                 body = body[3:]
-        parser.block(body, line_no)
+        line_no += parser.block(body, line_no)
     return parser.finish()

@@ -117,7 +117,7 @@ def ingest_file(
         return FileOutcome(item.name, "duplicate", kind=kind, error=f"same bytes as {existing[1]}, already ingested", size=hashing.size)
     store.write_result(con, run_id, item.name, sha, hashing.size, result)
     return FileOutcome(
-        item.name, "ok", kind=kind, rank=result.rank, events=len(result.events),
+        item.name, "ok", kind=kind, rank=result.rank, events=result.n_events,
         skipped=dict(result.skipped), warnings=list(result.warnings), size=hashing.size,
     )
 

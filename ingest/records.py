@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class ParseError(Exception):
@@ -35,6 +38,9 @@ class ParseResult:
     rank: int | None = None  # global rank of a per-rank file
     world_size: int | None = None
     events: list[dict[str, Any]] = field(default_factory=list)  # comm_events rows
+    # More comm_events rows as Arrow tables (columns named as comm_events; dictionary-encoded strings
+    # allowed; missing columns are NULL). Large NCCL logs put their rows here.
+    event_tables: list[pa.Table] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)  # steps rows
     groups: list[dict[str, Any]] = field(default_factory=list)  # process_groups rows
     nccl_comms: list[dict[str, Any]] = field(default_factory=list)
@@ -44,6 +50,11 @@ class ParseResult:
     warnings: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     run_config: dict[str, Any] | None = None  # a validated run.json, when the file is one
+
+    @property
+    def n_events(self) -> int:
+        """comm_events rows in `events` and `event_tables`."""
+        return len(self.events) + sum(t.num_rows for t in self.event_tables)
 
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] += n

@@ -180,13 +180,32 @@ _COLUMNS: dict[str, dict[str, pa.DataType]] = {
 def _insert_rows(con: duckdb.DuckDBPyConnection, table: str, run_id: int, source_id: int, rows: list[dict]) -> None:
     if not rows:
         return
+    struct = pa.struct(list(_COLUMNS[table].items()))  # keys not in the table are ignored, missing ones NULL
+    _insert_table(con, table, run_id, source_id, pa.Table.from_struct_array(pa.array(rows, type=struct)))
+
+
+def _insert_table(con: duckdb.DuckDBPyConnection, table: str, run_id: int, source_id: int, arrow: pa.Table) -> None:
+    """Insert the rows of an Arrow table: its columns of `table` are cast to the declared types (a
+    dictionary of the declared type is taken as it is), other columns ignored, missing ones NULL."""
+    if not arrow.num_rows:
+        return
     columns = _COLUMNS[table]
-    arrow = pa.table({c: pa.array([r.get(c) for r in rows], type=t) for c, t in columns.items()})
-    names = ", ".join(columns)
-    con.register("_commlens_rows", arrow)
+    cols, names = [], []
+    for name, typ in columns.items():
+        if name not in arrow.column_names:
+            continue
+        col = arrow[name]
+        if col.type != typ and not (pa.types.is_dictionary(col.type) and col.type.value_type == typ):
+            col = col.cast(typ)
+        cols.append(col)
+        names.append(name)
+    if not names:
+        raise ValueError(f"no {table} columns in the table ({arrow.column_names})")
+    con.register("_commlens_rows", pa.Table.from_arrays(cols, names=names))
     try:
+        listed = ", ".join(names)
         con.execute(
-            f"INSERT INTO {table} (run_id, source_id, {names}) SELECT ?, ?, {names} FROM _commlens_rows",
+            f"INSERT INTO {table} (run_id, source_id, {listed}) SELECT ?, ?, {listed} FROM _commlens_rows",
             [run_id, source_id],
         )
     finally:
@@ -228,11 +247,13 @@ def write_result(
             VALUES (?, ?, ?, ?, ?, ?, ?, 'ok', ?, ?, ?, ?) RETURNING source_id
             """,
             [
-                run_id, path, result.kind, sha256, size, result.rank, result.world_size, len(result.events),
+                run_id, path, result.kind, sha256, size, result.rank, result.world_size, result.n_events,
                 json.dumps(dict(result.skipped)), json.dumps(result.warnings), json.dumps(result.meta, default=str),
             ],
         ).fetchone()[0]
         _insert_rows(con, "comm_events", run_id, source_id, result.events)
+        for events in result.event_tables:
+            _insert_table(con, "comm_events", run_id, source_id, events)
         _insert_rows(con, "steps", run_id, source_id, result.steps)
         _insert_rows(con, "nccl_comms", run_id, source_id, result.nccl_comms)
         _insert_rows(con, "nccl_topology", run_id, source_id, result.topology)

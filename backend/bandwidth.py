@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import duckdb
 
-from commlens.ingest.aggregates import CALLS_SQL as _CALLS_SQL  # noqa: F401 - the definition, re-exported
-from commlens.ingest.aggregates import measured_calls, measured_dur_sql  # noqa: F401 - re-exported
+from commlens.ingest.aggregates import measured_calls
 
 from .histograms import bin_spec
 from .iterations import fresh_run_id, run_id_of

@@ -14,7 +14,7 @@ from typing import Literal
 
 import duckdb
 
-from commlens.ingest.aggregates import rank_key_sql, registered  # noqa: F401 - registered: re-exported
+from commlens.ingest.aggregates import rank_key_sql
 
 from .iterations import fresh_run_id, iteration_info
 from .models import BinSpec, Histogram, HistogramSeries

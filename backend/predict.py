@@ -252,12 +252,12 @@ def totals(ops: list[PredictedOp]) -> list[SchemeTotal]:
 
 
 def _dp_ops(inp: PredictInput, stage: int, params: list[tuple[str, int]]) -> list[PredictedOp]:
-    m, p, dt, b = inp.model, inp.parallel, inp.dtypes, inp.buckets
+    p, dt, b = inp.parallel, inp.dtypes, inp.buckets
     d = p.dp * p.cp
     if d == 1:
         return []
     n_params = sum(c for _, c in params)
-    G, P = n_params * _w(dt.grad), n_params * _w(dt.param)
+    G = n_params * _w(dt.grad)
     mb = p.micro_batches
     impl = inp.implementation
 

@@ -81,7 +81,7 @@ def render_markdown(r: Report) -> str:
     lines = [f"# commlens report: {r.run}", ""]
     lines.append(f"Iterations: {c.iterations_message}. Ranks measured: {len(c.ranks)}. "
                  f"Prediction: {c.implementation or 'none (no configuration)'}"
-                 + (f"; **predicted equals measured for every scheme**." if r.exact else "."))
+                 + ("; **predicted equals measured for every scheme**." if r.exact else "."))
     lines += ["", "## Process groups", "", "| group | size | scheme | source | confidence | reason |", "|---|---|---|---|---|---|"]
     for g in r.attribution.groups:
         lines.append(f"| `{g.group_key}` | {g.size or '-'} | {g.scheme} | {g.source} | {g.confidence:.2f} | {g.reason} |")

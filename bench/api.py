@@ -30,10 +30,10 @@ from typing import Any, Callable
 
 import httpx
 
+from results import write_section  # noqa: E402 - bench/ is the script's directory
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("COMMLENS_DATA", ROOT.parent / "shared" / "data"))
-README = ROOT / "bench" / "README.md"
-START, END = "<!-- RESULTS:api START -->", "<!-- RESULTS:api END -->"
 TRACE = DATA / "kineto-hta" / "nccl_parser_config" / "nccl_data.json.gz"
 LOG = DATA / "nccl-logs" / "nvidia-nccl-1193.log"
 RUN = "big"
@@ -259,7 +259,7 @@ def main() -> None:
         text = render(store_info, latency, direct, upload, rss, args)
         print(text)
         if not args.no_write:
-            write(text)
+            write_section("api", text)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -341,17 +341,6 @@ findings 42,764 ms, run detail 517 ms). Every request rescanned
 all 10 million calls several times (`assign_iterations` inside histogram, rank totals and compare;
 findings ran bandwidth and rank totals first; attribution counted calls per group with a correlated
 subquery)."""
-
-
-def write(text: str) -> None:
-    body = README.read_text() if README.exists() else "# Benchmarks\n"
-    block = f"{START}\n{text}\n{END}"
-    if START in body:
-        pre, rest = body.split(START, 1)
-        body = pre + block + rest.split(END, 1)[1]
-    else:
-        body = body.rstrip("\n") + "\n\n" + block + "\n"
-    README.write_text(body)
 
 
 if __name__ == "__main__":

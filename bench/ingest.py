@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from results import write_section  # noqa: E402 - bench/ is the script's directory
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("COMMLENS_DATA", ROOT.parent / "shared" / "data"))
-README = ROOT / "bench" / "README.md"
-START, END = "<!-- RESULTS:ingest START -->", "<!-- RESULTS:ingest END -->"
 
 
 # ------------------------------------------------------------------------------- workers (child side)
@@ -219,17 +219,6 @@ def report(rows, nccl_res, nccl_lines: int) -> str:  # noqa: ANN001
     return "\n".join(out)
 
 
-def write_readme(text: str) -> None:
-    body = README.read_text() if README.exists() else "# Benchmarks\n"
-    block = f"{START}\n{text}\n{END}"
-    if START in body:
-        pre, rest = body.split(START, 1)
-        body = pre + block + rest.split(END, 1)[1]
-    else:
-        body += "\n" + block + "\n"
-    README.write_text(body)
-
-
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         print(json.dumps(_worker(sys.argv[2], sys.argv[3])))
@@ -242,7 +231,7 @@ def main() -> None:
     text = run(args)
     print(text)
     if not args.no_write:
-        write_readme(text)
+        write_section("ingest", text)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ detecting each file's kind from its content."""
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import os

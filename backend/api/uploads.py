@@ -17,7 +17,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
 from commlens.ingest import store
-from commlens.ingest.inputs import GZIP_MAGIC, ZIP_MAGIC, Limits, detect_kind, open_content
+from commlens.ingest.inputs import ZIP_MAGIC, Limits, detect_kind, open_content
 from commlens.ingest.records import ParseError
 
 from . import auth

@@ -139,7 +139,7 @@ def promote_finding(run: str, finding_id: str, cur: Cursor, who: Writer) -> Revi
         [run_id_of(cur, run), finding_id]).fetchone()
     if existing:
         raise ApiError(409, f"finding {finding_id!r} is review item {existing[0]} already", "finding-promoted")
-    evidence = "\n".join(f"| {k} | {v} |" for k, v in f.evidence.items())
+    evidence = "\n".join(f"| {k} | {f'{v:.6g}' if isinstance(v, float) else v} |" for k, v in f.evidence.items())
     body = (f"**{f.title}** ({f.severity})\n\n| evidence | value |\n|---|---|\n{evidence}\n\n"
             f"Suggestion: {f.suggestion}")
     from .models import Anchor

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # test-only helpers (synthetic.py) import by module name
 SHARED_DATA = Path(os.environ.get("COMMLENS_DATA", ROOT.parent / "shared" / "data"))
 
 

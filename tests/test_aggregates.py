@@ -3,8 +3,6 @@ after scheme attribution and an override, after new files land, and after a sche
 
 from __future__ import annotations
 
-import hashlib
-import json
 import statistics
 from pathlib import Path
 
@@ -19,18 +17,10 @@ from commlens.backend.histograms import histogram
 from commlens.backend.iterations import assign_iterations
 from commlens.backend.ranks import rank_totals
 from commlens.ingest import aggregates, store
-from commlens.ingest.records import ParseResult
 from commlens.vocab import busbw_factor
+from synthetic import write_rows as write
 
 MiB = 1 << 20
-
-
-def write(con, run: str, events: list[dict], groups: list[dict] = (), steps: list[dict] = (), kind: str = "kineto",
-          rank: int | None = None) -> None:
-    run_id = store.ensure_run(con, run)
-    result = ParseResult(kind=kind, rank=rank, events=events, groups=list(groups), steps=list(steps))
-    digest = hashlib.sha256(json.dumps([run, events, list(groups), list(steps)], default=str).encode()).hexdigest()
-    store.write_result(con, run_id, f"{run}-{digest[:8]}", digest, 1, result)
 
 
 def ev(rank, seq: int, op: str, size, group: str | None, n: int = 2, dur=None, src="kernel", step=None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import socket
@@ -16,7 +15,6 @@ from pathlib import Path
 
 import duckdb
 import httpx
-import pytest
 
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread, wait_job

@@ -10,7 +10,6 @@ import os
 import tarfile
 import time
 import zipfile
-from pathlib import Path
 
 import httpx
 import pytest

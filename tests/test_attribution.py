@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
@@ -16,19 +15,9 @@ from commlens.backend.attribution import (
     set_override,
 )
 from commlens.ingest import store
-from commlens.ingest.records import ParseResult
+from synthetic import write_rows as write
 
 MiB = 1 << 20
-
-
-def write(con, run: str, events: list[dict], groups: list[dict] = (), kind: str = "kineto", config: dict | None = None,
-          rank: int | None = None) -> None:
-    run_id = store.ensure_run(con, run)
-    result = ParseResult(kind=kind, rank=rank, events=events, groups=list(groups))
-    digest = hashlib.sha256(json.dumps([run, events, list(groups)], default=str).encode()).hexdigest()
-    store.write_result(con, run_id, f"{run}-{digest[:8]}", digest, 1, result)
-    if config is not None:
-        store.set_run_config(con, run_id, config)
 
 
 def ev(rank: int, seq: int, op: str, size: int | None, group: str | None, n: int, **kw) -> dict:

@@ -3,8 +3,6 @@ firing and staying silent."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from types import SimpleNamespace
 
 import pytest
@@ -14,19 +12,9 @@ from commlens.backend.bandwidth import bandwidth, call_bandwidth
 from commlens.backend.findings import findings
 from commlens.backend.models import ComparisonInput
 from commlens.backend.ranks import rank_totals
-from commlens.ingest import store
-from commlens.ingest.records import ParseResult
+from synthetic import write_rows as write
 
 MiB = 1 << 20
-
-
-def write(con, run: str, events: list[dict], groups: list[dict] = (), config: dict | None = None, rank=None) -> None:
-    run_id = store.ensure_run(con, run)
-    result = ParseResult(kind="kineto", rank=rank, events=events, groups=list(groups))
-    digest = hashlib.sha256(json.dumps([run, events, list(groups)], default=str).encode()).hexdigest()
-    store.write_result(con, run_id, f"{run}-{digest[:8]}", digest, 1, result)
-    if config is not None:
-        store.set_run_config(con, run_id, config)
 
 
 def ev(rank: int, seq: int, op: str, size, group: str, n: int, dur=None, src="kernel", **kw) -> dict:

@@ -7,7 +7,6 @@ from the harness's code) — once on the raw Kineto JSON and once through the in
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import json
 import math

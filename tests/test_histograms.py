@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 
 import pytest
 
 from commlens.backend.attribution import attribute_run
 from commlens.backend.histograms import bin_key, bin_spec, format_bytes, histogram
 from commlens.backend.iterations import Period, UnknownRunError, detect_period, find_period
-from commlens.ingest import store
-from commlens.ingest.records import ParseResult
+from synthetic import write_rows as write
 
 MiB = 1 << 20
-
-
-def write(con, run: str, events: list[dict], groups: list[dict] = (), steps: list[dict] = (), kind: str = "kineto",
-          rank: int | None = None) -> None:
-    run_id = store.ensure_run(con, run)
-    result = ParseResult(kind=kind, rank=rank, events=events, groups=list(groups), steps=list(steps))
-    digest = hashlib.sha256(json.dumps([run, events, list(steps)], default=str).encode()).hexdigest()
-    store.write_result(con, run_id, f"{run}-{digest[:8]}", digest, 1, result)
 
 
 def ev(rank, seq: int, op: str, size: int | None, group: str | None = "pg:0", n: int = 2, process: str | None = None,

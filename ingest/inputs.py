@@ -52,6 +52,33 @@ NOT_TRACES = frozenset({
 })
 
 
+class TapReader(io.RawIOBase):
+    """Passes a stream's bytes through unchanged and shows each chunk to `on_data` (hashing, progress),
+    so a file is read once for everything that needs its bytes."""
+
+    def __init__(self, raw: BinaryIO, on_data: Callable[[bytes], None]):
+        self._raw = raw
+        self._on_data = on_data
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        data = self._raw.read(len(b))
+        n = len(data)
+        b[:n] = data
+        self._on_data(data)
+        return n
+
+    def drain(self) -> None:
+        while self.readinto(bytearray(1 << 20)):
+            pass
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
 class BoundedGzipReader(io.RawIOBase):
     """Decompresses gzip (all members) while enforcing the size and ratio limits."""
 

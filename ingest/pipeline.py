@@ -10,12 +10,12 @@ import io
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import Callable
 
 import duckdb
 
 from . import aggregates, store
-from .inputs import DEFAULT_LIMITS, InputFile, Limits, detect_kind, file_rank_hint, iter_inputs, open_content
+from .inputs import DEFAULT_LIMITS, InputFile, Limits, TapReader, detect_kind, file_rank_hint, iter_inputs, open_content
 from .records import ParseError, ParseResult, RankHint
 
 Parser = Callable[[io.BufferedReader, str, RankHint, Limits], ParseResult]
@@ -52,32 +52,16 @@ class IngestSummary:
         return [f for f in self.files if f.status == "failed"]
 
 
-class _HashingReader(io.RawIOBase):
-    """Passes bytes through while hashing them, so a file is read once for both."""
+class _Hash:
+    """sha256 and size of the bytes a TapReader passes through."""
 
-    def __init__(self, raw: BinaryIO):
-        self._raw = raw
+    def __init__(self) -> None:
         self.sha = hashlib.sha256()
         self.size = 0
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:  # type: ignore[override]
-        data = self._raw.read(len(b))
-        n = len(data)
-        b[:n] = data
+    def __call__(self, data: bytes) -> None:
         self.sha.update(data)
-        self.size += n
-        return n
-
-    def drain(self) -> None:
-        while self.readinto(bytearray(1 << 20)):
-            pass
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
+        self.size += len(data)
 
 
 def ingest_file(
@@ -94,7 +78,8 @@ def ingest_file(
         store.record_failure(con, run_id, item.name, "unknown", "", item.size, f"{item.name}: {item.error}")
         return FileOutcome(item.name, "failed", error=f"{item.name}: {item.error}", size=item.size)
     kind = None
-    hashing = _HashingReader(item.open_raw())
+    digest = _Hash()
+    hashing = TapReader(item.open_raw(), digest)
     try:
         stream = open_content(io.BufferedReader(hashing, 1 << 20), item.name, limits)
         kind = detect_kind(stream)
@@ -107,18 +92,18 @@ def ingest_file(
         except Exception:  # noqa: BLE001 - the hash of a broken file is best effort
             pass
         error = f"{item.name}:{exc.where}: {exc.reason}" if exc.where else f"{item.name}: {exc.reason}"
-        store.record_failure(con, run_id, item.name, kind or "unknown", hashing.sha.hexdigest(), hashing.size, error)
-        return FileOutcome(item.name, "failed", kind=kind, error=error, size=hashing.size)
+        store.record_failure(con, run_id, item.name, kind or "unknown", digest.sha.hexdigest(), digest.size, error)
+        return FileOutcome(item.name, "failed", kind=kind, error=error, size=digest.size)
     finally:
         hashing.close()
-    sha = hashing.sha.hexdigest()
+    sha = digest.sha.hexdigest()
     existing = store.find_source(con, run_id, sha)
     if existing is not None:
-        return FileOutcome(item.name, "duplicate", kind=kind, error=f"same bytes as {existing[1]}, already ingested", size=hashing.size)
-    store.write_result(con, run_id, item.name, sha, hashing.size, result)
+        return FileOutcome(item.name, "duplicate", kind=kind, error=f"same bytes as {existing[1]}, already ingested", size=digest.size)
+    store.write_result(con, run_id, item.name, sha, digest.size, result)
     return FileOutcome(
         item.name, "ok", kind=kind, rank=result.rank, events=result.n_events,
-        skipped=dict(result.skipped), warnings=list(result.warnings), size=hashing.size,
+        skipped=dict(result.skipped), warnings=list(result.warnings), size=digest.size,
     )
 
 

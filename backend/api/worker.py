@@ -7,7 +7,6 @@ memory. Jobs left queued or running by a stopped or killed server are marked fai
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import queue
@@ -16,12 +15,12 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, Callable
 
 import duckdb
 
 from commlens.ingest import pipeline, store
-from commlens.ingest.inputs import InputFile, iter_inputs
+from commlens.ingest.inputs import InputFile, TapReader, iter_inputs
 from commlens.ingest.records import RankHint
 
 from .db import Database
@@ -62,26 +61,15 @@ class Manifest:
         return cls(data["run"], data["rank"], [SpooledUpload(**f) for f in data["files"]])
 
 
-class _Counting(io.RawIOBase):
-    """Counts bytes read from an uploaded file for live progress."""
+def _progress(live: Live, base: int) -> Callable[[bytes], None]:
+    """Counts bytes read from an uploaded file into the job's live progress."""
+    done = [0]
 
-    def __init__(self, raw: BinaryIO, live: Live, base: int):
-        self._raw, self._live, self._base, self._n = raw, live, base, 0
+    def on_data(data: bytes) -> None:
+        done[0] += len(data)
+        live.bytes_done = base + done[0]
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:  # type: ignore[override]
-        data = self._raw.read(len(b))
-        n = len(data)
-        b[:n] = data
-        self._n += n
-        self._live.bytes_done = self._base + self._n
-        return n
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
+    return on_data
 
 
 def new_job_id() -> str:
@@ -194,7 +182,7 @@ class IngestWorker:
                     live.current = item.name
                     if item.name == upload.name and item.error is None:
                         opener = item.open_raw
-                        item.open_raw = lambda o=opener, b=bytes_done: _Counting(o(), live, b)  # type: ignore[misc]
+                        item.open_raw = lambda o=opener, b=bytes_done: TapReader(o(), _progress(live, b))  # type: ignore[misc]
                     outcome = self._ingest_one(cur, run_id, item, hint)
                     results.append(_result(upload.name, outcome))
                 files_done += 1

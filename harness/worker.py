@@ -7,6 +7,7 @@ the profiler, writes ``trace.rank<R>.json.gz``; rank 0 writes ``run.json`` for t
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -119,7 +120,6 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
         path = write_run_json(cfg, out, gathered, mesh, shape, command)
         print(f"{PROGRESS_PREFIX} wrote {path}", flush=True)
     dist.barrier()
-    dist.destroy_process_group()
 
 
 def _groups(infos: list[dict], mesh: Mesh) -> list[dict]:
@@ -200,6 +200,24 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     command = json.loads(args.command) if args.command else [sys.executable, "-m", "commlens.harness.worker", *sys.argv[1:]]
     train(cfg, args.out, command)
+    _shutdown()
+
+
+def _shutdown() -> None:
+    """Tear down while the interpreter is whole, then leave without finalising it.
+
+    gloo's worker threads belong to process-group objects that DDP, FSDP and the DeviceMesh keep alive;
+    when the last reference goes during interpreter finalisation, a still-joinable std::thread aborts
+    the process ("terminate called without an active exception", SIGABRT) after every file was written,
+    and torchrun reports the job failed. Everything the job produces is on disk and flushed by now.
+    """
+    gc.collect()  # the training objects of `train` (DDP reducer, FSDP states, mesh) release their groups
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -243,14 +243,19 @@ def runs(tmp_path_factory):
     """Runs each scheme once, on first use; later tests reuse the outputs."""
     root = tmp_path_factory.mktemp("harness")
     done: dict[str, launch.PlannedRun] = {}
+    failed: dict[str, str] = {}  # a run that failed once is reported with its own output, not launched again
 
     def get(scheme: str) -> launch.PlannedRun:
+        if scheme in failed:
+            pytest.fail(f"the {scheme} run failed earlier in this module:\n{failed[scheme]}")
         if scheme not in done:
             (run,) = launch.plan_runs(root / scheme, dict(TINY, **SCHEMES[scheme]), None, [], None)
             launch.prepare(run, overwrite=False)
             proc = subprocess.run(launch.torchrun_command(run, ["pytest", scheme]), env=ENV, capture_output=True,
                                   text=True, timeout=600)
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+            if proc.returncode != 0:
+                failed[scheme] = proc.stdout[-3000:] + proc.stderr[-6000:]
+                pytest.fail(f"torchrun exited {proc.returncode}:\n{failed[scheme]}")
             done[scheme] = run
         return done[scheme]
 

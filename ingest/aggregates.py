@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from commlens.vocab import busbw_factor
 
-from .periods import MIN_COVERAGE, Period, find_period
+from .periods import MIN_COVERAGE, find_period_tokens
 
 T = TypeVar("T")
 
@@ -383,43 +383,49 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
     """Period detection for every communicator of the sources without profiler steps (see
     backend.iterations for the rules), stored in comm_periods and process_iterations, and the
     detected iteration of each of their calls in comm_iterations."""
+    # One row per communicator (ordered as comm_periods.ord): its calls as tokens in call order, equal
+    # (op, msg_bytes) pairs getting equal tokens; the Python below loops over communicators, not calls.
     table = con.sql(
         """
-        SELECT e.source_id, coalesce(e.process, cast(e.rank AS VARCHAR), '?') AS process, e.rank,
-               coalesce(e.group_key, 'ptr:' || e.comm_ptr) AS comm, e.group_key, e.op, e.msg_bytes
-        FROM comm_events e JOIN agg_sources s ON s.run_id = e.run_id AND s.source_id = e.source_id AND NOT s.has_steps
-        WHERE e.run_id = ?
-        ORDER BY e.source_id, process, comm, e.seq
+        WITH ev AS (
+            SELECT e.source_id, coalesce(e.process, cast(e.rank AS VARCHAR), '?') AS process, e.rank,
+                   coalesce(e.group_key, 'ptr:' || e.comm_ptr) AS comm, e.group_key, e.seq,
+                   dense_rank() OVER (ORDER BY e.op, e.msg_bytes) AS tok
+            FROM comm_events e
+            JOIN agg_sources s ON s.run_id = e.run_id AND s.source_id = e.source_id AND NOT s.has_steps
+            WHERE e.run_id = ?
+        )
+        SELECT source_id, process, comm, any_value(group_key) AS group_key, max(rank) AS rank,
+               list(tok ORDER BY seq) AS toks
+        FROM ev GROUP BY source_id, process, comm
+        ORDER BY source_id, process, comm
         """,
         params=[run_id],
     ).to_arrow_table()
     if not table.num_rows:
         return False
-    names = ("source_id", "process", "rank", "comm", "group_key", "op", "msg_bytes")
-    cols = {name: table[name].to_pylist() for name in names}
-    # Communicators in first-seen order, each with its (op, msg_bytes) sequence.
-    comms: dict[tuple, dict] = {}
-    ranks: dict[tuple[int, str], int | None] = {}
-    for source_id, process, rank, comm, group_key, op, size in zip(
-        cols["source_id"], cols["process"], cols["rank"], cols["comm"], cols["group_key"], cols["op"], cols["msg_bytes"]
-    ):
-        c = comms.get((source_id, process, comm))
-        if c is None:
-            c = comms[(source_id, process, comm)] = {"group_key": group_key, "items": []}
-        c["items"].append((op, size))
-        if rank is not None or (source_id, process) not in ranks:
-            ranks[(source_id, process)] = rank if rank is not None else ranks.get((source_id, process))
+    toks = table["toks"].combine_chunks()
+    offsets = toks.offsets.to_numpy()
+    values = toks.values.to_numpy()
+    keys = zip(table["source_id"].to_pylist(), table["process"].to_pylist(), table["comm"].to_pylist())
+    comms: dict[tuple, dict] = {
+        key: {"group_key": group_key, "calls": int(offsets[i + 1] - offsets[i]),
+              "period": find_period_tokens(values[offsets[i]:offsets[i + 1]])}
+        for i, (key, group_key) in enumerate(zip(keys, table["group_key"].to_pylist()))
+    }
+    ranks: dict[tuple[int, str], int | None] = {}  # a process's rank (one per process; NULL when unmapped)
+    for key, rank in zip(comms, table["rank"].to_pylist()):
+        if rank is not None or key[:2] not in ranks:
+            ranks[key[:2]] = rank
     proc_iters: dict[tuple[int, str], int | None] = {}
     share: dict[tuple[int, str], list[int]] = {}  # [calls in communicators with a period, all calls]
-    periods: list[tuple[tuple, dict, Period | None]] = []
     for key, c in comms.items():
-        p = find_period(c["items"])
-        periods.append((key, c, p))
+        p = c["period"]
         proc = key[:2]
         sh = share.setdefault(proc, [0, 0])
-        sh[1] += len(c["items"])
+        sh[1] += c["calls"]
         if p is not None:
-            sh[0] += len(c["items"])
+            sh[0] += c["calls"]
             prev = proc_iters.get(proc)
             proc_iters[proc] = p.repeats if prev is None else min(prev, p.repeats)
         else:
@@ -431,9 +437,9 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
         """INSERT INTO comm_periods (run_id, source_id, process, comm, group_key, ord, calls, period,
                                    offset_calls, repeats)
            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-        [[run_id, key[0], key[1], key[2], c["group_key"], i, len(c["items"]),
+        [[run_id, key[0], key[1], key[2], c["group_key"], i, c["calls"],
           p.period if p else None, p.offset if p else None, p.repeats if p else None]
-         for i, (key, c, p) in enumerate(periods)],
+         for i, (key, c) in enumerate(comms.items()) for p in [c["period"]]],
     )
     con.executemany(
         "INSERT INTO process_iterations (run_id, source_id, process, rank, iterations, ord) VALUES (?, ?, ?, ?, ?, ?)",

@@ -175,9 +175,9 @@ def detect_kind(stream: io.BufferedReader) -> str:
         return "nccl_log"
     if b"\x00" in head or _mostly_binary(head):
         raise ParseError("binary data, not a Kineto JSON trace or an NCCL log (first bytes %r)" % head[:8], "byte 0")
-    if b"NCCL" in head:
-        return "nccl_log"
-    raise ParseError("not a Kineto JSON trace or an NCCL debug log (no 'traceEvents', no 'NCCL INFO' lines)", "line 1")
+    # Text without NCCL lines up front: a launcher's stdout may print for megabytes before NCCL starts.
+    # The NCCL parser reads all of it and fails the file when no line anywhere is an NCCL one.
+    return "nccl_log"
 
 
 def _mostly_binary(head: bytes) -> bool:
@@ -237,19 +237,38 @@ def _safe_member_name(member: str) -> str | None:
     return None
 
 
-def _spool(src: BinaryIO, name: str, declared: int | None, compressed: int | None, limits: Limits) -> BinaryIO:
-    """Copy an archive member to a temporary file, enforcing the decompression limits."""
+class ArchiveBomb(ParseError):
+    """The archive as a whole expands past the limits: no later member is read."""
+
+
+@dataclass
+class _Budget:
+    """Decompressed bytes of one archive so far, against its own size on disk: the limits hold for the
+    archive as a whole, so many members each under the limits cannot add up to a bomb."""
+
+    compressed: int
+    used: int = 0
+
+    def charge(self, n: int, limits: Limits) -> None:
+        self.used += n
+        if self.used > limits.max_decompressed_bytes:
+            raise ArchiveBomb(f"archive expands past the limit of {limits.max_decompressed_bytes} bytes "
+                              f"(decompression bomb?)")
+        if self.used > limits.ratio_floor_bytes and self.used > limits.max_ratio * max(self.compressed, 1):
+            raise ArchiveBomb(f"archive expands more than {limits.max_ratio:.0f}:1 ({self.used} bytes out of "
+                              f"{self.compressed}; decompression bomb?)")
+
+
+def _spool(src: BinaryIO, budget: _Budget, limits: Limits) -> BinaryIO:
+    """Copy an archive member to a temporary file, charging its bytes to the archive's budget."""
     out = tempfile.SpooledTemporaryFile(max_size=64 << 20)
-    total = 0
-    while chunk := src.read(1 << 20):
-        total += len(chunk)
-        if total > limits.max_decompressed_bytes:
-            out.close()
-            raise ParseError(f"member exceeds the limit of {limits.max_decompressed_bytes} bytes (decompression bomb?)")
-        if compressed and total > limits.ratio_floor_bytes and total > limits.max_ratio * compressed:
-            out.close()
-            raise ParseError(f"compression ratio above {limits.max_ratio:.0f}:1 (decompression bomb?)")
-        out.write(chunk)
+    try:
+        while chunk := src.read(1 << 20):
+            budget.charge(len(chunk), limits)
+            out.write(chunk)
+    except BaseException:
+        out.close()
+        raise
     out.seek(0)
     return out  # type: ignore[return-value]
 
@@ -261,6 +280,7 @@ def _iter_tar(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
         yield InputFile(name, path.stat().st_size, lambda: io.BytesIO(b""), error=f"cannot read archive: {exc}")
         return
     archive_size = path.stat().st_size
+    budget = _Budget(archive_size)
     count = 0
     with tar:
         try:
@@ -285,9 +305,11 @@ def _iter_tar(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
                 try:
                     fobj = tar.extractfile(member)
                     assert fobj is not None
-                    spooled = _spool(fobj, label, member.size, archive_size, limits)
+                    spooled = _spool(fobj, budget, limits)
                 except ParseError as exc:
                     yield InputFile(label, member.size, lambda: io.BytesIO(b""), error=str(exc))
+                    if isinstance(exc, ArchiveBomb):
+                        return
                     continue
                 yield InputFile(label, member.size, lambda s=spooled: _rewound(s))  # type: ignore[misc]
         except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
@@ -315,6 +337,7 @@ def _iter_zip(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
     except (zipfile.BadZipFile, OSError) as exc:
         yield InputFile(name, path.stat().st_size, lambda: io.BytesIO(b""), error=f"cannot read archive: {exc}")
         return
+    budget = _Budget(path.stat().st_size)
     with zf:
         infos = zf.infolist()
         if len(infos) > limits.max_members:
@@ -339,9 +362,15 @@ def _iter_zip(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
                 continue
             try:
                 with zf.open(info) as fobj:
-                    spooled = _spool(fobj, label, info.file_size, info.compress_size, limits)
+                    spooled = _spool(fobj, budget, limits)
+            except ArchiveBomb as exc:
+                yield InputFile(label, info.file_size, lambda: io.BytesIO(b""), error=str(exc))
+                return
             except (ParseError, zipfile.BadZipFile, zlib.error, OSError) as exc:
                 yield InputFile(label, info.file_size, lambda: io.BytesIO(b""), error=str(exc))
+                continue
+            except (RuntimeError, NotImplementedError) as exc:  # encrypted member, unsupported compression method
+                yield InputFile(label, info.file_size, lambda: io.BytesIO(b""), error=f"cannot read member: {exc}")
                 continue
             yield InputFile(label, info.file_size, lambda s=spooled: _rewound(s))  # type: ignore[misc]
 

@@ -808,7 +808,8 @@ class _Parser:
         res = self.res
         if self.nccl_lines == 0 and not self.versions:
             skipped = "".join(f"; skipped {n}: {reason}" for reason, n in res.skipped.items())
-            raise ParseError(f"no NCCL INFO lines found (not an NCCL_DEBUG=INFO log?){skipped}", "line 1")
+            raise ParseError(f"not a Kineto JSON trace or an NCCL debug log: no NCCL INFO lines found "
+                             f"(not an NCCL_DEBUG=INFO log?){skipped}", "line 1")
         file_version = next(iter(self.versions)) if len(self.versions) == 1 else None
         multi = self._multi_device()
         for row in res.nccl_comms:

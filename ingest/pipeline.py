@@ -86,12 +86,12 @@ def ingest_file(
         file_hint = RankHint(rank=hint.rank if hint.rank is not None else file_rank_hint(item.name), world_size=hint.world_size)
         result = _parsers()[kind](stream, item.name, file_hint, limits)
         hashing.drain()
-    except ParseError as exc:
+    except Exception as exc:  # noqa: BLE001 - one bad file never stops the others
         try:
             hashing.drain()
         except Exception:  # noqa: BLE001 - the hash of a broken file is best effort
             pass
-        error = f"{item.name}:{exc.where}: {exc.reason}" if exc.where else f"{item.name}: {exc.reason}"
+        error = _error_text(item.name, exc, kind)
         store.record_failure(con, run_id, item.name, kind or "unknown", digest.sha.hexdigest(), digest.size, error)
         return FileOutcome(item.name, "failed", kind=kind, error=error, size=digest.size)
     finally:
@@ -100,11 +100,30 @@ def ingest_file(
     existing = store.find_source(con, run_id, sha)
     if existing is not None:
         return FileOutcome(item.name, "duplicate", kind=kind, error=f"same bytes as {existing[1]}, already ingested", size=digest.size)
-    store.write_result(con, run_id, item.name, sha, digest.size, result)
+    try:
+        store.write_result(con, run_id, item.name, sha, digest.size, result)  # rolled back whole on failure
+    except (duckdb.Error, OverflowError, ValueError, TypeError) as exc:  # pyarrow errors are ValueError/TypeError
+        error = f"{item.name}: a value does not fit the store ({type(exc).__name__}: {_first_line(exc)})"
+        store.record_failure(con, run_id, item.name, kind, sha, digest.size, error)
+        return FileOutcome(item.name, "failed", kind=kind, error=error, size=digest.size)
     return FileOutcome(
         item.name, "ok", kind=kind, rank=result.rank, events=result.n_events,
         skipped=dict(result.skipped), warnings=list(result.warnings), size=digest.size,
     )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else "no message"
+
+
+def _error_text(name: str, exc: Exception, kind: str | None) -> str:
+    """`name:where: reason` for a ParseError; for anything else, what failed and that it is not the user's to fix."""
+    if isinstance(exc, ParseError):
+        return f"{name}:{exc.where}: {exc.reason}" if exc.where else f"{name}: {exc.reason}"
+    what = f"{kind} parser" if kind else "reading the file"
+    return (f"{name}: unexpected {type(exc).__name__} in the {what}: {_first_line(exc)} "
+            f"(the file is probably malformed; please report it with the file)")
 
 
 def ingest_paths(

@@ -142,6 +142,9 @@ def find_source(con: duckdb.DuckDBPyConnection, run_id: int, sha256: str) -> tup
 def record_failure(
     con: duckdb.DuckDBPyConnection, run_id: int, path: str, kind: str, sha256: str, size: int, error: str
 ) -> int:
+    # The same bytes failing again replace their earlier record: re-ingesting stays a no-op for the store.
+    con.execute("DELETE FROM sources WHERE run_id = ? AND path = ? AND sha256 = ? AND status = 'failed'",
+                [run_id, path, sha256])
     return con.execute(
         "INSERT INTO sources (run_id, path, kind, sha256, size_bytes, status, error) "
         "VALUES (?, ?, ?, ?, ?, 'failed', ?) RETURNING source_id",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from commlens.backend.attribution import attribute_run
 from commlens.backend.histograms import bin_key, bin_spec, format_bytes, histogram
@@ -181,6 +183,50 @@ def test_find_period_cases():
     assert find_period([1, 2, 3, 4, 5, 6, 7, 8, 8]) is None
     # A multiple of the true period covers the same tail: the shortest wins.
     assert find_period([0] + [1, 2, 3] * 4) == Period(3, 1, 4)
+
+
+def _period_by_definition(seq: list) -> Period | None:
+    """The module docstring's rule, computed the slow way: the tail each p covers, compared item by item."""
+    n = len(seq)
+    best_p, best_cov = 0, 0
+    for p in range(1, n // 2 + 1):
+        tail = 0  # longest tail with s[i] == s[i + p]
+        while tail < n - p and seq[n - 1 - tail] == seq[n - 1 - tail - p]:
+            tail += 1
+        cov = min(n, p + tail)
+        if cov // p >= 2 and cov > best_cov:
+            best_p, best_cov = p, cov
+    if not best_p or best_cov < 0.5 * n:
+        return None
+    return Period(best_p, n - best_cov, best_cov // best_p)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=80))
+def test_find_period_equals_its_definition_on_short_sequences(seq):
+    assert find_period(seq) == _period_by_definition(seq)
+
+
+@settings(max_examples=60, deadline=None)
+@given(setup=st.lists(st.integers(0, 4), max_size=40), unit=st.lists(st.integers(0, 4), min_size=1, max_size=50),
+       repeats=st.integers(2, 12), tail=st.lists(st.integers(0, 4), max_size=30), noise=st.integers(0, 2))
+def test_find_period_equals_its_definition_on_planted_periods(setup, unit, repeats, tail, noise):
+    """Long, strongly periodic sequences: the candidate filter and the skipped multiples must not change the answer."""
+    seq = setup + unit * repeats + unit[: len(tail) % len(unit)]
+    if noise:
+        seq[len(seq) // (noise + 1)] = 9  # one broken item inside the repeats
+    assert find_period(seq) == _period_by_definition(seq)
+
+
+def test_find_period_of_a_long_log_is_fast_and_exact():
+    """A million calls of a 7-call iteration after 13 setup calls (the shape of a real NCCL log)."""
+    import numpy as np
+
+    from commlens.ingest.periods import find_period_tokens
+
+    unit = np.array([3, 1, 4, 1, 5, 9, 2])
+    tokens = np.concatenate([np.arange(100, 113), np.tile(unit, 1_000_000 // 7)])
+    assert find_period_tokens(tokens) == Period(7, 13, 1_000_000 // 7)
 
 
 # ------------------------------------------------------------------------------ real data

@@ -189,3 +189,87 @@ def test_directory_walk_passes_over_documentation_but_named_files_are_tried(tmp_
     assert con.execute("SELECT count(*) FROM sources WHERE path LIKE '%NOTES.md'").fetchone()[0] == 0
     named = ingest_paths(con, [folder / "NOTES.md"], "walk")
     assert named.files[0].status == "failed"  # a file named explicitly is parsed, and fails clearly
+
+
+# --------------------------------------------------- files that break a parser or the store in odd ways
+
+
+def _kineto_with(distributed: dict, events: list[dict]) -> bytes:
+    return json.dumps({"schemaVersion": 1, "distributedInfo": distributed, "traceEvents": events}).encode()
+
+
+_ALLREDUCE = {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
+              "args": {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 4, "Out msg nelems": 4,
+                       "Group size": 2, "Process Group Name": "0", "Rank": 0}}
+
+
+@pytest.mark.parametrize("name, content, needle", [
+    ("huge-rank.json", _kineto_with({"rank": 10**12, "world_size": 2, "backend": "nccl"}, [_ALLREDUCE]),
+     "does not fit the store"),
+    ("list-ext.json", _kineto_with({"rank": 0, "world_size": 2, "backend": "nccl"}, [
+        dict(_ALLREDUCE, args=dict(_ALLREDUCE["args"], **{"External id": 7})),
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "pid": 0, "tid": 7, "ts": 11,
+         "dur": 2, "args": {"External id": [7]}}]), "list-ext.json"),
+    ("huge-nelems.json", _kineto_with({"rank": 0, "world_size": 2, "backend": "nccl"}, [
+        dict(_ALLREDUCE, args=dict(_ALLREDUCE["args"], **{"In msg nelems": 1e30, "Out msg nelems": 1e30}))]),
+     "huge-nelems.json"),
+    ("huge-count.log", b"host:1:2 [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x1 recvbuff 0x2 count "
+     b"99999999999999999999999 datatype 7 op 0 root 0 comm 0xab [nranks=2] stream 0x3\n", "huge-count.log"),
+])
+def test_a_file_that_breaks_the_parser_or_the_store_fails_alone(tmp_path: Path, con, data_dir, name, content,
+                                                                needle) -> None:
+    """Whatever a malformed file raises, it is that file's error; the files after it are ingested and linked."""
+    bad = tmp_path / name
+    bad.write_bytes(content)
+    good = data_dir / "nccl-logs" / "nvidia-nccl-584.log"
+    summary = ingest_paths(con, [bad, good], "odd")
+    first, second = summary.files
+    assert second.status == "ok" and second.events > 0
+    if first.status == "failed":
+        assert first.error.startswith(str(bad)) and needle in first.error
+    else:  # a parser may also read past the damage; then what it stored must be sane
+        assert first.status == "ok"
+    rows = con.execute("SELECT count(*) FROM comms WHERE run = 'odd' AND file = ?", [str(good)]).fetchone()[0]
+    assert rows == second.events
+    failed = con.execute("SELECT count(*) FROM sources WHERE status = 'failed'").fetchone()[0]
+    ingest_paths(con, [bad], "odd")  # the same bytes again: still one failure record
+    assert con.execute("SELECT count(*) FROM sources WHERE status = 'failed'").fetchone()[0] == failed
+
+
+def test_archive_limits_hold_for_the_archive_as_a_whole(tmp_path: Path, con) -> None:
+    """Ten members each under the limits, 9 MB from a few KB together: the archive stops at the budget."""
+    archive = tmp_path / "many.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for i in range(10):
+            data = b" " * (900 << 10)
+            info = tarfile.TarInfo(f"m{i}.log")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    limits = Limits(ratio_floor_bytes=1 << 20, max_ratio=50)
+    summary = ingest_paths(con, [archive], "many", limits=limits)
+    errors = [f.error for f in summary.files if f.error and "archive expands more than 50:1" in f.error]
+    assert len(errors) == 1 and len(summary.files) <= 3  # members after the budget are not read at all
+
+
+def test_encrypted_zip_member_is_a_clear_error(tmp_path: Path, con) -> None:
+    archive = tmp_path / "locked.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("run.json", _run_json())
+    blob = bytearray(archive.read_bytes())
+    for magic, flag_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # set the "encrypted" bit in both headers
+        at = blob.index(magic) + flag_at
+        blob[at] |= 1
+    archive.write_bytes(bytes(blob))
+    (outcome,) = ingest_paths(con, [archive], "locked").files
+    assert outcome.status == "failed" and "encrypted" in outcome.error and "run.json" in outcome.path
+
+
+def test_interleaved_stdout_with_a_long_preamble_is_an_nccl_log(tmp_path: Path, con, data_dir) -> None:
+    """A launcher's stdout may print far more than the first read before NCCL starts."""
+    log = tmp_path / "stdout.txt"
+    preamble = "".join(f"epoch 0 step {i}: loading shard {i} of the dataset ...\n" for i in range(2000))
+    assert len(preamble) > 64 << 10
+    log.write_text(preamble + (data_dir / "nccl-logs" / "nvidia-nccl-584.log").read_text())
+    (outcome,) = ingest_paths(con, [log], "stdout").files
+    (alone,) = ingest_paths(con, [data_dir / "nccl-logs" / "nvidia-nccl-584.log"], "alone").files
+    assert outcome.status == "ok" and outcome.kind == "nccl_log" and outcome.events == alone.events > 0

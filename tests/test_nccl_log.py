@@ -584,7 +584,7 @@ def test_file_without_nccl_lines_fails_with_a_reason(tmp_path, con):
     path.write_text("We saw NCCL hang yesterday.\nNo log attached.\n")
     summary = ingest_paths(con, [path], "bad")
     assert summary.files[0].status == "failed"
-    assert summary.files[0].error == f"{path}:line 1: no NCCL INFO lines found (not an NCCL_DEBUG=INFO log?)"
+    assert summary.files[0].error == f"{path}:line 1: not a Kineto JSON trace or an NCCL debug log: no NCCL INFO lines found (not an NCCL_DEBUG=INFO log?)"
 
 
 def test_hint_rank_of_a_single_process_file():
@@ -690,7 +690,7 @@ def test_log_of_only_overlong_lines_fails_naming_the_skips():
     with pytest.raises(ParseError) as err:
         parse(b"h:1:1 [0] NCCL INFO " + b"x" * 1000, Limits(max_line_bytes=100))
     assert str(err.value) == (
-        "line 1: no NCCL INFO lines found (not an NCCL_DEBUG=INFO log?); skipped 1: line longer than 100 bytes"
+        "line 1: not a Kineto JSON trace or an NCCL debug log: no NCCL INFO lines found (not an NCCL_DEBUG=INFO log?); skipped 1: line longer than 100 bytes"
     )
 
 

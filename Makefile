@@ -11,8 +11,12 @@ TORCH_PIN ?= torch==2.13.0
 
 .PHONY: venv install install-test system-test-deps demo test clean
 
+# A torch already installed for $(PYTHON) (a CUDA build, conda's) is kept: the venv then sees the system's
+# site packages, so the project's torch range is satisfied without a download.
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
+	  echo "keeping the torch of $(PYTHON): virtualenv with system site packages"; $(PYTHON) -m venv --system-site-packages $(VENV); \
+	else $(PYTHON) -m venv $(VENV); fi
 	$(BIN)/pip install -q --upgrade pip
 
 venv: $(BIN)/python

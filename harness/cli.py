@@ -77,9 +77,9 @@ def harness(
     timeout: float = typer.Option(_DEFAULTS.timeout_s, "--timeout", help="Process-group timeout in seconds (a dead peer ends the job)."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes to start (= dp*tp*pp; derives --dp when it is omitted)."),
     sweep: list[str] = typer.Option([], "--sweep", help="FLAG=V1,V2,...: one run per value (any numeric flag; repeat for a grid)."),
-    ingest: bool = typer.Option(False, "--ingest", help="Ingest each finished run into --db, named after its directory."),
+    ingest: bool = typer.Option(False, "--ingest", help="Ingest each finished run into --db, named after its directory (DIR.VALUE in a sweep)."),
     db: Path = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store for --ingest."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the outputs of an earlier run in --out."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the outputs of an earlier run in --out (and, with --ingest, its data in --db)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate, write the config and print the torchrun commands; start nothing."),
 ) -> None:
     """Train a small GPT under DDP, ZeRO-1/2/3, TP(+SP), PP and their combinations, with profiler traces."""
@@ -101,6 +101,11 @@ def harness(
             old = launch.existing_outputs(run.out)
             if old and not overwrite:
                 raise ConfigError(f"{run.out} already holds harness outputs ({old[0].name}, ...); pass --overwrite or another --out")
+        if ingest and not dry_run and not overwrite:
+            taken = launch.runs_in_store(db, runs)
+            if taken:
+                raise ConfigError(f"{db} already holds run(s) {', '.join(taken)}; pass --overwrite to replace their "
+                                  "data (review items and scheme overrides are kept) or choose another --out")
     except ConfigError as exc:
         err.print("[red]invalid harness configuration:[/red]")
         for line in str(exc).splitlines():
@@ -122,7 +127,7 @@ def harness(
             raise typer.Exit(1)
         _list_outputs(run, launch.output_files(run.out))
         if ingest:
-            summary = launch.ingest_run(db, run)
+            summary = launch.ingest_run(db, run, replace=overwrite)
             failed = summary.failed
             console.print(f"ingested {len(summary.files) - len(failed)}/{len(summary.files)} files into {db} as run {run.name!r}")
             for f in failed:

@@ -63,10 +63,11 @@ def plan_runs(out: Path, options: dict, nproc: int | None, sweeps: list[str], cu
             errors.append(str(exc))
             opts["dp"] = opts.get("dp") or 1
         cfg = HarnessConfig(**opts)
-        name = "_".join(f"{k.replace('_', '-')}-{v if isinstance(v, int) else f'{v:g}'}" for k, v in combo) if combo else out.name
+        sub = "_".join(f"{k.replace('_', '-')}-{v if isinstance(v, int) else f'{v:g}'}" for k, v in combo)
         problems = validation_errors(cfg, cuda_devices)
-        errors += [f"{name}: {p}" if combo else p for p in problems]
-        runs.append(PlannedRun(name, out / name if combo else out, cfg))
+        errors += [f"{sub}: {p}" if combo else p for p in problems]
+        # A sweep's runs are named DIR.VALUE: two sweeps over the same values into one store stay apart.
+        runs.append(PlannedRun(f"{out.name}.{sub}" if combo else out.name, out / sub if combo else out, cfg))
     if errors:
         raise ConfigError("\n".join(dict.fromkeys(errors)))
     return runs
@@ -122,14 +123,31 @@ def output_files(out: Path) -> list[Path]:
     return existing_outputs(out)
 
 
-def ingest_run(db: Path, run: PlannedRun):  # noqa: ANN201 - commlens.ingest.pipeline.IngestSummary
-    """Ingest run.json, the traces and NCCL logs as a run named after the output directory."""
+def runs_in_store(db: Path, runs: list[PlannedRun]) -> list[str]:
+    """Names of the planned runs that the store already holds (checked before any process starts)."""
+    if not db.exists():
+        return []
+    from commlens.ingest import store
+
+    con = store.connect(db)
+    try:
+        return [r.name for r in runs if store.get_run_id(con, r.name) is not None]
+    finally:
+        con.close()
+
+
+def ingest_run(db: Path, run: PlannedRun, replace: bool = False):  # noqa: ANN201 - pipeline.IngestSummary
+    """Ingest run.json, the traces and NCCL logs as a run named after the output directory; `replace`
+    first removes what an earlier ingest of the run stored (its outputs were just made anew)."""
     from commlens.ingest import pipeline, store
 
     from commlens.backend.attribution import attribute_run
 
     con = store.connect(db)
     try:
+        run_id = store.get_run_id(con, run.name)
+        if replace and run_id is not None:
+            store.replace_run_data(con, run_id)
         summary = pipeline.ingest_paths(con, output_files(run.out), run.name, description=f"commlens harness: {run.cfg.strategy}")
         attribute_run(con, run.name)  # schemes straight from run.json's labelled groups
         return summary

@@ -276,6 +276,28 @@ def write_result(
     return source_id
 
 
+TRACE_TABLES = ("comm_events", "steps", "nccl_comms", "nccl_topology", "nccl_tuning")
+
+
+def replace_run_data(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+    """Remove a run's ingested files and everything parsed from them, in one transaction, before its files
+    are ingested again (a harness run re-made with --overwrite). The run itself, its review items and
+    users' scheme overrides stay; process groups without an override go (the new files bring theirs)."""
+    from .aggregates import AGG_TABLES
+
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for table in (*TRACE_TABLES, "sources", *AGG_TABLES):  # fixed names
+            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+        con.execute("DELETE FROM process_groups WHERE run_id = ? AND coalesce(scheme_source, '') <> 'override'",
+                    [run_id])
+        con.execute("UPDATE runs SET config = NULL, strategy = NULL, world_size = NULL WHERE run_id = ?", [run_id])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
 def iter_rows(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> Iterator[dict[str, Any]]:
     cur = con.execute(sql, params or [])
     names = [d[0] for d in cur.description]

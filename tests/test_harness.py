@@ -68,7 +68,7 @@ def test_world_size_resolution():
 def test_sweep_plans_one_validated_run_per_value(tmp_path):
     runs = launch.plan_runs(tmp_path, dict(TINY, dp=None, tp=2, pp=1), 2, ["seq-len=16,32", "lr=0.01"], None)
     assert [(r.name, r.cfg.seq_len, r.cfg.lr, r.cfg.dp) for r in runs] == [
-        ("seq-len-16_lr-0.01", 16, 0.01, 1), ("seq-len-32_lr-0.01", 32, 0.01, 1)]
+        (f"{tmp_path.name}.seq-len-16_lr-0.01", 16, 0.01, 1), (f"{tmp_path.name}.seq-len-32_lr-0.01", 32, 0.01, 1)]
     assert runs[0].out == tmp_path / "seq-len-16_lr-0.01"
     with pytest.raises(ConfigError, match="not a numeric harness flag"):
         launch.parse_sweep("schedule=gpipe,1f1b")
@@ -368,11 +368,36 @@ def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path)
     con = store.connect(db)
     try:
         names = {r[0] for r in con.execute("SELECT DISTINCT run FROM comms").fetchall()}
-        assert names == {"seq-len-8", "seq-len-16"}
+        assert names == {"sweep.seq-len-8", "sweep.seq-len-16"}
         per_run = dict(con.execute(
             "SELECT run, sum(msg_bytes) FROM comms WHERE rank = 0 AND step = 2 AND op = 'all_reduce' GROUP BY run"
         ).fetchall())
-        assert per_run == {"seq-len-8": tp_bytes[8], "seq-len-16": tp_bytes[16]}
+        assert per_run == {"sweep.seq-len-8": tp_bytes[8], "sweep.seq-len-16": tp_bytes[16]}
+        calls = con.execute("SELECT count(*) FROM comms WHERE run = 'sweep.seq-len-8'").fetchone()[0]
+    finally:
+        con.close()
+
+    def again(out_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "commlens.cli", "harness", "--out", str(out_dir), "--device", "cpu", "--tp", "2",
+             "--layers", "2", "--hidden", "32", "--vocab", "64", "--steps", "4", "--sweep", "seq-len=8",
+             "--ingest", "--db", str(db), *extra], capture_output=True, text=True, env=ENV, timeout=600)
+
+    # The same sweep again is refused before anything starts: its outputs exist, and (from another
+    # directory of the same name) the store holds its run ...
+    proc = again(out)
+    assert proc.returncode == 2 and "already holds harness outputs" in proc.stderr
+    proc = again(tmp_path / "other" / "sweep")
+    assert proc.returncode == 2 and "already holds run(s) sweep.seq-len-8" in proc.stderr
+    assert not (tmp_path / "other").exists()
+    # ... and with --overwrite the run's data is replaced, not added to.
+    proc = again(out, "--overwrite")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    con = store.connect(db)
+    try:
+        assert con.execute("SELECT count(*) FROM comms WHERE run = 'sweep.seq-len-8'").fetchone()[0] == calls
+        assert con.execute("SELECT count(*) FROM sources s JOIN runs r USING (run_id) WHERE r.name = 'sweep.seq-len-8'"
+                           ).fetchone()[0] == 3  # run.json and two traces, once
     finally:
         con.close()
 

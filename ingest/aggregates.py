@@ -112,7 +112,7 @@ CALLS_SQL = """
            END AS excluded
     FROM comm_events e
     LEFT JOIN process_groups g ON g.run_id = e.run_id AND g.group_key = e.group_key
-    WHERE e.run_id = ?
+    WHERE e.run_id = ? AND e.counted
 """
 
 
@@ -328,7 +328,7 @@ def _refresh_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
         WITH ev AS (
             SELECT e.source_id, any_value({rank_key_sql()}) AS rank_key, bool_or(e.step IS NOT NULL) AS has_steps,
                    count(DISTINCT e.step) AS n_steps, count(*) AS calls
-            FROM comm_events e WHERE e.run_id = ? GROUP BY e.source_id
+            FROM comm_events e WHERE e.run_id = ? AND e.counted GROUP BY e.source_id
         ), st AS (
             SELECT source_id, count(DISTINCT step) AS n FROM steps WHERE run_id = ? GROUP BY source_id
         )
@@ -355,7 +355,7 @@ def _refresh_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
         LEFT JOIN comm_iterations d ON d.run_id = e.run_id AND d.source_id = e.source_id
              AND d.process = coalesce(e.process, cast(e.rank AS VARCHAR), '?')
              AND d.seq = e.seq
-        WHERE e.run_id = ?
+        WHERE e.run_id = ? AND e.counted
         GROUP BY ALL
         """,
         [run_id],
@@ -393,7 +393,7 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
                    dense_rank() OVER (ORDER BY e.op, e.msg_bytes) AS tok
             FROM comm_events e
             JOIN agg_sources s ON s.run_id = e.run_id AND s.source_id = e.source_id AND NOT s.has_steps
-            WHERE e.run_id = ?
+            WHERE e.run_id = ? AND e.counted
         )
         SELECT source_id, process, comm, any_value(group_key) AS group_key, max(rank) AS rank,
                list(tok ORDER BY seq) AS toks
@@ -456,7 +456,7 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
                          coalesce(e.group_key, 'ptr:' || e.comm_ptr) AS comm, e.seq
                   FROM comm_events e
                   JOIN agg_sources s ON s.run_id = e.run_id AND s.source_id = e.source_id AND NOT s.has_steps
-                  WHERE e.run_id = ?)
+                  WHERE e.run_id = ? AND e.counted)
         ), y AS (
             SELECT x.source_id, x.process, x.seq, x.idx, pi.iterations AS iters, c.period, c.offset_calls,
                    CASE WHEN c.period IS NOT NULL AND coalesce(pi.iterations, 0) > 0 AND x.idx >= c.offset_calls

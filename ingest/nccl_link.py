@@ -19,7 +19,9 @@ global `rank`, and Send/Recv `peer` translated from communicator rank to global 
 groups whose every member's global rank is known, which makes the translation reversible: a later
 run first maps peers back with the mapping stored in nccl_comms.global_rank, so linking is
 idempotent and can be repeated as more files arrive. COLL lines of communicators without any init
-line keep the provisional key and a NULL rank (when no world mapping covers their process).
+line keep the provisional key and a NULL rank (when no world mapping covers their process). Last, the
+calls of a rank that a profiler trace of the run also describes stop counting in the log
+(`count_each_call_once`).
 
 Runs inside the caller's transaction (no BEGIN/COMMIT here).
 """
@@ -155,6 +157,22 @@ def link_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     finally:
         for name in tables:
             con.unregister(name)
+    count_each_call_once(con, run_id)
+
+
+def count_each_call_once(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+    """An NCCL log and a profiler trace of the same rank describe the same calls: the trace's count (its
+    profiler steps are the iterations, its kernels the durations) and the log's calls of that rank are
+    kept, for communicators and topology, with `counted = false`. Ranks without a trace count from the log."""
+    covered = [r for (r,) in con.execute(
+        """SELECT DISTINCT e.rank FROM comm_events e JOIN sources s ON s.source_id = e.source_id
+        WHERE e.run_id = ? AND s.kind = 'kineto' AND e.rank IS NOT NULL""", [run_id]).fetchall()]
+    con.execute(
+        """UPDATE comm_events SET counted = NOT (rank IS NOT NULL AND list_contains($covered, rank))
+        WHERE run_id = $run AND source_id IN (SELECT source_id FROM sources WHERE run_id = $run AND kind = 'nccl_log')
+          AND counted <> NOT (rank IS NOT NULL AND list_contains($covered, rank))""",
+        {"run": run_id, "covered": covered},
+    )
 
 
 # ------------------------------------------------------------------------------------------ grouping

@@ -1,5 +1,5 @@
 -- commlens store schema. The one file that defines the DuckDB store; docs/store.md documents it.
--- schema_version: 2
+-- schema_version: 3
 -- Upgrades are explicit: bump the version here and add a step in ingest/store.py:MIGRATIONS.
 
 CREATE TABLE IF NOT EXISTS meta (
@@ -83,7 +83,9 @@ CREATE TABLE IF NOT EXISTS comm_events (
     dur_source VARCHAR,      -- kernel | cpu_op | NULL
     op_count   BIGINT,       -- NCCL opCount
     comm_ptr   VARCHAR,      -- NCCL per-process communicator pointer
-    raw_name   VARCHAR       -- the source's own name for the call
+    raw_name   VARCHAR,      -- the source's own name for the call
+    counted    BOOLEAN NOT NULL DEFAULT true  -- false: an NCCL-log call of a rank whose profiler trace in the
+                                               -- same run describes the same calls (they count there, once)
 );
 
 -- Profiler steps (ProfilerStep#N) per rank.
@@ -340,4 +342,5 @@ SELECT
 FROM comm_events e
 JOIN runs r ON r.run_id = e.run_id
 JOIN sources s ON s.source_id = e.source_id
-LEFT JOIN process_groups g ON g.run_id = e.run_id AND g.group_key = e.group_key;
+LEFT JOIN process_groups g ON g.run_id = e.run_id AND g.group_key = e.group_key
+WHERE e.counted;

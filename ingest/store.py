@@ -15,11 +15,16 @@ import pyarrow as pa
 from .aggregates import MIGRATION_V2
 from .records import ParseResult
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Explicit upgrades: {from_version: [sql, ...]} applied in order up to SCHEMA_VERSION.
 # 1 -> 2: per-run aggregate tables (ingest/aggregates.py), filled by each run's first refresh.
-MIGRATIONS: dict[int, list[str]] = {1: MIGRATION_V2}
+# 2 -> 3: comm_events.counted (an NCCL log and a profiler trace of the same rank count each call once);
+#         every existing call counts, as before, until its run is linked again.
+MIGRATIONS: dict[int, list[str]] = {
+    1: MIGRATION_V2,
+    2: ["ALTER TABLE comm_events ADD COLUMN counted BOOLEAN DEFAULT true"],
+}
 
 
 class StoreError(Exception):

@@ -728,3 +728,31 @@ def test_linking_an_empty_run_is_a_no_op(con):
     link_run(con, run_id)
     con.execute("COMMIT")
     assert rows(con, "SELECT count(*) FROM process_groups") == [(0,)]
+
+
+def _two_rank_log(path, calls: int) -> None:
+    """Two processes of one world communicator, `calls` all_reduces of 4 KiB each."""
+    lines = [f"node1:{100 + r}:{200 + r} [{r}] NCCL INFO comm 0x5{r} rank {r} nranks 2 cudaDev {r} nvmlDev {r} "
+             f"busId {r}000 commId 0xfeed - Init COMPLETE" for r in range(2)]
+    lines += [f"node1:{100 + r}:{200 + r} [{r}] NCCL INFO AllReduce: opCount {i:x} sendbuff 0x1 recvbuff 0x2 "
+              f"count 1024 datatype 7 op 0 root 0 comm 0x5{r} [nranks=2] stream 0x3"
+              for i in range(calls) for r in range(2)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_log_and_a_trace_of_the_same_rank_count_each_call_once(tmp_path, con, data_dir):
+    """Rank 0 has a profiler trace (the DDP ResNet-50 one, rank 0 of 2) and a log; rank 1 only the log.
+    Rank 0 counts from its trace alone; rank 1 from the log; the log's rank-0 calls stay in the store."""
+    log = tmp_path / "nccl.node1.log"
+    _two_rank_log(log, calls=6)
+    trace = data_dir / "kineto-hta" / "nccl_parser_config" / "nccl_data.json.gz"
+    ingest_paths(con, [log], "both")  # the log first: its rank-0 calls count until the trace arrives
+    assert con.execute("SELECT rank, count(*) FROM comms WHERE run = 'both' GROUP BY rank ORDER BY rank"
+                       ).fetchall() == [(0, 6), (1, 6)]
+    ingest_paths(con, [trace], "both")
+    per_rank = con.execute("SELECT rank, source_kind, count(*) FROM comms WHERE run = 'both' GROUP BY ALL ORDER BY ALL"
+                           ).fetchall()
+    assert per_rank == [(0, "kineto", 21), (1, "nccl_log", 6)]  # 15 all_reduce + 6 broadcast on rank 0
+    assert con.execute("SELECT count(*) FROM comm_events WHERE NOT counted").fetchone()[0] == 6
+    assert con.execute("SELECT sum(calls) FROM comm_agg a JOIN runs r USING (run_id) WHERE r.name = 'both'"
+                       ).fetchone()[0] == 27

@@ -100,6 +100,13 @@ def ingest_file(
     existing = store.find_source(con, run_id, sha)
     if existing is not None:
         return FileOutcome(item.name, "duplicate", kind=kind, error=f"same bytes as {existing[1]}, already ingested", size=digest.size)
+    other = _same_rank_trace(con, run_id, result)
+    if other is not None:
+        error = (f"{item.name}: rank {result.rank} already has a profiler trace in this run ({other}) whose "
+                 f"{'steps' if result.steps else 'time span'} overlap this one's; its calls would count twice. "
+                 "Ingest it into another run, or delete the run and ingest the files you mean")
+        store.record_failure(con, run_id, item.name, kind, sha, digest.size, error)
+        return FileOutcome(item.name, "failed", kind=kind, rank=result.rank, error=error, size=digest.size)
     try:
         store.write_result(con, run_id, item.name, sha, digest.size, result)  # rolled back whole on failure
     except (duckdb.Error, OverflowError, ValueError, TypeError) as exc:  # pyarrow errors are ValueError/TypeError
@@ -110,6 +117,31 @@ def ingest_file(
         item.name, "ok", kind=kind, rank=result.rank, events=result.n_events,
         skipped=dict(result.skipped), warnings=list(result.warnings), size=digest.size,
     )
+
+
+def _same_rank_trace(con: duckdb.DuckDBPyConnection, run_id: int, result: ParseResult) -> str | None:
+    """A profiler trace of the same rank already in the run that describes some of the same calls: one with
+    any of this trace's profiler steps, or (without steps) whose calls' time span overlaps this one's.
+    Traces of other step windows of a rank (a profiler schedule with repeat) are welcome."""
+    if result.kind != "kineto" or result.rank is None or not result.events:
+        return None
+    if result.steps:
+        row = con.execute(
+            """SELECT s.path FROM steps t JOIN sources s ON s.source_id = t.source_id
+            WHERE t.run_id = ? AND s.kind = 'kineto' AND t.rank = ? AND list_contains(?, t.step) LIMIT 1""",
+            [run_id, result.rank, sorted({st["step"] for st in result.steps})],
+        ).fetchone()
+    else:
+        times = [e["ts_us"] for e in result.events if e.get("ts_us") is not None]
+        if not times:
+            return None
+        row = con.execute(
+            """SELECT s.path FROM comm_events e JOIN sources s ON s.source_id = e.source_id
+            WHERE e.run_id = ? AND s.kind = 'kineto' AND e.rank = ?
+            GROUP BY s.path HAVING min(e.ts_us) <= ? AND max(e.ts_us) >= ? LIMIT 1""",
+            [run_id, result.rank, max(times), min(times)],
+        ).fetchone()
+    return row[0] if row else None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -487,3 +487,18 @@ def test_invalid_json_in_a_real_trace(data_dir: Path) -> None:
     assert exc.value.reason.startswith("invalid JSON")
     assert f"line {line} column" in exc.value.where  # type: ignore[operator]
     assert exc.value.where.startswith("$.traceEvents[")  # type: ignore[union-attr]
+
+
+def test_a_second_trace_of_the_same_rank_and_steps_is_refused(tmp_path, con, data_dir):
+    """The same trace re-compressed is other bytes but the same calls: refused, not counted twice."""
+    import gzip
+
+    from commlens.ingest.pipeline import ingest_paths
+
+    src = data_dir / "kineto-hta" / "nccl_parser_config" / "nccl_data.json.gz"
+    again = tmp_path / "rank0-again.json.gz"
+    again.write_bytes(gzip.compress(gzip.decompress(src.read_bytes()), compresslevel=1))
+    first, second = ingest_paths(con, [src, again], "twice").files
+    assert first.status == "ok" and second.status == "failed"
+    assert f"rank 0 already has a profiler trace in this run ({src})" in second.error and "steps" in second.error
+    assert con.execute("SELECT count(*) FROM comms WHERE run = 'twice'").fetchone()[0] == first.events == 21

@@ -130,7 +130,8 @@ def link_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
         con.execute(
             f"""UPDATE comm_events SET group_key = m.group_key FROM _nl_events m
             WHERE comm_events.run_id = $run AND comm_events.source_id IN ({nccl_sources})
-              AND comm_events.process = m.process AND comm_events.comm_ptr = m.comm_ptr""",
+              AND comm_events.process = m.process AND comm_events.comm_ptr = m.comm_ptr
+              AND comm_events.group_key IS DISTINCT FROM m.group_key""",
             params,
         )
         con.execute(
@@ -143,7 +144,7 @@ def link_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
         con.execute(
             f"""UPDATE comm_events SET rank = m.global_rank FROM _nl_rank m
             WHERE comm_events.run_id = $run AND comm_events.source_id IN ({nccl_sources})
-              AND comm_events.process = m.process""",
+              AND comm_events.process = m.process AND comm_events.rank IS DISTINCT FROM m.global_rank""",
             params,
         )
         con.execute(

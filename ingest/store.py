@@ -192,6 +192,17 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, table: str, run_id: int, source
     _insert_table(con, table, run_id, source_id, pa.Table.from_struct_array(pa.array(rows, type=struct)))
 
 
+def _same_schema_batches(tables: list[pa.Table]) -> list[pa.Table]:
+    """Consecutive tables of one schema as one (chunks are not copied): one INSERT instead of hundreds."""
+    batches: list[list[pa.Table]] = []
+    for t in tables:
+        if batches and batches[-1][0].schema == t.schema:
+            batches[-1].append(t)
+        else:
+            batches.append([t])
+    return [pa.concat_tables(b) if len(b) > 1 else b[0] for b in batches]
+
+
 def _insert_table(con: duckdb.DuckDBPyConnection, table: str, run_id: int, source_id: int, arrow: pa.Table) -> None:
     """Insert the rows of an Arrow table: its columns of `table` are cast to the declared types (a
     dictionary of the declared type is taken as it is), other columns ignored, missing ones NULL."""
@@ -260,7 +271,7 @@ def write_result(
             ],
         ).fetchone()[0]
         _insert_rows(con, "comm_events", run_id, source_id, result.events)
-        for events in result.event_tables:
+        for events in _same_schema_batches(result.event_tables):
             _insert_table(con, "comm_events", run_id, source_id, events)
         _insert_rows(con, "steps", run_id, source_id, result.steps)
         _insert_rows(con, "nccl_comms", run_id, source_id, result.nccl_comms)

@@ -19,7 +19,7 @@ from commlens.vocab import DTYPE_BYTES, busbw_factor
 
 from .iterations import iteration_info
 from .models import ComparisonInput, SchemeComparison as FindingsSchemeComparison
-from .predict import Prediction, PredictInput, StagePrediction, predict
+from .predict import ParamCheck, Prediction, PredictInput, StagePrediction, predict
 from .predict_harness import input_from_run_config
 
 OpKey = tuple[str, str, str | None, int | None]  # scheme, op, dtype, msg_bytes
@@ -68,6 +68,9 @@ class Comparison(BaseModel):
     missing: list[OpComparison]
     inferences: list[Inference]
     notes: list[str]
+    # the prediction's parameter counts against the run's recorded ones (None: nothing recorded); a
+    # disagreement means the config does not describe the model that ran, so no exactness is claimed
+    param_check: ParamCheck | None = None
 
     def findings_input(self, tolerance: float = 0.05) -> ComparisonInput:
         per = []
@@ -227,11 +230,16 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput | Non
         notes.append("no configuration: measured volumes only; supply a config for predictions")
     if mode == "none":
         notes.append(message)
+    check = pred.param_check if pred else None
+    if check is not None:
+        notes += check.notes
     return Comparison(
         run=run, config_source=source, implementation=pred.implementation if pred else None,
         iterations_mode=mode, iterations_message=message, ranks=rank_keys,
-        exact=bool(pred) and bool(rank_keys) and all(o.status == "match" for s in schemes for o in s.ops),
+        exact=bool(pred) and bool(rank_keys) and all(o.status == "match" for s in schemes for o in s.ops)
+        and (check is None or check.agrees),
         schemes=schemes, unexplained=unexplained, missing=missing, inferences=infer(schemes), notes=notes,
+        param_check=check,
     )
 
 

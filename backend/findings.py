@@ -2,8 +2,9 @@
 with its evidence, the view that shows it, and a concrete suggestion.
 
 Checks: latency-bound small messages per scheme (the study's headline), rank imbalance in bytes or
-time, busbw far below the run's own best, ZeRO-2/3 traffic multiplied by gradient accumulation (run
-config), and, given a comparison with the prediction, volume above prediction and unexplained calls.
+time, busbw far below the run's own best, ZeRO-2/3 traffic multiplied by gradient accumulation (the
+run's config, or one supplied), and, given a comparison with the prediction, volume above prediction
+and unexplained calls.
 Each check has a threshold below which it stays silent; the thresholds are module constants.
 Every check reads the run's aggregates (commlens.ingest.aggregates), never the calls themselves.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+from pydantic import BaseModel
 
 from commlens.ingest.aggregates import measured_kind_sql, registered
 
@@ -314,15 +316,21 @@ def _comparison(comparison: ComparisonInput) -> list[Finding]:
     return out
 
 
-def findings(con: duckdb.DuckDBPyConnection, run: str, comparison: Any = None) -> list[Finding]:
+def findings(con: duckdb.DuckDBPyConnection, run: str, comparison: Any = None,
+             config: BaseModel | dict[str, Any] | None = None) -> list[Finding]:
     """All findings of a run, most severe and most impactful first. `comparison` is a ComparisonInput
     or any object/dict with per_scheme entries (scheme, predicted_bytes, measured_bytes,
-    unexplained_calls)."""
+    unexplained_calls). `config` (a PredictInput, run.json or dict with a `parallel` section) replaces
+    the run's stored config, as a config supplied to `commlens report --config` does."""
     run_id = fresh_run_id(con, run)
     bw = bandwidth(con, run)
     totals = rank_totals(con, run)
     out = _small_messages(con, run_id, bw) + _imbalance(con, run_id, totals) + _low_busbw(bw)
-    out += _zero_accumulation(_config(con, run_id), totals)
+    if config is None:
+        config = _config(con, run_id)
+    elif isinstance(config, BaseModel):
+        config = config.model_dump(mode="json")
+    out += _zero_accumulation(config, totals)
     if comparison is not None:
         if not isinstance(comparison, ComparisonInput):
             comparison = (ComparisonInput.model_validate(comparison) if isinstance(comparison, dict)

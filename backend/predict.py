@@ -9,13 +9,15 @@ prediction mirrors the bundled harness's algorithm and is exact to the byte (bac
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, Field, model_validator
 
 from commlens.vocab import DTYPE_BYTES, busbw_factor
 
 Implementation = Literal["harness", "megatron", "deepspeed", "fsdp", "paper"]
+IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
+MEGATRON_VOCAB_DIVISIBLE_BY = 128  # Megatron-LM's make_vocab_size_divisible_by default (volume-models.md §5.3)
 
 
 class ModelSpec(BaseModel):
@@ -28,10 +30,12 @@ class ModelSpec(BaseModel):
     seq_len: int = Field(ge=1)
     learned_pos: bool = True
     tied_embeddings: bool = False
-    vocab_divisible_by: int = Field(1, ge=1)
+    # Megatron's rule (volume-models.md §5.3): V padded to a multiple of this x tp. None: the implementation's
+    # default, which PredictInput fills in: 128 for megatron (`make_vocab_size_divisible_by`), else no padding.
+    vocab_divisible_by: int | None = Field(None, ge=1)
     # Total parameters of a model the GPT formulas do not describe (a CNN, a recommender): DP and ZeRO
     # volumes then come from this count as one flat gradient; TP/PP/CP still use the shape fields.
-    params_override: int | None = Field(None, ge=1)  # Megatron pads V to a multiple of this x tp (128 there)
+    params_override: int | None = Field(None, ge=1)
 
     @property
     def f(self) -> int:
@@ -42,6 +46,8 @@ class ModelSpec(BaseModel):
         return self.hidden * (self.kv_heads or self.heads) // self.heads
 
     def padded_vocab(self, tp: int) -> int:
+        if self.vocab_divisible_by is None:
+            return self.vocab
         multiple = self.vocab_divisible_by * tp
         return math.ceil(self.vocab / multiple) * multiple
 
@@ -94,12 +100,27 @@ class BucketSpec(BaseModel):
     zero_bucket_bytes: int | None = None  # harness ZeRO-1/2 bucket (None: one flat buffer)
 
 
+class RecordedParams(BaseModel):
+    """Parameter counts recorded with a run (a harness run.json holds the built model's real counts),
+    checked against the counts the predictor derives from the model config."""
+
+    total: int | None = Field(None, ge=1)  # the whole model, one copy (run.json model.param_count)
+    per_rank: dict[int, int] = {}  # global rank -> parameters it holds before ZeRO sharding (ranks[].param_count)
+
+
 class PredictInput(BaseModel):
     model: ModelSpec
     parallel: ParallelSpec = ParallelSpec()
     dtypes: DtypeSpec = DtypeSpec()
     buckets: BucketSpec = BucketSpec()
     implementation: Implementation = "paper"
+    recorded_params: RecordedParams | None = None
+
+    @model_validator(mode="after")
+    def _vocab_padding(self) -> "PredictInput":
+        if self.model.vocab_divisible_by is None and self.implementation == "megatron":
+            self.model = self.model.model_copy(update={"vocab_divisible_by": MEGATRON_VOCAB_DIVISIBLE_BY})
+        return self
 
     @model_validator(mode="after")
     def _divisible(self) -> "PredictInput":
@@ -145,6 +166,13 @@ class StagePrediction(BaseModel):
     totals: list[SchemeTotal]
 
 
+class ParamCheck(BaseModel):
+    """The predictor's parameter counts against the counts recorded with the run (RecordedParams)."""
+
+    agrees: bool
+    notes: list[str]
+
+
 class Prediction(BaseModel):
     implementation: Implementation
     world_size: int
@@ -152,6 +180,7 @@ class Prediction(BaseModel):
     stages: list[StagePrediction]
     totals: list[SchemeTotal]  # mean over the ranks of the world, per rank per iteration
     notes: list[str] = []
+    param_check: ParamCheck | None = None  # None: the input recorded no parameter counts
 
 
 # ------------------------------------------------------------------------------------ parameters
@@ -200,8 +229,36 @@ def param_count(m: ModelSpec) -> int:
     if m.params_override is not None:
         return m.params_override
     one = ParallelSpec()
-    total = sum(c for _, c in stage_parameters(m.model_copy(update={"vocab_divisible_by": 1}), one, 0))
+    total = sum(c for _, c in stage_parameters(m.model_copy(update={"vocab_divisible_by": None}), one, 0))
     return total
+
+
+def check_params(inp: PredictInput, stages: list[StagePrediction]) -> ParamCheck | None:
+    """Compare the recorded parameter counts (whole model, and per rank) with the predictor's: the
+    model's count with its padded vocabulary, and each rank's stage entry's params_per_rank."""
+    rec = inp.recorded_params
+    if rec is None or (rec.total is None and not rec.per_rank):
+        return None
+    m = inp.model
+    predicted = param_count(m.model_copy(update={"vocab": m.padded_vocab(inp.parallel.tp)}))
+    problems: list[str] = []
+    if rec.total is not None and rec.total != predicted:
+        problems.append(f"model: {rec.total:,} recorded, {predicted:,} from the model config")
+    wrong: list[str] = []
+    for rank, n in sorted(rec.per_rank.items()):
+        entry = next((st for st in stages if rank in st.ranks), None)
+        if entry is None:
+            wrong.append(f"rank {rank}: {n:,} recorded, rank outside the predicted world of {inp.parallel.world_size}")
+        elif entry.params_per_rank != n:
+            wrong.append(f"rank {rank}: {n:,} recorded, {entry.params_per_rank:,} predicted (stage {entry.stage})")
+    problems += wrong[:4] + ([f"and {len(wrong) - 4} more ranks"] if len(wrong) > 4 else [])
+    if problems:
+        return ParamCheck(agrees=False, notes=[
+            "parameter counts disagree with the run's record (" + "; ".join(problems) + "): the model config does "
+            "not describe the model that ran, so the prediction cannot be exact"])
+    what = [f"model {rec.total:,}"] if rec.total is not None else []
+    what += [f"{len(rec.per_rank)} ranks"] if rec.per_rank else []
+    return ParamCheck(agrees=True, notes=[f"parameter counts agree with the run's record ({', '.join(what)})"])
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -294,7 +351,7 @@ def _dp_ops(inp: PredictInput, stage: int, params: list[tuple[str, int]]) -> lis
             ag = _chunks(pad(n_params), (b.zero_bucket_bytes or 0) // _w(dt.param))
         for s in ag:
             ops.append(op("all_gather", s * _w(dt.param), 1, dt.param, "updated parameters"))
-        return ops
+        return _merge(ops)
     # ZeRO-3 / FSDP FULL_SHARD: per unit (each layer, plus the rest as the root unit) per micro-step.
     units: dict[str, int] = {}
     for name, c in params:
@@ -422,13 +479,18 @@ def predict(inp: PredictInput) -> Prediction:
         stages.append(StagePrediction(stage=stage, ranks=stage_ranks(p, stage), params_per_rank=sum(c for _, c in params),
                                       ops=ops, totals=totals(ops)))
     notes = []
+    m = inp.model
+    if m.params_override is None and m.padded_vocab(p.tp) != m.vocab:
+        notes.append(f"vocabulary padded from {m.vocab:,} to {m.padded_vocab(p.tp):,} (a multiple of "
+                     f"{m.vocab_divisible_by} x tp={p.tp}) in the embedding, LM head and their gradients")
     if inp.implementation != "paper":
         notes.append("bucketed DP/ZeRO ops are compared on totals (bucket boundaries are framework internals); ±5 % tolerance")
     if p.zero >= 2 and p.micro_batches > 1:
         notes.append(f"ZeRO-{p.zero} communicates gradients every micro-step: {p.micro_batches} micro-steps multiply that traffic")
+    check = check_params(inp, stages)
     return Prediction(
         implementation=inp.implementation, world_size=p.world_size, param_count=param_count(inp.model),
-        stages=stages, totals=mean_totals(stages), notes=notes,
+        stages=stages, totals=mean_totals(stages), notes=notes + (check.notes if check else []), param_check=check,
     )
 
 

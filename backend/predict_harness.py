@@ -9,13 +9,14 @@ calls. A difference between this and a harness trace is a bug in one of them.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from commlens.runconfig import RunConfig
 from commlens.vocab import DTYPE_BYTES
 
 from .predict import (
-    BucketSpec, DtypeSpec, ModelSpec, ParallelSpec, PredictedOp, Prediction, PredictInput, StagePrediction,
-    _merge, mean_totals, param_count, totals,
+    IMPLEMENTATIONS, BucketSpec, DtypeSpec, ModelSpec, ParallelSpec, PredictedOp, Prediction, PredictInput,
+    RecordedParams, StagePrediction, _merge, check_params, mean_totals, param_count, totals,
 )
 
 Param = tuple[str, tuple[int, ...]]  # (registration name, shape)
@@ -99,6 +100,8 @@ def predict_harness(inp: PredictInput) -> Prediction:
         raise ValueError("the harness has no context parallelism, interleaving or recomputation")
     if m.tied_embeddings or not m.learned_pos or m.f != 4 * m.hidden or m.h_kv != m.hidden:
         raise ValueError("the harness GPT has learned positions, untied embeddings, FFN 4h and multi-head attention")
+    if m.padded_vocab(p.tp) != m.vocab:
+        raise ValueError("the harness does not pad the vocabulary (vocab_divisible_by must leave it unchanged)")
     if dt.act != dt.grad or dt.act != dt.param:
         raise ValueError("the harness uses one dtype for parameters, gradients and activations")
     d, t, pp, M = p.dp, p.tp, p.pp, p.micro_batches
@@ -185,11 +188,16 @@ def predict_harness(inp: PredictInput) -> Prediction:
                 entries.append(StagePrediction(stage=stage, ranks=rk, params_per_rank=n_params, ops=_merge(ops), totals=totals(ops)))
         else:
             entries.append(StagePrediction(stage=stage, ranks=ranks, params_per_rank=n_params, ops=_merge(common), totals=totals(common)))
-    notes = ["harness implementation: exact to the byte for profiled steps (set-up traffic excluded)"]
+    check = check_params(inp, entries)
+    if check is None or check.agrees:
+        notes = ["harness implementation: exact to the byte for profiled steps (set-up traffic excluded)"]
+    else:
+        notes = ["harness implementation: not exact for this run, its recorded parameter counts disagree"]
     if p.zero >= 2 and M > 1:
         notes.append(f"ZeRO-{p.zero} communicates every micro-step: {M} micro-steps multiply that traffic")
     return Prediction(implementation="harness", world_size=p.world_size, param_count=param_count(m),
-                      stages=entries, totals=mean_totals(entries), notes=notes)
+                      stages=entries, totals=mean_totals(entries), notes=notes + (check.notes if check else []),
+                      param_check=check)
 
 
 def _dp_sync(p: ParallelSpec) -> str:
@@ -200,20 +208,60 @@ def _dp_sync(p: ParallelSpec) -> str:
     return f"zero{p.zero}"
 
 
+# Predictor fields a run.json may carry that RunConfig does not declare (yet): read when present.
+_OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {
+    "model": ("kv_heads", "vocab_divisible_by"),
+    "parallel": ("cp", "recompute", "virtual_stages"),
+    "buckets": ("megatron_bucket_params", "deepspeed_reduce_bucket_elems", "deepspeed_allgather_bucket_elems"),
+}
+
+
+def _split_optional(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The run.json without the optional predictor fields RunConfig does not declare, and those fields."""
+    raw = dict(raw)
+    extra: dict[str, dict[str, Any]] = {}
+    for section, names in _OPTIONAL_FIELDS.items():
+        declared = RunConfig.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
+        sub = raw.get(section)
+        if not isinstance(sub, dict):
+            continue
+        sub = dict(sub)
+        extra[section] = {n: sub.pop(n) for n in names if n not in declared and n in sub}
+        raw[section] = sub
+    return raw, extra
+
+
 def input_from_run_config(cfg: RunConfig | dict) -> PredictInput:
-    """The predictor input for a harness run.json (or any RunConfig-shaped config)."""
+    """The predictor input for a harness run.json (or any RunConfig-shaped config): its implementation,
+    model, parallel layout, dtypes and buckets, the optional fields of _OPTIONAL_FIELDS when present,
+    and its recorded parameter counts (checked against the prediction's)."""
+    extra: dict[str, dict[str, Any]] = {}
     if isinstance(cfg, dict):
-        cfg = RunConfig.model_validate(cfg)
-    m, p = cfg.model, cfg.parallel
+        raw, extra = _split_optional(cfg)
+        cfg = RunConfig.model_validate(raw)
+    if cfg.implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown implementation {cfg.implementation!r}; one of {', '.join(IMPLEMENTATIONS)}")
+    m, p, bk = cfg.model, cfg.parallel, cfg.buckets
+
+    def present(section: str) -> dict[str, Any]:
+        """The section's optional fields the config carries (absent ones keep the predictor's defaults)."""
+        given = extra.get(section, {})
+        values = {n: given.get(n, getattr(getattr(cfg, section), n, None)) for n in _OPTIONAL_FIELDS[section]}
+        return {n: v for n, v in values.items() if v is not None}
+
+    per_rank = {r.rank: r.param_count for r in cfg.ranks if r.param_count is not None}
+    recorded = RecordedParams(total=m.param_count, per_rank=per_rank) if m.param_count is not None or per_rank else None
     return PredictInput(
         model=ModelSpec(layers=m.layers, hidden=m.hidden, heads=m.heads, vocab=m.vocab, seq_len=m.seq_len,
-                        ffn_hidden=m.ffn_hidden, tied_embeddings=m.tied_embeddings, learned_pos=m.learned_pos),
+                        ffn_hidden=m.ffn_hidden, tied_embeddings=m.tied_embeddings, learned_pos=m.learned_pos,
+                        **present("model")),
         parallel=ParallelSpec(dp=p.dp, tp=p.tp, pp=p.pp, zero=p.zero, sp=p.sp, micro_batches=p.micro_batches,
                               micro_batch_size=p.micro_batch_size, schedule=p.schedule,
-                              sync_every_micro_step=not p.ddp_no_sync),
+                              sync_every_micro_step=not p.ddp_no_sync, **present("parallel")),
         dtypes=DtypeSpec(act=cfg.dtypes.act, grad=cfg.dtypes.grad, param=cfg.dtypes.param),
-        buckets=BucketSpec(ddp_bucket_cap_mb=cfg.buckets.ddp_bucket_cap_mb or 25.0,
-                           ddp_first_bucket_bytes=cfg.buckets.ddp_first_bucket_bytes or 2**20,
-                           zero_bucket_bytes=cfg.buckets.zero_bucket_bytes),
-        implementation="harness" if cfg.implementation == "harness" else "paper",
+        buckets=BucketSpec(ddp_bucket_cap_mb=bk.ddp_bucket_cap_mb or 25.0,
+                           ddp_first_bucket_bytes=bk.ddp_first_bucket_bytes or 2**20,
+                           zero_bucket_bytes=bk.zero_bucket_bytes, **present("buckets")),
+        implementation=cfg.implementation,  # type: ignore[arg-type]
+        recorded_params=recorded,
     )

@@ -62,7 +62,7 @@ def build_report(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput 
         )
         for s in comparison.schemes
     ]
-    found = findings(con, run, comparison.findings_input() if has_prediction else None)
+    found = findings(con, run, comparison.findings_input() if has_prediction else None, config)
     return Report(
         run=run, schemes=schemes, findings=found, exact=comparison.exact,
         attribution=attribution_summary(con, run), comparison=comparison,
@@ -76,12 +76,61 @@ def _num(x: float | None) -> str:
     return f"{x:g}" if abs(x) < 1e6 else f"{x:.4g}"
 
 
+_NORMALIZATION = {"per_rank_per_iteration": "per rank per iteration", "per_rank": "per rank (iterations unknown)",
+                  "none": "totals over all ranks"}
+
+
+def _histogram_md(h: Histogram) -> list[str]:
+    """Per scheme, the non-empty power-of-two bins of every (op, dtype): calls and bytes."""
+    lines = ["", f"## Message sizes per scheme ({_NORMALIZATION[h.normalization]})", ""]
+    if not h.series:
+        return lines + ["No calls."]
+    lines.append(f"Power-of-two bins [2^k, 2^(k+1)) bytes; averaged over {h.n_ranks} rank(s)."
+                 + (f" Left out: {', '.join(f'{n} calls ({why})' for why, n in h.excluded.items())}." if h.excluded else ""))
+    for scheme in dict.fromkeys(s.scheme for s in h.series):
+        series = [s for s in h.series if s.scheme == scheme]
+        lines += ["", f"### {scheme or 'unattributed'}", "", "| size bin | op | dtype | calls | bytes |", "|---|---|---|---|---|"]
+        for i, b in enumerate(h.bins):
+            for s in series:
+                if s.calls[i]:
+                    lines.append(f"| {b.label} | {s.op} | {s.dtype or '-'} | {_num(s.calls[i])} | {format_bytes(round(s.bytes[i]))} |")
+        lines.append(f"| **total** | | | {_num(sum(s.total_calls for s in series))} | "
+                     f"{format_bytes(round(sum(s.total_bytes for s in series)))} |")
+    return lines
+
+
+def _gbps(x: float) -> str:
+    return f"{x:.2f}" if x >= 1 else f"{x:.3g}"
+
+
+def _bandwidth_md(bw: BandwidthReport) -> list[str]:
+    """Per op and size bin the median algbw and busbw, and per op the size where busbw reaches half its best."""
+    lines = ["", "## Bandwidth", ""]
+    if not bw.calls_with_duration:
+        return lines + [f"- {n}" for n in bw.notes or ["no measured durations: no bandwidth"]]
+    lines.append(f"Medians over {bw.calls_with_duration} calls with measured durations; busbw = algbw x the "
+                 "nccl-tests factor of the op for its group size; GB/s = 1e9 B/s.")
+    lines += ["", "| op | size bin | calls | median S | median algbw (GB/s) | median busbw (GB/s) | group sizes |",
+              "|---|---|---|---|---|---|---|"]
+    for b in bw.bins:
+        lines.append(f"| {b.op} | {b.bin.label} | {b.calls} | {format_bytes(round(b.median_bytes))} | "
+                     f"{_gbps(b.median_algbw_gbps)} | {_gbps(b.median_busbw_gbps)} | {', '.join(map(str, b.group_sizes))} |")
+    lines += ["", "| op | best busbw (GB/s) | in bin | busbw reaches half the best at | calls below (latency-bound) |",
+              "|---|---|---|---|---|"]
+    for o in bw.ops:
+        half = format_bytes(o.half_bw_bytes) if o.half_bw_bytes else "-"
+        lines.append(f"| {o.op} | {_gbps(o.best_busbw_gbps)} | {o.best_bin} | {half} | {o.latency_bound_calls} |")
+    return lines
+
+
 def render_markdown(r: Report) -> str:
     c = r.comparison
     lines = [f"# commlens report: {r.run}", ""]
     lines.append(f"Iterations: {c.iterations_message}. Ranks measured: {len(c.ranks)}. "
                  f"Prediction: {c.implementation or 'none (no configuration)'}"
                  + ("; **predicted equals measured for every scheme**." if r.exact else "."))
+    if c.param_check is not None and not c.param_check.agrees:
+        lines += ["", f"**Not exact:** {c.param_check.notes[0]}."]
     lines += ["", "## Process groups", "", "| group | size | scheme | source | confidence | reason |", "|---|---|---|---|---|---|"]
     for g in r.attribution.groups:
         lines.append(f"| `{g.group_key}` | {g.size or '-'} | {g.scheme} | {g.source} | {g.confidence:.2f} | {g.reason} |")
@@ -97,6 +146,7 @@ def render_markdown(r: Report) -> str:
         for o in s.ops:
             lines.append(f"| {s.scheme} | {o.op} | {o.dtype or '-'} | {o.msg_bytes if o.msg_bytes is not None else '?'} | "
                          f"{_num(o.predicted_calls_per_iter)} | {_num(o.measured_calls_per_iter)} | {o.status} |")
+    lines += _histogram_md(r.histogram) + _bandwidth_md(r.bandwidth)
     if c.inferences:
         lines += ["", "## Inferences (from the measurements, not facts)", ""]
         lines += [f"- {i.quantity}: {i.value:,.0f} — {i.evidence}" for i in c.inferences]

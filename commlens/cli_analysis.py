@@ -68,6 +68,8 @@ def predict(
     kv_heads: Optional[int] = typer.Option(None, help="KV heads (GQA)."),
     ffn: Optional[int] = typer.Option(None, help="FFN width (default 4h)."),
     vocab: int = typer.Option(50304, help="Vocabulary size."),
+    vocab_divisible_by: Optional[int] = typer.Option(
+        None, min=1, help="Pad the vocabulary to a multiple of this x tp (default: 128 for megatron, else no padding)."),
     seq_len: int = typer.Option(2048, help="Sequence length s."),
     tied: bool = typer.Option(False, help="Tied input/output embeddings."),
     dp: int = typer.Option(1), tp: int = typer.Option(1), pp: int = typer.Option(1), cp: int = typer.Option(1),
@@ -91,7 +93,7 @@ def predict(
         else:
             inp = PredictInput(
                 model=ModelSpec(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn, vocab=vocab,
-                                seq_len=seq_len, tied_embeddings=tied),
+                                seq_len=seq_len, tied_embeddings=tied, vocab_divisible_by=vocab_divisible_by),
                 parallel=ParallelSpec(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, sp=sp, micro_batches=micro_batches,
                                       micro_batch_size=micro_batch_size),
                 dtypes=DtypeSpec(act=dtype, grad=dtype, param=dtype),

@@ -27,6 +27,8 @@ TINY = dict(layers=2, hidden=32, heads=4, vocab=64, seq_len=16, micro_batch_size
 
 SCHEMES: dict[str, dict] = {
     "ddp": dict(dp=2, micro_batches=2),
+    # 1.8 MB of gradients: PyTorch's 1 MiB first bucket, then the rest (the predictor's bucket rule, exercised).
+    "ddp-2buckets": dict(dp=2, micro_batches=1, hidden=128, vocab=256),
     "zero1": dict(dp=2, zero=1, micro_batches=2),
     "zero2": dict(dp=2, zero=2, micro_batches=2),
     "zero3": dict(dp=2, zero=3, micro_batches=2),
@@ -182,6 +184,7 @@ def expected_calls(cfg: HarnessConfig, rank: int, run: dict) -> Counter:
         if sync == "ddp":
             buckets = run["ranks"][rank]["sync"]["ddp_bucket_bytes"]
             assert sum(buckets) == psi * w  # DDP buckets cover every gradient exactly once
+            assert len(buckets) == (2 if psi * w > 1 << 20 else 1)  # a 1 MiB first bucket, then 25 MiB ones
             for size in buckets:
                 calls["dp", "all_reduce", size] += 1
         elif sync == "allreduce":
@@ -277,7 +280,8 @@ def test_scheme_run(scheme, runs):
     data = json.loads((run.out / "run.json").read_text())
     rc = RunConfig.model_validate(data)
     assert rc.strategy == cfg.strategy and rc.world_size == world and rc.parallel.dp_sync == cfg.dp_sync
-    assert rc.model.param_count == 2 * 64 * 32 + 16 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32
+    L, h, V, s = cfg.layers, cfg.hidden, cfg.vocab, cfg.seq_len  # embeddings + LM head, positions, blocks, final LN
+    assert rc.model.param_count == 2 * V * h + s * h + L * (12 * h * h + 13 * h) + 2 * h
     assert rc.profile.profiled_steps == [2, 3] and rc.mesh_dims == cfg.mesh_dims
     assert rc.torch_version and rc.backend == "gloo" and rc.command == ["pytest", scheme]
     for info in rc.ranks:

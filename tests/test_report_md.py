@@ -1,0 +1,138 @@
+"""`commlens report`: the Markdown histogram and bandwidth sections on a real trace, the parameter-count
+check in a comparison, and findings from a supplied config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from commlens.backend.attribution import attribute_run
+from commlens.backend.compare import compare
+from commlens.backend.findings import findings
+from commlens.backend.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
+from commlens.backend.report import build_report, render_markdown
+from commlens.ingest.pipeline import ingest_paths
+from synthetic import write_rows as write
+
+RESNET50_PARAMS = 25_557_032
+
+
+@pytest.fixture
+def resnet(con, data_dir: Path):
+    summary = ingest_paths(con, [data_dir / "kineto-hta/nccl_parser_config/nccl_data.json.gz"], "resnet")
+    assert not summary.failed
+    attribute_run(con, "resnet")
+    return con
+
+
+def test_markdown_histogram_and_bandwidth_on_a_real_ddp_trace(resnet) -> None:
+    rep = build_report(resnet, "resnet", PredictInput(
+        model=ModelSpec(layers=1, hidden=1, heads=1, vocab=1, seq_len=1, params_override=RESNET50_PARAMS),
+        parallel=ParallelSpec(dp=2), dtypes=DtypeSpec(act="float32", grad="float32", param="float32"),
+        implementation="fsdp"))
+    md = render_markdown(rep)
+    assert "## Message sizes per scheme (per rank per iteration)" in md and "### dp" in md
+    # ResNet-50's five DDP gradient buckets per iteration: 8196000 + 9724160 + 3 buckets of 84307968 B in
+    # total, which is every fp32 gradient (Ψ * 4 B); plus two buffer broadcasts (424 B int64, 212480 B)
+    assert 8_196_000 + 9_724_160 + 84_307_968 == RESNET50_PARAMS * 4
+    for row in ("| 4 MiB-8 MiB | all_reduce | float32 | 1 | 7.82 MiB |",
+                "| 8 MiB-16 MiB | all_reduce | float32 | 1 | 9.27 MiB |",
+                "| 16 MiB-32 MiB | all_reduce | float32 | 3 | 80.4 MiB |",
+                "| 256 B-512 B | broadcast | int64 | 1 | 424 B |",
+                "| 128 KiB-256 KiB | broadcast | float32 | 1 | 208 KiB |",
+                "| **total** | | | 7 | 97.7 MiB |"):  # 102228128 + 424 + 212480 B
+        assert row in md, row
+    # bandwidth: the median of S / duration over the nine 16-32 MiB all_reduces of the three profiled
+    # steps, from the calls themselves; group size 2, so busbw = algbw (factor 2(n-1)/n = 1, §7)
+    median = resnet.execute(
+        """SELECT median(msg_bytes / dur_us / 1e3) FROM comms WHERE run = 'resnet' AND op = 'all_reduce'
+           AND msg_bytes >= 16 * 1048576 AND msg_bytes < 32 * 1048576""").fetchone()[0]
+    assert f"| all_reduce | 16 MiB-32 MiB | 9 | 25.3 MiB | {median:.2f} | {median:.2f} | 2 |" in md
+    assert f"{median:.2f}" == "10.98"
+    # half the best (5.49 GB/s) is first reached in the 16 MiB bin (the 8-16 MiB median is 4.79); the six
+    # smaller all_reduces are below it
+    assert "| all_reduce | 10.98 | 16 MiB-32 MiB | 16 MiB | 6 |" in md
+    assert "| broadcast | 6.89 | 128 KiB-256 KiB | 128 KiB | 3 |" in md
+    # the same numbers as the JSON
+    best = next(o for o in rep.bandwidth.ops if o.op == "all_reduce")
+    assert (round(best.best_busbw_gbps, 2), best.half_bw_bytes) == (10.98, 16 * 2**20)
+
+
+# ------------------------------------------------------------------- parameter-count check
+
+# The harness GPT (harness/README.md) with L = 1, h = 32, a = 4, V = 64, s = 16 on t = 2, float32, one
+# micro-batch of b = 1: A = b s h w = 2048 B, all_reduced M (4l + 2) = 6 times; cross-entropy 3 x b s 4 B.
+PSI = 2 * 64 * 32 + 16 * 32 + (12 * 32 * 32 + 13 * 32) + 2 * 32  # 17376
+PSI_RANK = 64 * 32 // 2 + 16 * 32 + (12 * 32 * 32 + 7 * 32) // 2 + 6 * 32 + 2 * 32 + 64 * 32 // 2  # 9072
+
+
+def _harness_tp_run(con, total: int) -> None:  # noqa: ANN001
+    config = {"schema": "commlens.run/1", "strategy": "tp", "world_size": 2,
+              "model": {"layers": 1, "hidden": 32, "heads": 4, "vocab": 64, "seq_len": 16, "param_count": total},
+              "parallel": {"tp": 2}, "mesh_dims": ["tp"], "mesh_shape": [2],
+              "groups": [{"dim": "tp", "ranks": [0, 1], "pg_name": "1"}],
+              "ranks": [{"rank": r, "param_count": PSI_RANK} for r in (0, 1)]}
+    group = {"group_key": "pg:1", "name": "1", "ranks": [0, 1], "size": 2, "origin": "run_config", "mesh_dim": "tp"}
+    for rank in (0, 1):
+        events = [{"rank": rank, "process": f"r{rank}", "seq": i, "op": "all_reduce", "dtype": "float32",
+                   "msg_bytes": size, "group_size": 2, "group_key": "pg:1", "step": 3}
+                  for i, size in enumerate([2048] * 6 + [64] * 3)]
+        write(con, "tp", events, [group], [{"rank": rank, "step": 3, "ts_us": 0.0, "dur_us": 1.0}], rank=rank,
+              config=config)
+    attribute_run(con, "tp")
+
+
+def test_agreeing_parameter_counts_keep_the_exact_match(con) -> None:
+    assert (PSI, PSI_RANK) == (17376, 9072)
+    _harness_tp_run(con, PSI)
+    c = compare(con, "tp")
+    assert c.config_source == "run" and c.implementation == "harness"
+    assert c.param_check is not None and c.param_check.agrees and c.exact
+    assert "predicted equals measured for every scheme" in render_markdown(build_report(con, "tp"))
+
+
+def test_disagreeing_parameter_counts_withdraw_the_exactness_claim(con) -> None:
+    _harness_tp_run(con, PSI + 100)
+    c = compare(con, "tp")
+    assert all(o.status == "match" for s in c.schemes for o in s.ops)  # the volumes still agree ...
+    assert c.param_check is not None and not c.param_check.agrees and not c.exact  # ... but not the model
+    assert any("model: 17,476 recorded, 17,376 from the model config" in n for n in c.notes)
+    md = render_markdown(build_report(con, "tp"))
+    assert "predicted equals measured" not in md
+    assert "**Not exact:** parameter counts disagree with the run's record (model: 17,476 recorded" in md
+
+
+# ---------------------------------------------------------------- findings from a supplied config
+
+
+def _dp_run(con, stored: dict | None) -> None:  # noqa: ANN001
+    events = [{"rank": r, "process": f"r{r}", "seq": 0, "op": "reduce_scatter", "dtype": "float32", "msg_bytes": 1 << 20,
+               "group_size": 2, "group_key": "pg:0", "step": 1} for r in (0, 1)]
+    group = {"group_key": "pg:0", "ranks": [0, 1], "size": 2, "origin": "pg_config", "description": "default_pg"}
+    write(con, "dp", events, [group], [{"rank": r, "step": 1, "ts_us": 0.0, "dur_us": 1.0} for r in (0, 1)],
+          config=stored)
+
+
+def _zero(stage: int, m: int) -> PredictInput:
+    return PredictInput(model=ModelSpec(layers=1, hidden=8, heads=1, vocab=16, seq_len=4),
+                        parallel=ParallelSpec(dp=2, zero=stage, micro_batches=m))  # type: ignore[arg-type]
+
+
+def test_zero_accumulation_finding_reads_a_supplied_config(con) -> None:
+    _dp_run(con, {"strategy": "ddp", "world_size": 2, "parallel": {"dp": 2, "zero": 0, "micro_batches": 1}})
+    assert not [f for f in findings(con, "dp") if f.id == "zero-accumulation"]
+    # ZeRO-3 with m = 4 against stage 0: 3m/2 = 6x (§6.2)
+    [z3] = [f for f in findings(con, "dp", config=_zero(3, 4)) if f.id == "zero-accumulation"]
+    assert z3.evidence["predicted_ratio"] == 6.0 and z3.evidence["zero_stage"] == 3 and z3.severity == "high"
+    # `commlens report --config` hands its config to findings: ZeRO-2, m = 3 against ZeRO-1: (m + 1)/2 = 2x
+    rep = build_report(con, "dp", _zero(2, 3))
+    [z2] = [f for f in rep.findings if f.id == "zero-accumulation"]
+    assert z2.evidence["predicted_ratio"] == 2.0 and z2.evidence["micro_batches"] == 3
+
+
+def test_a_supplied_config_overrides_the_stored_one_in_findings(con) -> None:
+    _dp_run(con, {"strategy": "zero3", "world_size": 2, "parallel": {"dp": 2, "zero": 3, "micro_batches": 4}})
+    assert [f.id for f in findings(con, "dp") if f.id == "zero-accumulation"] == ["zero-accumulation"]
+    assert not [f for f in findings(con, "dp", config=_zero(1, 4)) if f.id == "zero-accumulation"]
+    assert not [f for f in build_report(con, "dp", _zero(0, 4)).findings if f.id == "zero-accumulation"]

@@ -20,7 +20,7 @@ from commlens.vocab import DTYPE_BYTES, busbw_factor
 from .iterations import iteration_info
 from .models import ComparisonInput, SchemeComparison as FindingsSchemeComparison
 from .predict import ParamCheck, Prediction, PredictInput, StagePrediction, predict
-from .predict_harness import input_from_run_config
+from .predict_harness import predict_input_from_config
 
 OpKey = tuple[str, str, str | None, int | None]  # scheme, op, dtype, msg_bytes
 
@@ -155,7 +155,7 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput | Non
             import json
 
             try:
-                config = input_from_run_config(json.loads(row[0]))
+                config = predict_input_from_config(json.loads(row[0]))
                 source = "run"
             except ValueError as exc:
                 notes.append(f"the run's config could not be used for a prediction: {exc}")

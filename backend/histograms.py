@@ -5,22 +5,30 @@ Bin k holds [2^k, 2^(k+1)) bytes (1024 B is in the 1 KiB-2 KiB bin); zero-byte c
 '0 B' bin and calls without a size an 'unknown size' bin. Normalisation divides each rank's calls by
 that rank's iterations and averages over the ranks of the run (after the rank filter), so a scheme
 used by half the ranks shows half a call per rank.
+
+`bar_calls` lists the calls one bar counts, with the same scope (scope_calls_sql), bins and
+normalisation rule (iterations_only), so a bar and its list of calls cannot disagree.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
-from typing import Literal
+from typing import Any, Literal
 
 import duckdb
 
 from commlens.ingest.aggregates import rank_key_sql
 
 from .iterations import fresh_run_id, iteration_info
-from .models import BinSpec, Histogram, HistogramSeries
+from .models import BarCall, BarCalls, BinSpec, Histogram, HistogramSeries, IterationInfo
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB")
 ZERO_KEY, UNKNOWN_KEY = "zero", "unknown"
+MAX_K = 62  # msg_bytes is a BIGINT: the largest size is in bin 2^62
+_POW2_KEY = re.compile(r"2\^(\d{1,2})")
+UNATTRIBUTED = "unattributed"  # the scheme of calls without a group (series with scheme null)
+NO_DTYPE = "unknown"  # the dtype of calls whose source gives none (series with dtype null)
 
 
 def format_bytes(n: int) -> str:
@@ -49,11 +57,15 @@ def bin_key(msg_bytes: int | None) -> str:
 
 
 def bin_spec(key: str) -> BinSpec:
+    """The bin of a key ('zero', 'unknown' or '2^k', 0 <= k <= 62); ValueError for anything else."""
     if key == ZERO_KEY:
         return BinSpec(key=key, label="0 B", k=None, lo=0, hi=1)
     if key == UNKNOWN_KEY:
         return BinSpec(key=key, label="unknown size")
-    k = int(key[2:])
+    m = _POW2_KEY.fullmatch(key)
+    if m is None or int(m.group(1)) > MAX_K:
+        raise ValueError(f"bin must be 'zero', 'unknown' or '2^k' with 0 <= k <= {MAX_K}, not {key!r}")
+    k = int(m.group(1))
     lo, hi = 1 << k, 1 << (k + 1)
     return BinSpec(key=key, label=f"{format_bytes(lo)}-{format_bytes(hi)}", k=k, lo=lo, hi=hi)
 
@@ -69,13 +81,40 @@ def bin_axis(keys: set[str]) -> list[BinSpec]:
     return axis
 
 
+_DETECTED_JOIN = ("e.run_id = d.run_id AND e.source_id = d.source_id "
+                  "AND coalesce(e.process, cast(e.rank AS VARCHAR), '?') = d.process AND e.seq = d.seq")
+
+
+def scope_calls_sql(select: str, run_id: int, step: int | None, rank: int | None) -> tuple[str, list[Any]]:
+    """SQL selecting `select` (columns of comm_events e) and `iteration` for the calls of a run within
+    the scope filters (rank, iteration), and its parameters. Only counted calls (store.md: an NCCL log's
+    calls of a rank that a profiler trace also describes count there).
+
+    A call's iteration is its profiler step for traces with steps, else its detected iteration (0-based,
+    comm_iterations; NULL outside complete iterations). With `step`, only the calls of that iteration:
+    a WHERE on run_id and step, and the stored detected iteration of the calls of sources without steps
+    (disjoint: a source with steps has no detected iterations)."""
+    rank_cond = " AND e.rank = ?" if rank is not None else ""
+    rank_params = [rank] if rank is not None else []
+    if step is None:
+        return f"""
+            SELECT {select}, coalesce(e.step, d.iteration) AS iteration
+            FROM comm_events e LEFT JOIN comm_iterations d ON {_DETECTED_JOIN}
+            WHERE e.run_id = ? AND e.counted{rank_cond}""", [run_id, *rank_params]
+    return f"""
+            SELECT {select}, e.step AS iteration FROM comm_events e
+            WHERE e.run_id = ? AND e.counted AND e.step = ?{rank_cond}
+            UNION ALL
+            SELECT {select}, d.iteration FROM comm_iterations d JOIN comm_events e ON {_DETECTED_JOIN}
+            WHERE d.run_id = ? AND e.counted AND d.iteration = ?{rank_cond}""", [run_id, step, *rank_params, run_id, step, *rank_params]
+
+
 def _rows_sql(run_id: int, step: int | None, rank: int | None) -> tuple[str, list]:
     """SQL for (scheme, op, dtype, rank_key, msg_bytes, has_it, no_iteration_reason, no_group, calls) of
     a run within the scope filters (rank, iteration), and its parameters.
 
     Without an iteration filter the run's aggregates answer (comm_agg, a few thousand rows). One
-    iteration reads the calls themselves: the profiler step of traces with steps (a WHERE on run_id
-    and step), and the stored detected iteration of the calls of sources without steps."""
+    iteration reads the calls themselves (scope_calls_sql)."""
     if step is None:
         rank_cond = " AND a.rank = ?" if rank is not None else ""
         return f"""
@@ -85,24 +124,20 @@ def _rows_sql(run_id: int, step: int | None, rank: int | None) -> tuple[str, lis
             WHERE a.run_id = ?{rank_cond}
             GROUP BY ALL
         """, [run_id, *([rank] if rank is not None else [])]
-    rank_cond = " AND e.rank = ?" if rank is not None else ""
-    rank_params = [rank] if rank is not None else []
+    scope, params = scope_calls_sql(f"e.group_key, e.op, e.dtype, {rank_key_sql()} AS rank_key, e.msg_bytes",
+                                    run_id, step, rank)
     return f"""
-        WITH ev AS (
-            SELECT e.group_key, e.op, e.dtype, {rank_key_sql()} AS rank_key, e.msg_bytes
-            FROM comm_events e WHERE e.run_id = ? AND e.step = ?{rank_cond}
-            UNION ALL
-            SELECT e.group_key, e.op, e.dtype, {rank_key_sql()} AS rank_key, e.msg_bytes
-            FROM comm_iterations d
-            JOIN comm_events e ON e.run_id = d.run_id AND e.source_id = d.source_id
-                 AND coalesce(e.process, cast(e.rank AS VARCHAR), '?') = d.process AND e.seq = d.seq
-            WHERE d.run_id = ? AND d.iteration = ?{rank_cond}
-        )
+        WITH ev AS ({scope})
         SELECT g.scheme, ev.op, ev.dtype, ev.rank_key, ev.msg_bytes, true AS has_it, NULL AS no_iteration_reason,
                ev.group_key IS NULL AS no_group, count(*) AS calls
         FROM ev LEFT JOIN process_groups g ON g.run_id = ? AND g.group_key = ev.group_key
         GROUP BY ALL
-    """, [run_id, step, *rank_params, run_id, step, *rank_params, run_id]
+    """, [*params, run_id]
+
+
+def iterations_only(info: IterationInfo, normalize: bool) -> bool:
+    """Whether a histogram counts only the calls inside complete iterations (normalised, iterations known)."""
+    return normalize and info.mode != "none"
 
 
 def histogram(
@@ -137,7 +172,7 @@ def histogram(
 
     notes: list[str] = []
     iterations = info.iterations
-    known = normalize and info.mode != "none"
+    known = iterations_only(info, normalize)
     if not normalize:
         normalization = "none"
     elif known:
@@ -190,3 +225,76 @@ def histogram(
         iterations=info, bins=axis, series=series, excluded=dict(excluded),
         unattributed_events=unattributed, notes=notes,
     )
+
+
+# ------------------------------------------------------------------------------- a bar's calls
+
+
+def _bin_condition(spec: BinSpec) -> tuple[str, list[Any]]:
+    """SQL over ev.msg_bytes for membership of a bin, the same partition as bin_key."""
+    if spec.key == UNKNOWN_KEY:
+        return "ev.msg_bytes IS NULL", []
+    if spec.key == ZERO_KEY:
+        return "ev.msg_bytes <= 0", []
+    return "ev.msg_bytes > 0 AND (ev.msg_bytes >> ?) = 1", [spec.k]
+
+
+def bar_calls(
+    con: duckdb.DuckDBPyConnection,
+    run: str,
+    *,
+    bin: str | None = None,
+    scheme: str | None = None,
+    op: str | None = None,
+    dtype: str | None = None,
+    rank: int | None = None,
+    step: int | None = None,
+    normalize: bool = True,
+    limit: int = 100,
+    offset: int = 0,
+) -> BarCalls:
+    """The calls one bar of `histogram(con, run, ...)` counts, in file, rank and time order.
+
+    Same arguments as the histogram (scope: rank and step, the profiler step or detected iteration; series:
+    scheme, op, dtype) plus the bar's `bin` key (None: every size). `scheme='unattributed'` selects the calls without a
+    scheme, `dtype='unknown'` those without a dtype (the series with scheme or dtype null). With
+    `normalize` and known iterations, only calls inside complete iterations, as the normalised bar counts;
+    then `total` is the bar's value times ranks and iterations, else it is the bar's raw count."""
+    spec = bin_spec(bin) if bin is not None else None
+    run_id = fresh_run_id(con, run)
+    only_iterations = iterations_only(iteration_info(con, run, run_id), normalize)
+    scope, params = scope_calls_sql(
+        "e.rank, e.process, e.seq, e.op, e.dtype, e.msg_bytes, e.elems_in, e.elems_out, e.group_size, e.group_key, "
+        "e.peer, e.step, e.ts_us, e.dur_us, e.source_id", run_id, step, rank)
+    conds, cond_params = _bin_condition(spec) if spec is not None else ("true", [])
+    conditions, params = [conds], [*params, run_id, *cond_params]
+    if scheme == UNATTRIBUTED:
+        conditions.append("g.scheme IS NULL")
+    elif scheme is not None:
+        conditions.append("g.scheme = ?")
+        params.append(scheme)
+    if op is not None:
+        conditions.append("ev.op = ?")
+        params.append(op)
+    if dtype == NO_DTYPE:
+        conditions.append("ev.dtype IS NULL")
+    elif dtype is not None:
+        conditions.append("ev.dtype = ?")
+        params.append(dtype)
+    if only_iterations:
+        conditions.append("ev.iteration IS NOT NULL")
+    body = f"""
+        WITH ev AS ({scope})
+        SELECT r.name AS run, ev.rank, ev.op, ev.dtype, ev.msg_bytes, ev.elems_in, ev.elems_out, ev.group_size,
+               ev.group_key, g.scheme, ev.peer, ev.step, ev.iteration, ev.ts_us, ev.dur_us, s.kind AS source_kind,
+               s.path AS file, ev.process, ev.seq
+        FROM ev JOIN sources s ON s.source_id = ev.source_id JOIN runs r ON r.run_id = s.run_id
+        LEFT JOIN process_groups g ON g.run_id = ? AND g.group_key = ev.group_key
+        WHERE {" AND ".join(conditions)}"""
+    total = con.execute(f"SELECT count(*) FROM ({body})", params).fetchall()[0][0]
+    result = con.execute(f"{body} ORDER BY file, rank NULLS LAST, ts_us NULLS LAST, process, seq LIMIT ? OFFSET ?",
+                         [*params, limit, offset])
+    names = [d[0] for d in result.description]
+    items = [BarCall(**dict(zip(names, row))) for row in result.fetchall()]
+    return BarCalls(bin=spec, iterations_only=only_iterations, items=items, total=total, limit=limit, offset=offset,
+                    next_offset=offset + limit if offset + limit < total else None)

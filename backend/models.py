@@ -235,3 +235,37 @@ class Finding(BaseModel):
     evidence: dict[str, float | int | str | None]
     view: dict[str, str | int | None]
     suggestion: str
+
+
+class BarCall(BaseModel):
+    """One call counted by a histogram bar: its row of the `comms` view and its iteration."""
+
+    run: str
+    rank: int | None
+    op: str
+    dtype: str | None
+    msg_bytes: int | None
+    elems_in: int | None
+    elems_out: int | None
+    group_size: int | None
+    group_key: str | None
+    scheme: str | None
+    peer: int | None
+    step: int | None  # profiler step (comms.step)
+    iteration: int | None  # profiler step, or detected iteration (0-based); null outside complete iterations
+    ts_us: float | None
+    dur_us: float | None
+    source_kind: str
+    file: str
+
+
+class BarCalls(BaseModel):
+    """A page of the calls of one histogram bar (limit/offset; `next_offset` is null on the last page)."""
+
+    bin: BinSpec | None  # null: every size
+    iterations_only: bool  # only calls inside complete iterations (the bar is normalised per iteration)
+    items: list[BarCall]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None

@@ -265,3 +265,11 @@ def input_from_run_config(cfg: RunConfig | dict) -> PredictInput:
         implementation=cfg.implementation,  # type: ignore[arg-type]
         recorded_params=recorded,
     )
+
+
+def predict_input_from_config(raw: dict) -> PredictInput:
+    """The predictor input of a stored or supplied config: a harness run.json (`"schema": "commlens.run/..."`)
+    or a predictor input as it is. ValueError (pydantic's included) says why neither fits."""
+    if str(raw.get("schema", "")).startswith("commlens.run"):
+        return input_from_run_config(raw)
+    return PredictInput.model_validate(raw)

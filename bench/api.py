@@ -35,6 +35,7 @@ from results import write_section  # noqa: E402 - bench/ is the script's directo
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("COMMLENS_DATA", ROOT.parent / "shared" / "data"))
 TRACE = DATA / "kineto-hta" / "nccl_parser_config" / "nccl_data.json.gz"
+RESNET50_PARAMS = 25_557_032  # the DDP trace is ResNet-50
 LOG = DATA / "nccl-logs" / "nvidia-nccl-1193.log"
 RUN = "big"
 
@@ -45,6 +46,7 @@ RUN = "big"
 def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
     """Ingest the real trace (in-process, the same pipeline the API worker uses) and scale it up."""
     from commlens.backend.attribution import attribute_run
+    from commlens.backend.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
     from commlens.ingest import aggregates, pipeline, store
 
     con = store.connect(db)
@@ -72,7 +74,7 @@ def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
         """INSERT INTO comm_events
            SELECT e.run_id, rs.source_id, rs.rank, 'rank' || rs.rank, e.seq + c.k * 100000, e.op, e.dtype, e.msg_bytes,
                   e.elems_in, e.elems_out, ?, e.group_key, e.peer, e.step + c.k * ?, e.ts_us + c.k * ?, e.dur_us,
-                  e.dur_source, e.op_count, e.comm_ptr, e.raw_name
+                  e.dur_source, e.op_count, e.comm_ptr, e.raw_name, e.counted
            FROM comm_events e, rank_src rs, range(?) c(k)
            WHERE e.run_id = ? AND e.source_id = ? AND NOT (rs.source_id = ? AND c.k = 0)""",
         [ranks, n_steps, span, copies, run_id, src[0], src[0]],
@@ -88,6 +90,12 @@ def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
     con.execute("UPDATE process_groups SET ranks = range(0, ?)::INTEGER[], size = ? WHERE run_id = ?", [ranks, ranks, run_id])
     con.execute("UPDATE runs SET world_size = ? WHERE run_id = ?", [ranks, run_id])
     con.execute("COMMIT")
+    # The config a user would attach to this job (ResNet-50 under DDP on `ranks` ranks), so comparison and
+    # findings run their prediction path too.
+    store.set_run_config(con, run_id, PredictInput(
+        model=ModelSpec(layers=1, hidden=1, heads=1, vocab=1, seq_len=1, params_override=RESNET50_PARAMS),
+        parallel=ParallelSpec(dp=ranks), dtypes=DtypeSpec(act="float32", grad="float32", param="float32"),
+        implementation="fsdp").model_dump(mode="json"))
     scale_s = time.perf_counter() - t0
     # The scaled rows bypassed ingest: recompute the run's aggregates (what finalize_run does after an
     # ingest), then attribute (which refreshes the scheme-dependent bandwidth medians).
@@ -297,7 +305,8 @@ def render(store_info: dict, latency: dict, direct: dict, upload: dict, rss: flo
         f"the real DDP trace `nccl_data.json.gz` scaled in DuckDB to **{store_info['calls']:,} calls** "
         f"({store_info['ranks']} ranks x {store_info['steps_per_rank']:,} profiler steps; store {store_info['db_mb']:.0f} MiB, "
         f"scaled in {store_info['scale_s']:.1f} s; its aggregates computed in {store_info['refresh_s']:.1f} s, "
-        f"scheme attribution with the refresh of the per-scheme medians {store_info['attribute_s']:.1f} s). "
+        f"scheme attribution with the refresh of the per-scheme medians {store_info['attribute_s']:.1f} s), "
+        f"with a ResNet-50 DDP config attached, so comparison and findings include the prediction. "
         f"Server: `commlens serve` in its own process, client sequential "
         f"after {args.warmup} warm-up request(s), {args.n} timed requests per endpoint. Target: p50 under 100 ms.",
         "",

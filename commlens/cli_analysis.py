@@ -49,12 +49,10 @@ def report(
 def _load_config(path: Path):  # noqa: ANN202
     from pydantic import ValidationError
 
-    from commlens.backend.predict import PredictInput
-    from commlens.backend.predict_harness import input_from_run_config
+    from commlens.backend.predict_harness import predict_input_from_config
 
     try:
-        raw = json.loads(path.read_text())
-        return input_from_run_config(raw) if raw.get("schema", "").startswith("commlens.run") else PredictInput.model_validate(raw)
+        return predict_input_from_config(json.loads(path.read_text()))
     except (OSError, json.JSONDecodeError, ValidationError, ValueError) as exc:
         err.print(f"[red]error:[/red] {path}: {exc}")
         raise typer.Exit(2) from None

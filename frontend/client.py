@@ -7,7 +7,7 @@ problem+json detail (or a sentence about the connection), so pages can say what 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -15,11 +15,12 @@ import httpx
 from pydantic import BaseModel
 
 from commlens.backend.api.models import (
-    Anchor, JobOut, Me, Page, ReviewCreate, ReviewItem, ReviewUpdate, RunCreate, RunDetail, RunsComparison,
-    RunSummary, RunUpdate, SourceOut, TopologyRows,
+    Anchor, GroupsPage, JobOut, Me, Page, ReviewCreate, ReviewItem, ReviewUpdate, RunCreate, RunDetail,
+    RunsComparison, RunSummary, RunUpdate, SourceOut, TopologyRows,
 )
 from commlens.backend.compare import Comparison
-from commlens.backend.models import AttributionSummary, BandwidthReport, Finding, Histogram, RankTotals
+from commlens.backend.models import BarCalls
+from commlens.backend.models import BandwidthReport, Finding, Histogram, RankTotals
 from commlens.backend.predict import Prediction, PredictInput
 
 M = TypeVar("M", bound=BaseModel)
@@ -48,10 +49,12 @@ def _problem(resp: httpx.Response) -> ApiProblem:
         detail = body["detail"]
         if not isinstance(detail, str):
             detail = json.dumps(detail)[:500]
-        errors = body.get("errors")
-        if errors:
-            detail += " (" + "; ".join(
-                f"{'.'.join(str(x) for x in e.get('loc', [])[1:])}: {e.get('msg')}" for e in errors[:5]) + ")"
+        # Validation problems list each bad field ({"field", "message"}); the detail names the first five.
+        fields = [f"{e.get('field')}: {e.get('message')}" for e in body.get("errors") or []
+                  if isinstance(e, dict) and e.get("field") and e.get("message")]
+        missing = [f for f in fields if f not in detail]
+        if missing:
+            detail += " (" + "; ".join(missing[:5]) + ")"
         return ApiProblem(resp.status_code, detail, str(body.get("title", "")))
     return ApiProblem(resp.status_code, resp.text[:300] or resp.reason_phrase, resp.reason_phrase)
 
@@ -118,8 +121,8 @@ class ApiClient:
 
     # ------------------------------------------------------------------------------ analysis
 
-    def groups(self, run: str) -> AttributionSummary:
-        return self._get(f"/runs/{_seg(run)}/groups", AttributionSummary)
+    def groups(self, run: str, limit: int = 1000, offset: int = 0) -> GroupsPage:
+        return self._get(f"/runs/{_seg(run)}/groups", GroupsPage, limit=limit, offset=offset)
 
     def histogram(self, run: str, *, scheme: str | None = None, op: str | None = None, dtype: str | None = None,
                   rank: int | None = None, step: int | None = None, weight: str = "calls",
@@ -155,26 +158,20 @@ class ApiClient:
         return self._get(f"/runs/{_seg(run)}/topology/{_seg(table)}", TopologyRows, limit=limit, offset=offset,
                          group_key=group_key)
 
-    def calls(self, run: str, **filters: Any) -> Iterator[dict[str, Any]]:
-        """The run's rows of the `comms` view (GET /export as JSON lines) with the export's filters,
-        streamed so a caller can stop early."""
-        clean = {k: v for k, v in filters.items() if v is not None}
-        try:
-            with self._http.stream("GET", f"{self.base_url}/api/runs/{_seg(run)}/export", headers=self._headers,
-                                   params={"format": "jsonl", **clean}, timeout=TIMEOUT) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    raise _problem(resp)
-                for line in resp.iter_lines():
-                    if line:
-                        yield json.loads(line)
-        except httpx.HTTPError as exc:
-            raise ApiProblem(0, f"cannot read the calls from the API at {self.base_url}: {exc}") from None
+    def bar_calls(self, run: str, *, bin: str | None = None, scheme: str | None = None, op: str | None = None,
+                  dtype: str | None = None, rank: int | None = None, step: int | None = None, normalize: bool = True,
+                  limit: int = 100, offset: int = 0) -> BarCalls:
+        """The calls of one histogram bar, with the histogram's own filters (GET /runs/{run}/calls)."""
+        return self._get(f"/runs/{_seg(run)}/calls", BarCalls, bin=bin, scheme=scheme, op=op, dtype=dtype, rank=rank,
+                         step=step, normalize=str(normalize).lower(), limit=limit, offset=offset)
 
     # -------------------------------------------------------------------------------- review
 
     def review(self, run: str, status: str | None = None, limit: int = 100, offset: int = 0) -> Page[ReviewItem]:
         return self._get(f"/runs/{_seg(run)}/review", Page[ReviewItem], status=status, limit=limit, offset=offset)
+
+    def replies(self, item_id: int, limit: int = 1000, offset: int = 0) -> Page[ReviewItem]:
+        return self._get(f"/review/{item_id}/replies", Page[ReviewItem], limit=limit, offset=offset)
 
     def add_review(self, run: str, body: str, anchor: Anchor | None = None, parent_id: int | None = None) -> ReviewItem:
         create = ReviewCreate(body=body, anchor=anchor, parent_id=parent_id)

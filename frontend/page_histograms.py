@@ -8,12 +8,13 @@ from typing import Any
 from dash import ALL, Dash, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
-from commlens.backend.histograms import bin_spec
-from commlens.backend.models import SCHEMES, BinSpec, Histogram, HistogramSeries
+from commlens.backend.histograms import NO_DTYPE
+from commlens.backend.histograms import UNATTRIBUTED as NO_SCHEME
+from commlens.backend.models import SCHEMES, Histogram, HistogramSeries
 
 from .components import (
     push_state,
-    OP_COLORS, chart_block, csv_link, empty, figure, guarded, loading, message, table, td_num,
+    OP_COLORS, chart_block, csv_link, empty, figure, guarded, loading, table, td_num,
 )
 from .config import UiConfig
 from .fmt import byte_axis, duration_us, exact_bytes, num
@@ -134,14 +135,6 @@ def parse_sel(sel: str | None) -> tuple[str, str, str, str] | None:
     return (parts[0], parts[1], parts[2], parts[3]) if len(parts) == 4 else None
 
 
-def in_bin(msg_bytes: int | None, b: BinSpec | None, key: str) -> bool:
-    if key == "unknown":
-        return msg_bytes is None
-    if key == "zero":
-        return msg_bytes == 0
-    return b is not None and msg_bytes is not None and b.lo is not None and b.hi is not None and b.lo <= msg_bytes < b.hi
-
-
 def register(app: Dash, cfg: UiConfig) -> None:
     controls = [Input("hg-scheme", "value"), Input("hg-op", "value"), Input("hg-dtype", "value"),
                 Input("hg-rank", "value"), Input("hg-step", "value"), Input("hg-weight", "value"),
@@ -173,45 +166,35 @@ def register(app: Dash, cfg: UiConfig) -> None:
         return f"{scheme}:{op}:{dtype}:{key}"
 
     @app.callback(Output("hg-calls", "children"), Input("hg-sel", "data"), Input("hg-rank", "value"),
-                  Input("hg-step", "value"), State("hg-run", "data"), State("token", "data"))
+                  Input("hg-step", "value"), Input("hg-norm", "value"), State("hg-run", "data"), State("token", "data"))
     @guarded()
-    def calls(sel: str | None, rank: int | None, step: int | None, run: str, token: str | None) -> Any:
+    def calls(sel: str | None, rank: int | None, step: int | None, norm: list[str], run: str, token: str | None) -> Any:
         parsed = parse_sel(sel)
         if parsed is None:
             return empty("Click a bar of a histogram to list the calls in it.")
         scheme, op, dtype, key = parsed
-        client = cfg.client(token)
-        try:
-            spec: BinSpec | None = bin_spec(key)  # the API's own bin definition
-        except ValueError:
-            return message(f"The selection names no size bin: {key!r}.", "error")
-        label = spec.label
-        rows = []
-        complete = True
-        for row in client.calls(run, scheme=None if scheme == UNATTRIBUTED else scheme, op=op, dtype=dtype or None,
-                                rank=rank, step=step):
-            if scheme == UNATTRIBUTED and row.get("scheme") is not None:
-                continue
-            if in_bin(row.get("msg_bytes"), spec, key):
-                rows.append(row)
-                if len(rows) >= MAX_LISTED:
-                    complete = False
-                    break
+        # The API lists the bar's calls with the histogram's own filters; the page passes the selection through.
+        page = cfg.client(token).bar_calls(run, bin=key, scheme=NO_SCHEME if scheme == UNATTRIBUTED else scheme, op=op,
+                                           dtype=dtype or NO_DTYPE, rank=rank, step=step, normalize=bool(norm),
+                                           limit=MAX_LISTED)
+        rows = page.items
+        label = page.bin.label if page.bin is not None else "every size"
         title = f"{'unattributed' if scheme == UNATTRIBUTED else scheme} · {op} {dtype} · {label}"
         if not rows:
             return html.Div([html.H3(title), empty("No calls of the trace fall in this bar with these filters.")])
-        cols = ["rank", "op", "dtype", "S", "group", "group size", "step", "start (µs)", "duration", "source", "file"]
-        display = [[td_num(r["rank"]), r["op"], r["dtype"] or "-", td_num(r["msg_bytes"], exact_bytes(r["msg_bytes"])),
-                    html.Span(r["group_key"] or "-", className="mono"), td_num(r["group_size"]), td_num(r["step"]),
-                    td_num(r["ts_us"], "-" if r["ts_us"] is None else f"{r['ts_us']:,.1f}"), td_num(r["dur_us"], duration_us(r["dur_us"])), r["source_kind"],
-                    html.Span(r["file"], className="mono")] for r in rows]
-        raw_cols = ["rank", "op", "dtype", "msg_bytes", "group_key", "group_size", "step", "ts_us", "dur_us",
+        cols = ["rank", "op", "dtype", "S", "group", "group size", "step / iteration", "start (µs)", "duration",
+                "source", "file"]
+        display = [[td_num(r.rank), r.op, r.dtype or "-", td_num(r.msg_bytes, exact_bytes(r.msg_bytes)),
+                    html.Span(r.group_key or "-", className="mono"), td_num(r.group_size), td_num(r.iteration),
+                    td_num(r.ts_us, "-" if r.ts_us is None else f"{r.ts_us:,.1f}"), td_num(r.dur_us, duration_us(r.dur_us)),
+                    r.source_kind, html.Span(r.file, className="mono")] for r in rows]
+        raw_cols = ["rank", "op", "dtype", "msg_bytes", "group_key", "group_size", "step", "iteration", "ts_us", "dur_us",
                     "source_kind", "file"]
-        raw = [[r[c] for c in raw_cols] for r in rows]
-        note = (f"The first {MAX_LISTED} calls, in file, rank and time order." if not complete
-                else f"{len(rows)} calls (every rank and step of the trace, not normalised).")
+        raw = [[getattr(r, c) for c in raw_cols] for r in rows]
+        scope = ("calls inside complete iterations, as the normalised bar counts" if page.iterations_only
+                 else "every call of the bar, not normalised")
+        note = (f"The first {len(rows)} of {page.total} calls ({scope}), in file, rank and time order."
+                if page.next_offset is not None else f"{page.total} calls ({scope}).")
         return html.Div([html.H3(title, id="hg-calls-title"), html.P(note, className="hint"),
                          html.Div(table(cols, display, id_="hg-calls-table"), className="scroll"),
                          csv_link(raw_cols, raw, f"{run}-calls.csv")])
-
-

@@ -56,15 +56,17 @@ def facts(client: ApiClient, run: str) -> Any:
 
 def schemes(client: ApiClient, run: str) -> Any:
     g = client.groups(run)
-    if not g.groups:
+    if not g.items:
         return empty("No process groups or communicators: nothing to attribute.")
     rows = [[html.Span(x.group_key, className="mono"), x.description or x.name or "-",
              ", ".join(map(str, x.ranks)) if x.ranks else "-", td_num(x.size),
              html.Strong(x.scheme), x.source, x.reason, td_num(x.confidence, f"{x.confidence:.2f}"), td_num(x.calls)]
-            for x in g.groups]
+            for x in g.items]
     by_scheme = ", ".join(f"{k}: {num(v)}" for k, v in g.events_by_scheme.items())
     notes = [html.P(f"Calls by scheme: {by_scheme or 'none'}. Calls without a group (not attributable): "
                     f"{num(g.unattributed_events)}.", className="hint")]
+    if g.next_offset is not None:
+        notes.append(html.P(f"The first {num(len(g.items))} of {num(g.total)} groups.", className="hint"))
     return html.Div(notes + [html.Div(table(["group", "description", "ranks", "size", "scheme", "attributed by",
                                              "reason", "confidence", "calls"], rows, id_="ov-groups"),
                                       className="scroll")])

@@ -75,6 +75,8 @@ def item_view(item: ReviewItem, selected: bool) -> html.Div:
         ], className="meta"),
         to_components(item.body_html),
         html.Div(replies, className="replies") if replies else None,
+        html.P(f"{item.replies_total - len(replies)} later replies not shown.", className="hint")
+        if item.replies_total > len(replies) else None,
         html.Div([
             dcc.Textarea(id={"type": "rv-reply-text", "item": item.item_id}, placeholder="Reply…"),
             html.Button("Reply", id={"type": "rv-reply-btn", "item": item.item_id}, className="btn small"),
@@ -106,6 +108,9 @@ def findings_view(run: str, findings: list[Finding], promoted: dict[str, int]) -
 
 def review_view(client: ApiClient, run: str, status: str, selected: str | None) -> Any:
     page = client.review(run, status=status or None)
+    for i in page.items:
+        if i.replies_total > len(i.replies):  # the rest of a long thread
+            i.replies += client.replies(i.item_id, offset=len(i.replies)).items
     items = [item_view(i, str(i.item_id) == str(selected)) for i in page.items]
     everything = client.review(run, limit=1000).items if status else page.items
     promoted = {i.finding: i.item_id for i in everything if i.finding}

@@ -22,7 +22,7 @@ TRANSPORT_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c5
 
 def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> html.Div:
     try:
-        groups = cfg.client(token).groups(run).groups
+        groups = cfg.client(token).groups(run).items
         head = None
     except ApiProblem as exc:
         groups, head = [], problem_box(exc)

@@ -19,7 +19,19 @@ _TAGS: dict[str, Any] = {
     "s": html.S,
 }
 _VOID = {"hr", "br", "img"}
-_SAFE_SCHEMES = ("http://", "https://", "mailto:", "/", "#")
+_SAFE_SCHEMES = ("http://", "https://", "mailto:", "#")
+
+
+def safe_href(href: str) -> bool:
+    r"""http(s), mailto, in-page anchors and paths on this server. Not protocol-relative addresses
+    ('//host', '/\host': browsers read both as another host), nor any control character (browsers drop
+    tabs and newlines inside URLs, so '/\t/host' is '//host')."""
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in href):
+        return False
+    if href.lower().startswith(_SAFE_SCHEMES):
+        return True
+    return href.startswith("/") and not href.startswith(("//", "/\\"))
+
 
 
 class _Builder(HTMLParser):
@@ -32,7 +44,7 @@ class _Builder(HTMLParser):
         a = dict(attrs)
         if tag == "a":
             href = (a.get("href") or "").strip()
-            if href.lower().startswith(_SAFE_SCHEMES):
+            if safe_href(href):
                 props.update(href=href, rel="nofollow noopener noreferrer", target="_blank")
         if tag == "img":  # shown as its alt text and address, never loaded
             self.stack[-1][2].append(f"[image: {a.get('alt') or ''} {a.get('src') or ''}]".replace("  ", " "))

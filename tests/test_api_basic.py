@@ -15,6 +15,9 @@ import pytest
 
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread
+from commlens.backend.histograms import histogram
+from commlens.frontend.client import ApiClient, ApiProblem, _problem
+from commlens.frontend.safe_html import safe_href, to_components
 from commlens.backend.attribution import attribute_run, attribution_summary
 from commlens.backend.compare import compare
 from commlens.backend.findings import findings
@@ -175,14 +178,60 @@ def test_update_and_delete_run(client: httpx.Client) -> None:
     problem(client.delete("/api/runs/edited"), 404)
 
 
+@pytest.mark.parametrize("state", ["queued", "running"])
+def test_rename_while_ingest_jobs_are_active_is_409(client: httpx.Client, server: ServerThread, state: str) -> None:
+    """The worker finds a job's run by the name in its upload manifest: a rename would fail the job."""
+    client.post("/api/runs", json={"name": "busy"})
+    cur = direct(server)
+    run_id = cur.execute("SELECT run_id FROM runs WHERE name = 'busy'").fetchone()[0]
+    cur.execute("INSERT INTO jobs (job_id, run_id, state, files_total, bytes_total, results) VALUES (?, ?, ?, 1, 1, '[]')",
+                [f"job-{state}", run_id, state])
+    try:
+        body = problem(client.patch("/api/runs/busy", json={"name": "busy2"}), 409)
+        assert body["type"].endswith("/run-busy") and f"job-{state}" in body["detail"] and "rename" in body["detail"]
+        problem(client.get("/api/runs/busy2"), 404)
+        # other fields may change meanwhile; so may the name once the job is done
+        assert client.patch("/api/runs/busy", json={"description": "d"}).json()["description"] == "d"
+        assert client.patch("/api/runs/busy", json={"name": "busy"}).status_code == 200  # same name: no rename
+        cur.execute("UPDATE jobs SET state = 'done' WHERE job_id = ?", [f"job-{state}"])
+        assert client.patch("/api/runs/busy", json={"name": "busy2"}).json()["name"] == "busy2"
+    finally:
+        cur.execute("DELETE FROM jobs WHERE job_id = ?", [f"job-{state}"])
+        cur.close()
+    assert client.delete("/api/runs/busy2").status_code == 204
+
+
+def test_client_shows_the_fields_of_a_validation_problem(server: ServerThread) -> None:
+    """The UI's client reads the API's `errors` entries ({"field", "message"}), and says each bad field once."""
+    with pytest.raises(ApiProblem) as caught:
+        ApiClient(server.url).histogram("seeded", rank=-1)
+    p = caught.value
+    assert p.status == 422 and "query.rank: Input should be greater than or equal to 0" in p.detail
+    assert "None" not in p.detail and "(: " not in p.detail and p.detail.count("query.rank") == 1
+    # more bad fields than the detail names: the client adds the others
+    r = httpx.post(server.url + "/api/runs", json={"name": "!", "description": 1, "tags": "x", "world_size": 0,
+                                                    "strategy": 5, "x1": 1, "x2": 2})
+    body = r.json()
+    assert r.status_code == 422 and len(body["errors"]) == 7
+    detail = _problem(r).detail
+    assert all(f"{e['field']}: {e['message']}" in detail for e in body["errors"]), detail
+    assert all(detail.count(e["field"] + ":") == 1 for e in body["errors"]), detail
+
+
 # ---------------------------------------------------------------------------------- analysis
 
 
 def test_groups_match_attribution_and_override_roundtrip(client: httpx.Client, server: ServerThread) -> None:
     got = client.get("/api/runs/seeded/groups").json()
     cur = direct(server)
-    assert got == json.loads(attribution_summary(cur, "seeded").model_dump_json())
-    assert {g["group_key"]: g["scheme"] for g in got["groups"]} == {"pg:dpA": "dp", "pg:dpB": "dp", "pg:tpA": "tp", "pg:tpB": "tp"}
+    summary = json.loads(attribution_summary(cur, "seeded").model_dump_json())
+    assert got == {"run": "seeded", "items": summary["groups"], "total": 4, "limit": 100, "offset": 0, "next_offset": None,
+                   "unattributed_events": summary["unattributed_events"], "events_by_scheme": summary["events_by_scheme"]}
+    assert {g["group_key"]: g["scheme"] for g in got["items"]} == {"pg:dpA": "dp", "pg:dpB": "dp", "pg:tpA": "tp", "pg:tpB": "tp"}
+    pages = [client.get("/api/runs/seeded/groups", params={"limit": 3, "offset": o}).json() for o in (0, 3)]
+    assert [(p["total"], p["next_offset"], len(p["items"])) for p in pages] == [(4, 3, 3), (4, None, 1)]
+    assert pages[0]["items"] + pages[1]["items"] == got["items"]
+    problem(client.get("/api/runs/seeded/groups", params={"limit": 0}), 422)
     r = client.patch("/api/runs/seeded/groups/pg:tpA", json={"scheme": "cp", "reason": "ring attention in fact"})
     assert r.status_code == 200, r.text
     assert (r.json()["scheme"], r.json()["source"]) == ("cp", "override")
@@ -310,13 +359,60 @@ def test_review_markdown_is_stored_verbatim_and_rendered_safely(client: httpx.Cl
     nested = client.post("/api/runs/seeded/review", json={"body": "me too", "parent_id": reply["item_id"]}).json()
     assert nested["parent_id"] == item["item_id"]  # replies hang under the top-level item
     got = client.get(f"/api/review/{item['item_id']}").json()
-    assert [x["body"] for x in got["replies"]] == ["agreed", "me too"]
+    assert [x["body"] for x in got["replies"]] == ["agreed", "me too"] and got["replies_total"] == 2
+    page = client.get(f"/api/review/{item['item_id']}/replies", params={"limit": 1, "offset": 1}).json()
+    assert ([x["body"] for x in page["items"]], page["total"], page["next_offset"]) == (["me too"], 2, None)
+    first = client.get(f"/api/review/{item['item_id']}/replies", params={"limit": 1}).json()
+    assert ([x["body"] for x in first["items"]], first["next_offset"]) == (["agreed"], 1)
+    problem(client.get("/api/review/999999/replies"), 404)
     assert client.patch(f"/api/review/{item['item_id']}", json={"status": "resolved"}).json()["status"] == "resolved"
     listed = client.get("/api/runs/seeded/review", params={"status": "resolved", "scheme": "dp", "rank": 1}).json()
     assert [i["item_id"] for i in listed["items"]] == [item["item_id"]] and len(listed["items"][0]["replies"]) == 2
     assert client.get("/api/runs/seeded/review", params={"status": "resolved", "scheme": "tp"}).json()["total"] == 0
     assert client.delete(f"/api/review/{item['item_id']}").status_code == 204
     problem(client.get(f"/api/review/{reply['item_id']}"), 404)
+
+
+def test_long_threads_are_paginated(client: httpx.Client) -> None:
+    top = client.post("/api/runs/seeded/review", json={"body": "long thread"}).json()
+    for i in range(53):
+        client.post("/api/runs/seeded/review", json={"body": f"reply {i}", "parent_id": top["item_id"]})
+    inline = client.get(f"/api/review/{top['item_id']}").json()
+    assert len(inline["replies"]) == 50 and inline["replies_total"] == 53
+    assert [r["body"] for r in inline["replies"]] == [f"reply {i}" for i in range(50)]
+    listed = [i for i in client.get("/api/runs/seeded/review").json()["items"] if i["item_id"] == top["item_id"]]
+    assert listed[0]["replies"] == inline["replies"] and listed[0]["replies_total"] == 53
+    rest = client.get(f"/api/review/{top['item_id']}/replies", params={"offset": 50}).json()
+    assert [r["body"] for r in rest["items"]] == ["reply 50", "reply 51", "reply 52"] and rest["total"] == 53
+    assert client.delete(f"/api/review/{top['item_id']}").status_code == 204
+    problem(client.get(f"/api/review/{top['item_id']}/replies"), 404)
+
+
+def _hrefs(node) -> list[str]:  # noqa: ANN001 - a Dash component tree
+    out = [node.href] if getattr(node, "href", None) else []
+    children = getattr(node, "children", None)
+    for child in children if isinstance(children, list) else [children] if children is not None else []:
+        if not isinstance(child, str):
+            out += _hrefs(child)
+    return out
+
+
+@pytest.mark.parametrize("href, ok", [
+    ("/runs/seeded/histograms?scheme=dp", True), ("#item-3", True), ("https://example.org/a", True),
+    ("mailto:a@example.org", True), ("//evil.host/x", False), ("/\\evil.host", False), ("/\t/evil.host", False),
+    ("/\n/evil.host", False), ("javascript:alert(1)", False), ("data:text/html,x", False), ("evil.host", False),
+])
+def test_safe_html_links(href: str, ok: bool) -> None:
+    assert safe_href(href) is ok
+    assert _hrefs(to_components(f'<p><a href="{href}">x</a></p>')) == ([href] if ok else [])
+
+
+def test_review_links_to_other_hosts_are_not_links(client: httpx.Client) -> None:
+    """A protocol-relative link in a comment reaches the page as text, not as a link to another host."""
+    body = "[a](//evil.host/x) [b](/runs/seeded) [c](https://example.org/) [d](&#47;&#47;evil.host)"
+    item = client.post("/api/runs/seeded/review", json={"body": body}).json()
+    assert _hrefs(to_components(item["body_html"])) == ["/runs/seeded", "https://example.org/"]
+    assert client.delete(f"/api/review/{item['item_id']}").status_code == 204
 
 
 def test_review_refusals(client: httpx.Client) -> None:

@@ -119,11 +119,17 @@ def test_json_bodies_too_large_or_too_deep(client: httpx.Client) -> None:
 def test_unknown_formats_are_415_and_nothing_is_queued(client: httpx.Client) -> None:
     before = jobs_total(client)
     png = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
-    detail = problem(upload(client, [("ok.json", RUN_JSON), ("pic.png", png), ("notes.txt", b"hello world\n"),
-                                     ("empty.log", b""), ("noise.gz", gzip.compress(os.urandom(4096)))]),
-                     415, "pic.png: binary", "notes.txt: not a Kineto", "empty.log: empty file", "noise.gz", "Nothing")
+    detail = problem(upload(client, [("ok.json", RUN_JSON), ("pic.png", png), ("empty.log", b""),
+                                     ("noise.gz", gzip.compress(os.urandom(4096)))]),
+                     415, "pic.png: binary", "empty.log: empty file", "noise.gz", "Nothing")
     assert "ok.json" not in detail
     assert jobs_total(client) == before
+
+
+def test_text_without_nccl_lines_fails_in_its_job(client: httpx.Client) -> None:
+    """Plain text may be a launcher's stdout before NCCL starts, so it is queued; the NCCL parser fails it."""
+    out = results(client, [("notes.txt", b"hello world\n")])["notes.txt"]
+    assert out["status"] == "failed" and "notes.txt:line 1: not a Kineto JSON trace or an NCCL debug log" in out["error"]
 
 
 def test_not_multipart_is_415_and_malformed_multipart_is_422(client: httpx.Client) -> None:
@@ -185,12 +191,67 @@ def test_deeply_nested_trace_fails_with_its_reason(client: httpx.Client) -> None
     assert out["deep.json"]["status"] == "failed" and "nested" in out["deep.json"]["error"], out
 
 
+COLL = ("node0:100:100 [0] NCCL INFO AllReduce: opCount {n} sendbuff 0x7f00 recvbuff 0x7f10 count {count} datatype 7 "
+        "op 0 root 0 comm 0x1 [nranks=2] stream 0x99\n")
+
+
 def test_overlong_lines_and_invalid_utf8_are_skipped_not_fatal(client: httpx.Client) -> None:
-    log = (b"node0:100:100 [0] NCCL INFO NCCL version 2.18.1+cuda12.1\n" + b"node0:100:100 [0] NCCL INFO " + b"x" * MiB
-           + b"\n" + b"node0:100:100 [0] NCCL INFO \xff\xfe\xfd broken bytes\n" + nccl_lines(1))
-    out = results(client, [("long.log", log)])["long.log"]
-    assert out["status"] == "ok", out
-    assert out["skipped"].get(f"line longer than {256 * KiB} bytes") == 1, out
+    lines = [b"node0:100:100 [0] NCCL INFO NCCL version 2.18.1+cuda12.1\n", nccl_lines(1),
+             COLL.format(n=0, count=1024).encode(),
+             b"node0:100:100 [0] NCCL INFO " + b"x" * MiB + b"\n",  # line 4
+             b"node0:100:100 [0] NCCL INFO \xff\xfe\xfd broken bytes\n",  # line 5: an INFO line of no interest
+             COLL.format(n=1, count="10\xff24").encode("latin-1"),  # line 6: a call whose count is not text
+             COLL.format(n=2, count=1024).encode()]
+    out = results(client, [("long.log", b"".join(lines))])["long.log"]
+    assert out["status"] == "ok" and out["events"] == 2, out  # the two intact calls
+    assert out["skipped"] == {f"line longer than {256 * KiB} bytes": 1, "COLL line cut or garbled": 1}, out
+    assert any("long.log:line 6" in w and "COLL line cut or garbled" in w for w in out["warnings"]), out
+    rows = client.get("/api/runs/victim/export", params={"format": "jsonl", "op": "all_reduce"}).text.splitlines()
+    assert [r["msg_bytes"] for r in map(json.loads, rows) if r["file"] == "long.log"] == [4096, 4096]
+
+
+def test_kineto_trace_with_invalid_utf8_fails_alone_naming_the_file(client: httpx.Client) -> None:
+    before = client.get("/api/runs/victim").json()["events"]
+    trace = (b'{"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": ['
+             b'{"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce_\xff\xfe", "pid": 0, "tid": 7, "ts": 1, "dur": 2}]}')
+    log = b"node0:100:100 [0] NCCL INFO NCCL version 2.18.1+cuda12.1\n" + COLL.format(n=0, count=2048).encode()
+    out = results(client, [("bad-utf8.json", trace), ("other.log", log)])
+    bad = out["bad-utf8.json"]
+    assert bad["status"] == "failed" and bad["events"] == 0, bad
+    assert bad["error"].startswith("bad-utf8.json:$.traceEvents[0]") and "UTF-8" in bad["error"], bad
+    assert out["other.log"]["status"] == "ok" and out["other.log"]["events"] == 1  # the other file is stored
+    failed = client.get("/api/runs/victim/sources", params={"status": "failed"}).json()["items"]
+    assert [s["error"] for s in failed if s["path"] == "bad-utf8.json"] == [bad["error"]]
+    assert client.get("/api/runs/victim").json()["events"] == before + 1
+
+
+# ----------------------------------------------------------------------------------- review
+
+
+def test_review_anchor_rank_is_bounded_and_stored_items_never_break_the_list(client: httpx.Client,
+                                                                              server: ServerThread) -> None:
+    problem(client.post("/api/runs/victim/review", json={"body": "x", "anchor": {"rank": 10**20}}), 422, "anchor.rank")
+    problem(client.post("/api/runs/victim/review", json={"body": "x", "anchor": {"rank": 2**31}}), 422, "anchor.rank")
+    top = client.post("/api/runs/victim/review", json={"body": "top rank", "anchor": {"rank": 2**31 - 1}})
+    assert top.status_code == 201, top.text
+    problem(client.get("/api/runs/victim/review", params={"rank": 2**31}), 422, "rank")
+    problem(client.get("/api/runs/victim/review", params={"rank": 10**20}), 422, "rank")
+    # an item stored before the bound existed (or by other means) with a rank no BIGINT holds
+    cur = server.app.state.ctx.db.cursor()
+    try:
+        cur.execute("INSERT INTO review_items (run_id, author, body, anchor) SELECT run_id, 'old', 'legacy', ? "
+                    "FROM runs WHERE name = 'victim'", ['{"view": "ranks", "rank": 100000000000000000000}'])
+    finally:
+        cur.close()
+    r = client.get("/api/runs/victim/review", params={"rank": 1})
+    assert r.status_code == 200 and r.json()["total"] == 0, r.text
+    r = client.get("/api/runs/victim/review", params={"rank": 2**31 - 1})
+    assert [i["body"] for i in r.json()["items"]] == ["top rank"]
+    listed = {i["body"]: i for i in client.get("/api/runs/victim/review").json()["items"]}
+    assert listed["legacy"]["anchor"] == {"view": "ranks", "scheme": None, "op": None, "bin": None, "rank": None,
+                                          "free": None}  # the rank that no longer validates is dropped, not a 500
+    for item in listed.values():
+        assert client.delete(f"/api/review/{item['item_id']}").status_code == 204
 
 
 # ------------------------------------------------------------------------------ SQL-looking

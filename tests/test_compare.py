@@ -72,3 +72,13 @@ def test_report_shape_and_markdown(resnet) -> None:
     assert "unexplained-calls:dp" in ids and "above-prediction:dp" not in ids
     md = render_markdown(rep)
     assert "| dp | 97.5 MiB | 97.7 MiB | 208 KiB | 1.000 |" in md
+
+
+def test_a_stored_predictor_input_is_the_runs_config(resnet) -> None:
+    """A config a user attached to a third-party run (a predictor input, not a run.json) is read by compare itself."""
+    import json
+
+    resnet.execute("UPDATE runs SET config = ? WHERE name = 'resnet'", [json.dumps(_resnet_ddp().model_dump(mode="json"))])
+    c = compare(resnet, "resnet")
+    assert c.config_source == "run" and c.implementation == "fsdp"
+    assert c.schemes[0].predicted_bytes_per_iter == RESNET50_PARAMS * 4

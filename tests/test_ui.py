@@ -256,7 +256,7 @@ def test_runs_and_overview_show_the_api_numbers(tab: Tab, api: httpx.Client) -> 
     assert data["predicted"]["y"] == [s["predicted_bytes_per_iter"] for s in comparison["schemes"]]
     assert data["measured"]["y"] == [s["measured_bytes_per_iter"] for s in comparison["schemes"]]
     assert data["measured"]["x"] == [s["scheme"] for s in comparison["schemes"]] == ["dp"]
-    groups = api.get(f"/runs/{HARNESS_RUN}/groups").json()["groups"]
+    groups = api.get(f"/runs/{HARNESS_RUN}/groups").json()["items"]
     shown = tab.cells("ov-groups")
     assert [(r[0], r[4], r[5], int(r[8])) for r in shown] == [(g["group_key"], g["scheme"], g["source"], g["calls"])
                                                               for g in groups]
@@ -291,12 +291,36 @@ def test_histogram_bars_equal_the_api_and_a_click_lists_the_calls(tab: Tab, api:
     tab.idle()
     bin_ = h["bins"][k]
     rows = tab.cells("hg-calls-table")
-    export = [json.loads(line) for line in api.get(f"/runs/{HARNESS_RUN}/export", params={
-        "format": "jsonl", "scheme": "dp", "op": first["op"], "dtype": first["dtype"]}).text.splitlines()]
-    expected = [r for r in export if bin_["lo"] <= r["msg_bytes"] < bin_["hi"]]
-    assert [(int(r[0]), int(r[3])) for r in rows] == [(r["rank"], r["msg_bytes"]) for r in expected]
+    listed = api.get(f"/runs/{HARNESS_RUN}/calls", params={
+        "bin": bin_["key"], "scheme": "dp", "op": first["op"], "dtype": first["dtype"], "limit": 1000}).json()
+    assert [(int(r[0]), int(r[3]), int(r[6])) for r in rows] == [(r["rank"], r["msg_bytes"], r["iteration"])
+                                                                 for r in listed["items"]]
+    # the bar's calls: its value per rank per iteration times ranks and iterations
+    iters = set(h["iterations"]["iterations"].values())
+    assert len(iters) == 1 and len(rows) == round(first["calls"][k] * h["n_ranks"] * iters.pop())
+    assert all(bin_["lo"] <= int(r[3]) < bin_["hi"] for r in rows)
     assert parse_qs(urlsplit(page.url).query)["sel"] == [f"dp:{first['op']}:{first['dtype']}:{bin_['key']}"]
     tab.shot("histograms-selected")
+
+
+def test_a_bar_of_an_nccl_log_iteration_lists_its_calls(tab: Tab, api: httpx.Client, store: dict[str, Any]) -> None:
+    """NCCL logs have detected iterations, no profiler steps: step 2 of the page is the third iteration."""
+    api.post("/runs", json={"name": "iters"})
+    log = store["data"] / UPLOAD_LOG
+    job = api.post("/runs/iters/files", files={"files": (log.name, log.read_bytes())}).json()
+    deadline = time.monotonic() + 60
+    while api.get(f"/jobs/{job['job_id']}").json()["state"] in ("queued", "running"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    h = api.get("/runs/iters/histograms", params={"step": 2}).json()
+    [s] = h["series"]
+    k = next(i for i, v in enumerate(s["calls"]) if v)
+    sel = f"{s['scheme'] or '-'}:{s['op']}:{s['dtype'] or ''}:{h['bins'][k]['key']}"
+    page = tab.open(f"/runs/iters/histograms?step=2&sel={sel}")
+    page.wait_for_selector("#hg-calls-table")
+    rows = tab.cells("hg-calls-table")
+    assert [(r[1], int(r[3]), int(r[6]), r[10]) for r in rows] == [("all_reduce", 128 << 20, 2, log.name)]
+    assert h["bins"][k]["label"] in page.inner_text("#hg-calls-title")
 
 
 def test_predicted_ranks_topology_compare_equal_the_api(tab: Tab, api: httpx.Client) -> None:
@@ -372,11 +396,11 @@ def test_upload_through_the_page(tab: Tab, api: httpx.Client, store: dict[str, A
     page.wait_for_selector("#runs a.run-link:text-is('uploaded')")
     tab.shot("runs-uploaded")
     # a file of no known format is refused whole, and the page says so
-    junk = store["tmp"] / "notes.txt"
-    junk.write_text("just some notes, not a trace\n")
+    junk = store["tmp"] / "picture.png"
+    junk.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
     page.set_input_files("#up-files input[type=file]", [str(junk)])
     page.wait_for_selector("#up-msg .msg-error")
-    assert "notes.txt" in page.inner_text("#up-msg")
+    assert "picture.png" in page.inner_text("#up-msg")
 
 
 def test_review_comment_persists_and_a_second_user_sees_it(browser: Any, server: str, store: dict[str, Any],

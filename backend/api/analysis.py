@@ -12,9 +12,10 @@ from commlens.backend import attribution
 from commlens.backend.bandwidth import bandwidth
 from commlens.backend.compare import Comparison, compare
 from commlens.backend.findings import findings
-from commlens.backend.histograms import histogram
+from commlens.backend.histograms import bar_calls, histogram
+from commlens.backend.models import BarCalls
 from commlens.backend.iterations import UnknownRunError, assign_iterations, run_id_of
-from commlens.backend.models import AttributionSummary, BandwidthReport, Finding, GroupAttribution, Histogram, IterationInfo, RankTotals
+from commlens.backend.models import BandwidthReport, Finding, GroupAttribution, Histogram, IterationInfo, RankTotals
 from commlens.backend.predict import Prediction, PredictInput, predict
 from commlens.backend.predict_harness import input_from_run_config
 from commlens.backend.ranks import rank_totals
@@ -22,7 +23,7 @@ from commlens.backend.ranks import rank_totals
 from .db import retry_conflicts, transaction
 from .deps import Cursor, Limit, Offset, Writer, next_offset
 from .errors import ApiError, problem_responses
-from .models import GroupOverride, Op, Page, ReviewItem, RunComparison, RunsComparison, TopologyRows
+from .models import GroupOverride, GroupsPage, Op, Page, ReviewItem, RunComparison, RunsComparison, TopologyRows
 from .review import create_item
 from .runs import config_kind
 
@@ -46,11 +47,15 @@ def analysis_errors() -> Iterator[None]:
 # ---------------------------------------------------------------------------------- attribution
 
 
-@router.get("/runs/{run}/groups", response_model=AttributionSummary, responses=problem_responses(404),
-            summary="Process groups / communicators with their scheme and the reason for it")
-def groups(run: str, cur: Cursor) -> AttributionSummary:
+@router.get("/runs/{run}/groups", response_model=GroupsPage, responses=problem_responses(404),
+            summary="Process groups / communicators with their scheme and the reason for it, paginated")
+def groups(run: str, cur: Cursor, limit: Limit = 100, offset: Offset = 0) -> GroupsPage:
     with analysis_errors():
-        return attribution.attribution_summary(cur, run)
+        s = attribution.attribution_summary(cur, run)
+    total = len(s.groups)
+    return GroupsPage(run=s.run, items=s.groups[offset:offset + limit], total=total, limit=limit, offset=offset,
+                      next_offset=next_offset(offset, limit, total), unattributed_events=s.unattributed_events,
+                      events_by_scheme=s.events_by_scheme)
 
 
 @router.patch("/runs/{run}/groups/{group_key:path}", response_model=GroupAttribution,
@@ -87,6 +92,26 @@ def histograms(
     with analysis_errors():
         return histogram(cur, run, scheme=scheme, op=op, dtype=dtype, rank=rank, step=step, weight=weight,
                          normalize=normalize)
+
+
+@router.get("/runs/{run}/calls", response_model=BarCalls, responses=problem_responses(404, 422),
+            summary="The calls of a histogram bar (same filters as /histograms plus the bin), paginated")
+def calls(
+    run: str, cur: Cursor, limit: Limit = 100, offset: Offset = 0,
+    bin: Annotated[str | None, Query(max_length=16, pattern=r"^(zero|unknown|2\^\d{1,2})$",
+                                     description="the bar's bin key ('zero', 'unknown', '2^k'); absent: every size")] = None,
+    scheme: Annotated[Scheme | Literal["unattributed"] | None,
+                      Query(description="'unattributed': calls without a scheme")] = None,
+    op: Annotated[Op | None, Query()] = None,
+    dtype: Annotated[str | None, Query(max_length=32, description="'unknown': calls without a dtype")] = None,
+    rank: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
+    step: Annotated[int | None, Query(ge=-(2**31), le=2**31 - 1, description="profiler step, or detected iteration")] = None,
+    normalize: Annotated[bool, Query(description="as the histogram: only calls inside complete iterations when "
+                                                 "iterations are known")] = True,
+) -> BarCalls:
+    with analysis_errors():
+        return bar_calls(cur, run, bin=bin, scheme=scheme, op=op, dtype=dtype, rank=rank, step=step,
+                         normalize=normalize, limit=limit, offset=offset)
 
 
 @router.get("/runs/{run}/iterations", response_model=IterationInfo, responses=problem_responses(404))
@@ -179,11 +204,9 @@ def run_predict_input(cur: Cursor, run: str) -> PredictInput | None:
 
 
 def run_compare(cur: Cursor, run: str, supplied: PredictInput | None = None) -> Comparison:
-    """compare() with the run's own config: a harness run.json is read by compare itself (config_source
-    'run'); a stored predictor input is handed over (it cannot read one)."""
-    config, kind = _stored_config(cur, run)
-    if supplied is None and kind == "predict_input":
-        supplied = config
+    """compare() with the run's own config (a harness run.json or a predictor input, which compare reads
+    itself) or the supplied one; an unusable stored config is a 422 here, before any work."""
+    config, _ = _stored_config(cur, run)
     for c in (supplied, config):
         if c is not None:
             check_predict_size(c)

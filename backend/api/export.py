@@ -133,7 +133,9 @@ def export_run(
     op: Annotated[Op | None, Query()] = None,
     dtype: Annotated[str | None, Query(max_length=32)] = None,
     rank: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
-    step: Annotated[int | None, Query(ge=-(2**31), le=2**31 - 1)] = None,
+    step: Annotated[int | None, Query(ge=-(2**31), le=2**31 - 1, description=(
+        "the comms.step column (profiler step); for detected iterations of NCCL logs, and for a histogram "
+        "bar's calls, use GET /api/runs/{run}/calls"))] = None,
 ) -> StreamingResponse:
     run_id_of(cur, run)  # 404 before the stream starts
     sql, params = export_query(run, {"scheme": scheme, "op": op, "dtype": dtype, "rank": rank, "step": step})

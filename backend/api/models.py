@@ -8,11 +8,12 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from commlens.backend.compare import Comparison
-from commlens.backend.models import Scheme
+from commlens.backend.models import GroupAttribution, Scheme
 
 T = TypeVar("T")
 
 RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+@=-]{0,127}$"
+MAX_RANK = 2**31 - 1  # ranks are INTEGER in the store
 TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:+@=/-]{0,63}$"
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "gather", "scatter",
              "send", "recv", "barrier"]
@@ -159,6 +160,14 @@ class JobOut(BaseModel):
 # ------------------------------------------------------------------------------------ groups
 
 
+class GroupsPage(Page[GroupAttribution]):
+    """A page of the run's process groups with their scheme, and the run's calls per scheme."""
+
+    run: str
+    unattributed_events: int  # calls with no group: no scheme can be given to them
+    events_by_scheme: dict[str, int]
+
+
 class GroupOverride(_Strict):
     scheme: Scheme | None = Field(description="the scheme to pin; null drops the override and attributes again")
     reason: str | None = Field(None, max_length=2000, description="what you know that the traces do not say")
@@ -174,7 +183,7 @@ class Anchor(_Strict):
     scheme: Scheme | None = None
     op: Op | None = None
     bin: str | None = Field(None, max_length=16, pattern=r"^(zero|unknown|2\^\d{1,2})$")
-    rank: int | None = Field(None, ge=0)
+    rank: int | None = Field(None, ge=0, le=MAX_RANK)
     free: str | None = Field(None, max_length=500, description="anything else that locates the item")
 
 
@@ -202,7 +211,9 @@ class ReviewItem(BaseModel):
     finding: str | None
     created_at: datetime
     updated_at: datetime
-    replies: list["ReviewItem"] = []
+    replies: list["ReviewItem"] = Field(default_factory=list, description="the first replies, oldest first (at most 50); "
+                                        "GET /api/review/{item_id}/replies pages through all of them")
+    replies_total: int = 0
 
 
 # ------------------------------------------------------------------------------------- users

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import duckdb
 from fastapi import APIRouter, Query, Response
+from pydantic import ValidationError
 
 from commlens.backend.iterations import run_id_of
 
@@ -16,18 +17,47 @@ from .db import transaction
 from .deps import Cursor, Limit, Offset, Writer, next_offset
 from .errors import ApiError, problem_responses
 from .markdown import render
-from .models import Anchor, Op, Page, ReviewCreate, ReviewItem, ReviewUpdate
+from .models import MAX_RANK, Anchor, Op, Page, ReviewCreate, ReviewItem, ReviewUpdate
 
 router = APIRouter(tags=["review"])
 
 _COLS = "i.item_id, r.name, i.parent_id, i.author, i.body, i.status, i.anchor, i.finding, i.created_at, i.updated_at"
+INLINE_REPLIES = 50  # replies shown inside an item; GET /review/{id}/replies pages through all
+
+
+def _anchor(raw: Any) -> Anchor | None:
+    """The stored anchor; fields that no longer validate (stored before a bound existed) are dropped."""
+    anchor = json.loads(raw) if isinstance(raw, str) else raw
+    if not isinstance(anchor, dict) or not anchor:
+        return None
+    try:
+        return Anchor.model_validate(anchor)
+    except ValidationError as exc:
+        bad = {e["loc"][0] for e in exc.errors() if e["loc"]}
+        return Anchor.model_validate({k: v for k, v in anchor.items() if k not in bad})
 
 
 def _item(row: tuple) -> ReviewItem:
-    anchor = json.loads(row[6]) if isinstance(row[6], str) else row[6]
     return ReviewItem(item_id=row[0], run=row[1], parent_id=row[2], author=row[3], body=row[4], body_html=render(row[4]),
-                      status=row[5], anchor=Anchor(**anchor) if anchor else None, finding=row[7], created_at=row[8],
-                      updated_at=row[9])
+                      status=row[5], anchor=_anchor(row[6]), finding=row[7], created_at=row[8], updated_at=row[9])
+
+
+def _with_replies(cur: duckdb.DuckDBPyConnection, items: list[ReviewItem]) -> list[ReviewItem]:
+    """Each item's first INLINE_REPLIES replies (oldest first) and its number of replies."""
+    if not items:
+        return items
+    rows = cur.execute(
+        f"""SELECT * FROM (
+                SELECT {_COLS}, row_number() OVER w AS nth, count(*) OVER (PARTITION BY i.parent_id) AS n
+                FROM review_items i JOIN runs r USING (run_id) WHERE list_contains(?, i.parent_id)
+                WINDOW w AS (PARTITION BY i.parent_id ORDER BY i.item_id))
+            WHERE nth <= ? ORDER BY item_id""", [[i.item_id for i in items], INLINE_REPLIES]).fetchall()
+    by_parent = {i.item_id: i for i in items}
+    for r in rows:
+        parent = by_parent[r[2]]
+        parent.replies.append(_item(r))
+        parent.replies_total = r[-1]
+    return items
 
 
 def get_item(cur: duckdb.DuckDBPyConnection, item_id: int, with_replies: bool = True) -> ReviewItem:
@@ -36,11 +66,7 @@ def get_item(cur: duckdb.DuckDBPyConnection, item_id: int, with_replies: bool = 
     if row is None:
         raise ApiError(404, f"no review item {item_id}", "unknown-review-item")
     item = _item(row)
-    if with_replies:
-        item.replies = [_item(r) for r in cur.execute(
-            f"SELECT {_COLS} FROM review_items i JOIN runs r USING (run_id) WHERE i.parent_id = ? ORDER BY i.item_id",
-            [item_id]).fetchall()]
-    return item
+    return _with_replies(cur, [item])[0] if with_replies else item
 
 
 def create_item(cur: duckdb.DuckDBPyConnection, run: str, author: str, body: str, anchor: Anchor | None,
@@ -70,7 +96,7 @@ def list_items(
     view: Annotated[str | None, Query(max_length=64)] = None,
     scheme: Annotated[str | None, Query(pattern="^(dp|tp|pp|cp|ep|other)$")] = None,
     op: Annotated[Op | None, Query()] = None,
-    rank: Annotated[int | None, Query(ge=0)] = None,
+    rank: Annotated[int | None, Query(ge=0, le=MAX_RANK)] = None,
     finding: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Page[ReviewItem]:
     run_id = run_id_of(cur, run)
@@ -83,7 +109,7 @@ def list_items(
             conditions.append(f"json_extract_string(i.anchor, '$.{key}') = ?")  # key from the fixed tuple above
             params.append(value)
     if rank is not None:
-        conditions.append("CAST(json_extract(i.anchor, '$.rank') AS BIGINT) = ?")
+        conditions.append("TRY_CAST(json_extract(i.anchor, '$.rank') AS BIGINT) = ?")
         params.append(rank)
     if finding is not None:
         conditions.append("i.finding = ?")
@@ -92,15 +118,19 @@ def list_items(
     total = cur.execute(f"SELECT count(*) FROM review_items i {where}", params).fetchone()[0]
     rows = cur.execute(f"SELECT {_COLS} FROM review_items i JOIN runs r USING (run_id) {where} "
                        "ORDER BY i.created_at DESC, i.item_id DESC LIMIT ? OFFSET ?", params + [limit, offset]).fetchall()
-    items = [_item(r) for r in rows]
-    if items:
-        replies: dict[int, list[ReviewItem]] = {}
-        for r in cur.execute(f"SELECT {_COLS} FROM review_items i JOIN runs r USING (run_id) "
-                             "WHERE list_contains(?, i.parent_id) ORDER BY i.item_id", [[i.item_id for i in items]]).fetchall():
-            replies.setdefault(r[2], []).append(_item(r))
-        for i in items:
-            i.replies = replies.get(i.item_id, [])
+    items = _with_replies(cur, [_item(r) for r in rows])
     return Page[ReviewItem](items=items, total=total, limit=limit, offset=offset, next_offset=next_offset(offset, limit, total))
+
+
+@router.get("/review/{item_id}/replies", response_model=Page[ReviewItem], responses=problem_responses(404),
+            summary="The replies to a review item, oldest first")
+def list_replies(item_id: int, cur: Cursor, limit: Limit = 50, offset: Offset = 0) -> Page[ReviewItem]:
+    get_item(cur, item_id, with_replies=False)  # 404 for an unknown item
+    total = cur.execute("SELECT count(*) FROM review_items WHERE parent_id = ?", [item_id]).fetchone()[0]
+    rows = cur.execute(f"SELECT {_COLS} FROM review_items i JOIN runs r USING (run_id) WHERE i.parent_id = ? "
+                       "ORDER BY i.item_id LIMIT ? OFFSET ?", [item_id, limit, offset]).fetchall()
+    return Page[ReviewItem](items=[_item(r) for r in rows], total=total, limit=limit, offset=offset,
+                            next_offset=next_offset(offset, limit, total))
 
 
 @router.post("/runs/{run}/review", response_model=ReviewItem, status_code=201, responses=problem_responses(401, 404, 422))

@@ -120,10 +120,11 @@ def run_detail(cur: duckdb.DuckDBPyConnection, name: str) -> RunDetail:
     run_id = row["run_id"]
     aggregates.ensure_fresh(cur, run_id)
     # The run's aggregates when they are up to date; the calls themselves while an ingest job writes.
-    table, count = ("comm_agg", "sum(calls)") if aggregates.is_fresh(cur, run_id) else ("comm_events", "count(*)")
+    fresh = aggregates.is_fresh(cur, run_id)
+    table, count, where = ("comm_agg", "sum(calls)", "") if fresh else ("comm_events", "count(*)", " AND counted")
     ops = {op: int(n) for op, n in cur.execute(
-        f"SELECT op, {count} FROM {table} WHERE run_id = ? GROUP BY op ORDER BY op", [run_id]).fetchall()}
-    ranks = cur.execute(f"SELECT count(DISTINCT rank) FROM {table} WHERE run_id = ?", [run_id]).fetchone()[0]
+        f"SELECT op, {count} FROM {table} WHERE run_id = ?{where} GROUP BY op ORDER BY op", [run_id]).fetchall()}
+    ranks = cur.execute(f"SELECT count(DISTINCT rank) FROM {table} WHERE run_id = ?{where}", [run_id]).fetchone()[0]
     return RunDetail(**row, ranks=ranks, ops=ops)
 
 
@@ -211,7 +212,7 @@ def create_run(body: RunCreate, cur: Cursor, _: Writer, response: Response) -> R
 
 
 @router.patch("/runs/{run}", response_model=RunDetail, responses=problem_responses(401, 404, 409, 422))
-def update_run(run: str, body: RunUpdate, cur: Cursor, _: Writer) -> RunDetail:
+def update_run(run: str, body: RunUpdate, cur: Cursor, ctx: Ctx, _: Writer) -> RunDetail:
     fields = body.model_fields_set
     sets: list[str] = []
     params: list[Any] = []
@@ -240,14 +241,26 @@ def update_run(run: str, body: RunUpdate, cur: Cursor, _: Writer) -> RunDetail:
 
     def update(c: duckdb.DuckDBPyConnection) -> None:
         run_id = run_id_of(c, run)
-        if new_name != run and c.execute("SELECT 1 FROM runs WHERE name = ?", [new_name]).fetchone():
-            raise ApiError(409, f"a run named {new_name!r} exists already", "run-exists")
+        if new_name != run:
+            if c.execute("SELECT 1 FROM runs WHERE name = ?", [new_name]).fetchone():
+                raise ApiError(409, f"a run named {new_name!r} exists already", "run-exists")
+            busy(c, run, run_id, "rename")  # queued uploads find their run by name
         if sets:
             c.execute(f"UPDATE runs SET {', '.join(sets)}, updated_at = current_timestamp WHERE run_id = ?",
                       params + [run_id])
 
-    transaction(cur, update)
+    with ctx.worker.run_lock:  # no job may be created on this run while it is renamed
+        transaction(cur, update)
     return run_detail(cur, new_name)  # type: ignore[arg-type]
+
+
+def busy(c: duckdb.DuckDBPyConnection, run: str, run_id: int, action: str) -> None:
+    """409 while the run has ingest jobs queued or running."""
+    active = c.execute("SELECT job_id FROM jobs WHERE run_id = ? AND state IN ('queued', 'running') ORDER BY created_at",
+                       [run_id]).fetchall()
+    if active:
+        raise ApiError(409, f"run {run!r} has ingest jobs in progress ({', '.join(j[0] for j in active)}); "
+                       f"{action} it when they are done (GET /api/jobs/{{job_id}} shows their state)", "run-busy")
 
 
 RUN_TABLES = ("comm_events", "steps", "nccl_comms", "nccl_topology", "nccl_tuning", "process_groups", "review_items",
@@ -258,10 +271,7 @@ RUN_TABLES = ("comm_events", "steps", "nccl_comms", "nccl_topology", "nccl_tunin
 def delete_run(run: str, cur: Cursor, ctx: Ctx, _: Admin) -> Response:
     def delete(c: duckdb.DuckDBPyConnection) -> None:
         run_id = run_id_of(c, run)
-        active = c.execute("SELECT job_id FROM jobs WHERE run_id = ? AND state IN ('queued', 'running')", [run_id]).fetchall()
-        if active:
-            raise ApiError(409, f"run {run!r} has ingest jobs in progress ({', '.join(j[0] for j in active)}); "
-                           "delete it when they are done (GET /api/jobs/{id})", "run-busy")
+        busy(c, run, run_id, "delete")
         for table in RUN_TABLES:  # fixed names, not user input
             c.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
         c.execute("DELETE FROM runs WHERE run_id = ?", [run_id])

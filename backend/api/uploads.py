@@ -316,7 +316,8 @@ def _create_job(ctx: Any, job_id: str, run: str, manifest: Manifest) -> JobOut:
     with ctx.worker.run_lock, ctx.db.session() as cur:
         run_id = store.get_run_id(cur, run)
         if run_id is None:
-            raise ApiError(404, f"run {run!r} was deleted during the upload", "unknown-run")
+            raise ApiError(404, f"run {run!r} was deleted or renamed during the upload; nothing of it was queued",
+                           "unknown-run")
         cur.execute(
             "INSERT INTO jobs (job_id, run_id, state, files_total, bytes_total, results) VALUES (?, ?, 'queued', ?, ?, '[]')",
             [job_id, run_id, len(manifest.files), sum(f.size for f in manifest.files)],

@@ -15,7 +15,6 @@ import pytest
 
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread
-from commlens.backend.histograms import histogram
 from commlens.frontend.client import ApiClient, ApiProblem, _problem
 from commlens.frontend.safe_html import safe_href, to_components
 from commlens.backend.attribution import attribute_run, attribution_summary

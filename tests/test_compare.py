@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
-import pytest
 
-from commlens.backend.attribution import attribute_run
 from commlens.backend.compare import compare
 from commlens.backend.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
 from commlens.backend.report import build_report, render_markdown
-from commlens.ingest.pipeline import ingest_paths
 
 RESNET50_PARAMS = 25_557_032
 
@@ -22,14 +18,6 @@ def _resnet_ddp(implementation: str = "fsdp") -> PredictInput:
         dtypes=DtypeSpec(act="float32", grad="float32", param="float32"),
         implementation=implementation,  # type: ignore[arg-type]
     )
-
-
-@pytest.fixture
-def resnet(con, data_dir: Path):
-    summary = ingest_paths(con, [data_dir / "kineto-hta/nccl_parser_config/nccl_data.json.gz"], "resnet")
-    assert not summary.failed
-    attribute_run(con, "resnet")
-    return con
 
 
 def test_resnet50_ddp_trace_against_a_ddp_prediction(resnet) -> None:

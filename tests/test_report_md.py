@@ -3,27 +3,16 @@ check in a comparison, and findings from a supplied config."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
-import pytest
 
 from commlens.backend.attribution import attribute_run
 from commlens.backend.compare import compare
 from commlens.backend.findings import findings
 from commlens.backend.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
 from commlens.backend.report import build_report, render_markdown
-from commlens.ingest.pipeline import ingest_paths
 from synthetic import write_rows as write
 
 RESNET50_PARAMS = 25_557_032
-
-
-@pytest.fixture
-def resnet(con, data_dir: Path):
-    summary = ingest_paths(con, [data_dir / "kineto-hta/nccl_parser_config/nccl_data.json.gz"], "resnet")
-    assert not summary.failed
-    attribute_run(con, "resnet")
-    return con
 
 
 def test_markdown_histogram_and_bandwidth_on_a_real_ddp_trace(resnet) -> None:

@@ -460,7 +460,7 @@ def test_foreign_prefixes_and_line_endings():
 def test_garbled_lines_recover_what_parses_and_count_the_rest():
     lines = [
         "# header line naming the issue, mentions NCCL INFO and opCount",
-        f"h1:11:12 [0] NCCL INFO comm 0xc1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE",
+        "h1:11:12 [0] NCCL INFO comm 0xc1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE",
         # a COLL line cut by another writer's line
         "h1:11:12 [0] NCCL INFO AllReduce: opCount 4 sendbuff 0x1 recvbuff 0x2 count 1h1:11:13 [0] NCCL INFO "
         + OK_COLL.replace("opCount 3", "opCount 5"),
@@ -531,7 +531,7 @@ def test_fast_and_line_paths_give_the_same_rows():
 
     names = [("AllReduce", 7), ("AllGather", 9), ("ReduceScatter", 6), ("Broadcast", 4), ("Reduce", 8),
              ("Send", 0), ("Recv", 1), ("AlltoAll", 7), ("Gather", 10), ("Scatter", 11)]
-    text = [f"h1:11:12 [0] NCCL INFO " + _coll(n, i, 100 + i, dt, i % 3, "0xc1", 3) for i, (n, dt) in enumerate(names)]
+    text = ["h1:11:12 [0] NCCL INFO " + _coll(n, i, 100 + i, dt, i % 3, "0xc1", 3) for i, (n, dt) in enumerate(names)]
     fast = _Parser("t", RankHint())
     fast.block("\n".join(text).encode(), 1)
     slow = _Parser("t", RankHint())

@@ -155,6 +155,15 @@ class Tab:
             "&& document.querySelectorAll('[data-dash-is-loading=\"true\"]').length === 0", timeout=timeout)
         self.page.wait_for_load_state("networkidle")
 
+    def wait_for_query(self, timeout: float = 30_000, **want: str) -> None:
+        """The URL's query holds these values (none at all when called without any): the URL is written by
+        a server callback that no loading marker covers, so `idle` alone can return before it lands."""
+        self.page.wait_for_function(
+            "(want) => { const q = new URLSearchParams(location.search);"
+            " const keys = Object.keys(want);"
+            " return keys.length ? keys.every((k) => q.get(k) === want[k]) : location.search === ''; }",
+            arg=want, timeout=timeout)
+
     def shot(self, name: str) -> None:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
@@ -299,6 +308,7 @@ def test_histogram_bars_equal_the_api_and_a_click_lists_the_calls(tab: Tab, api:
     iters = set(h["iterations"]["iterations"].values())
     assert len(iters) == 1 and len(rows) == round(first["calls"][k] * h["n_ranks"] * iters.pop())
     assert all(bin_["lo"] <= int(r[3]) < bin_["hi"] for r in rows)
+    tab.wait_for_query(sel=f"dp:{first['op']}:{first['dtype']}:{bin_['key']}")
     assert parse_qs(urlsplit(page.url).query)["sel"] == [f"dp:{first['op']}:{first['dtype']}:{bin_['key']}"]
     tab.shot("histograms-selected")
 
@@ -338,6 +348,7 @@ def test_predicted_ranks_topology_compare_equal_the_api(tab: Tab, api: httpx.Cli
     page.click("#wi-go")
     page.wait_for_selector("#wi-totals .js-plotly-plot")
     tab.idle()
+    tab.wait_for_query(w_dp="8", w_layers="4")
     q = parse_qs(urlsplit(page.url).query)
     assert q["w_dp"] == ["8"] and q["w_layers"] == ["4"]
     config = api.get(f"/runs/{HARNESS_RUN}").json()["config"]
@@ -458,9 +469,11 @@ def test_a_copied_url_reproduces_the_view(tab: Tab, browser: Any, server: str) -
     page = tab.open(f"/runs/{HARNESS_RUN}/histograms")
     page.click("#hg-weight label:has-text('bytes')")
     tab.idle()
+    tab.wait_for_query(weight="bytes")  # its own history entry before the next change (Back is tested below)
     page.locator("#hg-scheme").click()
     page.get_by_role("option", name="dp", exact=True).click()
     tab.idle()
+    tab.wait_for_query(scheme="dp", weight="bytes")
     q = parse_qs(urlsplit(page.url).query)
     assert q == {"scheme": ["dp"], "weight": ["bytes"]}, page.url
     graph = pattern_id(type="hg-graph", scheme="dp")
@@ -482,6 +495,7 @@ def test_a_copied_url_reproduces_the_view(tab: Tab, browser: Any, server: str) -
     tab.idle()
     page.go_back()
     tab.idle()
+    tab.wait_for_query()
     assert urlsplit(page.url).query == ""
     assert not page.locator("#hg-weight input[value=bytes]").is_checked()
 

@@ -5,9 +5,8 @@ Chromium at 1366x768 and writes docs/screenshots/<page>.png.
 
     python scripts/screenshots.py [--db commlens.duckdb] [--out docs/screenshots]
 
-Before serving, groups not yet attributed are attributed (as `commlens report` does), because
-`commlens ingest` leaves that to the report and to uploads through the API; and zero3's top finding
-is promoted to a review item so the review page has one.
+Before serving, zero3's top finding is promoted to a review item so the review page has one (the
+runs' schemes were attributed when `make demo` ingested them).
 """
 
 from __future__ import annotations
@@ -37,19 +36,12 @@ PAGES = [
 ]
 
 
-def attribute_all(db: Path) -> list[str]:
-    from commlens.backend.attribution import attribute_run
+def run_names(db: Path) -> list[str]:
     from commlens.ingest import store
 
     con = store.connect(db)
     try:
-        runs = [r[0] for r in con.execute("SELECT name FROM runs ORDER BY name").fetchall()]
-        for run in runs:
-            pending = con.execute("SELECT count(*) FROM process_groups g JOIN runs r USING (run_id) "
-                                  "WHERE r.name = ? AND g.scheme_source IS NULL", [run]).fetchone()[0]
-            if pending:
-                attribute_run(con, run)
-        return runs
+        return [r[0] for r in con.execute("SELECT name FROM runs ORDER BY name").fetchall()]
     finally:
         con.close()
 
@@ -90,7 +82,7 @@ def main() -> None:
     args = p.parse_args()
     if not args.db.exists():
         raise SystemExit(f"no store at {args.db}: run `make demo` first")
-    runs = set(attribute_all(args.db))
+    runs = set(run_names(args.db))
     args.out.mkdir(parents=True, exist_ok=True)
     proc, url = serve(args.db, args.out.parent / ".screenshots-serve.log")
     from playwright.sync_api import sync_playwright

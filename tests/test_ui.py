@@ -75,13 +75,10 @@ def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     _cli("harness", "--out", str(tmp / HARNESS_RUN), "--dp", "2", "--layers", "2", "--hidden", "32", "--heads", "4",
          "--vocab", "64", "--seq-len", "16", "--device", "cpu", "--ingest", "--db", str(db))
     from commlens.backend.api.auth import add_user
-    from commlens.backend.attribution import attribute_run
     from commlens.ingest import store as store_mod
 
-    con = store_mod.connect(db)
+    con = store_mod.connect(db)  # `commlens ingest` and `harness --ingest` attributed the runs' schemes
     try:
-        for run in ("hta", "nccl", HARNESS_RUN):
-            attribute_run(con, run)  # `commlens ingest` leaves attribution to `report` and the API's uploads
         tokens = {name: add_user(con, name) for name in ("alice", "bob")}
     finally:
         con.close()

@@ -33,7 +33,6 @@ def safe_href(href: str) -> bool:
     return href.startswith("/") and not href.startswith(("//", "/\\"))
 
 
-
 class _Builder(HTMLParser):
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)

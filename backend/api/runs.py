@@ -13,6 +13,7 @@ from commlens.backend.iterations import UnknownRunError, run_id_of
 from commlens.backend.predict import PredictInput
 from commlens.ingest import aggregates
 from commlens.ingest.aggregates import AGG_TABLES
+from commlens.ingest.store import TRACE_TABLES
 from commlens.runconfig import RunConfig
 
 from .db import transaction
@@ -263,8 +264,7 @@ def busy(c: duckdb.DuckDBPyConnection, run: str, run_id: int, action: str) -> No
                        f"{action} it when they are done (GET /api/jobs/{{job_id}} shows their state)", "run-busy")
 
 
-RUN_TABLES = ("comm_events", "steps", "nccl_comms", "nccl_topology", "nccl_tuning", "process_groups", "review_items",
-              "sources", "jobs", *AGG_TABLES)
+RUN_TABLES = (*TRACE_TABLES, "process_groups", "review_items", "sources", "jobs", *AGG_TABLES)
 
 
 @router.delete("/runs/{run}", status_code=204, responses=problem_responses(401, 403, 404, 409))

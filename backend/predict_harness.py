@@ -9,7 +9,6 @@ calls. A difference between this and a harness trace is a bug in one of them.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from commlens.runconfig import RunConfig
 from commlens.vocab import DTYPE_BYTES
@@ -208,60 +207,30 @@ def _dp_sync(p: ParallelSpec) -> str:
     return f"zero{p.zero}"
 
 
-# Predictor fields a run.json may carry that RunConfig does not declare (yet): read when present.
-_OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {
-    "model": ("kv_heads", "vocab_divisible_by"),
-    "parallel": ("cp", "recompute", "virtual_stages"),
-    "buckets": ("megatron_bucket_params", "deepspeed_reduce_bucket_elems", "deepspeed_allgather_bucket_elems"),
-}
-
-
-def _split_optional(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """The run.json without the optional predictor fields RunConfig does not declare, and those fields."""
-    raw = dict(raw)
-    extra: dict[str, dict[str, Any]] = {}
-    for section, names in _OPTIONAL_FIELDS.items():
-        declared = RunConfig.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
-        sub = raw.get(section)
-        if not isinstance(sub, dict):
-            continue
-        sub = dict(sub)
-        extra[section] = {n: sub.pop(n) for n in names if n not in declared and n in sub}
-        raw[section] = sub
-    return raw, extra
-
-
 def input_from_run_config(cfg: RunConfig | dict) -> PredictInput:
     """The predictor input for a harness run.json (or any RunConfig-shaped config): its implementation,
-    model, parallel layout, dtypes and buckets, the optional fields of _OPTIONAL_FIELDS when present,
-    and its recorded parameter counts (checked against the prediction's)."""
-    extra: dict[str, dict[str, Any]] = {}
+    model, parallel layout, dtypes and buckets, and its recorded parameter counts (checked against the
+    prediction's). Bucket sizes the config leaves unset keep the predictor's defaults."""
     if isinstance(cfg, dict):
-        raw, extra = _split_optional(cfg)
-        cfg = RunConfig.model_validate(raw)
+        cfg = RunConfig.model_validate(cfg)
     if cfg.implementation not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation {cfg.implementation!r}; one of {', '.join(IMPLEMENTATIONS)}")
     m, p, bk = cfg.model, cfg.parallel, cfg.buckets
-
-    def present(section: str) -> dict[str, Any]:
-        """The section's optional fields the config carries (absent ones keep the predictor's defaults)."""
-        given = extra.get(section, {})
-        values = {n: given.get(n, getattr(getattr(cfg, section), n, None)) for n in _OPTIONAL_FIELDS[section]}
-        return {n: v for n, v in values.items() if v is not None}
-
+    framework_buckets = {n: getattr(bk, n) for n in ("megatron_bucket_params", "deepspeed_reduce_bucket_elems",
+                                                     "deepspeed_allgather_bucket_elems") if getattr(bk, n) is not None}
     per_rank = {r.rank: r.param_count for r in cfg.ranks if r.param_count is not None}
     recorded = RecordedParams(total=m.param_count, per_rank=per_rank) if m.param_count is not None or per_rank else None
     return PredictInput(
         model=ModelSpec(layers=m.layers, hidden=m.hidden, heads=m.heads, vocab=m.vocab, seq_len=m.seq_len,
                         ffn_hidden=m.ffn_hidden, tied_embeddings=m.tied_embeddings, learned_pos=m.learned_pos,
-                        **present("model")),
-        parallel=ParallelSpec(dp=p.dp, tp=p.tp, pp=p.pp, zero=p.zero, sp=p.sp, micro_batches=p.micro_batches,
-                              micro_batch_size=p.micro_batch_size, schedule=p.schedule,
-                              sync_every_micro_step=not p.ddp_no_sync, **present("parallel")),
+                        kv_heads=m.kv_heads, vocab_divisible_by=m.vocab_divisible_by),
+        parallel=ParallelSpec(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, zero=p.zero, sp=p.sp, micro_batches=p.micro_batches,
+                              micro_batch_size=p.micro_batch_size, schedule=p.schedule, recompute=p.recompute,
+                              virtual_stages=p.virtual_stages, sync_every_micro_step=not p.ddp_no_sync),
         dtypes=DtypeSpec(act=cfg.dtypes.act, grad=cfg.dtypes.grad, param=cfg.dtypes.param),
         buckets=BucketSpec(ddp_bucket_cap_mb=bk.ddp_bucket_cap_mb or 25.0,
                            ddp_first_bucket_bytes=bk.ddp_first_bucket_bytes or 2**20,
-                           zero_bucket_bytes=bk.zero_bucket_bytes, **present("buckets")),
+                           zero_bucket_bytes=bk.zero_bucket_bytes, **framework_buckets),
         implementation=cfg.implementation,  # type: ignore[arg-type]
         recorded_params=recorded,
     )

@@ -24,6 +24,8 @@ class ModelConfig(_Strict):
     tied_embeddings: bool = False
     learned_pos: bool = True
     param_count: int | None = None  # the real count of the built model (all ranks together)
+    kv_heads: int | None = Field(None, ge=1)  # grouped-query attention (not the harness's); default heads
+    vocab_divisible_by: int | None = Field(None, ge=1)  # Megatron's vocabulary padding multiple (not the harness's)
 
 
 class ParallelConfig(_Strict):
@@ -38,6 +40,10 @@ class ParallelConfig(_Strict):
     # how the dp group reduces gradients: ddp | allreduce | zero1 | zero2 | zero3 | none (dp = 1)
     dp_sync: str | None = None
     ddp_no_sync: bool = True  # accumulation micro-steps skip the DDP gradient sync
+    # Layouts other frameworks record and the predictor models (the harness has none of them):
+    cp: int = Field(1, ge=1)  # context parallelism
+    recompute: Literal["none", "selective", "full"] = "none"
+    virtual_stages: int = Field(1, ge=1)  # interleaved pipeline chunks per device
 
 
 class GroupConfig(_Strict):
@@ -58,6 +64,9 @@ class BucketConfig(_Strict):
     ddp_bucket_cap_mb: float | None = 25.0
     ddp_first_bucket_bytes: int | None = None
     zero_bucket_bytes: int | None = None  # None: not bucketed (one flat buffer, or one FSDP2 unit per block)
+    megatron_bucket_params: int | None = None  # Megatron DDP bucket (parameters)
+    deepspeed_reduce_bucket_elems: int | None = None
+    deepspeed_allgather_bucket_elems: int | None = None
 
 
 class ProfileConfig(_Strict):

@@ -109,7 +109,8 @@ def ingest_file(
         return FileOutcome(item.name, "failed", kind=kind, rank=result.rank, error=error, size=digest.size)
     try:
         store.write_result(con, run_id, item.name, sha, digest.size, result)  # rolled back whole on failure
-    except (duckdb.Error, OverflowError, ValueError, TypeError) as exc:  # pyarrow errors are ValueError/TypeError
+    except (duckdb.DataError, duckdb.IntegrityError, OverflowError, ValueError, TypeError) as exc:
+        # the file's values (pyarrow's errors are ValueError/TypeError); a store problem (I/O) still raises
         error = f"{item.name}: a value does not fit the store ({type(exc).__name__}: {_first_line(exc)})"
         store.record_failure(con, run_id, item.name, kind, sha, digest.size, error)
         return FileOutcome(item.name, "failed", kind=kind, error=error, size=digest.size)

@@ -41,7 +41,7 @@ install-test: install system-test-deps
 	$(BIN)/pip install -q -e ".[harness,test]"
 
 # The demo: fresh harness runs of four schemes on CPU (gloo), each ingested as a run named after its
-# directory, then the shared real traces, then a report. It rebuilds $(DB) and $(DEMO_OUT) from scratch.
+# directory, then three real jobs from the shared data (one run each), then a report. It rebuilds $(DB) and $(DEMO_OUT) from scratch.
 DEMO_OUT ?= demo-runs
 DEMO_MODEL ?= --layers 4 --hidden 128 --heads 4 --vocab 256 --seq-len 64 --micro-batch-size 2 --steps 4 --device cpu
 HARNESS = $(BIN)/commlens harness $(DEMO_MODEL) --ingest --db $(DB) --overwrite
@@ -52,9 +52,13 @@ demo: install
 	$(HARNESS) --out $(DEMO_OUT)/zero3 --dp 2 --zero 3
 	$(HARNESS) --out $(DEMO_OUT)/tp --tp 2 --sp
 	$(HARNESS) --out $(DEMO_OUT)/pp --pp 2 --micro-batches 4
-	@if [ -d "$(DATA)" ]; then $(BIN)/commlens ingest $(DATA) --db $(DB) --run shared-data; else echo "no $(DATA): skipping the shared real traces"; fi
+	@if [ -d "$(DATA)" ]; then \
+	  $(BIN)/commlens ingest $(DATA)/kineto-hta/nccl_parser_config --db $(DB) --run resnet50-ddp && \
+	  $(BIN)/commlens ingest $(DATA)/kineto-param/dlrm_kineto.tar.gz --db $(DB) --run dlrm && \
+	  $(BIN)/commlens ingest $(DATA)/nccl-logs --db $(DB) --run nccl-logs; \
+	else echo "no $(DATA): skipping the shared real traces"; fi
 	$(BIN)/commlens report --db $(DB) --run zero3
-	@echo "store: $(DB) (runs: ddp zero3 tp pp shared-data); the dashboard follows (Ctrl-C stops it)"
+	@echo "store: $(DB) (runs: ddp zero3 tp pp resnet50-ddp dlrm nccl-logs); the dashboard follows (Ctrl-C stops it)"
 	$(BIN)/commlens serve --db $(DB) --host 127.0.0.1 --port $(PORT)
 
 test: install-test

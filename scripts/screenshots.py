@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Screenshots of the dashboard's main pages from the demo store (`make demo` builds commlens.duckdb
-with the runs ddp, zero3, tp, pp and shared-data): starts `commlens serve` on it, opens each page in
+with the runs ddp, zero3, tp, pp, resnet50-ddp, dlrm and nccl-logs): starts `commlens serve` on it, opens each page in
 Chromium at 1366x768 and writes docs/screenshots/<page>.png.
 
     python scripts/screenshots.py [--db commlens.duckdb] [--out docs/screenshots]
@@ -29,8 +29,8 @@ PAGES = [
     ("overview", "/runs/zero3", "zero3", "#ov-volumes .js-plotly-plot"),
     ("histograms", "/runs/tp/histograms?weight=bytes", "tp", ".js-plotly-plot"),
     ("predicted", "/runs/pp/predicted?scheme=pp", "pp", "#pv-volumes .js-plotly-plot"),
-    ("ranks", "/runs/shared-data/ranks?basis=total", "shared-data", "#rk-heatmap .js-plotly-plot"),
-    ("topology", "/runs/shared-data/topology", "shared-data", "#tp-connections .js-plotly-plot"),
+    ("ranks", "/runs/dlrm/ranks?basis=total", "dlrm", "#rk-heatmap .js-plotly-plot"),
+    ("topology", "/runs/nccl-logs/topology", "nccl-logs", "#tp-connections .js-plotly-plot"),
     ("review", "/runs/zero3/review", "zero3", "#rv-content h2"),
     ("compare", "/compare?runs=ddp,zero3,tp,pp&weight=bytes", "ddp", "#cmp-volumes .js-plotly-plot"),
 ]

@@ -165,10 +165,18 @@ class Tab:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
-    def set_token(self, token: str) -> None:
+    def set_token(self, token: str, user: str) -> None:
+        """Use `token` and wait until the page acts as `user`."""
         self.page.fill("#token-input", token)
         self.page.click("#token-save")
-        self.page.wait_for_selector("#whoami-name")
+        self.wait_for_user(user)
+
+    def wait_for_user(self, user: str) -> None:
+        """The page says it acts as `user`: the whoami element shows the loopback user until the server
+        callback answers for the token, so its presence alone proves nothing (a timeout fails the test)."""
+        self.page.wait_for_function(
+            "(user) => { const e = document.querySelector('#whoami-name'); return e && e.innerText === user; }",
+            arg=user, timeout=30_000)
         self.idle()
 
     def figure_data(self, graph_dom_id: str) -> list[dict[str, Any]]:
@@ -417,7 +425,7 @@ def test_review_comment_persists_and_a_second_user_sees_it(browser: Any, server:
     try:
         view = f"/runs/{HARNESS_RUN}/histograms?scheme=dp&weight=bytes"
         page = alice.open(view)
-        alice.set_token(store["tokens"]["alice"])
+        alice.set_token(store["tokens"]["alice"], "alice")
         assert page.inner_text("#whoami-name") == "alice"
         page.click("#comment-box summary")
         body = "DP buckets look **right** <img src=x onerror=alert(1)><script>alert(2)</script>"
@@ -426,8 +434,7 @@ def test_review_comment_persists_and_a_second_user_sees_it(browser: Any, server:
         page.wait_for_selector("#comment-result .msg-ok")
         assert "added by alice" in page.inner_text("#comment-result")
         page.reload()
-        alice.idle()
-        assert page.inner_text("#whoami-name") == "alice"  # the token survives the reload (local storage)
+        alice.wait_for_user("alice")  # the token survives the reload (local storage)
         page = alice.open(f"/runs/{HARNESS_RUN}/review")
         item = page.locator(".review-item").first
         assert "alice" in item.inner_text()
@@ -439,7 +446,7 @@ def test_review_comment_persists_and_a_second_user_sees_it(browser: Any, server:
         alice.shot("review")
 
         page_b = bob.open(f"/runs/{HARNESS_RUN}/review")
-        bob.set_token(store["tokens"]["bob"])
+        bob.set_token(store["tokens"]["bob"], "bob")
         item_b = page_b.locator(".review-item").first
         assert "alice" in item_b.inner_text() and "right" in item_b.inner_text()
         item_b.locator("textarea").fill("Agreed, resolving.")

@@ -263,6 +263,7 @@ def test_runs_and_overview_show_the_api_numbers(tab: Tab, api: httpx.Client) -> 
     assert [int(r[5]) for r in rows] == [r["events"] for r in runs]  # calls column
     assert [int(r[2]) for r in rows] == [r["world_size"] for r in runs]
     page.click(f"text={HARNESS_RUN}")
+    page.wait_for_url(f"**/runs/{HARNESS_RUN}")
     tab.idle()
     assert urlsplit(page.url).path == f"/runs/{HARNESS_RUN}"
     comparison = api.get(f"/runs/{HARNESS_RUN}/comparison").json()

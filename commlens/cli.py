@@ -129,12 +129,19 @@ def serve(
     max_file_mb: float = typer.Option(4096, help="Largest uploaded file (MiB, as sent)."),
     max_request_mb: float = typer.Option(8192, help="Largest upload request (MiB)."),
     ui: bool = typer.Option(True, "--ui/--no-ui", help="Serve the dashboard at / (the API stays under /api)."),
+    admin_token: Optional[str] = typer.Option(
+        None, "--admin-token", envvar="COMMLENS_ADMIN_TOKEN", show_default=False,
+        help="Before serving, create (or update) the admin --admin-name with this token: a deployment's own "
+             "secret, best given as COMMLENS_ADMIN_TOKEN (docker-compose does)."),
+    admin_name: str = typer.Option("admin", "--admin-name", help="The admin that --admin-token belongs to."),
 ) -> None:
     """Serve the API under /api (OpenAPI docs at /docs) and the dashboard at /; own the store while running."""
     from commlens.backend.api import Settings, StartupRefused
     from commlens.backend.api.server import serve as run_server
     from commlens.ingest.store import StoreError
 
+    if admin_token is not None:
+        _ensure_admin(db, admin_name, admin_token)
     settings = Settings(db=db, host=host, port=port, insecure=insecure, max_file_bytes=int(max_file_mb * 2**20),
                         max_request_bytes=int(max_request_mb * 2**20))
     dashboard = None
@@ -147,6 +154,26 @@ def serve(
     except (StartupRefused, StoreError) as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
+
+
+def _ensure_admin(db: Path, name: str, token: str) -> None:
+    from commlens.backend.api.auth import ensure_admin
+    from commlens.ingest import store
+    from commlens.ingest.store import StoreError
+
+    try:
+        con = store.connect(db)
+    except StoreError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    try:
+        created = ensure_admin(con, name, token)
+    except ValueError as exc:
+        err_console.print(f"[red]error:[/red] --admin-token / COMMLENS_ADMIN_TOKEN: {exc}")
+        raise typer.Exit(2) from None
+    finally:
+        con.close()
+    err_console.print(f"admin {name!r} {'created' if created else 'updated'} with the given token")
 
 
 @app.command("ui")

@@ -70,3 +70,25 @@ def test_loopback_tokenless_is_the_local_admin_and_tokens_still_count(tmp_path: 
         bob = {"Authorization": f"Bearer {tokens['bob']}"}
         assert c.delete("/api/runs/mine", headers=bob).status_code == 403  # a token is who you are, even on loopback
         assert c.delete("/api/runs/mine").status_code == 204
+
+
+def test_a_deployments_admin_token(tmp_path: Path) -> None:
+    """COMMLENS_ADMIN_TOKEN (docker-compose): the admin is created, then updated, never duplicated; a short
+    token is refused before the server starts."""
+    from commlens.backend.api.auth import MIN_ADMIN_TOKEN_CHARS, ensure_admin, hash_token
+
+    db = tmp_path / "store.duckdb"
+    con = store.connect(db)
+    try:
+        assert ensure_admin(con, "admin", "a" * MIN_ADMIN_TOKEN_CHARS) is True
+        assert ensure_admin(con, "admin", "b" * MIN_ADMIN_TOKEN_CHARS) is False  # rotated at the next start
+        assert con.execute("SELECT name, is_admin, token_hash FROM users").fetchall() == [
+            ("admin", True, hash_token("b" * MIN_ADMIN_TOKEN_CHARS))]
+        with pytest.raises(ValueError, match=f"at least {MIN_ADMIN_TOKEN_CHARS} characters"):
+            ensure_admin(con, "admin", "short")
+    finally:
+        con.close()
+    done = subprocess.run([sys.executable, "-m", "commlens.cli", "serve", "--db", str(db), "--host", "0.0.0.0",
+                           "--port", "0"], env={"COMMLENS_ADMIN_TOKEN": "short", "PATH": ""}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "COMMLENS_ADMIN_TOKEN" in done.stderr and "at least" in done.stderr

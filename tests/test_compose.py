@@ -31,12 +31,26 @@ def compose_exe() -> str:
     return exe
 
 
+ADMIN_TOKEN = "test-admin-token-" + "x" * 24  # what a deployment exports as COMMLENS_ADMIN_TOKEN
+
+
+def compose_config(**env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k != "COMMLENS_ADMIN_TOKEN"}
+    return subprocess.run([compose_exe(), "-f", str(COMPOSE), "config"], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={**base, "COMPOSE_PROJECT_NAME": "commlens-test", **env})
+
+
 @pytest.fixture(scope="module")
 def config() -> dict[str, Any]:
-    done = subprocess.run([compose_exe(), "-f", str(COMPOSE), "config"], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT, env={**os.environ, "COMPOSE_PROJECT_NAME": "commlens-test"})
+    done = compose_config(COMMLENS_ADMIN_TOKEN=ADMIN_TOKEN)
     assert done.returncode == 0, f"docker-compose config failed:\n{done.stderr}"
     return yaml.safe_load(done.stdout)
+
+
+def test_compose_refuses_to_run_without_an_admin_token() -> None:
+    """Reachable from the network, the server must not accept tokenless writes: no token, no service."""
+    done = compose_config()
+    assert done.returncode != 0 and "set COMMLENS_ADMIN_TOKEN to a long random secret" in done.stderr
 
 
 def mounts(service: dict[str, Any]) -> dict[str, str]:
@@ -60,7 +74,8 @@ def test_api_and_ui_service_keeps_the_store_in_a_named_volume(config: dict[str, 
     cmd = [str(c) for c in svc["command"]]
     assert cmd[:2] == ["commlens", "serve"]
     assert "--no-ui" not in cmd  # the dashboard is served at / next to the API
-    assert option(cmd, "--host") == "0.0.0.0" and "--insecure" in cmd
+    assert option(cmd, "--host") == "0.0.0.0" and "--insecure" not in cmd
+    assert svc["environment"]["COMMLENS_ADMIN_TOKEN"] == ADMIN_TOKEN
     db = Path(option(cmd, "--db"))
     volume = mounts(svc)[str(db.parent)]
     assert volume in config["volumes"], "the store's folder must be a named volume"
@@ -88,6 +103,7 @@ def test_harness_is_an_optional_gpu_profile_that_uploads_to_the_api(config: dict
     script = " ".join(str(c) for c in h["command"])
     assert "commlens harness" in script and "--device cuda" in script
     assert "commlens upload" in script and "--api http://commlens:8050" in script
+    assert h["environment"]["COMMLENS_TOKEN"] == ADMIN_TOKEN  # the upload's token (writes need one)
     assert "/runs" in mounts(h)
 
 
@@ -100,10 +116,10 @@ def test_dockerfile_copies_every_package_folder() -> None:
         assert (ROOT / src).exists(), src
 
 
-def _start(cmd: list[str], tmp: Path) -> tuple[subprocess.Popen, str, Path]:
+def _start(cmd: list[str], tmp: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, Path]:
     log = tmp / f"{cmd[1]}.log"
     proc = subprocess.Popen([sys.executable, "-m", "commlens.cli", *cmd[1:]], stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, cwd=tmp)
+                            stderr=subprocess.STDOUT, cwd=tmp, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + 60
     while True:
         m = re.search(r"Uvicorn running on http://[^:]+:(\d+)", log.read_text())
@@ -128,9 +144,14 @@ def test_the_services_commands_start(config: dict[str, Any], tmp_path: Path) -> 
     serve = [str(c) for c in config["services"]["commlens"]["command"]]
     serve[serve.index("--db") + 1] = str(tmp_path / "store.duckdb")
     serve[serve.index("--port") + 1] = "0"
-    proc, url, _ = _start(serve, tmp_path)
+    proc, url, _ = _start(serve, tmp_path, {k: str(v) for k, v in config["services"]["commlens"]["environment"].items()})
     try:
-        assert httpx.get(url + "/api/health", timeout=30).json()["auth"]["insecure"] is True
+        assert httpx.get(url + "/api/health", timeout=30).json()["auth"]["insecure"] is False
+        run = {"name": "composed"}
+        assert httpx.post(url + "/api/runs", json=run, timeout=30).status_code == 401  # bound to 0.0.0.0: a token
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        assert httpx.post(url + "/api/runs", json=run, headers=admin, timeout=30).status_code == 201
+        assert httpx.get(url + "/api/me", headers=admin, timeout=30).json()["name"] == "admin"
         page = httpx.get(url + "/", timeout=30)
         assert page.status_code == 200 and "_dash-config" in page.text  # the dashboard at /
         assert httpx.get(url + "/api/nope", timeout=30).status_code == 404  # the API keeps /api

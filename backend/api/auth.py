@@ -57,6 +57,24 @@ def add_user(con: duckdb.DuckDBPyConnection, name: str, admin: bool = False) -> 
     return token
 
 
+MIN_ADMIN_TOKEN_CHARS = 24
+
+
+def ensure_admin(con: duckdb.DuckDBPyConnection, name: str, token: str) -> bool:
+    """Make `name` an admin whose token is `token`, a deployment's own secret (COMMLENS_ADMIN_TOKEN): the
+    user is created, or its token and role replaced. True when the user was created."""
+    check_user_name(name)
+    if len(token) < MIN_ADMIN_TOKEN_CHARS or token != token.strip():
+        raise ValueError(f"the admin token must be at least {MIN_ADMIN_TOKEN_CHARS} characters without surrounding "
+                         "white space: a long random secret, e.g. from "
+                         "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
+    if con.execute("UPDATE users SET token_hash = ?, is_admin = true WHERE name = ? RETURNING name",
+                   [hash_token(token), name]).fetchall():
+        return False
+    con.execute("INSERT INTO users (name, is_admin, token_hash) VALUES (?, true, ?)", [name, hash_token(token)])
+    return True
+
+
 def rotate_token(con: duckdb.DuckDBPyConnection, name: str) -> str:
     token = new_token()
     done = con.execute("UPDATE users SET token_hash = ? WHERE name = ? RETURNING name", [hash_token(token), name]).fetchall()

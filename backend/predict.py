@@ -18,6 +18,7 @@ from commlens.vocab import DTYPE_BYTES, busbw_factor
 Implementation = Literal["harness", "megatron", "deepspeed", "fsdp", "paper"]
 IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
 MEGATRON_VOCAB_DIVISIBLE_BY = 128  # Megatron-LM's make_vocab_size_divisible_by default (volume-models.md §5.3)
+MAX_DEGREE = 1 << 20  # bound of the mesh split and the prefetch gap (API inputs must not be unbounded)
 
 
 class ModelSpec(BaseModel):
@@ -65,16 +66,50 @@ class ParallelSpec(BaseModel):
     recompute: Literal["none", "selective", "full"] = "none"
     sync_every_micro_step: bool = False  # DDP without no_sync()
     schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    # Megatron's PP scatter/gather (volume-models.md §6.5): each TP rank sends A/t, the receiver all-gathers A.
+    pp_scatter_gather: bool = False
+    # Context parallelism (§6.7): ring attention, or ATTENTION2D on an r_Q x r_KV mesh with r_Q = cp_rq,
+    # r_KV = cp / r_Q (default r_Q = r_KV = sqrt(cp), which needs cp to be a perfect square).
+    cp_style: Literal["ring", "attention2d"] = "ring"
+    cp_rq: int | None = Field(None, ge=1, le=MAX_DEGREE)
+    # CPU offload of the ZeRO-3 optimizer (§6.8): host<->device copies, reported apart from the collectives.
+    offload: Literal["none", "zero_offload", "deep_optimizer_states"] = "none"
+    prefetch_gap: int = Field(1, ge=1, le=MAX_DEGREE)  # Deep Optimizer States' prefetch_optimizer_gap g
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelSpec":
         if self.sp and self.tp == 1:
             raise ValueError("sequence parallelism (sp) needs tp > 1")
+        if self.pp_scatter_gather and self.tp == 1:
+            raise ValueError("pp_scatter_gather splits pipeline messages over the TP group and needs tp > 1")
+        if self.pp_scatter_gather and self.sp:
+            raise ValueError("pp_scatter_gather and sp exclude each other: with sequence parallelism pipeline "
+                             "messages are already A/t per TP rank (volume-models.md §6.5)")
+        if self.cp_style == "ring" and self.cp_rq is not None:
+            raise ValueError("cp_rq is the ATTENTION2D mesh split; it needs cp_style='attention2d'")
+        if self.cp_style == "attention2d":
+            if self.cp_rq is None and math.isqrt(self.cp) ** 2 != self.cp:
+                raise ValueError(f"ATTENTION2D with cp={self.cp}: cp is not a perfect square, so give cp_rq "
+                                 f"(r_Q, a divisor of cp; r_KV = cp / r_Q)")
+            if self.cp_rq is not None and self.cp % self.cp_rq:
+                raise ValueError(f"ATTENTION2D: cp_rq={self.cp_rq} must divide cp={self.cp} (r_Q x r_KV = cp)")
+        if self.offload != "none" and self.zero != 3:
+            raise ValueError(f"offload={self.offload!r}: the CPU-offload volumes (volume-models.md §6.8) assume "
+                             f"ZeRO-3; set zero=3 (got zero={self.zero})")
+        if self.prefetch_gap != 1 and self.offload != "deep_optimizer_states":
+            raise ValueError("prefetch_gap is Deep Optimizer States' prefetch_optimizer_gap; it needs "
+                             "offload='deep_optimizer_states'")
         return self
 
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def cp_mesh(self) -> tuple[int, int]:
+        """ATTENTION2D (r_Q, r_KV): r_Q ranks share Q and the output reduction, r_KV share K and V."""
+        r_q = self.cp_rq if self.cp_rq is not None else math.isqrt(self.cp)
+        return r_q, self.cp // r_q
 
 
 class DtypeSpec(BaseModel):
@@ -82,6 +117,8 @@ class DtypeSpec(BaseModel):
     grad: str = "bfloat16"
     param: str = "bfloat16"
     loss: str = "float32"
+    # Host-side optimizer state per parameter for CPU offload (§6.8): fp32 master weights + Adam m and v.
+    optimizer_state_bytes: int = Field(12, ge=1, le=64)
 
     @model_validator(mode="after")
     def _known(self) -> "DtypeSpec":
@@ -98,6 +135,9 @@ class BucketSpec(BaseModel):
     deepspeed_reduce_bucket_elems: int = 500_000_000
     deepspeed_allgather_bucket_elems: int = 500_000_000
     zero_bucket_bytes: int | None = None  # harness ZeRO-1/2 bucket (None: one flat buffer)
+    # DeepSpeed ZeRO-3 stage3_param_persistence_threshold (elements, default 1e5): parameters with at most this
+    # many elements stay whole on every rank and are not all-gathered per micro-step (0: none persist).
+    deepspeed_param_persistence_threshold: int = Field(100_000, ge=0, le=1 << 62)
 
 
 class RecordedParams(BaseModel):
@@ -120,6 +160,16 @@ class PredictInput(BaseModel):
     def _vocab_padding(self) -> "PredictInput":
         if self.model.vocab_divisible_by is None and self.implementation == "megatron":
             self.model = self.model.model_copy(update={"vocab_divisible_by": MEGATRON_VOCAB_DIVISIBLE_BY})
+        return self
+
+    @model_validator(mode="after")
+    def _supported(self) -> "PredictInput":
+        p = self.parallel
+        if self.implementation == "harness" and (p.pp_scatter_gather or p.offload != "none"):
+            raise ValueError("the harness has no PP scatter/gather and no CPU offload")
+        if self.implementation == "fsdp" and p.offload != "none":
+            raise ValueError("offload models DeepSpeed-style ZeRO-3 optimizer offload (volume-models.md §6.8); "
+                             "PyTorch FSDP CPUOffload also moves parameters and is not specified")
         return self
 
     @model_validator(mode="after")
@@ -148,6 +198,15 @@ class PredictedOp(BaseModel):
     what: str = ""  # which tensor(s)
 
 
+class HostTransfer(BaseModel):
+    """A host<->device copy (cudaMemcpy over PCIe, volume-models.md §6.8) per rank per iteration: not a
+    collective, so never part of the scheme totals."""
+
+    direction: Literal["d2h", "h2d"]
+    what: str
+    bytes_per_iter: int
+
+
 class SchemeTotal(BaseModel):
     scheme: str
     s_sum: int  # sum of S x calls of sent ops (recv not added)
@@ -164,6 +223,8 @@ class StagePrediction(BaseModel):
     params_per_rank: int
     ops: list[PredictedOp]
     totals: list[SchemeTotal]
+    # CPU offload copies (§6.8), apart from the collectives; left out of the JSON when there are none.
+    host_transfers: list[HostTransfer] = Field(default_factory=list, exclude_if=lambda v: not v)
 
 
 class ParamCheck(BaseModel):
@@ -353,17 +414,36 @@ def _dp_ops(inp: PredictInput, stage: int, params: list[tuple[str, int]]) -> lis
             ops.append(op("all_gather", s * _w(dt.param), 1, dt.param, "updated parameters"))
         return _merge(ops)
     # ZeRO-3 / FSDP FULL_SHARD: per unit (each layer, plus the rest as the root unit) per micro-step.
-    units: dict[str, int] = {}
+    # DeepSpeed keeps parameters of at most stage3_param_persistence_threshold elements whole (§6.2): they
+    # are not gathered per micro-step, their gradients are still reduce-scattered.
+    persist = _persistent(inp, params)
+    units: dict[str, list[int]] = {}  # unit -> [all parameters, gathered parameters]
     for name, c in params:
         key = ".".join(name.split(".")[:2]) if name.startswith("blocks.") else "root"
-        units[key] = units.get(key, 0) + c
+        u = units.setdefault(key, [0, 0])
+        u[0] += c
+        u[1] += 0 if name in persist else c
     if impl == "paper":
-        units = {"all": n_params}
-    for key, n in units.items():
-        ops.append(op("all_gather", pad(n) * _w(dt.param), mb, dt.param, f"{key} parameters (forward)", True))
-        ops.append(op("all_gather", pad(n) * _w(dt.param), mb, dt.param, f"{key} parameters (backward)", True))
+        units = {"all": [n_params, n_params]}
+    for key, (n, gathered) in units.items():
+        if gathered:
+            ops.append(op("all_gather", pad(gathered) * _w(dt.param), mb, dt.param, f"{key} parameters (forward)", True))
+            ops.append(op("all_gather", pad(gathered) * _w(dt.param), mb, dt.param, f"{key} parameters (backward)", True))
         ops.append(op("reduce_scatter", pad(n) * _w(dt.grad), mb, dt.grad, f"{key} gradients", True))
+    if persist:
+        # DeepSpeed's _post_step re-gathers the persistent parameters (each padded to d) once per optimizer step.
+        ops.append(op("all_gather", sum(pad(c) for c in persist.values()) * _w(dt.param), 1, dt.param,
+                      "persistent parameters after the optimizer step"))
     return _merge(ops)
+
+
+def _persistent(inp: PredictInput, params: list[tuple[str, int]]) -> dict[str, int]:
+    """DeepSpeed ZeRO-3 persistent parameters: numel <= stage3_param_persistence_threshold
+    (DeepSpeed's mark_persistent_parameters; model_persistence_threshold, unlimited by default, not modelled)."""
+    if inp.implementation != "deepspeed" or inp.parallel.zero != 3:
+        return {}
+    threshold = inp.buckets.deepspeed_param_persistence_threshold
+    return {name: c for name, c in params if c <= threshold}
 
 
 def _tp_ops(inp: PredictInput, stage: int) -> list[PredictedOp]:
@@ -402,6 +482,10 @@ def _tp_ops(inp: PredictInput, stage: int) -> list[PredictedOp]:
     if last:
         ce = p.micro_batch_size * (m.seq_len // p.cp) * _w(dt.loss)
         ops.append(op("all_reduce", ce, 3 * mb, "vocab-parallel cross-entropy (max, target logit, sum exp)", dt.loss))
+    if p.pp_scatter_gather and p.pp > 1:
+        fwd, bwd = _pp_messages(p, stage)
+        if fwd + bwd:
+            ops.append(op("all_gather", A, fwd + bwd, "PP scatter/gather: each received activation or gradient re-assembled"))
     return _merge(ops)
 
 
@@ -409,12 +493,10 @@ def _pp_ops(inp: PredictInput, stage: int) -> list[PredictedOp]:
     m, p, dt = inp.model, inp.parallel, inp.dtypes
     if p.pp == 1:
         return []
-    mb, v = p.micro_batches, p.virtual_stages
     A = p.micro_batch_size * (m.seq_len // p.cp) * m.hidden * _w(dt.act)
-    S = A // p.tp if p.sp else A
+    S = A // p.tp if p.sp or p.pp_scatter_gather else A
     first, last = stage == 0, stage == p.pp - 1
-    fwd = mb * (v - 1 if last else v) if v > 1 else (0 if last else mb)
-    bwd = mb * (v - 1 if first else v) if v > 1 else (0 if first else mb)
+    fwd, bwd = _pp_messages(p, stage)
     ops: list[PredictedOp] = []
 
     def op(o: str, group: str, calls: int, what: str) -> PredictedOp:
@@ -434,11 +516,23 @@ def _pp_ops(inp: PredictInput, stage: int) -> list[PredictedOp]:
     return ops
 
 
+def _pp_messages(p: ParallelSpec, stage: int) -> tuple[int, int]:
+    """(messages sent to the next stage, messages sent to the previous stage) per iteration; each has a
+    matching recv from that same neighbour (§6.5)."""
+    mb, v = p.micro_batches, p.virtual_stages
+    first, last = stage == 0, stage == p.pp - 1
+    fwd = mb * (v - 1 if last else v) if v > 1 else (0 if last else mb)
+    bwd = mb * (v - 1 if first else v) if v > 1 else (0 if first else mb)
+    return fwd, bwd
+
+
 def _cp_ops(inp: PredictInput, stage: int) -> list[PredictedOp]:
     m, p, dt = inp.model, inp.parallel, inp.dtypes
     c = p.cp
     if c == 1:
         return []
+    if p.cp_style == "attention2d":
+        return _attention2d_ops(inp)
     l_stage, mb = m.layers // p.pp, p.micro_batches
     S = 2 * p.micro_batch_size * (m.seq_len // c) * m.h_kv * _w(dt.act)
     calls = 3 * (c - 1) * l_stage * mb  # forward c-1 steps, backward about twice that
@@ -448,6 +542,53 @@ def _cp_ops(inp: PredictInput, stage: int) -> list[PredictedOp]:
         PredictedOp(scheme="cp", group="cp:ring", group_size=c, op="recv", dtype=dt.act, msg_bytes=S,
                     calls_per_iter=calls, per_micro_step=True, what="K and V blocks around the ring (fwd + bwd)"),
     ]
+
+
+def _attention2d_ops(inp: PredictInput) -> list[PredictedOp]:
+    """ATTENTION2D forward per layer per micro-batch (§6.7 table) on the r_Q x r_KV mesh; each rank starts with
+    s/c tokens. The spec gives no backward pass, so none is predicted. Groups of one rank issue nothing."""
+    m, p, dt = inp.model, inp.parallel, inp.dtypes
+    r_q, r_kv = p.cp_mesh
+    b, s, w = p.micro_batch_size, m.seq_len, _w(dt.act)
+    calls = (m.layers // p.pp) * p.micro_batches
+
+    def op(o: str, group: str, n: int, size: int, what: str, dtype: str | None = None) -> PredictedOp:
+        return PredictedOp(scheme="cp", group=group, group_size=n, op=o, dtype=dtype or dt.act, msg_bytes=size,
+                           calls_per_iter=calls, per_micro_step=True, what=what)
+
+    ops: list[PredictedOp] = []
+    if r_q > 1:
+        q = b * (s // r_kv) * m.hidden * w
+        ops.append(op("all_gather", "cp:q", r_q, q, "ATTENTION2D Q blocks (fwd)"))
+        ops.append(op("reduce_scatter", "cp:q", r_q, q, "ATTENTION2D partial outputs (fwd)"))
+        # the log-sum-exp statistics that weight the combine: fp32, one per head and token
+        ops.append(op("all_to_all", "cp:q", r_q, b * (s // r_kv) * m.heads * 4, "ATTENTION2D log-sum-exp of partial outputs (fwd)", "float32"))
+    if r_kv > 1:
+        ops.append(op("all_gather", "cp:kv", r_kv, 2 * b * (s // r_q) * m.h_kv * w, "ATTENTION2D K and V blocks, fused (fwd)"))
+    return ops
+
+
+def _host_transfers(inp: PredictInput, params: list[tuple[str, int]]) -> list[HostTransfer]:
+    """CPU-offload host<->device bytes per rank per iteration (§6.8 table) on the rank's ZeRO-3 partition
+    Ψ_z = ceil(Ψ_r / d) (d: the ZeRO group, dp x cp). Deep Optimizer States update floor(Ψ_z / g) parameters
+    on the GPU (the table's fraction 1/g) and the rest on the CPU."""
+    p, dt = inp.parallel, inp.dtypes
+    if p.offload == "none":
+        return []
+    psi_z = math.ceil(sum(c for _, c in params) / (p.dp * p.cp))
+    g_bytes, state = _w(dt.grad), dt.optimizer_state_bytes
+    gpu = psi_z // p.prefetch_gap if p.offload == "deep_optimizer_states" else 0
+    cpu = psi_z - gpu
+    out: list[HostTransfer] = []
+    if cpu:
+        out.append(HostTransfer(direction="d2h", what="gradients to the CPU optimizer", bytes_per_iter=cpu * g_bytes))
+        out.append(HostTransfer(direction="h2d", what="updated 16-bit parameters", bytes_per_iter=cpu * 2))
+    if gpu:
+        out.append(HostTransfer(direction="h2d", what="optimizer state prefetched for the GPU update",
+                                bytes_per_iter=gpu * state))
+        out.append(HostTransfer(direction="d2h", what="optimizer state written back after the GPU update",
+                                bytes_per_iter=gpu * state))
+    return out
 
 
 def _merge(ops: list[PredictedOp]) -> list[PredictedOp]:
@@ -477,7 +618,7 @@ def predict(inp: PredictInput) -> Prediction:
         params = stage_parameters(inp.model, p, stage)
         ops = _dp_ops(inp, stage, params) + _tp_ops(inp, stage) + _pp_ops(inp, stage) + _cp_ops(inp, stage)
         stages.append(StagePrediction(stage=stage, ranks=stage_ranks(p, stage), params_per_rank=sum(c for _, c in params),
-                                      ops=ops, totals=totals(ops)))
+                                      ops=ops, totals=totals(ops), host_transfers=_host_transfers(inp, params)))
     notes = []
     m = inp.model
     if m.params_override is None and m.padded_vocab(p.tp) != m.vocab:
@@ -487,11 +628,51 @@ def predict(inp: PredictInput) -> Prediction:
         notes.append("bucketed DP/ZeRO ops are compared on totals (bucket boundaries are framework internals); ±5 % tolerance")
     if p.zero >= 2 and p.micro_batches > 1:
         notes.append(f"ZeRO-{p.zero} communicates gradients every micro-step: {p.micro_batches} micro-steps multiply that traffic")
+    notes += _spec_notes(inp)
     check = check_params(inp, stages)
     return Prediction(
         implementation=inp.implementation, world_size=p.world_size, param_count=param_count(inp.model),
         stages=stages, totals=mean_totals(stages), notes=notes + (check.notes if check else []), param_check=check,
     )
+
+
+def _spec_notes(inp: PredictInput) -> list[str]:
+    """The assumptions behind PP scatter/gather, ATTENTION2D, CPU offload and ZeRO-3 persistence."""
+    p, notes = inp.parallel, []
+    if p.pp_scatter_gather:
+        notes.append(
+            "PP scatter/gather (§6.5): each TP rank sends and receives A/t, and every received message is followed "
+            "by an all_gather (S = A) in the TP group. Assumed in both directions, activations (forward) and their "
+            "gradients (backward): Megatron's p2p _communicate splits every tensor it sends and gathers every tensor "
+            "it receives, send_forward and send_backward alike; PTD-P §4.1 describes only the forward"
+            + (" (no effect with pp = 1)" if p.pp == 1 else ""))
+    if p.cp > 1 and p.cp_style == "attention2d":
+        r_q, r_kv = p.cp_mesh
+        notes.append(
+            f"ATTENTION2D (§6.7) on an r_Q x r_KV = {r_q} x {r_kv} mesh: forward ops only (Q all_gather and output "
+            f"reduce_scatter in groups 'cp:q' of {r_q}, fused K/V all_gather in groups 'cp:kv' of {r_kv}, plus the "
+            "fp32 log-sum-exp exchange as an all_to_all). The spec does not give the backward pass, so it is not "
+            "included: measured CP traffic should exceed this prediction. Widths are not divided by tp (the spec does "
+            "not compose ATTENTION2D with TP); the gradient reduction still spans dp x cp ranks")
+    if p.offload != "none":
+        how = ("ZeRO-Offload: all updates on the CPU" if p.offload == "zero_offload" else
+               f"Deep Optimizer States, gap g = {p.prefetch_gap}: floor(Ψ_z/g) parameters updated on the GPU, "
+               "the rest on the CPU; the spec's fraction 1/g assumes many equal optimizer sub-groups "
+               "(sub_group_size is not modelled)")
+        notes.append(
+            f"CPU offload (§6.8, {how}): host<->device copies are listed per stage under host_transfers, not in "
+            f"the scheme totals. Ψ_z = ceil(Ψ_r / (dp x cp)); gradients in {inp.dtypes.grad}, updated parameters "
+            f"2 bytes, optimizer state {inp.dtypes.optimizer_state_bytes} bytes per parameter; gradients move once "
+            "per iteration as in the spec's table (a framework that copies them every micro-step moves m times that)")
+    threshold = inp.buckets.deepspeed_param_persistence_threshold
+    if inp.implementation == "deepspeed" and p.zero == 3 and p.dp * p.cp > 1 and threshold > 0:
+        notes.append(
+            f"DeepSpeed ZeRO-3 (§6.2): parameters of at most {threshold:,} elements "
+            "(stage3_param_persistence_threshold) stay whole on every rank and are not gathered in forward or "
+            "backward; their gradients are still reduce-scattered, and DeepSpeed re-gathers them once per optimizer "
+            "step (stage3.py _post_step), which the spec leaves out. stage3_prefetch_bucket_size is not modelled "
+            "(the spec gives no rule for its counts; it does not change the S-sum)")
+    return notes
 
 
 def stage_ranks(p: ParallelSpec, stage: int) -> list[int]:

@@ -70,9 +70,23 @@ def predict(
         None, min=1, help="Pad the vocabulary to a multiple of this x tp (default: 128 for megatron, else no padding)."),
     seq_len: int = typer.Option(2048, help="Sequence length s."),
     tied: bool = typer.Option(False, help="Tied input/output embeddings."),
-    dp: int = typer.Option(1), tp: int = typer.Option(1), pp: int = typer.Option(1), cp: int = typer.Option(1),
+    dp: int = typer.Option(1), tp: int = typer.Option(1), pp: int = typer.Option(1),
+    cp: int = typer.Option(1, help="Context-parallel degree c (the sequence is split c ways)."),
+    cp_style: str = typer.Option("ring", help="Context parallelism: ring (ring attention) or attention2d "
+                                 "(ATTENTION2D on an r_Q x r_KV mesh; forward only, the spec gives no backward)."),
+    cp_rq: Optional[int] = typer.Option(None, help="ATTENTION2D r_Q, a divisor of --cp (r_KV = cp / r_Q); "
+                                        "default sqrt(cp) when cp is a perfect square."),
     zero: int = typer.Option(0, help="ZeRO stage 0-3."),
     sp: bool = typer.Option(False, help="Sequence parallelism (tp > 1)."),
+    pp_scatter_gather: bool = typer.Option(
+        False, help="Megatron PP scatter/gather (tp > 1, no --sp): pipeline messages are A/t per TP rank and each "
+                    "received message is all-gathered in the TP group."),
+    offload: str = typer.Option("none", help="CPU offload with ZeRO-3: none, zero_offload or deep_optimizer_states; "
+                                "host<->device copies are listed apart from the collectives."),
+    prefetch_gap: int = typer.Option(1, help="Deep Optimizer States prefetch gap g: 1/g of the optimizer "
+                                     "sub-groups are updated on the GPU (--offload deep_optimizer_states)."),
+    optimizer_state_bytes: int = typer.Option(12, help="Optimizer-state bytes per parameter on the host for "
+                                              "--offload (fp32 master weights + Adam m, v: 12)."),
     micro_batches: int = typer.Option(1, help="Micro-batches per iteration m."),
     micro_batch_size: int = typer.Option(1, help="Micro-batch size b."),
     dtype: str = typer.Option("bfloat16", help="Activation, gradient and parameter dtype."),
@@ -93,8 +107,10 @@ def predict(
                 model=ModelSpec(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn, vocab=vocab,
                                 seq_len=seq_len, tied_embeddings=tied, vocab_divisible_by=vocab_divisible_by),
                 parallel=ParallelSpec(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, sp=sp, micro_batches=micro_batches,
-                                      micro_batch_size=micro_batch_size),
-                dtypes=DtypeSpec(act=dtype, grad=dtype, param=dtype),
+                                      micro_batch_size=micro_batch_size, pp_scatter_gather=pp_scatter_gather,
+                                      cp_style=cp_style, cp_rq=cp_rq, offload=offload,  # type: ignore[arg-type]
+                                      prefetch_gap=prefetch_gap),
+                dtypes=DtypeSpec(act=dtype, grad=dtype, param=dtype, optimizer_state_bytes=optimizer_state_bytes),
                 implementation=implementation,  # type: ignore[arg-type]
             )
         pred = run_predict(inp)
@@ -113,6 +129,13 @@ def predict(
             table.add_row(o.scheme, o.group, o.op, o.dtype, format_bytes(o.msg_bytes), str(o.calls_per_iter),
                           format_bytes(o.msg_bytes * o.calls_per_iter))
         console.print(table)
+        if st.host_transfers:
+            host = Table(title=f"stage {st.stage}: host<->device copies per rank per iteration (CPU offload, not collectives)")
+            for col in ("direction", "what", "bytes / iter"):
+                host.add_column(col, justify="right" if col == "bytes / iter" else "left")
+            for h in st.host_transfers:
+                host.add_row(h.direction, h.what, format_bytes(h.bytes_per_iter))
+            console.print(host)
     totals = Table(title="per rank per iteration (mean over ranks)")
     for col in ("scheme", "S-sum", "ring wire bytes", "paper (2S all_reduce)"):
         totals.add_column(col, justify="left" if col == "scheme" else "right")

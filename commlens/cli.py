@@ -158,14 +158,8 @@ def serve(
 
 def _ensure_admin(db: Path, name: str, token: str) -> None:
     from commlens.backend.api.auth import ensure_admin
-    from commlens.ingest import store
-    from commlens.ingest.store import StoreError
 
-    try:
-        con = store.connect(db)
-    except StoreError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+    con = _open_store(db)
     try:
         created = ensure_admin(con, name, token)
     except ValueError as exc:

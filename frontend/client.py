@@ -19,8 +19,7 @@ from commlens.backend.api.models import (
     RunsComparison, RunSummary, RunUpdate, SourceOut, TopologyRows,
 )
 from commlens.backend.compare import Comparison
-from commlens.backend.models import BarCalls
-from commlens.backend.models import BandwidthReport, Finding, Histogram, RankTotals
+from commlens.backend.models import BandwidthReport, BarCalls, Finding, Histogram, RankTotals
 from commlens.backend.predict import Prediction, PredictInput
 
 M = TypeVar("M", bound=BaseModel)

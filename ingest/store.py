@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import duckdb
 import pyarrow as pa
 
-from .aggregates import MIGRATION_V2
+from .aggregates import AGG_TABLES, MIGRATION_V2
 from .records import ParseResult
 
 SCHEMA_VERSION = 3
@@ -299,8 +299,6 @@ def replace_run_data(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     """Remove a run's ingested files and everything parsed from them, in one transaction, before its files
     are ingested again (a harness run re-made with --overwrite). The run itself, its review items and
     users' scheme overrides stay; process groups without an override go (the new files bring theirs)."""
-    from .aggregates import AGG_TABLES
-
     con.execute("BEGIN TRANSACTION")
     try:
         for table in (*TRACE_TABLES, "sources", *AGG_TABLES):  # fixed names

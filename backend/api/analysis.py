@@ -13,9 +13,8 @@ from commlens.backend.bandwidth import bandwidth
 from commlens.backend.compare import Comparison, compare
 from commlens.backend.findings import findings
 from commlens.backend.histograms import bar_calls, histogram
-from commlens.backend.models import BarCalls
 from commlens.backend.iterations import UnknownRunError, assign_iterations, run_id_of
-from commlens.backend.models import BandwidthReport, Finding, GroupAttribution, Histogram, IterationInfo, RankTotals
+from commlens.backend.models import BandwidthReport, BarCalls, Finding, GroupAttribution, Histogram, IterationInfo, RankTotals
 from commlens.backend.predict import Prediction, PredictInput, predict
 from commlens.backend.predict_harness import input_from_run_config
 from commlens.backend.ranks import rank_totals
@@ -23,7 +22,7 @@ from commlens.backend.ranks import rank_totals
 from .db import retry_conflicts, transaction
 from .deps import Cursor, Limit, Offset, Writer, next_offset
 from .errors import ApiError, problem_responses
-from .models import GroupOverride, GroupsPage, Op, Page, ReviewItem, RunComparison, RunsComparison, TopologyRows
+from .models import MAX_RANK, GroupOverride, GroupsPage, Op, Page, ReviewItem, RunComparison, RunsComparison, TopologyRows
 from .review import create_item
 from .runs import config_kind
 
@@ -84,7 +83,7 @@ def histograms(
     scheme: Annotated[Scheme | None, Query()] = None,
     op: Annotated[Op | None, Query()] = None,
     dtype: Annotated[str | None, Query(max_length=32)] = None,
-    rank: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
+    rank: Annotated[int | None, Query(ge=0, le=MAX_RANK)] = None,
     step: Annotated[int | None, Query(ge=-(2**31), le=2**31 - 1, description="profiler step, or detected iteration")] = None,
     weight: Annotated[Literal["calls", "bytes"], Query()] = "calls",
     normalize: Annotated[bool, Query(description="per rank per iteration when iterations are known")] = True,

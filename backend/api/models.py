@@ -14,6 +14,7 @@ T = TypeVar("T")
 
 RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+@=-]{0,127}$"
 MAX_RANK = 2**31 - 1  # ranks are INTEGER in the store
+INLINE_REPLIES = 50  # replies shown inside a review item; GET /review/{id}/replies pages through all
 TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:+@=/-]{0,63}$"
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "gather", "scatter",
              "send", "recv", "barrier"]
@@ -211,7 +212,7 @@ class ReviewItem(BaseModel):
     finding: str | None
     created_at: datetime
     updated_at: datetime
-    replies: list["ReviewItem"] = Field(default_factory=list, description="the first replies, oldest first (at most 50); "
+    replies: list["ReviewItem"] = Field(default_factory=list, description=f"the first replies, oldest first (at most {INLINE_REPLIES}); "
                                         "GET /api/review/{item_id}/replies pages through all of them")
     replies_total: int = 0
 

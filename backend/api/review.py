@@ -17,12 +17,11 @@ from .db import transaction
 from .deps import Cursor, Limit, Offset, Writer, next_offset
 from .errors import ApiError, problem_responses
 from .markdown import render
-from .models import MAX_RANK, Anchor, Op, Page, ReviewCreate, ReviewItem, ReviewUpdate
+from .models import INLINE_REPLIES, MAX_RANK, Anchor, Op, Page, ReviewCreate, ReviewItem, ReviewUpdate
 
 router = APIRouter(tags=["review"])
 
 _COLS = "i.item_id, r.name, i.parent_id, i.author, i.body, i.status, i.anchor, i.finding, i.created_at, i.updated_at"
-INLINE_REPLIES = 50  # replies shown inside an item; GET /review/{id}/replies pages through all
 
 
 def _anchor(raw: Any) -> Anchor | None:

@@ -385,19 +385,22 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
     detected iteration of each of their calls in comm_iterations."""
     # One row per communicator (ordered as comm_periods.ord): its calls as tokens in call order, equal
     # (op, msg_bytes) pairs getting equal tokens; the Python below loops over communicators, not calls.
+    # The few distinct pairs are numbered and joined back (a window over every call would sort them all).
     table = con.sql(
         """
         WITH ev AS (
             SELECT e.source_id, coalesce(e.process, cast(e.rank AS VARCHAR), '?') AS process, e.rank,
-                   coalesce(e.group_key, 'ptr:' || e.comm_ptr) AS comm, e.group_key, e.seq,
-                   dense_rank() OVER (ORDER BY e.op, e.msg_bytes) AS tok
+                   coalesce(e.group_key, 'ptr:' || e.comm_ptr) AS comm, e.group_key, e.seq, e.op, e.msg_bytes
             FROM comm_events e
             JOIN agg_sources s ON s.run_id = e.run_id AND s.source_id = e.source_id AND NOT s.has_steps
             WHERE e.run_id = ? AND e.counted
+        ), kinds AS (
+            SELECT op, msg_bytes, row_number() OVER () AS tok FROM (SELECT DISTINCT op, msg_bytes FROM ev)
         )
         SELECT source_id, process, comm, any_value(group_key) AS group_key, max(rank) AS rank,
                list(tok ORDER BY seq) AS toks
-        FROM ev GROUP BY source_id, process, comm
+        FROM ev JOIN kinds ON kinds.op = ev.op AND kinds.msg_bytes IS NOT DISTINCT FROM ev.msg_bytes
+        GROUP BY source_id, process, comm
         ORDER BY source_id, process, comm
         """,
         params=[run_id],

@@ -9,7 +9,7 @@ PORT ?= 8050
 # on the team's machines) is installed before the project so no multi-GB CUDA build is pulled.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: venv install install-test system-test-deps demo test clean
+.PHONY: venv install install-test system-test-deps demo test lint typecheck clean
 
 # A torch already installed for $(PYTHON) (a CUDA build, conda's) is kept: the venv then sees the system's
 # site packages, so the project's torch range is satisfied without a download.
@@ -61,8 +61,22 @@ demo: install
 	@echo "store: $(DB) (runs: ddp zero3 tp pp resnet50-ddp dlrm nccl-logs); the dashboard follows (Ctrl-C stops it)"
 	$(BIN)/commlens serve --db $(DB) --host 127.0.0.1 --port $(PORT)
 
+# Lint: ruff's rule set and format check (pyproject.toml), and the import contracts (.importlinter: the dashboard
+# imports nothing of the server, the layers go one way, no cycles).
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+# mypy sees the installed layout (commlens.backend is backend/ ...) through a tree of links made here.
+typecheck: install-test
+	rm -rf .typecheck && mkdir -p .typecheck/commlens
+	for f in commlens/*; do ln -s ../../$$f .typecheck/commlens/; done
+	for d in backend ingest frontend harness; do ln -s ../../$$d .typecheck/commlens/$$d; done
+	cd .typecheck && ../$(BIN)/mypy -p commlens
+
 test: install-test
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .typecheck

@@ -1,6 +1,6 @@
 """Input files: walking directories, opening .gz transparently, expanding .tar/.tar.gz/.zip archives,
-guarding against hostile archives (path traversal, links, member count, decompression bombs) and
-detecting each file's kind from its content."""
+guarding against hostile archives (path traversal, links, member count, decompression bombs). A file's
+format is detected from its content by `formats.detect`."""
 
 from __future__ import annotations
 
@@ -157,36 +157,6 @@ def open_content(raw: BinaryIO, name: str, limits: Limits = DEFAULT_LIMITS) -> i
     if buffered.peek(2)[:2] == GZIP_MAGIC:
         return io.BufferedReader(BoundedGzipReader(buffered, name, limits), 1 << 20)
     return buffered
-
-
-def detect_kind(stream: io.BufferedReader) -> str:
-    """kineto | nccl_log | run_config, from the first bytes; ParseError for anything else."""
-    head = stream.peek(1 << 16)[: 1 << 16]
-    if not head.strip():
-        raise ParseError("empty file", "line 1")
-    text = head.lstrip(b"\xef\xbb\xbf").lstrip()
-    if text[:1] in (b"{", b"["):
-        if b'"traceEvents"' in head:
-            return "kineto"
-        if b'"commlens.run' in head or b'"commlens_run' in head:
-            return "run_config"
-        return "kineto"  # the parser reports precisely why a JSON is not a trace
-    if b"NCCL INFO" in head or b"NCCL WARN" in head or b"NCCL version" in head:
-        return "nccl_log"
-    if b"\x00" in head or _mostly_binary(head):
-        raise ParseError("binary data, not a Kineto JSON trace or an NCCL log (first bytes %r)" % head[:8], "byte 0")
-    # Text without NCCL lines up front: a launcher's stdout may print for megabytes before NCCL starts.
-    # The NCCL parser reads all of it and fails the file when no line anywhere is an NCCL one.
-    return "nccl_log"
-
-
-def _mostly_binary(head: bytes) -> bool:
-    sample = head[:4096]
-    try:
-        sample.decode("utf-8")
-        return False
-    except UnicodeDecodeError as exc:
-        return exc.start < len(sample) - 4  # a cut multi-byte char at the end is fine
 
 
 # ------------------------------------------------------------------------------- walking inputs

@@ -21,7 +21,7 @@ run first maps peers back with the mapping stored in nccl_comms.global_rank, so 
 idempotent and can be repeated as more files arrive. COLL lines of communicators without any init
 line keep the provisional key and a NULL rank (when no world mapping covers their process). Last, the
 calls of a rank that a profiler trace of the run also describes stop counting in the log
-(`count_each_call_once`).
+(`count_each_call_once`; which formats are which is `formats.Trait`).
 
 Runs inside the caller's transaction (no BEGIN/COMMIT here).
 """
@@ -35,6 +35,9 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+
+from . import formats
+from .formats import Trait
 
 
 @dataclass
@@ -85,7 +88,7 @@ def link_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     full = {k: g for k, g in groups.items() if _fully_mapped(g, world_rank)}
     distinct = list({(m.host, m.pid, m.ptr): m for m in members}.values())
 
-    nccl_sources = "SELECT source_id FROM sources WHERE run_id = $run AND kind = 'nccl_log'"
+    nccl_sources = "SELECT source_id FROM sources WHERE run_id = $run AND list_contains($linked, kind)"
     tables: dict[str, pa.Table] = {
         "_nl_revert": pa.table({
             "group_key": pa.array([r[0] for r in revert], pa.string()),
@@ -114,7 +117,7 @@ def link_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     for name, table in tables.items():
         con.register(name, table)
     try:
-        params = {"run": run_id}
+        params = {"run": run_id, "linked": formats.kinds_with(Trait.NCCL_COMMUNICATORS)}
         # Send/Recv peers of groups that were fully mapped at the last link go back to communicator ranks.
         con.execute(
             f"""UPDATE comm_events SET peer = r.comm_rank FROM _nl_revert r
@@ -167,12 +170,14 @@ def count_each_call_once(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     kept, for communicators and topology, with `counted = false`. Ranks without a trace count from the log."""
     covered = [r for (r,) in con.execute(
         """SELECT DISTINCT e.rank FROM comm_events e JOIN sources s ON s.source_id = e.source_id
-        WHERE e.run_id = ? AND s.kind = 'kineto' AND e.rank IS NOT NULL""", [run_id]).fetchall()]
+        WHERE e.run_id = ? AND list_contains(?, s.kind) AND e.rank IS NOT NULL""",
+        [run_id, formats.kinds_with(Trait.PER_RANK_TIMED_TRACE)]).fetchall()]
     con.execute(
         """UPDATE comm_events SET counted = NOT (rank IS NOT NULL AND list_contains($covered, rank))
-        WHERE run_id = $run AND source_id IN (SELECT source_id FROM sources WHERE run_id = $run AND kind = 'nccl_log')
+        WHERE run_id = $run
+          AND source_id IN (SELECT source_id FROM sources WHERE run_id = $run AND list_contains($logs, kind))
           AND counted <> NOT (rank IS NOT NULL AND list_contains($covered, rank))""",
-        {"run": run_id, "covered": covered},
+        {"run": run_id, "covered": covered, "logs": formats.kinds_with(Trait.SUPERSEDED_BY_TRACE)},
     )
 
 
@@ -182,7 +187,8 @@ def count_each_call_once(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
 def _load_members(con: duckdb.DuckDBPyConnection, run_id: int) -> list[_Member]:
     split_counts: dict[tuple[int, str], int] = {}
     for source_id, meta in con.execute(
-        "SELECT source_id, meta FROM sources WHERE run_id = ? AND kind = 'nccl_log' AND status = 'ok'", [run_id]
+        "SELECT source_id, meta FROM sources WHERE run_id = ? AND list_contains(?, kind) AND status = 'ok'",
+        [run_id, formats.kinds_with(Trait.NCCL_COMMUNICATORS)],
     ).fetchall():
         counts = (json.loads(meta) if isinstance(meta, str) else (meta or {})).get("split_counts") or {}
         for label, n in counts.items():

@@ -14,19 +14,10 @@ from typing import Callable
 
 import duckdb
 
-from . import aggregates, store
-from .inputs import DEFAULT_LIMITS, InputFile, Limits, TapReader, detect_kind, file_rank_hint, iter_inputs, open_content
+from . import aggregates, formats, store
+from .formats import Trait
+from .inputs import DEFAULT_LIMITS, InputFile, Limits, TapReader, file_rank_hint, iter_inputs, open_content
 from .records import ParseError, ParseResult, RankHint
-
-Parser = Callable[[io.BufferedReader, str, RankHint, Limits], ParseResult]
-
-
-def _parsers() -> dict[str, Parser]:
-    from .kineto import parse_kineto
-    from .nccl_log import parse_nccl_log
-    from .run_config import parse_run_config
-
-    return {"kineto": parse_kineto, "nccl_log": parse_nccl_log, "run_config": parse_run_config}
 
 
 @dataclass
@@ -82,9 +73,10 @@ def ingest_file(
     hashing = TapReader(item.open_raw(), digest)
     try:
         stream = open_content(io.BufferedReader(hashing, 1 << 20), item.name, limits)
-        kind = detect_kind(stream)
+        fmt = formats.detect(stream)
+        kind = fmt.kind
         file_hint = RankHint(rank=hint.rank if hint.rank is not None else file_rank_hint(item.name), world_size=hint.world_size)
-        result = _parsers()[kind](stream, item.name, file_hint, limits)
+        result = fmt.parse(stream, item.name, file_hint, limits)
         hashing.drain()
     except Exception as exc:  # noqa: BLE001 - one bad file never stops the others
         try:
@@ -121,16 +113,17 @@ def ingest_file(
 
 
 def _same_rank_trace(con: duckdb.DuckDBPyConnection, run_id: int, result: ParseResult) -> str | None:
-    """A profiler trace of the same rank already in the run that describes some of the same calls: one with
+    """A per-rank timed trace of the same rank already in the run that describes some of the same calls: one with
     any of this trace's profiler steps, or (without steps) whose calls' time span overlaps this one's.
     Traces of other step windows of a rank (a profiler schedule with repeat) are welcome."""
-    if result.kind != "kineto" or result.rank is None or not result.events:
+    if not formats.get(result.kind).has(Trait.PER_RANK_TIMED_TRACE) or result.rank is None or not result.events:
         return None
+    traces = formats.kinds_with(Trait.PER_RANK_TIMED_TRACE)
     if result.steps:
         row = con.execute(
             """SELECT s.path FROM steps t JOIN sources s ON s.source_id = t.source_id
-            WHERE t.run_id = ? AND s.kind = 'kineto' AND t.rank = ? AND list_contains(?, t.step) LIMIT 1""",
-            [run_id, result.rank, sorted({st["step"] for st in result.steps})],
+            WHERE t.run_id = ? AND list_contains(?, s.kind) AND t.rank = ? AND list_contains(?, t.step) LIMIT 1""",
+            [run_id, traces, result.rank, sorted({st["step"] for st in result.steps})],
         ).fetchone()
     else:
         times = [e["ts_us"] for e in result.events if e.get("ts_us") is not None]
@@ -138,9 +131,9 @@ def _same_rank_trace(con: duckdb.DuckDBPyConnection, run_id: int, result: ParseR
             return None
         row = con.execute(
             """SELECT s.path FROM comm_events e JOIN sources s ON s.source_id = e.source_id
-            WHERE e.run_id = ? AND s.kind = 'kineto' AND e.rank = ?
+            WHERE e.run_id = ? AND list_contains(?, s.kind) AND e.rank = ?
             GROUP BY s.path HAVING min(e.ts_us) <= ? AND max(e.ts_us) >= ? LIMIT 1""",
-            [run_id, result.rank, max(times), min(times)],
+            [run_id, traces, result.rank, max(times), min(times)],
         ).fetchone()
     return row[0] if row else None
 

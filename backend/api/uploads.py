@@ -17,7 +17,8 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
 from commlens.ingest import store
-from commlens.ingest.inputs import ZIP_MAGIC, Limits, detect_kind, open_content
+from commlens.ingest.formats import sniff_file
+from commlens.ingest.inputs import Limits
 from commlens.ingest.records import ParseError
 
 from . import auth
@@ -29,7 +30,6 @@ from .worker import IngestWorker, Manifest, SpooledUpload, new_job_id
 router = APIRouter(tags=["uploads"])
 
 MAX_FIELD_BYTES = 64 << 10
-SNIFF_BYTES = 1 << 16
 SPOOL_HEADROOM = 256 << 20  # keep this much disk free for the store itself
 
 
@@ -130,22 +130,6 @@ class _Spooler:
 # --------------------------------------------------------------------------------- sniffing
 
 
-def sniff(path: Path, limits: Limits) -> str:
-    """'tar', 'zip' or the trace kind of a spooled upload; ParseError when it is none of them."""
-    with open(path, "rb", buffering=1 << 20) as f:
-        head = f.peek(512)[:512]
-        if not head:
-            raise ParseError("empty file")
-        if head.startswith(ZIP_MAGIC) or head.startswith(b"PK\x05\x06"):
-            return "zip"
-        if head[257:262] == b"ustar":
-            return "tar"
-        stream = open_content(f, path.name, limits)
-        if stream.peek(SNIFF_BYTES)[257:262] == b"ustar":
-            return "tar"  # .tar.gz
-        return detect_kind(stream)
-
-
 _EXT = {"tar": ".tar", "zip": ".zip"}
 
 
@@ -155,7 +139,7 @@ def _sniff_all(folder: Path, files: list[SpooledUpload], limits: Limits) -> list
     for up in files:
         path = folder / up.path
         try:
-            kind = sniff(path, limits)
+            kind = sniff_file(path, limits)
         except ParseError as exc:
             refused.append(f"{up.name}: {exc.reason}")
             continue
@@ -325,4 +309,4 @@ def _create_job(ctx: Any, job_id: str, run: str, manifest: Manifest) -> JobOut:
         return job_out(cur, job_id, ctx.worker)
 
 
-__all__ = ["router", "sniff", "safe_file_name"]
+__all__ = ["router", "safe_file_name"]

@@ -1,0 +1,162 @@
+"""The formats commlens reads, declared once each: kind name, detection from the first bytes, parser, and
+the traits that the ingest rules ask about instead of naming kinds.
+
+A format is one `Format` entry in `FORMATS` plus its parser: detection, the pipeline's choice of parser,
+the same-rank trace check, the trace-supersedes-log rule, communicator linking and the API's upload check
+all read this table. Detection is a vote: each format claims the head of a file as SURE (its own marker
+is there) or FALLBACK (the family fits, e.g. some JSON; the parser then says precisely why it is not
+one); the strongest claim wins, ties go to the earlier entry.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .inputs import ZIP_MAGIC, Limits, open_content
+from .kineto import parse_kineto
+from .nccl_log import parse_nccl_log
+from .records import ParseError, ParseResult, RankHint
+from .run_config import parse_run_config
+
+Parser = Callable[[io.BufferedReader, str, RankHint, Limits], ParseResult]
+
+HEAD_BYTES = 1 << 16  # what detection looks at
+_ZIP_EMPTY = b"PK\x05\x06"
+_TAR_MAGIC_AT = slice(257, 262)
+
+
+class Claim(enum.IntEnum):
+    """How strongly a format claims a file's head."""
+
+    NONE = 0
+    FALLBACK = 1  # the right family; taken when no format is sure
+    SURE = 2
+
+
+class Trait(enum.Flag):
+    """What the ingest rules need to know about a format."""
+
+    NONE = 0
+    # Per-rank trace with timed, step-windowed calls: a second trace of a rank whose steps (or time span)
+    # overlap one already in the run would count its calls twice, so it is refused.
+    PER_RANK_TIMED_TRACE = enum.auto()
+    # A log whose calls of a rank stop counting when a PER_RANK_TIMED_TRACE of that rank is in the run
+    # (the trace has the steps and the device durations).
+    SUPERSEDED_BY_TRACE = enum.auto()
+    # Its events name communicators by per-process pointers, grouped across the run by `nccl_link`.
+    NCCL_COMMUNICATORS = enum.auto()
+
+
+@dataclass(frozen=True)
+class Format:
+    kind: str  # sources.kind and ParseResult.kind
+    description: str  # "a Kineto JSON trace": used in messages about files that are none of these
+    claim: Callable[[bytes], Claim]
+    parse: Parser
+    traits: Trait = Trait.NONE
+
+    def has(self, trait: Trait) -> bool:
+        return trait in self.traits
+
+
+# ------------------------------------------------------------------------------------------ claims
+
+
+def _json_text(head: bytes) -> bytes | None:
+    """The head without BOM and leading blanks when it starts like JSON, else None."""
+    text = head.lstrip(b"\xef\xbb\xbf").lstrip()
+    return text if text[:1] in (b"{", b"[") else None
+
+
+def _claims_kineto(head: bytes) -> Claim:
+    if _json_text(head) is None:
+        return Claim.NONE
+    return Claim.SURE if b'"traceEvents"' in head else Claim.FALLBACK
+
+
+def _claims_run_config(head: bytes) -> Claim:
+    if _json_text(head) is not None and (b'"commlens.run' in head or b'"commlens_run' in head):
+        return Claim.SURE
+    return Claim.NONE
+
+
+def _claims_nccl_log(head: bytes) -> Claim:
+    if _json_text(head) is not None:
+        return Claim.NONE
+    if b"NCCL INFO" in head or b"NCCL WARN" in head or b"NCCL version" in head:
+        return Claim.SURE
+    if b"\x00" in head or _mostly_binary(head):
+        return Claim.NONE
+    # Text without NCCL lines up front: a launcher's stdout may print for megabytes before NCCL starts.
+    # The NCCL parser reads all of it and fails the file when no line anywhere is an NCCL one.
+    return Claim.FALLBACK
+
+
+def _mostly_binary(head: bytes) -> bool:
+    sample = head[:4096]
+    try:
+        sample.decode("utf-8")
+        return False
+    except UnicodeDecodeError as exc:
+        return exc.start < len(sample) - 4  # a cut multi-byte char at the end is fine
+
+
+# ------------------------------------------------------------------------------------------ the table
+
+FORMATS: tuple[Format, ...] = (
+    Format("kineto", "a Kineto JSON trace", _claims_kineto, parse_kineto, Trait.PER_RANK_TIMED_TRACE),
+    Format("run_config", "a commlens run.json", _claims_run_config, parse_run_config),
+    Format("nccl_log", "an NCCL debug log", _claims_nccl_log, parse_nccl_log,
+           Trait.SUPERSEDED_BY_TRACE | Trait.NCCL_COMMUNICATORS),
+)
+
+
+def get(kind: str) -> Format:
+    """The format of a kind name; KeyError for a kind no format declares."""
+    for fmt in FORMATS:
+        if fmt.kind == kind:
+            return fmt
+    raise KeyError(kind)
+
+
+def kinds_with(trait: Trait) -> list[str]:
+    """Kind names of the formats with `trait`, for SQL over sources.kind (`list_contains(?, kind)`)."""
+    return [f.kind for f in FORMATS if f.has(trait)]
+
+
+def detect(stream: io.BufferedReader) -> Format:
+    """The format of a content stream, from its first bytes (peeked, not consumed); ParseError for none."""
+    head = stream.peek(HEAD_BYTES)[:HEAD_BYTES]
+    if not head.strip():
+        raise ParseError("empty file", "line 1")
+    best, claim = None, Claim.NONE
+    for fmt in FORMATS:
+        c = fmt.claim(head)
+        if c > claim:
+            best, claim = fmt, c
+    if best is None:
+        names = [f.description for f in FORMATS]
+        raise ParseError(f"binary data, not {', '.join(names[:-1])} or {names[-1]} (first bytes {head[:8]!r})",
+                         "byte 0")
+    return best
+
+
+def sniff_file(path: Path, limits: Limits) -> str:
+    """'zip', 'tar' (also gzipped) or the format kind of a file on disk; ParseError when it is none of them.
+    The API's upload check: archives are expanded later by the ingest walker."""
+    with io.BufferedReader(io.FileIO(path), 1 << 20) as f:
+        head = f.peek(512)[:512]
+        if not head:
+            raise ParseError("empty file")
+        if head.startswith((ZIP_MAGIC, _ZIP_EMPTY)):
+            return "zip"
+        if head[_TAR_MAGIC_AT] == b"ustar":
+            return "tar"
+        stream = open_content(f, path.name, limits)
+        if stream.peek(HEAD_BYTES)[_TAR_MAGIC_AT] == b"ustar":
+            return "tar"  # .tar.gz
+        return detect(stream).kind

@@ -1,0 +1,124 @@
+"""The format registry: one entry per format, detection of each kind from real files, and ingest rules
+that follow the traits of a format rather than its name."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from commlens.ingest import formats
+from commlens.ingest.formats import Claim, Format, Trait
+from commlens.ingest.inputs import DEFAULT_LIMITS, open_content
+from commlens.ingest.pipeline import ingest_paths
+from commlens.ingest.records import ParseError, ParseResult, RankHint
+
+RUN_JSON = (b'{"schema": "commlens.run/1", "strategy": "ddp", "world_size": 2, '
+            b'"model": {"layers": 2, "hidden": 32, "heads": 4, "vocab": 128, "seq_len": 16}, "parallel": {"dp": 2}, '
+            b'"groups": [{"dim": "dp", "ranks": [0, 1], "pg_name": "0", "backend": "gloo"}]}')
+
+
+def _detect(raw: bytes) -> str:
+    return formats.detect(open_content(io.BytesIO(raw), "x", DEFAULT_LIMITS)).kind  # type: ignore[arg-type]
+
+
+def test_each_kind_is_declared_once_with_its_traits() -> None:
+    kinds = [f.kind for f in formats.FORMATS]
+    assert kinds == ["kineto", "run_config", "nccl_log"]
+    assert formats.kinds_with(Trait.PER_RANK_TIMED_TRACE) == ["kineto"]
+    assert formats.kinds_with(Trait.SUPERSEDED_BY_TRACE) == ["nccl_log"]
+    assert formats.kinds_with(Trait.NCCL_COMMUNICATORS) == ["nccl_log"]
+    assert formats.get("nccl_log").has(Trait.SUPERSEDED_BY_TRACE) and not formats.get("run_config").traits
+    with pytest.raises(KeyError):
+        formats.get("pickle")
+
+
+def test_every_real_file_is_detected_as_its_kind_and_parsed_as_that_kind(data_dir: Path) -> None:
+    real = sorted((data_dir / "kineto-hta").rglob("*.json.gz")) + sorted((data_dir / "nccl-logs").glob("*.log"))
+    assert len(real) >= 25
+    for path in real:
+        with open(path, "rb") as f:
+            stream = open_content(f, path.name)
+            fmt = formats.detect(stream)
+            assert fmt.kind == ("nccl_log" if path.suffix == ".log" else "kineto"), path.name
+            result = fmt.parse(stream, path.name, RankHint(), DEFAULT_LIMITS)
+        assert result.kind == fmt.kind, path.name
+    with tarfile.open(data_dir / "kineto-param" / "dlrm_kineto.tar.gz") as tar:
+        member = next(m for m in tar if m.isfile() and m.name.endswith(".json"))
+        assert _detect(tar.extractfile(member).read()) == "kineto"  # type: ignore[union-attr]
+    assert _detect(RUN_JSON) == "run_config"
+    assert _detect(gzip.compress(RUN_JSON)) == "run_config"
+
+
+@pytest.mark.parametrize(("head", "kind"), [
+    (b'\xef\xbb\xbf  {"traceEvents": []}', "kineto"),
+    (b'[{"name": "x"}]', "kineto"),  # some JSON: the Kineto parser says why it is not a trace
+    (b'{"x": "NCCL INFO in a string"}', "kineto"),  # JSON first: an NCCL marker inside JSON is not a log
+    (b'{"traceEvents": [], "schema": "commlens.run/1"}', "kineto"),  # both SURE: the earlier entry wins
+    (b"epoch 0 loss 3.2\n", "nccl_log"),  # text: a launcher's stdout before NCCL starts
+    (b"h:1:2 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n", "nccl_log"),
+])
+def test_detection_by_claims(head: bytes, kind: str) -> None:
+    assert _detect(head) == kind
+
+
+def test_nothing_claims_binary_or_empty_heads() -> None:
+    with pytest.raises(ParseError, match=r"binary data, not a Kineto JSON trace, a commlens run.json or an NCCL"):
+        _detect(b"\x89PNG\r\n\x1a\n\x00\x00")
+    with pytest.raises(ParseError, match="empty file"):
+        _detect(b" \n\t")
+
+
+def test_upload_sniffing_tells_archives_from_formats(tmp_path: Path) -> None:
+    def sniffed(name: str, raw: bytes) -> str:
+        (tmp_path / name).write_bytes(raw)
+        return formats.sniff_file(tmp_path / name, DEFAULT_LIMITS)
+
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w") as t:
+        info = tarfile.TarInfo("run.json")
+        info.size = len(RUN_JSON)
+        t.addfile(info, io.BytesIO(RUN_JSON))
+    assert sniffed("a.part", tar.getvalue()) == "tar"
+    assert sniffed("b.part", gzip.compress(tar.getvalue())) == "tar"
+    assert sniffed("c.part", b"PK\x05\x06" + bytes(18)) == "zip"
+    assert sniffed("d.part", RUN_JSON) == "run_config"
+    with pytest.raises(ParseError, match="empty file"):
+        sniffed("e.part", b"")
+
+
+def _fake_trace(stream: io.BufferedReader, name: str, hint: RankHint, limits: object) -> ParseResult:
+    """A per-rank timed trace of another format: `FAKE <rank> <first ts> <calls>`."""
+    _, rank, ts, calls = stream.read().split()
+    events = [{"rank": int(rank), "process": "p", "seq": i, "op": "all_reduce", "dtype": "float32", "msg_bytes": 4096,
+               "group_size": 2, "group_key": "g", "ts_us": float(ts) + i, "dur_us": 1.0} for i in range(int(calls))]
+    return ParseResult(kind="fake_trace", rank=int(rank), world_size=2, events=events)
+
+
+def test_the_rules_follow_traits_not_kind_names(tmp_path: Path, con, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new per-rank timed trace format, declared with its trait alone, supersedes the NCCL log of its rank
+    and refuses a second trace of that rank over the same time span, as Kineto traces do."""
+    fake = Format("fake_trace", "a fake trace", lambda head: Claim.SURE if head.startswith(b"FAKE ") else Claim.NONE,
+                  _fake_trace, Trait.PER_RANK_TIMED_TRACE)
+    monkeypatch.setattr(formats, "FORMATS", (fake, *formats.FORMATS))
+    log = tmp_path / "nccl.log"
+    log.write_text("".join(
+        [f"node1:{100 + r}:{200 + r} [{r}] NCCL INFO comm 0x5{r} rank {r} nranks 2 cudaDev {r} commId 0xfeed"
+         " - Init COMPLETE\n" for r in range(2)]
+        + [f"node1:{100 + r}:{200 + r} [{r}] NCCL INFO AllReduce: opCount {i:x} sendbuff 0x1 recvbuff 0x2 count 1024 "
+           f"datatype 7 op 0 root 0 comm 0x5{r} [nranks=2] stream 0x3\n" for i in range(6) for r in range(2)]))
+    (tmp_path / "t0.fake").write_text("FAKE 0 100 4")
+    (tmp_path / "t0-again.fake").write_text("FAKE 0 102 4")
+    (tmp_path / "t0-later.fake").write_text("FAKE 0 500 4")
+    summary = ingest_paths(con, [log, tmp_path / "t0.fake", tmp_path / "t0-again.fake", tmp_path / "t0-later.fake"],
+                           "fake")
+    status = {Path(f.path).name: (f.status, f.kind) for f in summary.files}
+    assert status == {"nccl.log": ("ok", "nccl_log"), "t0.fake": ("ok", "fake_trace"),
+                      "t0-again.fake": ("failed", "fake_trace"), "t0-later.fake": ("ok", "fake_trace")}
+    assert "rank 0 already has a profiler trace" in summary.failed[0].error  # type: ignore[operator]
+    per_rank = con.execute("SELECT rank, source_kind, count(*) FROM comms WHERE run = 'fake' GROUP BY ALL ORDER BY ALL"
+                           ).fetchall()
+    assert per_rank == [(0, "fake_trace", 8), (1, "nccl_log", 6)]

@@ -1,0 +1,41 @@
+"""One call for the whole time analysis of a job: match, align, per-instance numbers, breakdown,
+stragglers and each step's critical path."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .breakdown import Breakdown, rank_spans, step_breakdown
+from .clocks import ClockAlignment, align_clocks
+from .critical_path import CriticalPath, critical_path
+from .instances import InstanceStats, instance_stats
+from .matching import MatchResult, match_instances
+from .model import RankInput
+from .stragglers import DEFAULT_RULE, StragglerReport, StragglerRule, find_stragglers
+
+
+@dataclass
+class TimeAnalysis:
+    match: MatchResult
+    clocks: ClockAlignment
+    stats: InstanceStats
+    breakdown: Breakdown
+    stragglers: StragglerReport
+    paths: list[CriticalPath]
+
+
+def analyze(ranks: Mapping[int, RankInput], world_size: int | None = None, hosts: Mapping[int, str] | None = None,
+            schemes: Mapping[str, str] | None = None, rule: StragglerRule = DEFAULT_RULE) -> TimeAnalysis:
+    """`schemes`: group key (matching.WORLD for unnamed groups) -> scheme; `hosts`: rank -> host."""
+    schemes = schemes or {}
+    match = match_instances({r: d.calls for r, d in ranks.items()}, world_size)
+    clocks = align_clocks(match.instances, sorted(ranks), hosts)
+    stats = instance_stats(match.instances, clocks)
+    bd = step_breakdown(ranks, match.instances, stats, clocks, schemes)
+    mean_step = sum(bd.step_us) / len(bd.step_us) if bd.step_us else None
+    strag = find_stragglers(match.instances, stats, mean_step, schemes, rule)
+    spans = {r: rank_spans(r, d, match.instances, stats, clocks, schemes) for r, d in ranks.items()}
+    steps = sorted({n for d in ranks.values() for n in d.steps.step})
+    paths = [critical_path(n, ranks, spans, match.instances, stats, clocks) for n in steps]
+    return TimeAnalysis(match, clocks, stats, bd, strag, paths)

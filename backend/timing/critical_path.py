@@ -1,0 +1,102 @@
+"""The chain of work across ranks that bounds a step.
+
+Start at the step's end on the rank whose step ends last (reference clock). On the current rank at
+time t, take the latest instance it took part in that ended by t: the span from that end to t is the
+rank's own work; the instance's span from its last arrival to the end is the collective itself; then
+continue on the rank that arrived last, at its arrival. Stop at the step's start (or when no earlier
+instance exists, the rest of the rank's step is its work). Each span is classified with the breakdown's
+precedence on its rank, so the path's time splits into compute, overlapped, wait, exposed, memcpy, idle
+and per scheme.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .breakdown import CATEGORIES, RankSpans, classify
+from .clocks import ClockAlignment
+from .instances import InstanceStats
+from .matching import Instances
+from .model import EPS, RankInput
+
+
+@dataclass
+class PathSegment:
+    rank: int
+    start: float  # reference clock, µs
+    end: float
+    kind: str  # "work" | "collective"
+    instance: int | None  # index into Instances for a collective segment
+
+
+@dataclass
+class CriticalPath:
+    step: int
+    start: float
+    end: float
+    segments: list[PathSegment] = field(default_factory=list)
+    categories: dict[str, float] = field(default_factory=dict)  # µs per breakdown category on the path
+    exposed_share_by_scheme: dict[str, float] = field(default_factory=dict)  # (wait + exposed) / step
+    note: str | None = None
+
+
+def critical_path(step: int, ranks: Mapping[int, RankInput], spans: Mapping[int, RankSpans], inst: Instances,
+                  stats: InstanceStats, clocks: ClockAlignment) -> CriticalPath:
+    windows: dict[int, tuple[float, float]] = {}
+    for r, data in ranks.items():
+        st = data.steps
+        for n, s, e in zip(st.step, st.start, st.end, strict=True):
+            if n == step:
+                windows[r] = (clocks.to_reference(r, s), clocks.to_reference(r, e))
+    if not windows:
+        return CriticalPath(step, 0.0, 0.0, note=f"step {step} is on no rank")
+    start = min(s for s, _ in windows.values())
+    rank = max(windows, key=lambda r: (windows[r][1], -r))
+    end = windows[rank][1]
+    path = CriticalPath(step, start, end)
+    if not clocks.trusted:
+        path.note = f"no path across ranks: {clocks.reason}"
+    ends: dict[int, list[tuple[float, int]]] = {}
+    for k in range(len(inst)):
+        if inst.step[k] != step or stats.last_rank[k] is None:
+            continue
+        for r, end_r in zip(inst.member_rank[k], inst.member_end[k], strict=True):
+            if end_r is not None:
+                ends.setdefault(r, []).append((clocks.to_reference(r, end_r), k))
+    t = end
+    while t > start + EPS:
+        cands = [(x, k) for x, k in ends.get(rank, []) if start < x <= t + EPS] if clocks.trusted else []
+        if not cands:
+            path.segments.append(PathSegment(rank, max(start, windows.get(rank, (start, t))[0]), t, "work", None))
+            break
+        left, k = max(cands)
+        if t - left > EPS:
+            path.segments.append(PathSegment(rank, left, t, "work", None))
+        last = stats.last_arrival[k]
+        nxt = stats.last_rank[k]
+        assert last is not None and nxt is not None
+        path.segments.append(PathSegment(rank, max(last, start), left, "collective", k))
+        if last >= t - EPS:
+            break  # no progress: the data is inconsistent
+        rank, t = nxt, last
+    _classify_path(path, spans, clocks)
+    return path
+
+
+def _classify_path(path: CriticalPath, spans: Mapping[int, RankSpans], clocks: ClockAlignment) -> None:
+    """Each path segment classified on its rank (in that rank's clock) and summed."""
+    cats = dict.fromkeys(CATEGORIES, 0.0)
+    by_scheme: dict[str, float] = {}
+    for seg in path.segments:
+        off = clocks.offsets.get(seg.rank, 0.0)
+        if seg.rank not in spans or seg.end <= seg.start:
+            continue
+        totals, per_scheme = classify(spans[seg.rank], seg.start - off, seg.end - off)
+        for c, v in totals.items():
+            cats[c] += v
+        for sc, parts in per_scheme.items():
+            by_scheme[sc] = by_scheme.get(sc, 0.0) + parts["wait"] + parts["exposed"]
+    path.categories = cats
+    length = path.end - path.start
+    path.exposed_share_by_scheme = {sc: v / length for sc, v in sorted(by_scheme.items())} if length > 0 else {}

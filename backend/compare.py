@@ -2,7 +2,7 @@
 calls measured but not predicted and predicted but missing, and inferences for runs without a config.
 
 Measured calls count only inside complete iterations (profiler steps for traces, detected periods
-for NCCL logs), so set-up traffic stays out, as the models require (volume-models.md §8.4). Measured
+for NCCL logs), so set-up traffic stays out, as the models require (docs/models.md §8.4). Measured
 counts come from the run's aggregates (comm_agg), not from the calls themselves."""
 
 from __future__ import annotations

@@ -252,7 +252,7 @@ def _zero_accumulation(config: dict[str, Any], totals: RankTotals) -> list[Findi
     zero, m = int(parallel.get("zero") or 0), int(parallel.get("micro_batches") or 1)
     if zero < 2 or m < 2:
         return []
-    # volume-models.md 6.2 with w_param = w_grad: ZeRO-2 moves m*G + P where ZeRO-1 moves G + P;
+    # docs/models.md §6.2 with w_param = w_grad: ZeRO-2 moves m*G + P where ZeRO-1 moves G + P;
     # ZeRO-3 moves m*(2P + G) where stage 0 moves 2G (ring wire bytes): ratios (m + 1) / 2 and 3m / 2.
     ratio, baseline = ((m + 1) / 2, "ZeRO-1") if zero == 2 else (3 * m / 2, "DDP (stage 0)")
     severity = _severity(ratio, 4.0, 2.0, 1.0)

@@ -132,7 +132,7 @@ def write_doc(db: Path, doc: Path) -> None:
         "",
         "With gradient accumulation DDP (under `no_sync`) and ZeRO-1 reduce once per step, while ZeRO-2 reduces "
         "gradients every micro-step and ZeRO-3 also gathers parameters every micro-step: the ratio grows with m "
-        "(volume-models.md §6.2: 3m/2 for ZeRO-3 with DeepSpeed-style accumulation).",
+        "(docs/models.md §6.2: 3m/2 for ZeRO-3 with DeepSpeed-style accumulation).",
         "",
         "## Message sizes",
         "",

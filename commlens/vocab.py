@@ -1,7 +1,7 @@
 """The one vocabulary of commlens: op names, dtype names and sizes, message-size convention.
 
 Every ingester maps its source names onto these; the store, analysis, API and UI use nothing else.
-See DESIGN.md ("Vocabulary") and docs/formats.md (A.3, A.4, B.4, B.5).
+How each source maps onto them: docs/formats.md (A.3, A.4, B.4, B.5); S in the predictor: docs/models.md §3.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def msg_bytes_from_nelems(elems_in: int | None, elems_out: int | None, elem_size
 
 
 def busbw_factor(op: str, n: int) -> float:
-    """nccl-tests bus-bandwidth factor for an op in a group of n ranks (volume-models.md §7)."""
+    """nccl-tests bus-bandwidth factor for an op in a group of n ranks (docs/models.md §4, §7)."""
     if n <= 1:
         return 0.0 if op not in ("send", "recv", "broadcast", "reduce") else 1.0
     if op == "all_reduce":

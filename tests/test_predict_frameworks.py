@@ -1,4 +1,4 @@
-"""Framework specifics of the predictor (volume-models.md §5.3, §8.1), run.json inputs and the check of
+"""Framework specifics of the predictor (docs/models.md §5.3, §8.1), run.json inputs and the check of
 the predictor's parameter counts against a run's recorded ones. Expected numbers are worked out by hand
 from the spec in each test."""
 

@@ -1,4 +1,4 @@
-"""The textbook predictor against the worked examples of volume-models.md §9 (numbers from the spec)."""
+"""The textbook predictor against the worked examples of docs/models.md §9."""
 
 from __future__ import annotations
 

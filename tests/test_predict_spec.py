@@ -1,4 +1,4 @@
-"""PP scatter/gather (volume-models.md §6.5), ATTENTION2D context parallelism (§6.7), CPU-offload host<->device
+"""PP scatter/gather (docs/models.md §6.5), ATTENTION2D context parallelism (§6.7), CPU-offload host<->device
 volumes (§6.8) and DeepSpeed ZeRO-3 parameter persistence (§6.2). Expected numbers are worked out by hand from
 the spec's formulas in each test; the defaults must leave every earlier prediction byte-identical."""
 

@@ -15,8 +15,9 @@ from typing import Any
 from .inputs import Limits
 from .kineto_calls import call_row, parse_ranks, step_of
 from .kineto_events import LAUNCH_PREFIXES, PREFIXES, Collector, build_calls
-from .kineto_model import TraceContext, as_int
+from .kineto_fields import has, spelling
 from .kineto_json import scan_trace
+from .kineto_model import TraceContext, as_int
 from .records import ParseResult, RankHint
 
 
@@ -146,22 +147,20 @@ def _dedupe_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _generation(col: Collector, gen: Counter[str], gen_dist: str) -> dict[str, Any]:
-    """Which generation of the format the file is (formats.md B.2-B.4)."""
+    """Which generation of the format the file is (formats.md B.2-B.4; spellings in kineto_fields)."""
     size_field = group_field = None
     tensorlist_dims = False
     for ev in col.cpu:
         a = ev.args
-        if size_field is None and ("In msg nelems" in a or "In msg size" in a):
-            size_field = "In msg nelems" if "In msg nelems" in a else "In msg size"
-        if group_field is None and ("Process Group Name" in a or "Process Group ID" in a):
-            group_field = "Process Group Name" if "Process Group Name" in a else "Process Group ID"
+        size_field = size_field or spelling(a, "elems_in")
+        group_field = group_field or spelling(a, "group_name") or spelling(a, "group_id")
         if not tensorlist_dims and ev.kind == "container" and isinstance(a.get("Input type"), list):
             dims = a.get("Input Dims")
             tensorlist_dims = any(
                 t == "TensorList" and isinstance(d, list) and bool(d)
-                for t, d in zip(a["Input type"], dims if isinstance(dims, list) else [])
+                for t, d in zip(a["Input type"], dims if isinstance(dims, list) else [], strict=False)
             )
-    kernel_meta = any("Collective name" in k.args for k in col.kernels)
+    kernel_meta = any(has(k.args, "collective") for k in col.kernels)
     if kernel_meta:
         comm = "record_param_comms+kernel"
     elif gen.get("record_param_comms"):

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import bisect
 import re
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from commlens.vocab import C10_DTYPES, CPP_DTYPES, DTYPE_BYTES, normalize_op
 
+from .kineto_fields import Field, has, meta
 from .kineto_model import EPS, Call, CpuEv, Kernel, Sizes, TraceContext, as_int
 from .records import ParseResult
 
@@ -60,7 +62,7 @@ def call_op(call: Call) -> str | None:
 
 
 def kernel_op(k: Kernel) -> str | None:
-    coll = k.args.get("Collective name")
+    coll = meta(k.args, "collective")
     if isinstance(coll, str) and normalize_op(coll):
         return normalize_op(coll)
     m = _KERNEL.match(k.name)
@@ -103,15 +105,15 @@ def _numel(typ: Any, dims: Any) -> int | None:
 
 
 def _meta_sizes(args: dict[str, Any]) -> Sizes | None:
-    if "Collective name" not in args:
+    """Sizes from collective metadata; None for args that are not collective metadata."""
+    if not has(args, "collective"):
         return None
-    ein = as_int(args.get("In msg nelems", args.get("In msg size")))
-    eout = as_int(args.get("Out msg nelems", args.get("Out msg size")))
-    dt = args.get("dtype")
+    dt = meta(args, "dtype")
     dtype = C10_DTYPES.get(dt) if isinstance(dt, str) else None
     if dtype is None and isinstance(dt, str) and dt.lower() in DTYPE_BYTES:
         dtype = dt.lower()
-    return Sizes(ein, eout, dtype, as_int(args.get("Group size")))
+    return Sizes(as_int(meta(args, "elems_in")), as_int(meta(args, "elems_out")), dtype,
+                 as_int(meta(args, "group_size")))
 
 
 def container_sizes(call: Call) -> Sizes:
@@ -151,7 +153,7 @@ def annot_elems(ev: CpuEv) -> int | None:
     if not isinstance(dims, list) or not isinstance(types, list) or not dims:
         return None
     total = 0
-    for t, d in zip(types, dims):
+    for t, d in zip(types, dims, strict=False):
         if isinstance(t, str) and t in CPP_DTYPES:
             n = _prod(d)
             if n is None:
@@ -167,7 +169,7 @@ def _annot_dtype(ev: CpuEv) -> str | None:
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class GroupInfo:
     key: str | None = None
     size: int | None = None
@@ -175,6 +177,12 @@ class GroupInfo:
     name: str | None = None
     desc: str | None = None
     mesh_dim: str | None = None
+
+    @staticmethod
+    def named(name: str, ctx: TraceContext) -> GroupInfo:
+        """The group `name` as pg_config describes it (size and ranks unknown when it does not)."""
+        info = ctx.groups.get(name, {})
+        return GroupInfo(key=f"pg:{name}", size=info.get("size"), ranks=info.get("ranks"), name=name)
 
 
 def parse_ranks(value: Any) -> list[int] | None:
@@ -198,136 +206,103 @@ def parse_ranks(value: Any) -> list[int] | None:
 
 def group_of(args: dict[str, Any], ctx: TraceContext) -> GroupInfo:
     """The process group named by record_param_comms / kernel metadata."""
-    g = GroupInfo(size=as_int(args.get("Group size")))
-    ranks = parse_ranks(args.get("Process Group Ranks"))
-    start, stride = as_int(args.get("Global rank start")), as_int(args.get("Global rank stride"))
-    if ranks is None and start is not None and stride and g.size:
-        ranks = list(range(start, start + stride * g.size, stride))
-    g.ranks = ranks
-    name = args.get("Process Group Name")
+    size = as_int(meta(args, "group_size"))
+    ranks = _meta_ranks(args, size)
+    name = _meta_group_name(args, ranks, ctx)
+    desc = meta(args, "group_desc")
+    desc = str(desc) if desc is not None else None
+    if name is None:
+        return GroupInfo(size=size, ranks=ranks, desc=desc)
+    info = ctx.groups.get(name)
+    if info:
+        size, ranks = size or info.get("size"), ranks or info.get("ranks")
+    return GroupInfo(f"pg:{name}", size, ranks, name, desc)
+
+
+def _meta_ranks(args: dict[str, Any], size: int | None) -> list[int] | None:
+    """The group's global ranks: listed, else the arithmetic progression start/stride of `size` ranks."""
+    ranks = parse_ranks(meta(args, "group_ranks"))
+    start, stride = as_int(meta(args, "rank_start")), as_int(meta(args, "rank_stride"))
+    if ranks is None and start is not None and stride and size:
+        return list(range(start, start + stride * size, stride))
+    return ranks
+
+
+def _meta_group_name(args: dict[str, Any], ranks: list[int] | None, ctx: TraceContext) -> str | None:
+    """The pg name: given; else the pg_config group of the (older) numeric id; else the one group with these ranks."""
+    name = meta(args, "group_name")
     if name is not None:
-        g.name = str(name)
-    elif args.get("Process Group ID") is not None:
-        pgid = args.get("Process Group ID")
-        for pname, info in ctx.groups.items():
-            if info.get("uid") is not None and info.get("uid") == pgid:
-                g.name = pname
-                break
-        else:
-            if str(pgid) in ctx.groups and ctx.groups[str(pgid)].get("uid") is None:
-                g.name = str(pgid)
-    if g.name is None and ranks:
+        return str(name)
+    pgid = meta(args, "group_id")
+    if pgid is not None:
+        by_uid = [pname for pname, info in ctx.groups.items() if info.get("uid") is not None and info.get("uid") == pgid]
+        if by_uid:
+            return by_uid[0]
+        if str(pgid) in ctx.groups and ctx.groups[str(pgid)].get("uid") is None:
+            return str(pgid)
+    if ranks:
         matches = [n for n, info in ctx.groups.items() if info.get("ranks") == ranks]
         if len(matches) == 1:
-            g.name = matches[0]
-    desc = args.get("Process Group Description")
-    g.desc = str(desc) if desc is not None else None
-    if g.name is not None:
-        g.key = f"pg:{g.name}"
-        info = ctx.groups.get(g.name)
-        if info:
-            g.size = g.size or info.get("size")
-            g.ranks = g.ranks or info.get("ranks")
-    return g
+            return matches[0]
+    return None
 
 
-def call_row(call: Call, ctx: TraceContext, result: ParseResult, gen: dict[str, int]) -> dict[str, Any] | None:
-    """The comm_events row of one call (rank, process, seq and step are filled by the caller)."""
-    op = call_op(call)
-    if op is None:
+@dataclass(frozen=True)
+class CallFacts:
+    """What one call is, and what it adds to the file's result besides its row."""
+
+    row: dict[str, Any]  # comm_events row (rank, process, seq and step are the caller's)
+    group: dict[str, Any] | None  # process_groups row of the group the call names
+    notes: tuple[str, ...] = ()  # warnings
+    tally: Counter[str] = field(default_factory=Counter)  # which metadata generation sized it
+
+
+def call_row(call: Call, ctx: TraceContext, result: ParseResult, gen: Counter[str]) -> dict[str, Any] | None:
+    """The comm_events row of one call, its group, warnings and tally recorded in `result` and `gen`."""
+    facts = describe_call(call, ctx)
+    if facts is None:
         result.skip("call whose collective cannot be told")
         return None
-    raw_name = _raw_name(call, op)
-    # sizes, best source first
-    sources: list[tuple[str, Sizes]] = []
-    group = GroupInfo()
-    for ev in call.members:
-        if ev.name == "record_param_comms":
-            s = _meta_sizes(ev.args)
-            if s is not None:
-                if ev.op == op or ev.op is None:
-                    sources.append(("record_param_comms", s))
-                if group.key is None and group.size is None:
-                    group = group_of(ev.args, ctx)
-                gen["record_param_comms"] += 1
-    for k in call.kernels:
-        s = _meta_sizes(k.args)
-        if s is not None:
-            sources.append(("kernel", s))
-            if group.key is None and group.size is None:
-                group = group_of(k.args, ctx)
-            gen["kernel_metadata"] += 1
+    for note in facts.notes:
+        result.warn(note)
+    if facts.group is not None:
+        result.groups.append(facts.group)
+    gen.update(facts.tally)
+    return facts.row
+
+
+def describe_call(call: Call, ctx: TraceContext) -> CallFacts | None:
+    """Op, sizes, group, timing and peer of one call; None when its collective cannot be told."""
+    op = call_op(call)
+    if op is None:
+        return None
+    sources, group, tally = _metadata(call, op, ctx)
     cs = container_sizes(call)
     if cs.elems_in is not None or cs.elems_out is not None or cs.dtype is not None:
         sources.append(("input_dims", cs))
-    for ev in call.members:
-        if ev.kind == "annot":
-            n = annot_elems(ev)
-            if n is None and _annot_dtype(ev) is None:
-                continue
-            compatible = ev.op == op or (ev is call.worker)
-            if not compatible:
-                continue
-            if cs.elems_in is not None and n is not None and n != cs.elems_in:
-                continue
-            sources.append(("annotation_dims", _annot_sizes(op, n, _annot_dtype(ev))))
-    size = Sizes()
-    used: list[str] = []
-    for label, s in sources:
-        took = False
-        if size.elems_in is None and s.elems_in is not None:
-            size.elems_in, took = s.elems_in, True
-        if size.elems_out is None and s.elems_out is not None:
-            size.elems_out, took = s.elems_out, True
-        if size.dtype is None and s.dtype is not None:
-            size.dtype, took = s.dtype, True
-        if size.group_size is None and s.group_size is not None:
-            size.group_size, took = s.group_size, True
-        if took:
-            used.append(label)
+    sources += _annotation_sizes(call, op, cs)
+    size, used = _merge_sizes(sources)
     if size.dtype is None and call.kernels:
-        size.dtype = _kernel_dtype(call.kernels[0], op)
+        size = replace(size, dtype=_kernel_dtype(call.kernels[0], op))
     gsize = size.group_size or group.size
     if gsize is None:
         gsize = _derived_group_size(op, size)
-    if call.label is not None:
-        lab = call.label
-        if group.key is None:
-            info = ctx.groups.get(lab.pg, {})
-            group = GroupInfo(key=f"pg:{lab.pg}", size=info.get("size"), ranks=info.get("ranks"), name=lab.pg)
-            gsize = gsize or group.size
-        elif group.name != lab.pg:
-            result.warn(f"a call labelled commlens:{lab.dim}:{lab.pg} names process group {group.name!r}: using the latter")
-        if group.key == f"pg:{lab.pg}":
-            group.mesh_dim = lab.dim
-    if group.key is None and ctx.complete_groups and len(ctx.groups) == 1:
-        (only,) = ctx.groups
-        group = GroupInfo(key=f"pg:{only}", size=ctx.groups[only].get("size"), ranks=ctx.groups[only].get("ranks"), name=only)
-        gsize = gsize or group.size
-    if gsize is None and ctx.complete_groups:
-        sizes = {g.get("size") for g in ctx.groups.values()}
-        if len(sizes) == 1 and None not in sizes:
-            gsize = sizes.pop()
-    _fill_derived(op, size, gsize)
-    es = DTYPE_BYTES.get(size.dtype) if size.dtype else None
-    s_elems = _s_elems(op, size, gsize)
-    msg_bytes = s_elems * es if (s_elems is not None and es is not None) else None
-    for label in used:
-        gen[label] += 0  # keep the key visible
-        gen[f"sized_by:{label}"] += 1
-    if not used:
-        gen["sized_by:none"] += 1
+    group, notes = _labelled_group(call, group, ctx)
+    group = _sole_group(group, ctx)
+    gsize = gsize or group.size
+    if gsize is None:
+        gsize = _uniform_group_size(ctx)
+    size = _with_derived(op, size, gsize)
+    tally.update(f"sized_by:{label}" for label in used or ["none"])
+    peer = None
+    if op in ("send", "recv"):
+        peer, note = _peer(call, op, group, ctx)
+        notes += (note,) if note else ()
     ts, dur, dur_source = _timing(call, ctx)
-    peer = _peer(call, op, group, ctx, result) if op in ("send", "recv") else None
-    if group.key is not None:
-        result.groups.append(
-            {"group_key": group.key, "name": group.name, "description": group.desc, "ranks": group.ranks,
-             "size": group.size or gsize, "origin": "event", "mesh_dim": group.mesh_dim}
-        )
-    return {
+    row = {
         "op": op,
         "dtype": size.dtype,
-        "msg_bytes": msg_bytes,
+        "msg_bytes": _msg_bytes(op, size, gsize),
         "elems_in": size.elems_in,
         "elems_out": size.elems_out,
         "group_size": gsize,
@@ -336,8 +311,99 @@ def call_row(call: Call, ctx: TraceContext, result: ParseResult, gen: dict[str, 
         "ts_us": ts,
         "dur_us": dur,
         "dur_source": dur_source,
-        "raw_name": raw_name,
+        "raw_name": _raw_name(call, op),
     }
+    group_row = None
+    if group.key is not None:
+        group_row = {"group_key": group.key, "name": group.name, "description": group.desc, "ranks": group.ranks,
+                     "size": group.size or gsize, "origin": "event", "mesh_dim": group.mesh_dim}
+    return CallFacts(row, group_row, notes, tally)
+
+
+def _metadata(call: Call, op: str, ctx: TraceContext) -> tuple[list[tuple[str, Sizes]], GroupInfo, Counter[str]]:
+    """Sizes from collective metadata (record_param_comms of this op, then kernels), the group the first
+    telling one names, and how many carriers had metadata."""
+    carriers = [("record_param_comms", ev.args, ev.op in (op, None)) for ev in call.members
+                if ev.name == "record_param_comms"]
+    carriers += [("kernel", k.args, True) for k in call.kernels]
+    sources: list[tuple[str, Sizes]] = []
+    group = GroupInfo()
+    tally: Counter[str] = Counter()
+    for label, args, same_op in carriers:
+        s = _meta_sizes(args)
+        if s is None:
+            continue
+        if same_op:
+            sources.append((label, s))
+        if group.key is None and group.size is None:
+            group = group_of(args, ctx)
+        tally["kernel_metadata" if label == "kernel" else "record_param_comms"] += 1
+    return sources, group, tally
+
+
+def _annotation_sizes(call: Call, op: str, cs: Sizes) -> list[tuple[str, Sizes]]:
+    """Sizes from the backend annotations of this op (or the gloo worker) that agree with the c10d op's input."""
+    out = []
+    for ev in call.members:
+        if ev.kind != "annot" or not (ev.op == op or ev is call.worker):
+            continue
+        n, dtype = annot_elems(ev), _annot_dtype(ev)
+        if (n is None and dtype is None) or (cs.elems_in is not None and n is not None and n != cs.elems_in):
+            continue
+        out.append(("annotation_dims", _annot_sizes(op, n, dtype)))
+    return out
+
+
+_SIZE_FIELDS = ("elems_in", "elems_out", "dtype", "group_size")
+
+
+def _merge_sizes(sources: list[tuple[str, Sizes]]) -> tuple[Sizes, list[str]]:
+    """Each field from the first source that has it; the labels of the sources that gave some field."""
+    merged: dict[str, Any] = dict.fromkeys(_SIZE_FIELDS)
+    used = []
+    for label, s in sources:
+        took = [f for f in _SIZE_FIELDS if merged[f] is None and getattr(s, f) is not None]
+        for f in took:
+            merged[f] = getattr(s, f)
+        if took:
+            used.append(label)
+    return Sizes(**merged), used
+
+
+def _labelled_group(call: Call, group: GroupInfo, ctx: TraceContext) -> tuple[GroupInfo, tuple[str, ...]]:
+    """A `commlens:<dim>:<pg>` range gives the group when metadata does not, and its mesh dimension."""
+    lab = call.label
+    if lab is None:
+        return group, ()
+    notes: tuple[str, ...] = ()
+    if group.key is None:
+        group = GroupInfo.named(lab.pg, ctx)
+    elif group.name != lab.pg:
+        notes = (f"a call labelled commlens:{lab.dim}:{lab.pg} names process group {group.name!r}: using the latter",)
+    if group.key == f"pg:{lab.pg}":
+        group = replace(group, mesh_dim=lab.dim)
+    return group, notes
+
+
+def _sole_group(group: GroupInfo, ctx: TraceContext) -> GroupInfo:
+    """A call of unknown group in a job whose pg_config lists a single group is on that group."""
+    if group.key is None and ctx.complete_groups and len(ctx.groups) == 1:
+        return GroupInfo.named(next(iter(ctx.groups)), ctx)
+    return group
+
+
+def _uniform_group_size(ctx: TraceContext) -> int | None:
+    """The size every group of a complete pg_config has, when they all have one and the same."""
+    if not ctx.complete_groups:
+        return None
+    sizes = {g.get("size") for g in ctx.groups.values()}
+    return sizes.pop() if len(sizes) == 1 and None not in sizes else None
+
+
+def _msg_bytes(op: str, size: Sizes, gsize: int | None) -> int | None:
+    es = DTYPE_BYTES.get(size.dtype) if size.dtype else None
+    s_elems = _s_elems(op, size, gsize)
+    return s_elems * es if (s_elems is not None and es is not None) else None
 
 
 def _raw_name(call: Call, op: str) -> str:
@@ -370,15 +436,17 @@ def _derived_group_size(op: str, s: Sizes) -> int | None:
     return None
 
 
-def _fill_derived(op: str, s: Sizes, n: int | None) -> None:
+def _with_derived(op: str, s: Sizes, n: int | None) -> Sizes:
+    """The count all_gather / reduce_scatter lack, from the other one and the group size n."""
     if not n:
-        return
+        return s
     if op == "all_gather" and s.elems_out is None and s.elems_in is not None:
-        s.elems_out = s.elems_in * n
-    elif op == "reduce_scatter" and s.elems_in is None and s.elems_out is not None:
-        s.elems_in = s.elems_out * n
-    elif op == "reduce_scatter" and s.elems_out is None and s.elems_in is not None and s.elems_in % n == 0:
-        s.elems_out = s.elems_in // n
+        return replace(s, elems_out=s.elems_in * n)
+    if op == "reduce_scatter" and s.elems_in is None and s.elems_out is not None:
+        return replace(s, elems_in=s.elems_out * n)
+    if op == "reduce_scatter" and s.elems_out is None and s.elems_in is not None and s.elems_in % n == 0:
+        return replace(s, elems_out=s.elems_in // n)
+    return s
 
 
 def _s_elems(op: str, s: Sizes, n: int | None) -> int | None:
@@ -428,37 +496,42 @@ def _backend(call: Call, ctx: TraceContext) -> str | None:
     return None
 
 
-def _peer(call: Call, op: str, group: GroupInfo, ctx: TraceContext, result: ParseResult) -> int | None:
+def _peer(call: Call, op: str, group: GroupInfo, ctx: TraceContext) -> tuple[int | None, str | None]:
     """The peer's global rank: Src/Dst Rank; else the group rank (metadata Rank or the c10d argument)
-    mapped through the group's ranks; else the group rank itself (noted in a warning)."""
-    group_rank = None
-    for ev in call.members:
-        if ev.name == "record_param_comms":
-            g = as_int(ev.args.get("Dst Rank" if op == "send" else "Src Rank"))
-            if g is not None:
-                return g
-            if group_rank is None:
-                group_rank = as_int(ev.args.get("Rank"))
-    for k in call.kernels:
-        g = as_int(k.args.get("Dst Rank" if op == "send" else "Src Rank"))
-        if g is not None:
-            return g
+    mapped through the group's ranks; else the group rank itself, with a warning."""
+    field_name: Field = "dst_rank" if op == "send" else "src_rank"
+    metas = [ev.args for ev in call.members if ev.name == "record_param_comms"]
+    global_rank = next((g for args in metas if (g := as_int(meta(args, field_name))) is not None), None)
+    if global_rank is None:
+        global_rank = next((g for k in call.kernels if (g := as_int(meta(k.args, field_name))) is not None), None)
+    if global_rank is not None:
+        return global_rank, None
+    group_rank = _meta_group_rank(metas)
     if group_rank is None:
-        for ev in call.members:
-            if ev.kind == "container" and ev.name.startswith("c10d::"):
-                conc = ev.args.get("Concrete Inputs")
-                if isinstance(conc, list) and len(conc) > 2:
-                    group_rank = as_int(conc[2])
-                    break
+        group_rank = _c10d_group_rank(call)
     if group_rank is None:
-        return None
+        return None, None
     ranks = group.ranks
     if ranks is None and ctx.complete_groups and len(ctx.groups) == 1:
         ranks = next(iter(ctx.groups.values())).get("ranks")
     if ranks and 0 <= group_rank < len(ranks):
-        return ranks[group_rank]
-    result.warn("send/recv peers are group ranks: the trace does not tell the process group of those calls")
-    return group_rank
+        return ranks[group_rank], None
+    return group_rank, "send/recv peers are group ranks: the trace does not tell the process group of those calls"
+
+
+def _meta_group_rank(metas: list[dict[str, Any]]) -> int | None:
+    """The first metadata `Rank` (for send/recv, the peer's rank in the group)."""
+    return next((r for args in metas if (r := as_int(meta(args, "rank"))) is not None), None)
+
+
+def _c10d_group_rank(call: Call) -> int | None:
+    """The peer's group rank as the c10d send/recv op's third argument."""
+    for ev in call.members:
+        if ev.kind == "container" and ev.name.startswith("c10d::"):
+            conc = ev.args.get("Concrete Inputs")
+            if isinstance(conc, list) and len(conc) > 2:
+                return as_int(conc[2])
+    return None
 
 
 def step_of(steps: list[tuple[float, float, int]], ts: float | None) -> int | None:

@@ -33,6 +33,7 @@ from typing import Any
 from commlens.vocab import normalize_op
 
 from .kineto_calls import annot_elems, call_op, container_sizes, kernel_op
+from .kineto_fields import meta
 from .kineto_model import EPS, Call, CpuEv, Kernel, Label, as_float
 from .records import ParseResult
 
@@ -110,84 +111,118 @@ class Collector:
         cat = ev.get("cat") or ""
         dur = as_float(ev.get("dur")) or 0.0
         if name.startswith(LABEL_PREFIX):
-            parts = name.split(":", 2)
-            if len(parts) == 3 and parts[1] and parts[2] and not cat.startswith("gpu"):
-                self.labels.append(Label(ev.get("pid"), ev.get("tid"), ts, dur, parts[1], parts[2]))
-            return
-        if name.startswith("ProfilerStep#"):
-            m = _STEP.match(name)
-            if m and not cat.startswith("gpu"):
-                n = int(m.group(1))
-                if n not in self.steps or dur > self.steps[n][1]:
-                    self.steps[n] = (ts, dur)
-            return
-        if cat == "kernel" or cat.startswith("gpu"):
-            if cat == "kernel" and name.startswith("nccl"):
-                self.kernels.append(Kernel(name, ts, dur, args.get("External id"), args.get("correlation"), args))
-            elif cat == "gpu_user_annotation":
-                self.skipped["gpu_user_annotation (the device view of a call already counted)"] += 1
-            return
+            self._label(ev, name, cat, ts, dur)
+        elif name.startswith("ProfilerStep#"):
+            self._step(name, cat, ts, dur)
+        elif cat == "kernel" or cat.startswith("gpu"):
+            self._device(name, cat, ts, dur, args)
+        else:
+            self._cpu(ev, name, ts, dur, args)
+
+    def _label(self, ev: dict, name: str, cat: str, ts: float, dur: float) -> None:
+        parts = name.split(":", 2)
+        if len(parts) == 3 and parts[1] and parts[2] and not cat.startswith("gpu"):
+            self.labels.append(Label(ev.get("pid"), ev.get("tid"), ts, dur, parts[1], parts[2]))
+
+    def _step(self, name: str, cat: str, ts: float, dur: float) -> None:
+        """The longest range of each ProfilerStep#n on the CPU."""
+        m = _STEP.match(name)
+        if m and not cat.startswith("gpu"):
+            n = int(m.group(1))
+            if n not in self.steps or dur > self.steps[n][1]:
+                self.steps[n] = (ts, dur)
+
+    def _device(self, name: str, cat: str, ts: float, dur: float, args: dict[str, Any]) -> None:
+        if cat == "kernel" and name.startswith("nccl"):
+            self.kernels.append(Kernel(name, ts, dur, args.get("External id"), args.get("correlation"), args))
+        elif cat == "gpu_user_annotation":
+            self.skipped["gpu_user_annotation (the device view of a call already counted)"] += 1
+
+    def _cpu(self, ev: dict, name: str, ts: float, dur: float, args: dict[str, Any]) -> None:
+        """record_param_comms, c10d ops and backend annotations (nccl:all_reduce, gloo:...)."""
+        kind, op, backend = "container", None, None
         if name == "record_param_comms":
-            coll = args.get("Collective name")
+            coll = meta(args, "collective")
             op = normalize_op(coll) if isinstance(coll, str) else None
-            self.cpu.append(CpuEv("container", name, op, ev.get("pid"), ev.get("tid"), ts, dur, args.get("External id"), args))
-            return
-        if "c10d" in name.split("::", 1)[0]:
+        elif "c10d" in name.split("::", 1)[0]:
             op = normalize_op(name)
             if op is None:
                 return  # wait_tensor, _wrap_tensor_autograd and other non-collectives
-            self.cpu.append(CpuEv("container", name, op, ev.get("pid"), ev.get("tid"), ts, dur, args.get("External id"), args))
-            return
-        m = _ANNOT.match(name)
-        if m:
+        else:
+            m = _ANNOT.match(name)
+            if not m:
+                return
             op = normalize_op(name)
             if op is None:
                 self.skipped[f"annotation {name!r} (not a collective)"] += 1
                 return
-            self.cpu.append(
-                CpuEv("annot", name, op, ev.get("pid"), ev.get("tid"), ts, dur, args.get("External id"), args, m.group(1))
-            )
+            kind, backend = "annot", m.group(1)
+        self.cpu.append(CpuEv(kind, name, op, ev.get("pid"), ev.get("tid"), ts, dur, args.get("External id"), args, backend))
 
 
 # ------------------------------------------------------------------------------------ grouping
 
 
 def _is_wait(ev: CpuEv) -> bool:
-    return ev.name == "record_param_comms" and str(ev.args.get("Collective name", "")).lower() == "wait"
+    coll = meta(ev.args, "collective")
+    return ev.name == "record_param_comms" and str(coll if coll is not None else "").lower() == "wait"
 
 
 def build_calls(col: Collector, result: ParseResult) -> list[Call]:
     """Group CPU events into calls and attach kernels and gloo worker annotations."""
-    by_thread: dict[tuple[Any, Any], list[CpuEv]] = defaultdict(list)
-    for ev in col.cpu:
-        by_thread[(ev.pid, ev.tid)].append(ev)
-    roots: dict[tuple[Any, Any], tuple[list[float], list[Call]]] = {}
-    for key, evs in by_thread.items():
-        thread_calls: list[Call] = []
-        stack: list[tuple[CpuEv, Call]] = []
-        for ev in sorted((e for e in evs if e.kind == "container"), key=lambda e: (e.ts, -e.dur)):
-            while stack and ev.ts > stack[-1][0].ts + stack[-1][0].dur + EPS:
-                stack.pop()
-            if stack and ev.ts + ev.dur <= stack[-1][0].ts + stack[-1][0].dur + EPS:
-                call = stack[-1][1]
-                call.members.append(ev)
-            else:
-                stack.clear()
-                call = Call(ev, [ev], issue_ts=ev.ts)
-                thread_calls.append(call)
-            stack.append((ev, call))
-        starts = [c.issue_ts for c in thread_calls]
-        alone: list[Call] = []
-        for ann in sorted((e for e in evs if e.kind == "annot"), key=lambda e: e.ts):
-            call = _containing(starts, thread_calls, ann.ts)
-            if call is not None:
-                call.members.append(ann)
-            else:
-                alone.append(Call(ann, [ann], issue_ts=ann.ts))
-        thread_calls = sorted(thread_calls + alone, key=lambda c: c.issue_ts)
-        roots[key] = ([c.issue_ts for c in thread_calls], thread_calls)
+    roots = {key: _thread_calls(evs) for key, evs in _by_thread(col.cpu).items()}
+    orphans = _attach_kernels(col, roots)
+    calls, gloo_workers, unused = _sort_calls(roots, result)
+    calls += _kernel_calls(orphans + unused, col, result)
+    if gloo_workers:
+        calls += _gloo_calls(calls, gloo_workers, result)
+    _attach_labels(calls, col.labels)
+    calls.sort(key=lambda c: c.issue_ts)
+    return calls
 
-    # kernels: by their launch's place on a CPU thread, else by External id
+
+# A thread's calls sorted by issue time, with those times (for bisecting).
+_ThreadCalls = tuple[list[float], list[Call]]
+
+
+def _by_thread(events: list[CpuEv]) -> dict[tuple[Any, Any], list[CpuEv]]:
+    by_thread: dict[tuple[Any, Any], list[CpuEv]] = defaultdict(list)
+    for ev in events:
+        by_thread[(ev.pid, ev.tid)].append(ev)
+    return by_thread
+
+
+def _thread_calls(evs: list[CpuEv]) -> _ThreadCalls:
+    """One thread's calls: nested c10d / record_param_comms ops make one call (the outermost is its root);
+    each annotation joins the call whose root contains it, else is a call of its own."""
+    calls: list[Call] = []
+    stack: list[tuple[CpuEv, Call]] = []
+    for ev in sorted((e for e in evs if e.kind == "container"), key=lambda e: (e.ts, -e.dur)):
+        while stack and ev.ts > stack[-1][0].ts + stack[-1][0].dur + EPS:
+            stack.pop()
+        if stack and ev.ts + ev.dur <= stack[-1][0].ts + stack[-1][0].dur + EPS:
+            call = stack[-1][1]
+            call.members.append(ev)
+        else:
+            stack.clear()
+            call = Call(ev, [ev], issue_ts=ev.ts)
+            calls.append(call)
+        stack.append((ev, call))
+    starts = [c.issue_ts for c in calls]
+    alone: list[Call] = []
+    for ann in sorted((e for e in evs if e.kind == "annot"), key=lambda e: e.ts):
+        call = _containing(starts, calls, ann.ts)
+        if call is not None:
+            call.members.append(ann)
+        else:
+            alone.append(Call(ann, [ann], issue_ts=ann.ts))
+    calls = sorted(calls + alone, key=lambda c: c.issue_ts)
+    return [c.issue_ts for c in calls], calls
+
+
+def _attach_kernels(col: Collector, roots: dict[tuple[Any, Any], _ThreadCalls]) -> list[Kernel]:
+    """Each NCCL kernel joins the call around its launch on a CPU thread, else the call of its External
+    id; the kernels that join none are returned."""
     by_ext: dict[Any, Call] = {}
     for _, tcalls in roots.values():
         for call in tcalls:
@@ -206,50 +241,73 @@ def build_calls(col: Collector, result: ParseResult) -> list[Call]:
             call.kernels.append(k)
         else:
             orphans.append(k)
+    return orphans
 
+
+def _sort_calls(
+    roots: dict[tuple[Any, Any], _ThreadCalls], result: ParseResult
+) -> tuple[list[Call], list[Call], list[Kernel]]:
+    """(collective calls, gloo worker annotations, kernels of calls that are none) in thread order; waits
+    and non-collective record_param_comms are counted as skipped."""
     calls: list[Call] = []
     gloo_workers: list[Call] = []
+    unused: list[Kernel] = []
     for _, tcalls in roots.values():
         for call in tcalls:
             root = call.root
             assert root is not None
             if _is_wait(root):
                 result.skip("record_param_comms 'wait'")
-                orphans.extend(call.kernels)
+                unused.extend(call.kernels)
             elif root.kind == "annot" and root.backend == "gloo" and not call.kernels:
                 gloo_workers.append(call)
             elif call_op(call) is None:
-                coll = root.args.get("Collective name")
-                if isinstance(coll, str) and call.kernels:
-                    # e.g. 'coalesced': the calls of a coalescing group are counted one by one
-                    result.skip(f"NCCL kernel of record_param_comms {coll!r}", len(call.kernels))
-                else:
-                    orphans.extend(call.kernels)
-                result.skip(
-                    f"record_param_comms {coll!r} (not a collective)" if isinstance(coll, str)
-                    else "record_param_comms without collective metadata, outside any collective"
-                )
+                unused += _skip_not_collective(call, root, result)
             else:
                 calls.append(call)
-    for k in orphans:
+    return calls, gloo_workers, unused
+
+
+def _skip_not_collective(call: Call, root: CpuEv, result: ParseResult) -> list[Kernel]:
+    """Count a call whose op cannot be told as skipped; its kernels, unless they are counted with it."""
+    coll = meta(root.args, "collective")
+    unused: list[Kernel] = []
+    if isinstance(coll, str) and call.kernels:
+        # e.g. 'coalesced': the calls of a coalescing group are counted one by one
+        result.skip(f"NCCL kernel of record_param_comms {coll!r}", len(call.kernels))
+    else:
+        unused = call.kernels
+    result.skip(
+        f"record_param_comms {coll!r} (not a collective)" if isinstance(coll, str)
+        else "record_param_comms without collective metadata, outside any collective"
+    )
+    return unused
+
+
+def _kernel_calls(kernels: list[Kernel], col: Collector, result: ParseResult) -> list[Call]:
+    """Calls of kernels without a CPU call, when the kernel's name tells the collective."""
+    calls = []
+    for k in kernels:
         if kernel_op(k) is None:
             result.skip("NCCL kernel with no CPU call, whose name does not tell the collective (SendRecv, Generic)")
             continue
         launch = col.launches.get(k.corr) if k.corr is not None else None
         calls.append(Call(None, [], [k], issue_ts=launch[2] if launch else k.ts))
-    if gloo_workers:
-        has_c10d = any(
-            c.root is not None and c.root.kind == "container" and c.root.name != "record_param_comms" for c in calls
-        )
-        unmatched = _match_gloo(calls, gloo_workers)
-        if has_c10d:
-            if unmatched:
-                result.skip("gloo work annotation whose c10d op is not in the trace (issued before the window)", len(unmatched))
-        else:
-            calls.extend(unmatched)
-    _attach_labels(calls, col.labels)
-    calls.sort(key=lambda c: c.issue_ts)
     return calls
+
+
+def _gloo_calls(calls: list[Call], workers: list[Call], result: ParseResult) -> list[Call]:
+    """Gloo worker annotations join their c10d calls; the unmatched ones are calls of their own when the
+    trace has no c10d ops at all, else skipped (their c10d op was issued before the profiler window)."""
+    has_c10d = any(
+        c.root is not None and c.root.kind == "container" and c.root.name != "record_param_comms" for c in calls
+    )
+    unmatched = _match_gloo(calls, workers)
+    if not has_c10d:
+        return unmatched
+    if unmatched:
+        result.skip("gloo work annotation whose c10d op is not in the trace (issued before the window)", len(unmatched))
+    return []
 
 
 def _attach_labels(calls: list[Call], labels: list[Label]) -> None:

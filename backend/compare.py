@@ -7,82 +7,22 @@ counts come from the run's aggregates (comm_agg), not from the calls themselves.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Literal
 
 import duckdb
-from pydantic import BaseModel
 
-from commlens.ingest import store
+from commlens import store
+from commlens.contract.compare import Comparison, Inference, OpComparison, SchemeResult
+from commlens.contract.predict import PredictInput, Prediction, StagePrediction
 from commlens.ingest.aggregates import ensure_fresh
 from commlens.vocab import DTYPE_BYTES, busbw_factor
 
 from .iterations import iteration_info
-from .models import ComparisonInput, SchemeComparison as FindingsSchemeComparison
-from .predict import ParamCheck, Prediction, PredictInput, StagePrediction, predict
-from .predict_harness import predict_input_from_config
+from .predict import predict, predict_input_from_config
 
 OpKey = tuple[str, str, str | None, int | None]  # scheme, op, dtype, msg_bytes
-
-
-class OpComparison(BaseModel):
-    scheme: str
-    op: str
-    dtype: str | None
-    msg_bytes: int | None
-    predicted_calls_per_iter: float
-    measured_calls_per_iter: float
-    difference: float  # measured - predicted
-    # bucketed: a DP/ZeRO op of a framework prediction, compared on the scheme total only (bucket
-    # boundaries are framework internals, volume-models.md §1.3)
-    status: Literal["match", "more", "fewer", "unexplained", "missing", "bucketed"]
-
-
-class SchemeResult(BaseModel):
-    scheme: str
-    predicted_bytes_per_iter: float  # S-sum of sent ops per rank per iteration
-    measured_bytes_per_iter: float  # every measured call, explained or not
-    unexplained_bytes_per_iter: float  # measured calls the model does not contain (not charged, §1.3)
-    ratio: float | None  # (measured - unexplained) / predicted
-    predicted_wire_bytes_per_iter: float
-    measured_wire_bytes_per_iter: float
-    ops: list[OpComparison]
-
-
-class Inference(BaseModel):
-    quantity: str
-    value: float
-    evidence: str
-
-
-class Comparison(BaseModel):
-    run: str
-    config_source: Literal["run", "supplied", "none"]
-    implementation: str | None
-    iterations_mode: str
-    iterations_message: str
-    ranks: list[str]  # rank keys measured (global rank, else process)
-    exact: bool  # every (op, dtype, S) count equal, nothing unexplained or missing
-    schemes: list[SchemeResult]
-    unexplained: list[OpComparison]
-    missing: list[OpComparison]
-    inferences: list[Inference]
-    notes: list[str]
-    # the prediction's parameter counts against the run's recorded ones (None: nothing recorded); a
-    # disagreement means the config does not describe the model that ran, so no exactness is claimed
-    param_check: ParamCheck | None = None
-
-    def findings_input(self, tolerance: float = 0.05) -> ComparisonInput:
-        per = []
-        for s in self.schemes:
-            unexplained = [o for o in self.unexplained if o.scheme == s.scheme]
-            per.append(FindingsSchemeComparison(
-                scheme=s.scheme, predicted_bytes=s.predicted_bytes_per_iter,
-                measured_bytes=s.measured_bytes_per_iter - s.unexplained_bytes_per_iter,
-                unexplained_calls=round(sum(o.measured_calls_per_iter for o in unexplained)),
-                unexplained_bytes=sum((o.msg_bytes or 0) * o.measured_calls_per_iter for o in unexplained if o.op != "recv"),
-            ))
-        return ComparisonInput(per_scheme=per, tolerance=tolerance)
 
 
 def _measured(con: duckdb.DuckDBPyConnection, run: str) -> tuple[dict[str, dict[OpKey, int]], dict[str, int], str, str]:
@@ -124,12 +64,12 @@ def _predicted_per_rank(pred: Prediction, rank_keys: list[str]) -> dict[str, dic
             mean[(o.scheme, o.op, o.dtype, o.msg_bytes)] += o.calls_per_iter * len(st.ranks) / world
     out: dict[str, dict[OpKey, float]] = {}
     for rk in rank_keys:
-        st = _entry_for(pred, rk)
-        if st is None:
+        entry = _entry_for(pred, rk)
+        if entry is None:
             out[rk] = dict(mean)
             continue
         calls: dict[OpKey, float] = defaultdict(float)
-        for o in st.ops:
+        for o in entry.ops:
             calls[(o.scheme, o.op, o.dtype, o.msg_bytes)] += o.calls_per_iter
         out[rk] = calls
     return out
@@ -144,88 +84,24 @@ def _group_sizes(pred: Prediction | None) -> dict[tuple[str, str], int]:
     return sizes
 
 
+Status = Literal["match", "more", "fewer", "unexplained", "missing", "bucketed"]
+ConfigSource = Literal["run", "supplied", "none"]
+_BUCKETED_OPS = ("all_reduce", "reduce_scatter", "all_gather", "reduce")
+
+
 def compare(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput | None = None) -> Comparison:
     """Predicted against measured for a run; `config` overrides (or supplies) the run's configuration."""
     calls, iterations, mode, message = _measured(con, run)
-    notes: list[str] = []
-    source: Literal["run", "supplied", "none"] = "supplied" if config else "none"
-    if config is None:
-        row = con.execute("SELECT config FROM runs WHERE name = ?", [run]).fetchone()
-        if row and row[0]:
-            import json
-
-            try:
-                config = predict_input_from_config(json.loads(row[0]))
-                source = "run"
-            except ValueError as exc:
-                notes.append(f"the run's config could not be used for a prediction: {exc}")
+    config, source, notes = _configuration(con, run, config)
     pred = predict(config) if config else None
-    rank_keys = sorted((rk for rk in calls if iterations.get(rk)), key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k))
+    rank_keys = _complete_ranks(calls, iterations)
     skipped = sorted(set(calls) - set(rank_keys))
     if skipped:
         notes.append(f"ranks without complete iterations left out: {', '.join(skipped)}")
-    n = len(rank_keys) or 1
-    measured: dict[OpKey, float] = defaultdict(float)
-    for rk in rank_keys:
-        for key, c in calls[rk].items():
-            measured[key] += c / iterations[rk] / n
-    predicted: dict[OpKey, float] = defaultdict(float)
-    if pred:
-        for per in _predicted_per_rank(pred, rank_keys).values():
-            for key, c in per.items():
-                predicted[key] += c / n
-    group_sizes = _group_sizes(pred)
-    measured_sizes = dict(con.execute(
-        """
-        SELECT coalesce(g.scheme, 'other') || '/' || a.op, max(a.max_group_size)
-        FROM comm_agg a JOIN runs r ON r.run_id = a.run_id
-        LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
-        WHERE r.name = ? GROUP BY ALL
-        """,
-        [run],
-    ).fetchall())
-    by_scheme: dict[str, list[OpComparison]] = defaultdict(list)
-    bucketed = set()
-    if pred is not None and pred.implementation != "harness":
-        bucketed = {(k[0], k[1]) for k in predicted if k[0] == "dp" and k[1] in ("all_reduce", "reduce_scatter", "all_gather", "reduce")}
-    for key in sorted(set(measured) | set(predicted), key=lambda k: (k[0], k[1], str(k[2]), k[3] or -1)):
-        p, m = predicted.get(key, 0.0), measured.get(key, 0.0)
-        if pred is None:
-            status = "unexplained"
-        elif (key[0], key[1]) in bucketed and abs(p - m) >= 1e-9:
-            status = "bucketed"
-        elif abs(p - m) < 1e-9:
-            status = "match"
-        elif p == 0:
-            status = "unexplained"
-        elif m == 0:
-            status = "missing"
-        else:
-            status = "more" if m > p else "fewer"
-        by_scheme[key[0]].append(OpComparison(scheme=key[0], op=key[1], dtype=key[2], msg_bytes=key[3],
-                                              predicted_calls_per_iter=p, measured_calls_per_iter=m,
-                                              difference=m - p, status=status))  # type: ignore[arg-type]
-    schemes = []
-    for scheme, ops in sorted(by_scheme.items()):
-        def volume(attr: str, wire: bool) -> float:
-            total = 0.0
-            for o in ops:
-                if o.op == "recv" or o.msg_bytes is None:
-                    continue
-                n_group = group_sizes.get((scheme, o.op)) or measured_sizes.get(f"{scheme}/{o.op}") or 2
-                total += o.msg_bytes * getattr(o, attr) * (busbw_factor(o.op, n_group) if wire else 1.0)
-            return total
-
-        pb, mb = volume("predicted_calls_per_iter", False), volume("measured_calls_per_iter", False)
-        ub = sum((o.msg_bytes or 0) * o.measured_calls_per_iter for o in ops if o.status == "unexplained" and o.op != "recv")
-        schemes.append(SchemeResult(
-            scheme=scheme, predicted_bytes_per_iter=pb, measured_bytes_per_iter=mb, unexplained_bytes_per_iter=ub,
-            ratio=((mb - ub) / pb) if pb else None,
-            predicted_wire_bytes_per_iter=volume("predicted_calls_per_iter", True),
-            measured_wire_bytes_per_iter=volume("measured_calls_per_iter", True), ops=ops,
-        ))
-    unexplained = [o for s in schemes for o in s.ops if o.status == "unexplained"]
-    missing = [o for s in schemes for o in s.ops if o.status == "missing"]
+    predicted = _mean_predicted(pred, rank_keys)
+    by_scheme = _op_comparisons(pred, predicted, _mean_measured(calls, iterations, rank_keys))
+    group_sizes, measured_sizes = _group_sizes(pred), _measured_group_sizes(con, run)
+    schemes = [_scheme_result(scheme, ops, group_sizes, measured_sizes) for scheme, ops in sorted(by_scheme.items())]
     if pred is None:
         notes.append("no configuration: measured volumes only; supply a config for predictions")
     if mode == "none":
@@ -234,12 +110,153 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput | Non
     if check is not None:
         notes += check.notes
     return Comparison(
-        run=run, config_source=source, implementation=pred.implementation if pred else None,
-        iterations_mode=mode, iterations_message=message, ranks=rank_keys,
-        exact=bool(pred) and bool(rank_keys) and all(o.status == "match" for s in schemes for o in s.ops)
+        run=run,
+        config_source=source,
+        implementation=pred.implementation if pred else None,
+        iterations_mode=mode,
+        iterations_message=message,
+        ranks=rank_keys,
+        exact=bool(pred)
+        and bool(rank_keys)
+        and all(o.status == "match" for s in schemes for o in s.ops)
         and (check is None or check.agrees),
-        schemes=schemes, unexplained=unexplained, missing=missing, inferences=infer(schemes), notes=notes,
+        schemes=schemes,
+        unexplained=[o for s in schemes for o in s.ops if o.status == "unexplained"],
+        missing=[o for s in schemes for o in s.ops if o.status == "missing"],
+        inferences=infer(schemes),
+        notes=notes,
         param_check=check,
+    )
+
+
+def _configuration(
+    con: duckdb.DuckDBPyConnection, run: str, supplied: PredictInput | None
+) -> tuple[PredictInput | None, ConfigSource, list[str]]:
+    """The supplied config, else the run's stored one; a stored config the predictor cannot read is a note."""
+    if supplied is not None:
+        return supplied, "supplied", []
+    row = con.execute("SELECT config FROM runs WHERE name = ?", [run]).fetchone()
+    if not (row and row[0]):
+        return None, "none", []
+    try:
+        return predict_input_from_config(json.loads(row[0])), "run", []
+    except ValueError as exc:
+        return None, "none", [f"the run's config could not be used for a prediction: {exc}"]
+
+
+def _complete_ranks(calls: dict[str, dict[OpKey, int]], iterations: dict[str, int]) -> list[str]:
+    """Rank keys with complete iterations: global ranks in order, then other keys."""
+    return sorted(
+        (rk for rk in calls if iterations.get(rk)), key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k)
+    )
+
+
+def _mean_measured(
+    calls: dict[str, dict[OpKey, int]], iterations: dict[str, int], rank_keys: list[str]
+) -> dict[OpKey, float]:
+    """Measured calls per iteration, averaged over the ranks."""
+    n = len(rank_keys) or 1
+    measured: dict[OpKey, float] = defaultdict(float)
+    for rk in rank_keys:
+        for key, c in calls[rk].items():
+            measured[key] += c / iterations[rk] / n
+    return measured
+
+
+def _mean_predicted(pred: Prediction | None, rank_keys: list[str]) -> dict[OpKey, float]:
+    """Predicted calls per iteration, averaged over the measured ranks."""
+    n = len(rank_keys) or 1
+    predicted: dict[OpKey, float] = defaultdict(float)
+    if pred:
+        for per in _predicted_per_rank(pred, rank_keys).values():
+            for key, c in per.items():
+                predicted[key] += c / n
+    return predicted
+
+
+def _measured_group_sizes(con: duckdb.DuckDBPyConnection, run: str) -> dict[str, int]:
+    """The largest measured group per "scheme/op", for the wire factor of ops the prediction lacks."""
+    return dict(
+        con.execute(
+            """
+        SELECT coalesce(g.scheme, 'other') || '/' || a.op, max(a.max_group_size)
+        FROM comm_agg a JOIN runs r ON r.run_id = a.run_id
+        LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
+        WHERE r.name = ? GROUP BY ALL
+        """,
+            [run],
+        ).fetchall()
+    )
+
+
+def _op_comparisons(
+    pred: Prediction | None, predicted: dict[OpKey, float], measured: dict[OpKey, float]
+) -> dict[str, list[OpComparison]]:
+    """Every (scheme, op, dtype, S) measured or predicted, with its status, per scheme."""
+    bucketed: set[tuple[str, str]] = set()
+    if pred is not None and pred.implementation != "harness":
+        bucketed = {(k[0], k[1]) for k in predicted if k[0] == "dp" and k[1] in _BUCKETED_OPS}
+    by_scheme: dict[str, list[OpComparison]] = defaultdict(list)
+    for key in sorted(set(measured) | set(predicted), key=lambda k: (k[0], k[1], str(k[2]), k[3] or -1)):
+        p, m = predicted.get(key, 0.0), measured.get(key, 0.0)
+        status = _status(p, m, pred is not None, (key[0], key[1]) in bucketed)
+        by_scheme[key[0]].append(
+            OpComparison(
+                scheme=key[0],
+                op=key[1],
+                dtype=key[2],
+                msg_bytes=key[3],
+                predicted_calls_per_iter=p,
+                measured_calls_per_iter=m,
+                difference=m - p,
+                status=status,
+            )
+        )
+    return by_scheme
+
+
+def _status(p: float, m: float, predicted: bool, bucketed: bool) -> Status:
+    """How measured calls `m` stand against predicted `p`; bucketed ops differ without being wrong."""
+    if not predicted:
+        return "unexplained"
+    if bucketed and abs(p - m) >= 1e-9:
+        return "bucketed"
+    if abs(p - m) < 1e-9:
+        return "match"
+    if p == 0:
+        return "unexplained"
+    if m == 0:
+        return "missing"
+    return "more" if m > p else "fewer"
+
+
+def _scheme_result(
+    scheme: str, ops: list[OpComparison], group_sizes: dict[tuple[str, str], int], measured_sizes: dict[str, int]
+) -> SchemeResult:
+    """A scheme's predicted and measured volumes (S-sums and wire bytes) over its ops."""
+
+    def volume(attr: str, wire: bool) -> float:
+        total = 0.0
+        for o in ops:
+            if o.op == "recv" or o.msg_bytes is None:
+                continue
+            n_group = group_sizes.get((scheme, o.op)) or measured_sizes.get(f"{scheme}/{o.op}") or 2
+            total += o.msg_bytes * getattr(o, attr) * (busbw_factor(o.op, n_group) if wire else 1.0)
+        return total
+
+    pb, mb = volume("predicted_calls_per_iter", False), volume("measured_calls_per_iter", False)
+    ub = sum(
+        (o.msg_bytes or 0) * o.measured_calls_per_iter for o in ops if o.status == "unexplained" and o.op != "recv"
+    )
+    return SchemeResult(
+        scheme=scheme,
+        predicted_bytes_per_iter=pb,
+        measured_bytes_per_iter=mb,
+        unexplained_bytes_per_iter=ub,
+        ratio=((mb - ub) / pb) if pb else None,
+        predicted_wire_bytes_per_iter=volume("predicted_calls_per_iter", True),
+        measured_wire_bytes_per_iter=volume("measured_calls_per_iter", True),
+        ops=ops,
     )
 
 
@@ -247,23 +264,35 @@ def infer(schemes: list[SchemeResult]) -> list[Inference]:
     """Quantities the measurements imply, stated as inferences (not facts)."""
     out: list[Inference] = []
     for s in schemes:
-        sent = [o for o in s.ops if o.op != "recv" and o.msg_bytes and o.dtype in DTYPE_BYTES and o.measured_calls_per_iter > 0]
+        sent = [
+            o
+            for o in s.ops
+            if o.op != "recv" and o.msg_bytes and o.dtype in DTYPE_BYTES and o.measured_calls_per_iter > 0
+        ]
         if not sent:
             continue
         if s.scheme == "dp":
             ar = [o for o in sent if o.op == "all_reduce"]
             if ar:
-                w = DTYPE_BYTES[ar[0].dtype]  # type: ignore[index]
-                params = sum(o.msg_bytes * o.measured_calls_per_iter for o in ar) / w  # type: ignore[operator]
-                out.append(Inference(
-                    quantity="parameters per rank (from DP all_reduce volume)", value=params,
-                    evidence=f"{params * w:.0f} B of {ar[0].dtype} gradients all-reduced per iteration per rank; "
-                             "assumes one gradient sync per iteration (no ZeRO, no per-micro-step sync)"))
+                w = DTYPE_BYTES[str(ar[0].dtype)]
+                params = sum((o.msg_bytes or 0) * o.measured_calls_per_iter for o in ar) / w
+                out.append(
+                    Inference(
+                        quantity="parameters per rank (from DP all_reduce volume)",
+                        value=params,
+                        evidence=f"{params * w:.0f} B of {ar[0].dtype} gradients all-reduced per iteration per rank; "
+                        "assumes one gradient sync per iteration (no ZeRO, no per-micro-step sync)",
+                    )
+                )
         if s.scheme in ("tp", "pp"):
             top = max(sent, key=lambda o: o.measured_calls_per_iter * (o.msg_bytes or 0))
-            elems = top.msg_bytes / DTYPE_BYTES[top.dtype]  # type: ignore[operator,index]
-            out.append(Inference(
-                quantity=f"b x s x h (from {s.scheme.upper()} {top.op} messages)", value=elems,
-                evidence=f"the dominant {s.scheme} {top.op} carries {top.msg_bytes} B of {top.dtype} "
-                         f"({top.measured_calls_per_iter:g} per iteration per rank); divide by t with sequence parallelism"))
+            elems = (top.msg_bytes or 0) / DTYPE_BYTES[str(top.dtype)]
+            out.append(
+                Inference(
+                    quantity=f"b x s x h (from {s.scheme.upper()} {top.op} messages)",
+                    value=elems,
+                    evidence=f"the dominant {s.scheme} {top.op} carries {top.msg_bytes} B of {top.dtype} "
+                    f"({top.measured_calls_per_iter:g} per iteration per rank); divide by t with sequence parallelism",
+                )
+            )
     return out

@@ -49,7 +49,7 @@ def report(
 def _load_config(path: Path):  # noqa: ANN202
     from pydantic import ValidationError
 
-    from commlens.backend.predict_harness import predict_input_from_config
+    from commlens.backend.predict import predict_input_from_config
 
     try:
         return predict_input_from_config(json.loads(path.read_text()))

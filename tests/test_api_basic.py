@@ -20,8 +20,7 @@ from commlens.frontend.safe_html import safe_href, to_components
 from commlens.backend.attribution import attribute_run, attribution_summary
 from commlens.backend.compare import compare
 from commlens.backend.findings import findings
-from commlens.backend.predict import PredictInput, predict
-from commlens.backend.predict_harness import input_from_run_config
+from commlens.backend.predict import PredictInput, predict, predict_input_from_config
 from commlens.ingest import store
 from commlens.ingest.records import ParseResult
 
@@ -258,7 +257,7 @@ def test_predict_is_the_predictor(client: httpx.Client) -> None:
 def test_prediction_and_comparison_of_the_runs_config(client: httpx.Client, server: ServerThread) -> None:
     r = client.get("/api/runs/seeded/prediction")
     assert r.status_code == 200, r.text
-    assert r.json() == json.loads(predict(input_from_run_config(RUN_JSON)).model_dump_json())
+    assert r.json() == json.loads(predict(predict_input_from_config(RUN_JSON)).model_dump_json())
     cur = direct(server)
     try:
         own = compare(cur, "seeded")

@@ -235,10 +235,10 @@ def harness_run(tmp_path_factory):
 
 
 def _predicted(con, run: str):
-    from commlens.backend.predict_harness import input_from_run_config, predict_harness
+    from commlens.backend.predict import predict, predict_input_from_config
 
     config = con.execute("SELECT config FROM runs WHERE name = ?", [run]).fetchall()[0][0]
-    return predict_harness(input_from_run_config(json.loads(config)))
+    return predict(predict_input_from_config(json.loads(config)))
 
 
 @pytest.mark.slow

@@ -316,11 +316,11 @@ def test_scheme_run(scheme, runs):
 @pytest.mark.slow
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 def test_harness_predictor_matches_the_traces(scheme, runs):
-    """The predictor (backend/predict_harness.py) reads run.json only; it must match every rank's trace."""
-    from commlens.backend.predict_harness import input_from_run_config, predict_harness
+    """The harness predictor (backend/predict/) reads run.json only; it must match every rank's trace."""
+    from commlens.backend.predict import predict, predict_input_from_config
 
     run = runs(scheme)
-    prediction = predict_harness(input_from_run_config(json.loads((run.out / "run.json").read_text())))
+    prediction = predict(predict_input_from_config(json.loads((run.out / "run.json").read_text())))
     covered = []
     for entry in prediction.stages:
         expected: Counter = Counter()

@@ -10,21 +10,21 @@ import sys
 
 import pytest
 
-from commlens.backend.predict import ModelSpec, ParallelSpec, PredictInput, predict
-from commlens.backend.predict_harness import input_from_run_config
+from commlens.backend.predict import predict, predict_input_from_config
+from commlens.contract.predict import ModelSpec, ParallelSpec, PredictInput
 
 # L = 2, h = 64, a = 8, s = 128, GPT-2 vocabulary; bf16 (2 bytes)
 SMALL_GPT2 = dict(layers=2, hidden=64, heads=8, vocab=50257, seq_len=128)
 
 
-def _ops(stage) -> dict[tuple[str, str, str, int], int]:  # noqa: ANN001
+def _ops(stage) -> dict[tuple[str, str, str, int], int]:
     return {(o.scheme, o.group, o.op, o.msg_bytes): o.calls_per_iter for o in stage.ops}
 
 
 # ------------------------------------------------------------------------- vocabulary padding
 
 
-def _padded_case(implementation: str, **model) -> PredictInput:  # noqa: ANN003
+def _padded_case(implementation: str, **model) -> PredictInput:
     return PredictInput(model=ModelSpec(**SMALL_GPT2, tied_embeddings=True, **model),
                         parallel=ParallelSpec(dp=2, tp=8, pp=2), implementation=implementation)  # type: ignore[arg-type]
 
@@ -101,29 +101,29 @@ def test_deepspeed_zero12_reduce_and_gather_buckets_are_merged(zero: int, m: int
 # --------------------------------------------------------------------------- run.json inputs
 
 
-def _run_json(model: dict, parallel: dict, world: int, implementation: str, **extra) -> dict:  # noqa: ANN003
+def _run_json(model: dict, parallel: dict, world: int, implementation: str, **extra) -> dict:
     return {"schema": "commlens.run/1", "strategy": "test", "world_size": world, "model": model,
             "parallel": parallel, "implementation": implementation, **extra}
 
 
 def test_run_json_implementation_and_megatron_padding_are_carried() -> None:
     model = dict(SMALL_GPT2)
-    inp = input_from_run_config(_run_json(model, {"tp": 2}, 2, "megatron"))
+    inp = predict_input_from_config(_run_json(model, {"tp": 2}, 2, "megatron"))
     assert inp.implementation == "megatron"
     # V padded to 50432 (§5.3, t = 2); untied: embedding and LM head V h/t each, one layer pair
     # 2 * ((12h² + 7h)/2 + 6h) = 2 * 25184, s h = 8192, ln_f 2h = 128
     (st,) = predict(inp).stages
     assert st.params_per_rank == 2 * 50432 * 64 // 2 + 8192 + 2 * 25184 + 128 == 3_286_336
-    assert input_from_run_config(_run_json(model, {"tp": 2}, 2, "paper")).implementation == "paper"
-    assert input_from_run_config(_run_json(model, {"tp": 2}, 2, "fsdp")).implementation == "fsdp"
+    assert predict_input_from_config(_run_json(model, {"tp": 2}, 2, "paper")).implementation == "paper"
+    assert predict_input_from_config(_run_json(model, {"tp": 2}, 2, "fsdp")).implementation == "fsdp"
     with pytest.raises(ValueError, match="unknown implementation 'jax'"):
-        input_from_run_config(_run_json(model, {"tp": 2}, 2, "jax"))
+        predict_input_from_config(_run_json(model, {"tp": 2}, 2, "jax"))
 
 
 def test_run_json_cp_recompute_kv_heads_are_carried() -> None:
     cfg = _run_json({**SMALL_GPT2, "kv_heads": 2}, {"tp": 2, "cp": 2, "recompute": "full", "micro_batches": 2}, 4,
                     "megatron")
-    inp = input_from_run_config(cfg)
+    inp = predict_input_from_config(cfg)
     assert (inp.parallel.cp, inp.parallel.recompute, inp.model.kv_heads) == (2, "full", 2)
     ops = _ops(predict(inp).stages[0])
     # run.json dtypes default to float32 (w = 4)
@@ -138,7 +138,7 @@ def test_run_json_framework_buckets_are_carried() -> None:
     model = {**SMALL_GPT2, "vocab": 256}
 
     def sizes(cfg: dict, op: str) -> dict[int, int]:
-        return {o.msg_bytes: o.calls_per_iter for o in predict(input_from_run_config(cfg)).stages[0].ops if o.op == op}
+        return {o.msg_bytes: o.calls_per_iter for o in predict(predict_input_from_config(cfg)).stages[0].ops if o.op == op}
 
     # default 5e8-element buckets: one bucket, d = 2 reduces of Ψ/d * 4 B
     assert sizes(_run_json(model, {"dp": 2, "zero": 1}, 2, "deepspeed"), "reduce") == {141056 * 4 // 2: 2}
@@ -168,21 +168,21 @@ def harness_run_json(total: int = PSI, per_rank: dict[int, int] | None = None) -
 
 def test_recorded_parameter_counts_that_agree() -> None:
     assert (PSI, PSI_STAGE0, PSI_STAGE1) == (30080, 7984, 7536)
-    pred = predict(input_from_run_config(harness_run_json()))
+    pred = predict(predict_input_from_config(harness_run_json()))
     assert pred.param_check is not None and pred.param_check.agrees
     assert any("exact to the byte" in n for n in pred.notes)
     assert any("agree with the run's record (model 30,080, 4 ranks)" in n for n in pred.notes)
 
 
 def test_recorded_parameter_counts_that_disagree() -> None:
-    wrong_total = predict(input_from_run_config(harness_run_json(total=PSI + 1)))
+    wrong_total = predict(predict_input_from_config(harness_run_json(total=PSI + 1)))
     assert wrong_total.param_check is not None and not wrong_total.param_check.agrees
     assert "model: 30,081 recorded, 30,080 from the model config" in wrong_total.param_check.notes[0]
     assert not any("exact to the byte" in n for n in wrong_total.notes)
-    wrong_rank = predict(input_from_run_config(harness_run_json(
+    wrong_rank = predict(predict_input_from_config(harness_run_json(
         per_rank={0: PSI_STAGE0, 1: PSI_STAGE0, 2: PSI_STAGE1, 3: PSI_STAGE0})))
     assert not wrong_rank.param_check.agrees  # type: ignore[union-attr]
     assert "rank 3: 7,984 recorded, 7,536 predicted (stage 1)" in wrong_rank.param_check.notes[0]  # type: ignore[union-attr]
     # the textbook predictor checks the same counts
-    paper = predict(input_from_run_config({**harness_run_json(total=PSI + 1), "implementation": "paper"}))
+    paper = predict(predict_input_from_config({**harness_run_json(total=PSI + 1), "implementation": "paper"}))
     assert not paper.param_check.agrees  # type: ignore[union-attr]

@@ -45,7 +45,7 @@ def test_keyed_matching_pairs_by_seq_not_order() -> None:
     r0 = _rank(0, [("all_reduce", 64, 10, 20, 1, 0), ("all_reduce", 64, 30, 40, 2, 0)])
     r1 = _rank(1, [("all_reduce", 64, 32, 40, 2, 0)])  # seq 1 missing on rank 1
     m = match_instances({0: r0.calls, 1: r1.calls})
-    assert m.instances.key == [2] and m.instances.keyed_by == ["seq"]
+    assert m.instances.key == [2] and m.instances.keyed_by == ["key"]
     (miss,) = m.mismatches
     assert (miss.position, miss.reason, miss.rank_b, miss.side_b) == (1, "missing on a member", 1, None)
 
@@ -106,3 +106,18 @@ def test_trace_without_device_says_what_it_cannot_compute() -> None:
         getattr(job.breakdown, f"{c}_us")[0] for c in ("compute", "overlapped", "wait", "exposed", "memcpy", "idle")))
     assert any("no device activity" in n for n in job.breakdown.notes)
     assert job.stats.real_us == [None] * len(job.match.instances)
+
+
+def test_nccl_op_count_keys_and_zero_op_counts_fall_back_to_order() -> None:
+    """NCCL logs: opCount per communicator is the key; NCCL 2.27+ leaves it 0, then order decides."""
+    def ranks(keys: list[int]) -> dict[int, CallColumns]:
+        out = {}
+        for r in (0, 1):
+            tl = _rank(r, [("all_reduce", 64, 10 * k, 10 * k + 5, keys[k], 0) for k in range(len(keys))])
+            tl.calls.group_key[:] = ["comm:0xabc"] * len(keys)
+            out[r] = tl.calls
+        return out
+    keyed = match_instances(ranks([3, 4, 5]))
+    assert keyed.instances.keyed_by == ["key"] * 3 and keyed.instances.key == [3, 4, 5]
+    zeros = match_instances(ranks([0, 0, 0]))
+    assert zeros.instances.keyed_by == ["order"] * 3 and zeros.instances.group == ["comm:0xabc"] * 3

@@ -172,10 +172,14 @@ def step_breakdown(ranks: Mapping[int, RankInput], inst: Instances, stats: Insta
     return out
 
 
-def comm_comp_overlap(iv: Intervals) -> float | None:
-    """HTA's overlap ratio over the whole trace: time where communication and compute kernels both run,
-    over the time communication kernels run (merged intervals). None without communication kernels."""
+def comm_comp_overlap(iv: Intervals, before: float | None = None) -> float | None:
+    """HTA's overlap ratio: time where communication and compute kernels both run, over the time
+    communication kernels run (merged intervals); None without communication kernels. `before` keeps
+    only intervals that start before it: HTA by default drops the last profiler step (the kernels
+    launched after its start), so its default number is ours with before = the last step's start."""
     comm, comp = _kind(iv, {COMM}), _kind(iv, {COMPUTE})
+    if before is not None:
+        comm, comp = [x for x in comm if x[0] < before], [x for x in comp if x[0] < before]
     if not comm:
         return None
     pts = [x for s, e in comm + comp for x in (s, e)]

@@ -42,7 +42,7 @@ class Instances:
 
     group: list[str] = field(default_factory=list)
     key: list[int] = field(default_factory=list)
-    keyed_by: list[str] = field(default_factory=list)  # "seq" | "order"
+    keyed_by: list[str] = field(default_factory=list)  # "key" (Seq, opCount) | "order"
     op: list[str] = field(default_factory=list)
     dtype: list[str | None] = field(default_factory=list)
     msg_bytes: list[int | None] = field(default_factory=list)  # the lowest rank's S
@@ -169,7 +169,7 @@ def _match_keyed(g: str, member_ranks: Sequence[int], ranks: Mapping[int, Calls]
                 out.mismatches.append(Mismatch(g, k, "missing on a member", r, _describe(ranks[r], i), m, None))
             continue
         if _check(g, k, ranks, have, out):
-            _emit(g, k, "seq", ranks, have, out)
+            _emit(g, k, "key", ranks, have, out)
 
 
 def _match_ordered(g: str, member_ranks: Sequence[int], ranks: Mapping[int, Calls],

@@ -210,6 +210,10 @@ def read_timeline(stream: io.BufferedIOBase, name: str, hint: RankHint | None = 
             continue
         _add_call(calls, len(calls.seq), call, row, result, step_index)
 
+    no_end = sum(e is None for e in calls.end)
+    if no_end:
+        notes.append(f"{no_end} of {len(calls.seq)} calls have no measured duration (NCCL without its kernels "
+                     "records only the enqueue): no real time or end for them")
     has_device = bool(act.raw)
     intervals = IntervalColumns()
     if has_device:

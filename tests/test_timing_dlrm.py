@@ -149,3 +149,17 @@ def test_overlap_against_hta(rel: str, tmp_path: Path) -> None:
         assert ours is not None and windowed is not None
         assert 100 * ours == pytest.approx(whole[r], abs=0.5)
         assert 100 * windowed == pytest.approx(default[r], abs=0.5)
+
+
+def test_memcpy_lane_and_rank_totals(job: TimeAnalysis, dlrm: dict[int, RankTimeline]) -> None:
+    from commlens.backend.timing.stragglers import rank_totals
+
+    b = job.breakdown
+    iv = dlrm[0].intervals
+    t0, t1 = dlrm[0].steps.start[0], dlrm[0].steps.end[0]
+    want = sum(n for k, s, n in zip(iv.kind, iv.start, iv.nbytes, strict=True) if k == "memcpy_htod" and t0 <= s < t1)
+    assert b.htod_bytes[0] == want > 0 and b.memcpy_busy_us[0] >= b.memcpy_us[0]
+    tot = rank_totals(job.match.instances, job.stats)
+    assert tot.rank == list(range(8)) and tot.instances == [8] * 8 and tot.steps == [1] * 8
+    assert tot.arrived_last == [0, 0, 0, 0, 1, 2, 0, 5]
+    assert tot.wait_us[7] == pytest.approx(sum(w[7] for w in job.stats.member_wait_us))

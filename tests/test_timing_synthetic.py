@@ -101,6 +101,7 @@ def test_trace_without_device_says_what_it_cannot_compute() -> None:
     assert any("no device activity" in n for n in tl.notes)
     assert set(tl.intervals.kind) == {"compute"} and len(tl.calls.seq) == 6
     assert tl.calls.end == [None] * 6  # NCCL on CPU records only the enqueue: no duration
+    assert any(n.startswith("6 of 6 calls have no measured duration") for n in tl.notes)
     job = analyze({0: tl})
     assert job.breakdown.step_us[0] == pytest.approx(sum(
         getattr(job.breakdown, f"{c}_us")[0] for c in ("compute", "overlapped", "wait", "exposed", "memcpy", "idle")))

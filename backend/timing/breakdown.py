@@ -57,6 +57,9 @@ class Breakdown:
     exposed_us: list[float] = field(default_factory=list)
     memcpy_us: list[float] = field(default_factory=list)
     idle_us: list[float] = field(default_factory=list)
+    htod_bytes: list[int] = field(default_factory=list)  # memcpy lane: copies starting in the step
+    dtoh_bytes: list[int] = field(default_factory=list)
+    memcpy_busy_us: list[float] = field(default_factory=list)  # time any memcpy/memset runs (overlaps included)
     by_scheme: list[tuple[int, int, str, float, float, float]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -167,9 +170,28 @@ def step_breakdown(ranks: Mapping[int, RankInput], inst: Instances, stats: Insta
             out.exposed_us.append(totals["exposed"])
             out.memcpy_us.append(totals["memcpy"])
             out.idle_us.append(totals["idle"])
+            htod, dtoh, busy = _memcpy_lane(data.intervals, t0, t1)
+            out.htod_bytes.append(htod)
+            out.dtoh_bytes.append(dtoh)
+            out.memcpy_busy_us.append(busy)
             for sc, v in sorted(per_scheme.items()):
                 out.by_scheme.append((rank, n, sc, v["overlapped"], v["wait"], v["exposed"]))
     return out
+
+
+def _memcpy_lane(iv: Intervals, t0: float, t1: float) -> tuple[int, int, float]:
+    """Host-to-device and device-to-host bytes of the copies starting in [t0, t1), and the time any
+    memory operation runs there (GB/s per step = bytes / busy time)."""
+    htod = dtoh = 0
+    for k, s, b in zip(iv.kind, iv.start, iv.nbytes, strict=True):
+        if t0 <= s < t1:
+            htod += b if k == "memcpy_htod" else 0
+            dtoh += b if k == "memcpy_dtoh" else 0
+    spans = _clip(_kind(iv, MEMORY_KINDS), t0, t1)
+    if not spans:
+        return htod, dtoh, 0.0
+    bounds = np.unique(np.asarray([x for sp in spans for x in sp], dtype=np.float64))
+    return htod, dtoh, float(np.diff(bounds)[_cover(bounds, spans)].sum())
 
 
 def comm_comp_overlap(iv: Intervals, before: float | None = None) -> float | None:

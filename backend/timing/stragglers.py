@@ -123,3 +123,39 @@ def _verdict(best: Straggler | None, mean_step_us: float | None, rule: Straggler
                 f"under {rule.min_imposed_share:.0%} of the {mean_step_us:.0f} µs step")
     return (f"straggler rank {best.rank}: last in >= {rule.last_share:.0%} of instances in {best.steps_mostly_last} "
             f"of {best.steps} steps, imposing {best.imposed_us_per_step:.0f} µs per step")
+
+
+@dataclass
+class RankTotals:
+    """Per rank over all its matched instances (the report's `time.ranks`): instances, how many it
+    arrived last in, and its total wait (the last member's arrival minus its own, summed)."""
+
+    rank: list[int] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    instances: list[int] = field(default_factory=list)
+    arrived_last: list[int] = field(default_factory=list)
+    wait_us: list[float] = field(default_factory=list)
+
+
+def rank_totals(inst: Instances, stats: InstanceStats) -> RankTotals:
+    acc: dict[int, list[float]] = defaultdict(lambda: [0, 0, 0.0])
+    steps: dict[int, set[int | None]] = defaultdict(set)
+    for k in range(len(inst)):
+        last = stats.last_rank[k]
+        if last is None:
+            continue
+        for r, w in zip(inst.member_rank[k], stats.member_wait_us[k], strict=True):
+            a = acc[r]
+            a[0] += 1
+            a[1] += r == last
+            a[2] += w or 0.0
+            steps[r].add(inst.step[k])
+    out = RankTotals()
+    for r in sorted(acc):
+        n, last_n, wait = acc[r]
+        out.rank.append(r)
+        out.steps.append(len(steps[r]))
+        out.instances.append(int(n))
+        out.arrived_last.append(int(last_n))
+        out.wait_us.append(wait)
+    return out

@@ -1,5 +1,5 @@
-"""run.json: the exact configuration of a harness run. The harness writes it; ingest validates it
-with the same model and attaches it to the run; the predictor reads it."""
+"""The run.json model (`RunConfig`): the exact configuration of a harness run. The harness writes it;
+ingest validates it with the same model and attaches it to the run; the predictor reads it."""
 
 from __future__ import annotations
 

@@ -138,7 +138,7 @@ def _groups(infos: list[dict], mesh: Mesh) -> list[dict]:
 
 def write_run_json(cfg: HarnessConfig, out: Path, infos: list[dict], mesh: Mesh, shape: GPTShape,
                    command: list[str]) -> Path:
-    from commlens.runconfig import RunConfig
+    from commlens.run_json import RunConfig
 
     last = [i for i in infos if i["losses"] is not None and i["coords"]["tp"] == 0]
     losses = [sum(i["losses"][k] for i in last) / len(last) for k in range(cfg.steps)]

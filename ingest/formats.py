@@ -20,7 +20,7 @@ from .inputs import ZIP_MAGIC, Limits, open_content
 from .kineto import parse_kineto
 from .nccl_log import parse_nccl_log
 from .records import ParseError, ParseResult, RankHint
-from .run_config import parse_run_config
+from .run_json_parser import parse_run_config
 
 Parser = Callable[[io.BufferedReader, str, RankHint, Limits], ParseResult]
 

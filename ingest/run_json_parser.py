@@ -1,4 +1,5 @@
-"""run.json files (commlens.runconfig.RunConfig): attached to the run, groups labelled with their mesh dimension."""
+"""The ingest parser of run.json files (validated by commlens.run_json.RunConfig): the config is attached to the
+run, its process groups labelled with their mesh dimension."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import io
 import orjson
 from pydantic import ValidationError
 
-from commlens.runconfig import RunConfig
+from commlens.run_json import RunConfig
 
 from .inputs import Limits
 from .records import ParseError, ParseResult, RankHint

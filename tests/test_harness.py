@@ -269,7 +269,7 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 def test_scheme_run(scheme, runs):
     from commlens.harness.reference import reference_losses
-    from commlens.runconfig import RunConfig
+    from commlens.run_json import RunConfig
 
     run = runs(scheme)
     cfg = run.cfg

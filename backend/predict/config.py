@@ -16,7 +16,7 @@ from commlens.contract.predict import (
     PredictInput,
     RecordedParams,
 )
-from commlens.runconfig import RunConfig
+from commlens.run_json import RunConfig
 
 ConfigKind = Literal["run_config", "predict_input"]
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import duckdb
 
+from commlens.contract.analysis import (
+    BandwidthReport, BinBandwidth, CallBandwidth, OpBandwidth, SchemeOpBandwidth, bin_spec,
+)
 from commlens.ingest.aggregates import measured_calls
 
-from .histograms import bin_spec
 from .iterations import fresh_run_id, run_id_of
-from .models import BandwidthReport, BinBandwidth, CallBandwidth, OpBandwidth, SchemeOpBandwidth
 
 
 def bandwidth(con: duckdb.DuckDBPyConnection, run: str) -> BandwidthReport:

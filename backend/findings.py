@@ -18,12 +18,12 @@ import duckdb
 import pyarrow as pa
 from pydantic import BaseModel
 
+from commlens.contract.analysis import SEVERITY_ORDER, BandwidthReport, ComparisonInput, Finding, RankTotals
 from commlens.ingest.aggregates import measured_kind_sql, registered
+from commlens.vocab import format_bytes
 
 from .bandwidth import bandwidth
-from .histograms import format_bytes
 from .iterations import fresh_run_id
-from .models import SEVERITY_ORDER, BandwidthReport, ComparisonInput, Finding, RankTotals
 from .ranks import rank_totals
 
 # Size below which a call counts as small when the run has no measured bandwidth curve for its op.

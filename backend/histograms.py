@@ -12,33 +12,18 @@ normalisation rule (iterations_only), so a bar and its list of calls cannot disa
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from typing import Any, Literal
 
 import duckdb
 
+from commlens.contract.analysis import (
+    NO_DTYPE, UNATTRIBUTED, UNKNOWN_KEY, ZERO_KEY, BarCall, BarCalls, BinSpec, Histogram, HistogramSeries,
+    IterationInfo, bin_spec,
+)
 from commlens.ingest.aggregates import rank_key_sql
 
 from .iterations import fresh_run_id, iteration_info
-from .models import BarCall, BarCalls, BinSpec, Histogram, HistogramSeries, IterationInfo
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB")
-ZERO_KEY, UNKNOWN_KEY = "zero", "unknown"
-MAX_K = 62  # msg_bytes is a BIGINT: the largest size is in bin 2^62
-_POW2_KEY = re.compile(r"2\^(\d{1,2})")
-UNATTRIBUTED = "unattributed"  # the scheme of calls without a group (series with scheme null)
-NO_DTYPE = "unknown"  # the dtype of calls whose source gives none (series with dtype null)
-
-
-def format_bytes(n: int) -> str:
-    """Exact power-of-two sizes in binary units ('1 KiB'); others with up to 3 significant digits."""
-    if n < 1024:
-        return f"{n} B"
-    unit = min((n.bit_length() - 1) // 10, len(_UNITS) - 1)
-    value = n / (1 << (10 * unit))
-    text = f"{value:.0f}" if value == int(value) else f"{value:.3g}"
-    return f"{text} {_UNITS[unit]}"
 
 
 def bin_index(msg_bytes: int | None) -> int | None:
@@ -54,20 +39,6 @@ def bin_key(msg_bytes: int | None) -> str:
     if msg_bytes <= 0:
         return ZERO_KEY
     return f"2^{bin_index(msg_bytes)}"
-
-
-def bin_spec(key: str) -> BinSpec:
-    """The bin of a key ('zero', 'unknown' or '2^k', 0 <= k <= 62); ValueError for anything else."""
-    if key == ZERO_KEY:
-        return BinSpec(key=key, label="0 B", k=None, lo=0, hi=1)
-    if key == UNKNOWN_KEY:
-        return BinSpec(key=key, label="unknown size")
-    m = _POW2_KEY.fullmatch(key)
-    if m is None or int(m.group(1)) > MAX_K:
-        raise ValueError(f"bin must be 'zero', 'unknown' or '2^k' with 0 <= k <= {MAX_K}, not {key!r}")
-    k = int(m.group(1))
-    lo, hi = 1 << k, 1 << (k + 1)
-    return BinSpec(key=key, label=f"{format_bytes(lo)}-{format_bytes(hi)}", k=k, lo=lo, hi=hi)
 
 
 def bin_axis(keys: set[str]) -> list[BinSpec]:

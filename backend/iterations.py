@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 import duckdb
 import pyarrow as pa
 
+from commlens.contract.analysis import CommPeriod, IterationInfo, PeriodReport, ProcessIterations
 from commlens.ingest.aggregates import ensure_fresh, rank_key_sql
 from commlens.ingest.periods import MIN_COVERAGE, MIN_REPEATS, Period, find_period, z_function
-
-from .models import CommPeriod, IterationInfo, PeriodReport, ProcessIterations
 
 __all__ = [
     "MIN_COVERAGE", "MIN_REPEATS", "Iterations", "Period", "UnknownRunError", "assign_iterations", "detect_period",

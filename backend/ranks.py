@@ -15,10 +15,10 @@ from collections import defaultdict
 
 import duckdb
 
+from commlens.contract.analysis import Imbalance, RankSchemeTotal, RankTotals
 from commlens.ingest.aggregates import measured_kind_sql
 
 from .iterations import fresh_run_id, iteration_info
-from .models import Imbalance, RankSchemeTotal, RankTotals
 
 
 def _rank_order(key: str) -> tuple[int, int | str]:

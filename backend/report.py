@@ -6,13 +6,16 @@ from __future__ import annotations
 import duckdb
 from pydantic import BaseModel
 
+from commlens.contract.analysis import AttributionSummary, BandwidthReport, Finding, Histogram, RankTotals
+from commlens.contract.compare import Comparison
+from commlens.contract.predict import PredictInput
+from commlens.vocab import format_bytes
+
 from .attribution import attribute_run, attribution_summary
 from .bandwidth import bandwidth
-from .compare import Comparison, compare
+from .compare import compare
 from .findings import findings
-from .histograms import format_bytes, histogram
-from .models import AttributionSummary, BandwidthReport, Finding, Histogram, RankTotals
-from .predict import PredictInput
+from .histograms import histogram
 from .ranks import rank_totals
 
 

@@ -46,7 +46,7 @@ RUN = "big"
 def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
     """Ingest the real trace (in-process, the same pipeline the API worker uses) and scale it up."""
     from commlens.backend.attribution import attribute_run
-    from commlens.backend.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
+    from commlens.contract.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
     from commlens.ingest import aggregates, pipeline, store
 
     con = store.connect(db)

@@ -67,7 +67,7 @@ def build(out: Path) -> Path:
 
 
 def _b(n: float) -> str:
-    from commlens.backend.histograms import format_bytes
+    from commlens.vocab import format_bytes
 
     return format_bytes(round(n))
 

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from commlens import cli_analysis
 from commlens.harness import cli as harness_cli  # no torch at import time
+from commlens.vocab import format_bytes
 
 app = typer.Typer(
     help="commlens: where does the communication of distributed training go, and is it what it should be?",
@@ -34,14 +35,6 @@ def _root() -> None:
 
 
 DB_OPTION = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store file (created if missing).")
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 @app.command()
@@ -110,7 +103,7 @@ def _print_summary(con, summary) -> None:  # noqa: ANN001
     for col in ("op", "calls", "bytes (sum of S)"):
         ops.add_column(col, justify="right" if col != "op" else "left")
     for op, n in sorted(totals["calls"].items()):
-        ops.add_row(op, str(n), _human_bytes(totals["bytes"][op]))
+        ops.add_row(op, str(n), format_bytes(totals["bytes"][op]))
     console.print(ops)
     status = Counter(f.status for f in summary.files)
     skipped_total = sum(sum(f.skipped.values()) for f in summary.files)
@@ -178,11 +171,11 @@ def ui_command(
     insecure: bool = typer.Option(False, "--insecure", help="Serve off loopback in front of a loopback-bound API."),
 ) -> None:
     """Serve the dashboard alone, against a commlens API elsewhere (docker-compose's ui service)."""
-    from commlens.frontend.server import UiRefused, serve_ui
+    from commlens.frontend.server import UiRefusedError, serve_ui
 
     try:
         serve_ui(api, host=host, port=port, insecure=insecure)
-    except UiRefused as exc:
+    except UiRefusedError as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
 
@@ -198,7 +191,7 @@ def upload_command(
     """Upload files to a running server (the store belongs to `commlens serve` while it runs) and wait for the job."""
     import time
 
-    from commlens.backend.api.models import RunCreate
+    from commlens.contract.runs import RunCreate
     from commlens.frontend.client import ApiClient, ApiProblem
 
     files = [f for p in paths

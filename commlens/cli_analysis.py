@@ -96,8 +96,9 @@ def predict(
     """Predicted communication per rank per iteration, for a run.json or any configuration (what-if at any scale)."""
     from pydantic import ValidationError
 
-    from commlens.backend.histograms import format_bytes
-    from commlens.backend.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput, predict as run_predict
+    from commlens.backend.predict import predict as run_predict
+    from commlens.contract.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
+    from commlens.vocab import format_bytes
 
     try:
         if run_json:

@@ -7,8 +7,9 @@ How each source maps onto them: docs/formats.md (A.3, A.4, B.4, B.5); S in the p
 from __future__ import annotations
 
 import re
+from typing import Literal, get_args
 
-OPS: tuple[str, ...] = (
+Op = Literal[
     "all_reduce",
     "all_gather",
     "reduce_scatter",
@@ -20,7 +21,12 @@ OPS: tuple[str, ...] = (
     "send",
     "recv",
     "barrier",
-)
+]
+OPS: tuple[str, ...] = get_args(Op)
+
+# The parallelism dimension a collective serves; "other" when it serves none of them.
+Scheme = Literal["dp", "tp", "pp", "cp", "ep", "other"]
+SCHEMES: tuple[str, ...] = get_args(Scheme)
 
 P2P_OPS = frozenset({"send", "recv"})
 
@@ -172,3 +178,27 @@ def busbw_factor(op: str, n: int) -> float:
     if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
         return (n - 1) / n
     return 1.0
+
+
+BYTE_UNITS: tuple[str, ...] = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def format_bytes(n: float | None) -> str:
+    """A byte count in binary units, the one spelling of sizes in reports, the CLI and the UI.
+
+    Three significant digits, whole from 100 up (so no exponent ever shows: 1023.9 KiB is '1024 KiB');
+    exact values next to it are the caller's choice. '-' for a missing value.
+
+    >>> format_bytes(1024), format_bytes(1536), format_bytes(120_320), format_bytes(3), format_bytes(None)
+    ('1 KiB', '1.5 KiB', '118 KiB', '3 B', '-')
+    """
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ""
+    value = abs(float(n))
+    unit = 0
+    while value >= 1024 and unit < len(BYTE_UNITS) - 1:
+        value /= 1024
+        unit += 1
+    digits = ".0f" if value >= 100 or value == int(value) else ".3g"
+    return f"{sign}{value:{digits}} {BYTE_UNITS[unit]}"

@@ -12,41 +12,65 @@ from typing import Any
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
-from commlens.backend.api.models import Anchor
+from commlens.contract.review import Anchor
 
 from . import (
-    page_compare, page_histograms, page_overview, page_predicted, page_ranks, page_review, page_runs, page_topology,
+    page_compare,
+    page_histograms,
+    page_overview,
+    page_predicted,
+    page_ranks,
+    page_review,
+    page_runs,
+    page_topology,
 )
-from .components import guarded, message, problem_box
 from .client import ApiProblem
+from .components import guarded, message, problem_box
 from .config import UiConfig
 from .style import CSS
 from .urls import RUN_PAGES, parse, route, run_path
 
 RUN_PAGE_MODULES = {
-    "overview": page_overview, "histograms": page_histograms, "predicted": page_predicted, "ranks": page_ranks,
-    "topology": page_topology, "review": page_review,
+    "overview": page_overview,
+    "histograms": page_histograms,
+    "predicted": page_predicted,
+    "ranks": page_ranks,
+    "topology": page_topology,
+    "review": page_review,
 }
 
-INDEX = """<!DOCTYPE html>
+INDEX = (
+    """<!DOCTYPE html>
 <html lang="en">
-<head>{%metas%}<title>{%title%}</title>{%favicon%}{%css%}<style>""" + CSS + """</style></head>
+<head>{%metas%}<title>{%title%}</title>{%favicon%}{%css%}<style>"""
+    + CSS
+    + """</style></head>
 <body>{%app_entry%}<footer>{%config%}{%scripts%}{%renderer%}</footer></body>
 </html>"""
+)
 
 
 def create_ui(api_url: str | None = None) -> Dash:
     """The dashboard. `api_url`: the API's server root; None when mounted in the API's own server."""
     cfg = UiConfig(api_url=api_url)
-    app = Dash(__name__, title="commlens", update_title=None, suppress_callback_exceptions=True,
-               serve_locally=True, assets_folder="assets-none", index_string=INDEX)
-    app.layout = html.Div([
-        dcc.Location(id="url", refresh=False),
-        dcc.Store(id="token", storage_type="local"),
-        dcc.Store(id="rendered"),
-        _header(),
-        html.Main(id="page", className="page"),
-    ])
+    app = Dash(
+        __name__,
+        title="commlens",
+        update_title=None,
+        suppress_callback_exceptions=True,
+        serve_locally=True,
+        assets_folder="assets-none",
+        index_string=INDEX,
+    )
+    app.layout = html.Div(
+        [
+            dcc.Location(id="url", refresh=False),
+            dcc.Store(id="token", storage_type="local"),
+            dcc.Store(id="rendered"),
+            _header(),
+            html.Main(id="page", className="page"),
+        ]
+    )
     _register_frame(app, cfg)
     for module in (page_runs, page_compare, *RUN_PAGE_MODULES.values()):
         module.register(app, cfg)
@@ -55,63 +79,105 @@ def create_ui(api_url: str | None = None) -> Dash:
 
 
 def _header() -> html.Header:
-    return html.Header([
-        dcc.Link("commlens", href="/", className="brand"),
-        html.Nav([dcc.Link("Runs", href="/"), dcc.Link("Compare", href="/compare")], className="topnav"),
-        html.Div([
-            html.Span(id="whoami", className="whoami"),
-            dcc.Input(id="token-input", type="password", placeholder="API token (optional)", debounce=True,
-                      className="token-input", autoComplete="off"),
-            html.Button("Use token", id="token-save", className="btn small"),
-            html.Button("Forget", id="token-clear", className="btn small ghost"),
-        ], className="auth"),
-    ], className="top")
+    return html.Header(
+        [
+            dcc.Link("commlens", href="/", className="brand"),
+            html.Nav([dcc.Link("Runs", href="/"), dcc.Link("Compare", href="/compare")], className="topnav"),
+            html.Div(
+                [
+                    html.Span(id="whoami", className="whoami"),
+                    dcc.Input(
+                        id="token-input",
+                        type="password",
+                        placeholder="API token (optional)",
+                        debounce=True,
+                        className="token-input",
+                        autoComplete="off",
+                    ),
+                    html.Button("Use token", id="token-save", className="btn small"),
+                    html.Button("Forget", id="token-clear", className="btn small ghost"),
+                ],
+                className="auth",
+            ),
+        ],
+        className="top",
+    )
 
 
 def run_frame(run: str, page: str, body: Any) -> html.Div:
-    tabs = [dcc.Link(label, href=run_path(run, key), className="cl-tab active" if key == page else "cl-tab")
-            for key, label in RUN_PAGES.items()]
-    return html.Div([
-        html.Div([html.H1(["Run ", html.Span(run, className="run-name")]), html.Nav(tabs, className="cl-tabs")],
-                 className="run-head"),
-        body,
-        None if page == "review" else html.Details([
-            html.Summary("Comment on this view"),
-            html.P("The comment is anchored to this page and its selection (scheme, op, size bin, rank); "
-                   "Markdown is allowed.", className="hint"),
-            dcc.Textarea(id="comment-body", className="comment-text", placeholder="What do you see here?"),
-            html.Button("Add comment", id="comment-add", className="btn"),
-            html.Div(id="comment-result"),
-        ], className="comment-box", id="comment-box"),
-    ])
+    tabs = [
+        dcc.Link(label, href=run_path(run, key), className="cl-tab active" if key == page else "cl-tab")
+        for key, label in RUN_PAGES.items()
+    ]
+    return html.Div(
+        [
+            html.Div(
+                [html.H1(["Run ", html.Span(run, className="run-name")]), html.Nav(tabs, className="cl-tabs")],
+                className="run-head",
+            ),
+            body,
+            None
+            if page == "review"
+            else html.Details(
+                [
+                    html.Summary("Comment on this view"),
+                    html.P(
+                        "The comment is anchored to this page and its selection (scheme, op, size bin, rank); "
+                        "Markdown is allowed.",
+                        className="hint",
+                    ),
+                    dcc.Textarea(id="comment-body", className="comment-text", placeholder="What do you see here?"),
+                    html.Button("Add comment", id="comment-add", className="btn"),
+                    html.Div(id="comment-result"),
+                ],
+                className="comment-box",
+                id="comment-box",
+            ),
+        ]
+    )
+
+
+def _page(cfg: UiConfig, token: str | None, pathname: str | None, search: str | None) -> Any:
+    """The page the URL names, or a 'not found' that links back to the runs."""
+    r, q = route(pathname), parse(search)
+    if r.page == "runs":
+        return page_runs.layout(q)
+    if r.page == "compare":
+        return page_compare.layout(cfg, token, q)
+    if r.run is not None and r.page in RUN_PAGE_MODULES:
+        return run_frame(r.run, r.page, RUN_PAGE_MODULES[r.page].layout(cfg, token, r.run, q))
+    found = ["There is no page at ", html.Code(pathname or "/"), ". ", dcc.Link("See the runs", href="/"), "."]
+    return html.Div([html.H1("Page not found"), message(found, "error")])
 
 
 def _register_frame(app: Dash, cfg: UiConfig) -> None:
-    @app.callback(Output("page", "children"), Output("rendered", "data"),
-                  Input("url", "pathname"), Input("url", "search"), State("rendered", "data"), State("token", "data"))
+    @app.callback(
+        Output("page", "children"),
+        Output("rendered", "data"),
+        Input("url", "pathname"),
+        Input("url", "search"),
+        State("rendered", "data"),
+        State("token", "data"),
+    )
     def render(pathname: str | None, search: str | None, rendered: dict | None, token: str | None) -> Any:
         here = {"path": pathname or "/", "search": search or ""}
         if rendered == here:
             raise PreventUpdate  # the page itself wrote this URL
-        r, q = route(pathname), parse(search)
         try:
-            if r.page == "runs":
-                body = page_runs.layout(q)
-            elif r.page == "compare":
-                body = page_compare.layout(cfg, token, q)
-            elif r.run is not None and r.page in RUN_PAGE_MODULES:
-                body = run_frame(r.run, r.page, RUN_PAGE_MODULES[r.page].layout(cfg, token, r.run, q))
-            else:
-                body = html.Div([html.H1("Page not found"), message(
-                    ["There is no page at ", html.Code(pathname or "/"), ". ", dcc.Link("See the runs", href="/"), "."],
-                    "error")])
+            body = _page(cfg, token, pathname, search)
         except ApiProblem as exc:
             body = problem_box(exc)
         return body, here
 
-    @app.callback(Output("token", "data"), Output("token-input", "value"),
-                  Input("token-save", "n_clicks"), Input("token-input", "n_submit"), Input("token-clear", "n_clicks"),
-                  State("token-input", "value"), prevent_initial_call=True)
+    @app.callback(
+        Output("token", "data"),
+        Output("token-input", "value"),
+        Input("token-save", "n_clicks"),
+        Input("token-input", "n_submit"),
+        Input("token-clear", "n_clicks"),
+        State("token-input", "value"),
+        prevent_initial_call=True,
+    )
     def save_token(_save: int | None, _submit: int | None, _clear: int | None, value: str | None) -> Any:
         if ctx.triggered_id == "token-clear":
             return None, ""
@@ -126,14 +192,22 @@ def _register_frame(app: Dash, cfg: UiConfig) -> None:
         except ApiProblem as exc:
             if exc.status == 401:
                 return html.Span("token refused: enter another or Forget", className="bad")
-            return html.Span("API unreachable" if exc.status == 0 else f"API error {exc.status}", className="bad",
-                             title=exc.detail)
+            return html.Span(
+                "API unreachable" if exc.status == 0 else f"API error {exc.status}", className="bad", title=exc.detail
+            )
         rights = "admin" if me.is_admin else ("can write" if me.can_write else "read only")
         return [html.Span(me.name, id="whoami-name", className="who"), f" ({me.via}, {rights})"]
 
-    @app.callback(Output("comment-result", "children"), Output("comment-body", "value"),
-                  Input("comment-add", "n_clicks"), State("comment-body", "value"), State("url", "pathname"),
-                  State("url", "search"), State("token", "data"), prevent_initial_call=True)
+    @app.callback(
+        Output("comment-result", "children"),
+        Output("comment-body", "value"),
+        Input("comment-add", "n_clicks"),
+        State("comment-body", "value"),
+        State("url", "pathname"),
+        State("url", "search"),
+        State("token", "data"),
+        prevent_initial_call=True,
+    )
     @guarded(outputs=2)
     def add_comment(n: int | None, body: str | None, pathname: str, search: str, token: str | None) -> Any:
         if not n:
@@ -144,9 +218,15 @@ def _register_frame(app: Dash, cfg: UiConfig) -> None:
         if r.run is None:
             raise PreventUpdate
         item = cfg.client(token).add_review(r.run, body, anchor_for(r.page, parse(search), search))
-        return message(["Comment #", str(item.item_id), f" added by {item.author}. ",
-                        dcc.Link("Open the review", href=run_path(r.run, "review") + f"?item={item.item_id}")],
-                       "ok"), ""
+        return message(
+            [
+                "Comment #",
+                str(item.item_id),
+                f" added by {item.author}. ",
+                dcc.Link("Open the review", href=run_path(r.run, "review") + f"?item={item.item_id}"),
+            ],
+            "ok",
+        ), ""
 
 
 def anchor_for(page: str, q: dict[str, str], search: str | None) -> Anchor:

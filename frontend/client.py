@@ -1,4 +1,4 @@
-"""The UI's one way to the API: a typed httpx client returning the backend's own pydantic models.
+"""The UI's one way to the API: a typed httpx client returning the wire contract's pydantic models.
 
 Every number the dashboard shows comes through here. Errors become `ApiProblem` with the API's
 problem+json detail (or a sentence about the connection), so pages can say what went wrong in words.
@@ -14,13 +14,22 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel
 
-from commlens.backend.api.models import (
-    Anchor, GroupsPage, JobOut, Me, Page, ReviewCreate, ReviewItem, ReviewUpdate, RunCreate, RunDetail,
-    RunsComparison, RunSummary, RunUpdate, SourceOut, TopologyRows,
+from commlens.contract.analysis import (
+    BandwidthReport,
+    BarCalls,
+    Finding,
+    GroupsPage,
+    Histogram,
+    RankTotals,
+    TopologyRows,
 )
-from commlens.backend.compare import Comparison
-from commlens.backend.models import BandwidthReport, BarCalls, Finding, Histogram, RankTotals
-from commlens.backend.predict import Prediction, PredictInput
+from commlens.contract.common import Page
+from commlens.contract.compare import Comparison, RunsComparison
+from commlens.contract.jobs import JobOut
+from commlens.contract.predict import PredictInput, Prediction
+from commlens.contract.review import Anchor, ReviewCreate, ReviewItem, ReviewUpdate
+from commlens.contract.runs import RunCreate, RunDetail, RunSummary, RunUpdate, SourceOut
+from commlens.contract.users import Me
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -29,7 +38,7 @@ TIMEOUT = httpx.Timeout(180.0, connect=5.0)
 UPLOAD_TIMEOUT = httpx.Timeout(900.0, connect=5.0)
 
 
-class ApiProblem(Exception):
+class ApiProblem(Exception):  # noqa: N818 - the client's public name, caught by the CLI and scripts
     """An API error (status and the API's detail) or an unreachable API (status 0)."""
 
     def __init__(self, status: int, detail: str, title: str = ""):
@@ -49,8 +58,11 @@ def _problem(resp: httpx.Response) -> ApiProblem:
         if not isinstance(detail, str):
             detail = json.dumps(detail)[:500]
         # Validation problems list each bad field ({"field", "message"}); the detail names the first five.
-        fields = [f"{e.get('field')}: {e.get('message')}" for e in body.get("errors") or []
-                  if isinstance(e, dict) and e.get("field") and e.get("message")]
+        fields = [
+            f"{e.get('field')}: {e.get('message')}"
+            for e in body.get("errors") or []
+            if isinstance(e, dict) and e.get("field") and e.get("message")
+        ]
         missing = [f for f in fields if f not in detail]
         if missing:
             detail += " (" + "; ".join(missing[:5]) + ")"
@@ -68,12 +80,27 @@ class ApiClient:
 
     # ------------------------------------------------------------------------------ plumbing
 
-    def _request(self, method: str, path: str, *, params: dict[str, Any] | None = None, json_body: Any = None,
-                 files: Any = None, timeout: httpx.Timeout = TIMEOUT) -> httpx.Response:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        json_body: Any = None,
+        files: Any = None,
+        timeout: httpx.Timeout = TIMEOUT,
+    ) -> httpx.Response:
         clean = {k: v for k, v in (params or {}).items() if v is not None and v != ""}
         try:
-            resp = self._http.request(method, f"{self.base_url}/api{path}", params=clean, json=json_body, files=files,
-                                      headers=self._headers, timeout=timeout)
+            resp = self._http.request(
+                method,
+                f"{self.base_url}/api{path}",
+                params=clean,
+                json=json_body,
+                files=files,
+                headers=self._headers,
+                timeout=timeout,
+            )
         except httpx.TimeoutException:
             raise ApiProblem(0, f"the API at {self.base_url} did not answer {method} /api{path} in time") from None
         except httpx.HTTPError as exc:
@@ -111,8 +138,9 @@ class ApiClient:
 
     def upload(self, run: str, files: Sequence[tuple[str, bytes]], rank: int | None = None) -> JobOut:
         parts = [("files", (name, data, "application/octet-stream")) for name, data in files]
-        resp = self._request("POST", f"/runs/{_seg(run)}/files", params={"rank": rank}, files=parts,
-                             timeout=UPLOAD_TIMEOUT)
+        resp = self._request(
+            "POST", f"/runs/{_seg(run)}/files", params={"rank": rank}, files=parts, timeout=UPLOAD_TIMEOUT
+        )
         return JobOut.model_validate_json(resp.content)
 
     def job(self, job_id: str) -> JobOut:
@@ -123,11 +151,29 @@ class ApiClient:
     def groups(self, run: str, limit: int = 1000, offset: int = 0) -> GroupsPage:
         return self._get(f"/runs/{_seg(run)}/groups", GroupsPage, limit=limit, offset=offset)
 
-    def histogram(self, run: str, *, scheme: str | None = None, op: str | None = None, dtype: str | None = None,
-                  rank: int | None = None, step: int | None = None, weight: str = "calls",
-                  normalize: bool = True) -> Histogram:
-        return self._get(f"/runs/{_seg(run)}/histograms", Histogram, scheme=scheme, op=op, dtype=dtype, rank=rank,
-                         step=step, weight=weight, normalize=str(normalize).lower())
+    def histogram(
+        self,
+        run: str,
+        *,
+        scheme: str | None = None,
+        op: str | None = None,
+        dtype: str | None = None,
+        rank: int | None = None,
+        step: int | None = None,
+        weight: str = "calls",
+        normalize: bool = True,
+    ) -> Histogram:
+        return self._get(
+            f"/runs/{_seg(run)}/histograms",
+            Histogram,
+            scheme=scheme,
+            op=op,
+            dtype=dtype,
+            rank=rank,
+            step=step,
+            weight=weight,
+            normalize=str(normalize).lower(),
+        )
 
     def bandwidth(self, run: str) -> BandwidthReport:
         return self._get(f"/runs/{_seg(run)}/bandwidth", BandwidthReport)
@@ -141,28 +187,54 @@ class ApiClient:
     def promote_finding(self, run: str, finding_id: str) -> ReviewItem:
         return self._send("POST", f"/runs/{_seg(run)}/findings/{_seg(finding_id)}/review", ReviewItem, None)
 
-    def comparison(self, run: str, supplied: PredictInput | None = None) -> Comparison:
+    def predicted_vs_measured(self, run: str, supplied: PredictInput | None = None) -> Comparison:
+        """The run's measured calls against the prediction of its own config, or of `supplied`."""
         if supplied is None:
             return self._get(f"/runs/{_seg(run)}/comparison", Comparison)
         return self._send("POST", f"/runs/{_seg(run)}/comparison", Comparison, supplied.model_dump(mode="json"))
 
-    def compare(self, runs: Sequence[str]) -> RunsComparison:
+    def compare_runs(self, runs: Sequence[str]) -> RunsComparison:
+        """Several runs side by side, each predicted against measured (GET /compare)."""
         return self._get("/compare", RunsComparison, runs=",".join(runs))
 
     def predict(self, body: PredictInput) -> Prediction:
         return self._send("POST", "/predict", Prediction, body.model_dump(mode="json"))
 
-    def topology(self, run: str, table: str, limit: int = 500, offset: int = 0,
-                 group_key: str | None = None) -> TopologyRows:
-        return self._get(f"/runs/{_seg(run)}/topology/{_seg(table)}", TopologyRows, limit=limit, offset=offset,
-                         group_key=group_key)
+    def topology(
+        self, run: str, table: str, limit: int = 500, offset: int = 0, group_key: str | None = None
+    ) -> TopologyRows:
+        return self._get(
+            f"/runs/{_seg(run)}/topology/{_seg(table)}", TopologyRows, limit=limit, offset=offset, group_key=group_key
+        )
 
-    def bar_calls(self, run: str, *, bin: str | None = None, scheme: str | None = None, op: str | None = None,
-                  dtype: str | None = None, rank: int | None = None, step: int | None = None, normalize: bool = True,
-                  limit: int = 100, offset: int = 0) -> BarCalls:
+    def bar_calls(
+        self,
+        run: str,
+        *,
+        bin: str | None = None,
+        scheme: str | None = None,
+        op: str | None = None,
+        dtype: str | None = None,
+        rank: int | None = None,
+        step: int | None = None,
+        normalize: bool = True,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> BarCalls:
         """The calls of one histogram bar, with the histogram's own filters (GET /runs/{run}/calls)."""
-        return self._get(f"/runs/{_seg(run)}/calls", BarCalls, bin=bin, scheme=scheme, op=op, dtype=dtype, rank=rank,
-                         step=step, normalize=str(normalize).lower(), limit=limit, offset=offset)
+        return self._get(
+            f"/runs/{_seg(run)}/calls",
+            BarCalls,
+            bin=bin,
+            scheme=scheme,
+            op=op,
+            dtype=dtype,
+            rank=rank,
+            step=step,
+            normalize=str(normalize).lower(),
+            limit=limit,
+            offset=offset,
+        )
 
     # -------------------------------------------------------------------------------- review
 
@@ -174,8 +246,9 @@ class ApiClient:
 
     def add_review(self, run: str, body: str, anchor: Anchor | None = None, parent_id: int | None = None) -> ReviewItem:
         create = ReviewCreate(body=body, anchor=anchor, parent_id=parent_id)
-        return self._send("POST", f"/runs/{_seg(run)}/review", ReviewItem,
-                          create.model_dump(mode="json", exclude_none=True))
+        return self._send(
+            "POST", f"/runs/{_seg(run)}/review", ReviewItem, create.model_dump(mode="json", exclude_none=True)
+        )
 
     def update_review(self, item_id: int, body: ReviewUpdate) -> ReviewItem:
         return self._send("PATCH", f"/review/{item_id}", ReviewItem, body)

@@ -20,17 +20,35 @@ from .fmt import num
 
 log = logging.getLogger("commlens.frontend")
 
-GRAPH_CONFIG = {"displaylogo": False, "responsive": True,
-                "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d"],
-                "toImageButtonOptions": {"format": "png", "scale": 2}}
+GRAPH_CONFIG = {
+    "displaylogo": False,
+    "responsive": True,
+    "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d"],
+    "toImageButtonOptions": {"format": "png", "scale": 2},
+}
 OP_COLORS = {
-    "all_reduce": "#1f77b4", "all_gather": "#ff7f0e", "reduce_scatter": "#2ca02c", "broadcast": "#d62728",
-    "reduce": "#9467bd", "all_to_all": "#8c564b", "gather": "#e377c2", "scatter": "#7f7f7f", "send": "#bcbd22",
-    "recv": "#17becf", "barrier": "#444444",
+    "all_reduce": "#1f77b4",
+    "all_gather": "#ff7f0e",
+    "reduce_scatter": "#2ca02c",
+    "broadcast": "#d62728",
+    "reduce": "#9467bd",
+    "all_to_all": "#8c564b",
+    "gather": "#e377c2",
+    "scatter": "#7f7f7f",
+    "send": "#bcbd22",
+    "recv": "#17becf",
+    "barrier": "#444444",
 }
 MAX_TABLE_ROWS = 1000
-SCHEME_COLORS = {"dp": "#1f77b4", "tp": "#ff7f0e", "pp": "#2ca02c", "cp": "#9467bd", "ep": "#8c564b",
-                 "other": "#7f7f7f", None: "#bbbbbb"}
+SCHEME_COLORS = {
+    "dp": "#1f77b4",
+    "tp": "#ff7f0e",
+    "pp": "#2ca02c",
+    "cp": "#9467bd",
+    "ep": "#8c564b",
+    "other": "#7f7f7f",
+    None: "#bbbbbb",
+}
 
 
 # ------------------------------------------------------------------------------------ messages
@@ -74,10 +92,11 @@ def guarded(outputs: int = 1) -> Callable[[Callable[..., Any]], Callable[..., An
                 raise
             except ApiProblem as exc:
                 box = problem_box(exc)
-            except Exception as exc:  # noqa: BLE001 - shown in words, logged with the traceback
+            except Exception as exc:
                 log.exception("UI callback %s failed", fn.__name__)
-                box = message([html.Strong("The page could not draw this view: "), f"{type(exc).__name__}: {exc}"],
-                              "error")
+                box = message(
+                    [html.Strong("The page could not draw this view: "), f"{type(exc).__name__}: {exc}"], "error"
+                )
             return box if outputs == 1 else (box, *([no_update] * (outputs - 1)))
 
         return wrapper
@@ -103,12 +122,21 @@ def loading(child: Any, id_: str | None = None) -> dcc.Loading:
 
 def td_num(value: float | int | None, text: str | None = None, **props: Any) -> html.Td:
     """A numeric cell: the readable text shown, the exact value in data-value."""
-    return html.Td(num(value) if text is None else text, className="num",
-                   **{"data-value": "" if value is None else repr(value)}, **props)
+    return html.Td(
+        num(value) if text is None else text,
+        className="num",
+        **{"data-value": "" if value is None else repr(value)},
+        **props,
+    )
 
 
-def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], id_: Any = None, caption: str | None = None,
-          row_class: Sequence[str | None] | None = None) -> html.Table:
+def table(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    id_: Any = None,
+    caption: str | None = None,
+    row_class: Sequence[str | None] | None = None,
+) -> html.Table:
     head = html.Thead(html.Tr([html.Th(c, scope="col") for c in columns]))
     body = []
     for i, row in enumerate(rows):
@@ -117,7 +145,7 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], id_: Any = None
         body.append(html.Tr(cells, className=cls) if cls else html.Tr(cells))
     parts: list[Any] = [html.Caption(caption)] if caption else []
     kwargs = {"id": id_} if id_ is not None else {}
-    return html.Table(parts + [head, html.Tbody(body)], className="data", **kwargs)
+    return html.Table([*parts, head, html.Tbody(body)], className="data", **kwargs)
 
 
 def csv_href(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -132,32 +160,53 @@ def csv_link(columns: Sequence[str], rows: Sequence[Sequence[Any]], filename: st
     return html.A("Download CSV", href=csv_href(columns, rows), download=filename, className="csv")
 
 
-def chart_block(graph_id: Any, fig: go.Figure, columns: Sequence[str], display_rows: Sequence[Sequence[Any]],
-                raw_rows: Sequence[Sequence[Any]], filename: str, note: Any = None,
-                open_table: bool = False) -> html.Div:
+def chart_block(
+    graph_id: Any,
+    fig: go.Figure,
+    columns: Sequence[str],
+    display_rows: Sequence[Sequence[Any]],
+    raw_rows: Sequence[Sequence[Any]],
+    filename: str,
+    note: Any = None,
+    open_table: bool = False,
+) -> html.Div:
     """A chart with its table view and CSV: the same numbers three ways (the table shows the first
     MAX_TABLE_ROWS rows; the CSV has them all)."""
     tidy_legend(fig)
     shown = display_rows[:MAX_TABLE_ROWS]
-    more = (html.P(f"The table shows the first {MAX_TABLE_ROWS} of {len(display_rows)} rows; the CSV has them all.",
-                   className="hint") if len(display_rows) > MAX_TABLE_ROWS else None)
-    return html.Div([
-        dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, className="graph"),
-        html.Div(note, className="chart-note") if note else None,
-        html.Details([html.Summary("Table view"), more, html.Div(table(columns, shown), className="scroll")],
-                     open=open_table),
-        csv_link(columns, raw_rows, filename),
-    ], className="chart")
+    more = (
+        html.P(
+            f"The table shows the first {MAX_TABLE_ROWS} of {len(display_rows)} rows; the CSV has them all.",
+            className="hint",
+        )
+        if len(display_rows) > MAX_TABLE_ROWS
+        else None
+    )
+    return html.Div(
+        [
+            dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, className="graph"),
+            html.Div(note, className="chart-note") if note else None,
+            html.Details(
+                [html.Summary("Table view"), more, html.Div(table(columns, shown), className="scroll")], open=open_table
+            ),
+            csv_link(columns, raw_rows, filename),
+        ],
+        className="chart",
+    )
 
 
 def figure(title: str, x_title: str, y_title: str, height: int = 340) -> go.Figure:
     fig = go.Figure()
     fig.update_layout(
         title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 15}},
-        xaxis_title=x_title, yaxis_title=y_title, height=height, template="plotly_white",
-        margin={"l": 70, "r": 20, "t": 60, "b": 60}, legend={"orientation": "h", "y": 1.02, "yanchor": "bottom",
-                                                             "x": 1, "xanchor": "right"},
-        hoverlabel={"namelength": -1}, font={"size": 12},
+        xaxis_title=x_title,
+        yaxis_title=y_title,
+        height=height,
+        template="plotly_white",
+        margin={"l": 70, "r": 20, "t": 60, "b": 60},
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"},
+        hoverlabel={"namelength": -1},
+        font={"size": 12},
     )
     return fig
 
@@ -170,9 +219,17 @@ def tidy_legend(fig: go.Figure) -> None:
     rows = -(-entries // 4)
     height = (fig.layout.height or 340) + 22 * rows
     tilted = fig.layout.xaxis.tickangle not in (None, 0)
-    fig.update_layout(height=height, margin={"b": 90 + 22 * rows + (30 if tilted else 0)},
-                      legend={"orientation": "h", "y": -0.22 - (0.12 if tilted else 0) - 0.02 * rows,
-                              "yanchor": "top", "x": 0, "xanchor": "left"})
+    fig.update_layout(
+        height=height,
+        margin={"b": 90 + 22 * rows + (30 if tilted else 0)},
+        legend={
+            "orientation": "h",
+            "y": -0.22 - (0.12 if tilted else 0) - 0.02 * rows,
+            "yanchor": "top",
+            "x": 0,
+            "xanchor": "left",
+        },
+    )
 
 
 def kv(pairs: Sequence[tuple[str, Any]]) -> html.Dl:

@@ -1,4 +1,4 @@
-"""Presentation of the API's numbers: byte sizes in binary units, readable counts, byte axes.
+"""Presentation of the API's numbers: exact byte sizes, readable counts and durations, byte axes.
 
 Formatting only; nothing here derives a new quantity from the data.
 """
@@ -7,31 +7,15 @@ from __future__ import annotations
 
 import math
 
-UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
-
-
-def human_bytes(n: float | int | None) -> str:
-    """'1 KiB', '117.5 KiB', '3 B'; '-' for a missing value."""
-    if n is None:
-        return "-"
-    sign = "-" if n < 0 else ""
-    n = abs(float(n))
-    unit = 0
-    while n >= 1024 and unit < len(UNITS) - 1:
-        n /= 1024
-        unit += 1
-    if unit == 0:
-        return f"{sign}{n:.0f} B" if n == int(n) else f"{sign}{n:.3g} B"
-    text = f"{n:.0f}" if n == int(n) else (f"{n:.1f}" if n >= 100 else f"{n:.3g}")
-    return f"{sign}{text} {UNITS[unit]}"
+from commlens.vocab import BYTE_UNITS, format_bytes
 
 
 def exact_bytes(n: float | int | None) -> str:
-    """'120,320 B (117.5 KiB)': the exact value first, the readable one after."""
+    """'120,320 B (118 KiB)': the exact value first, the readable one after."""
     if n is None:
         return "-"
     exact = f"{int(n):,}" if float(n) == int(n) else f"{n:,.3f}"
-    return f"{exact} B" if abs(n) < 1024 else f"{exact} B ({human_bytes(n)})"
+    return f"{exact} B" if abs(n) < 1024 else f"{exact} B ({format_bytes(n)})"
 
 
 def num(x: float | int | None, digits: int = 4) -> str:
@@ -71,12 +55,12 @@ def byte_axis(max_value: float, min_value: float = 0.0, log: bool = False) -> di
         lo = max(min_value, 1.0)
         k0 = math.floor(math.log2(lo) / 2) * 2
         k1 = math.ceil(math.log2(max_value) / 2) * 2
-        vals = [2.0 ** k for k in range(k0, k1 + 1, 2)]
-        return {"tickvals": vals, "ticktext": [human_bytes(v) for v in vals]}
-    unit = 1024 ** min(int(math.log(max_value, 1024)) if max_value >= 1 else 0, len(UNITS) - 1)
+        vals = [2.0**k for k in range(k0, k1 + 1, 2)]
+        return {"tickvals": vals, "ticktext": [format_bytes(v) for v in vals]}
+    unit = 1024 ** min(int(math.log(max_value, 1024)) if max_value >= 1 else 0, len(BYTE_UNITS) - 1)
     span = max_value / unit
     raw = span / 5
     mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw) * unit
     vals = [i * step for i in range(int(max_value // step) + 2)]
-    return {"tickvals": vals, "ticktext": [human_bytes(v) for v in vals]}
+    return {"tickvals": vals, "ticktext": [format_bytes(v) for v in vals]}

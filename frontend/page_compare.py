@@ -7,14 +7,14 @@ from typing import Any
 
 from dash import Dash, Input, Output, State, dcc, html
 
-from commlens.backend.api.models import RunsComparison
-from commlens.backend.models import SCHEMES, BinSpec, Histogram
+from commlens.contract.analysis import BinSpec, Histogram
+from commlens.contract.compare import RunsComparison
+from commlens.vocab import OPS, SCHEMES
 
 from .client import ApiClient, ApiProblem
-from .components import push_state, chart_block, empty, figure, guarded, loading, problem_box, td_num
+from .components import chart_block, empty, figure, guarded, loading, problem_box, push_state, td_num
 from .config import UiConfig
 from .fmt import byte_axis, exact_bytes, num
-from .page_histograms import OPS
 from .urls import query
 
 MAX_RUNS = 8
@@ -33,67 +33,161 @@ def layout(cfg: UiConfig, token: str | None, q: dict[str, str]) -> html.Div:
     except ApiProblem as exc:
         names, head = [], problem_box(exc)
     options = [{"label": n, "value": n} for n in dict.fromkeys(names + selected)]
-    return html.Div([
-        html.H1("Compare runs"),
-        head,
-        html.Div([
-            html.Div([html.Label("Runs (up to 8)", htmlFor="cmp-runs"),
-                      dcc.Dropdown(id="cmp-runs", options=options, value=selected, multi=True,
-                                   placeholder="choose runs")], className="field", style={"minWidth": "420px"}),
-            html.Div([html.Label("Scheme", htmlFor="cmp-scheme"),
-                      dcc.Dropdown(id="cmp-scheme", options=[{"label": "all", "value": ""}] +
-                                   [{"label": s, "value": s} for s in SCHEMES], value=q.get("scheme", ""),
-                                   clearable=False, searchable=False)], className="field"),
-            html.Div([html.Label("Op", htmlFor="cmp-op"),
-                      dcc.Dropdown(id="cmp-op", options=[{"label": "all", "value": ""}] +
-                                   [{"label": o, "value": o} for o in OPS], value=q.get("op", ""), clearable=False,
-                                   searchable=False)], className="field"),
-            html.Div([html.Label("Weight"), dcc.RadioItems(
-                id="cmp-weight", options=[{"label": " calls", "value": "calls"}, {"label": " bytes", "value": "bytes"}],
-                value=q.get("weight") if q.get("weight") in ("calls", "bytes") else "calls", inline=True,
-                inputStyle={"marginLeft": "8px"})], className="field"),
-            html.Div([html.Label("Histograms"), dcc.RadioItems(
-                id="cmp-mode", options=[{"label": " overlaid", "value": "overlay"},
-                                        {"label": " side by side", "value": "group"}],
-                value=q.get("mode") if q.get("mode") in ("overlay", "group") else "overlay", inline=True,
-                inputStyle={"marginLeft": "8px"})], className="field"),
-            html.Div([html.Label("Sweep over", htmlFor="cmp-sweep"),
-                      dcc.Dropdown(id="cmp-sweep", options=[], value=q.get("sweep"), clearable=False,
-                                   placeholder="a configuration value")], className="field wide"),
-        ], className="controls"),
-        loading(html.Div(id="cmp-content")),
-        html.H2("Sweep"),
-        loading(html.Div(id="cmp-sweep-chart")),
-    ])
+    return html.Div(
+        [
+            html.H1("Compare runs"),
+            head,
+            html.Div(
+                [
+                    html.Div(
+                        [
+                            html.Label("Runs (up to 8)", htmlFor="cmp-runs"),
+                            dcc.Dropdown(
+                                id="cmp-runs", options=options, value=selected, multi=True, placeholder="choose runs"
+                            ),
+                        ],
+                        className="field",
+                        style={"minWidth": "420px"},
+                    ),
+                    html.Div(
+                        [
+                            html.Label("Scheme", htmlFor="cmp-scheme"),
+                            dcc.Dropdown(
+                                id="cmp-scheme",
+                                options=[{"label": "all", "value": ""}] + [{"label": s, "value": s} for s in SCHEMES],
+                                value=q.get("scheme", ""),
+                                clearable=False,
+                                searchable=False,
+                            ),
+                        ],
+                        className="field",
+                    ),
+                    html.Div(
+                        [
+                            html.Label("Op", htmlFor="cmp-op"),
+                            dcc.Dropdown(
+                                id="cmp-op",
+                                options=[{"label": "all", "value": ""}] + [{"label": o, "value": o} for o in OPS],
+                                value=q.get("op", ""),
+                                clearable=False,
+                                searchable=False,
+                            ),
+                        ],
+                        className="field",
+                    ),
+                    html.Div(
+                        [
+                            html.Label("Weight"),
+                            dcc.RadioItems(
+                                id="cmp-weight",
+                                options=[{"label": " calls", "value": "calls"}, {"label": " bytes", "value": "bytes"}],
+                                value=q.get("weight") if q.get("weight") in ("calls", "bytes") else "calls",
+                                inline=True,
+                                inputStyle={"marginLeft": "8px"},
+                            ),
+                        ],
+                        className="field",
+                    ),
+                    html.Div(
+                        [
+                            html.Label("Histograms"),
+                            dcc.RadioItems(
+                                id="cmp-mode",
+                                options=[
+                                    {"label": " overlaid", "value": "overlay"},
+                                    {"label": " side by side", "value": "group"},
+                                ],
+                                value=q.get("mode") if q.get("mode") in ("overlay", "group") else "overlay",
+                                inline=True,
+                                inputStyle={"marginLeft": "8px"},
+                            ),
+                        ],
+                        className="field",
+                    ),
+                    html.Div(
+                        [
+                            html.Label("Sweep over", htmlFor="cmp-sweep"),
+                            dcc.Dropdown(
+                                id="cmp-sweep",
+                                options=[],
+                                value=q.get("sweep"),
+                                clearable=False,
+                                placeholder="a configuration value",
+                            ),
+                        ],
+                        className="field wide",
+                    ),
+                ],
+                className="controls",
+            ),
+            loading(html.Div(id="cmp-content")),
+            html.H2("Sweep"),
+            loading(html.Div(id="cmp-sweep-chart")),
+        ]
+    )
 
 
 def volumes(rc: RunsComparison) -> Any:
-    fig = figure("Bytes per iteration per rank by scheme: measured (solid) and predicted (hatched)", "scheme",
-                 "bytes per iteration per rank")
+    fig = figure(
+        "Bytes per iteration per rank by scheme: measured (solid) and predicted (hatched)",
+        "scheme",
+        "bytes per iteration per rank",
+    )
     top = 0.0
     rows, raw = [], []
     for i, r in enumerate(rc.runs):
         color = PALETTE[i % len(PALETTE)]
         s = r.comparison.schemes
         x = [x.scheme for x in s]
-        fig.add_bar(name=f"{r.run} measured", x=x, y=[x.measured_bytes_per_iter for x in s], marker_color=color,
-                    legendgroup=r.run, offsetgroup=f"{i}m",
-                    customdata=[exact_bytes(x.measured_bytes_per_iter) for x in s],
-                    hovertemplate=f"{r.run} " + "%{x} measured: %{customdata}<extra></extra>")
+        fig.add_bar(
+            name=f"{r.run} measured",
+            x=x,
+            y=[x.measured_bytes_per_iter for x in s],
+            marker_color=color,
+            legendgroup=r.run,
+            offsetgroup=f"{i}m",
+            customdata=[exact_bytes(x.measured_bytes_per_iter) for x in s],
+            hovertemplate=f"{r.run} " + "%{x} measured: %{customdata}<extra></extra>",
+        )
         if r.comparison.config_source != "none":
-            fig.add_bar(name=f"{r.run} predicted", x=x, y=[x.predicted_bytes_per_iter for x in s], marker_color=color,
-                        marker_pattern_shape="/", opacity=0.55, legendgroup=r.run, offsetgroup=f"{i}p",
-                        customdata=[exact_bytes(x.predicted_bytes_per_iter) for x in s],
-                        hovertemplate=f"{r.run} " + "%{x} predicted: %{customdata}<extra></extra>")
+            fig.add_bar(
+                name=f"{r.run} predicted",
+                x=x,
+                y=[x.predicted_bytes_per_iter for x in s],
+                marker_color=color,
+                marker_pattern_shape="/",
+                opacity=0.55,
+                legendgroup=r.run,
+                offsetgroup=f"{i}p",
+                customdata=[exact_bytes(x.predicted_bytes_per_iter) for x in s],
+                hovertemplate=f"{r.run} " + "%{x} predicted: %{customdata}<extra></extra>",
+            )
         for x in s:
             top = max(top, x.measured_bytes_per_iter, x.predicted_bytes_per_iter)
-            rows.append([r.run, r.strategy or "-", td_num(r.world_size), x.scheme,
-                         td_num(x.predicted_bytes_per_iter, exact_bytes(x.predicted_bytes_per_iter)),
-                         td_num(x.measured_bytes_per_iter, exact_bytes(x.measured_bytes_per_iter)),
-                         td_num(x.unexplained_bytes_per_iter, exact_bytes(x.unexplained_bytes_per_iter)),
-                         td_num(x.ratio, "-" if x.ratio is None else f"{x.ratio:.4g}")])
-            raw.append([r.run, r.strategy, r.world_size, x.scheme, x.predicted_bytes_per_iter,
-                        x.measured_bytes_per_iter, x.unexplained_bytes_per_iter, x.ratio])
+            rows.append(
+                [
+                    r.run,
+                    r.strategy or "-",
+                    td_num(r.world_size),
+                    x.scheme,
+                    td_num(x.predicted_bytes_per_iter, exact_bytes(x.predicted_bytes_per_iter)),
+                    td_num(x.measured_bytes_per_iter, exact_bytes(x.measured_bytes_per_iter)),
+                    td_num(x.unexplained_bytes_per_iter, exact_bytes(x.unexplained_bytes_per_iter)),
+                    td_num(x.ratio, "-" if x.ratio is None else f"{x.ratio:.4g}"),
+                ]
+            )
+            raw.append(
+                [
+                    r.run,
+                    r.strategy,
+                    r.world_size,
+                    x.scheme,
+                    x.predicted_bytes_per_iter,
+                    x.measured_bytes_per_iter,
+                    x.unexplained_bytes_per_iter,
+                    x.ratio,
+                ]
+            )
     fig.update_layout(barmode="group", yaxis=byte_axis(top))
     cols = ["run", "strategy", "world size", "scheme", "predicted", "measured", "unexplained", "ratio"]
     return chart_block("cmp-volumes", fig, cols, rows, raw, "compare-volumes.csv")
@@ -119,23 +213,45 @@ def overlaid(hists: list[Histogram], mode: str) -> Any:
     for i, h in enumerate(hists):
         for j, s in enumerate(h.series):
             name = f"{h.run} · {s.scheme or 'unattributed'} {s.op} {s.dtype or ''}".strip()
-            fig.add_bar(name=name, x=[b.label for b in h.bins], y=s.values, marker_color=PALETTE[i % len(PALETTE)],
-                        marker_pattern_shape=["", "/", ".", "x", "+"][j % 5], opacity=0.6 if mode == "overlay" else 1,
-                        customdata=[[num(s.calls[k]), exact_bytes(s.bytes[k])] for k in range(len(h.bins))],
-                        hovertemplate="<b>" + name + "</b><br>%{x}<br>calls %{customdata[0]}<br>bytes "
-                                      "%{customdata[1]}<extra></extra>")
+            fig.add_bar(
+                name=name,
+                x=[b.label for b in h.bins],
+                y=s.values,
+                marker_color=PALETTE[i % len(PALETTE)],
+                marker_pattern_shape=["", "/", ".", "x", "+"][j % 5],
+                opacity=0.6 if mode == "overlay" else 1,
+                customdata=[[num(s.calls[k]), exact_bytes(s.bytes[k])] for k in range(len(h.bins))],
+                hovertemplate="<b>" + name + "</b><br>%{x}<br>calls %{customdata[0]}<br>bytes "
+                "%{customdata[1]}<extra></extra>",
+            )
             top += max(s.values, default=0.0)  # bound of the bars' height, for the tick labels only
             for k, b in enumerate(h.bins):
                 if s.calls[k] or s.bytes[k]:
-                    rows.append([h.run, s.scheme or "-", s.op, s.dtype or "-", b.label, td_num(s.calls[k]),
-                                 td_num(s.bytes[k], exact_bytes(s.bytes[k]))])
+                    rows.append(
+                        [
+                            h.run,
+                            s.scheme or "-",
+                            s.op,
+                            s.dtype or "-",
+                            b.label,
+                            td_num(s.calls[k]),
+                            td_num(s.bytes[k], exact_bytes(s.bytes[k])),
+                        ]
+                    )
                     raw.append([h.run, s.scheme, s.op, s.dtype, b.label, s.calls[k], s.bytes[k]])
-    fig.update_layout(barmode=mode, xaxis={"type": "category", "categoryorder": "array", "categoryarray": axis,
-                                           "tickangle": -35})
+    fig.update_layout(
+        barmode=mode, xaxis={"type": "category", "categoryorder": "array", "categoryarray": axis, "tickangle": -35}
+    )
     if weight == "bytes":
         fig.update_layout(yaxis=byte_axis(top))
-    return chart_block("cmp-hist", fig, ["run", "scheme", "op", "dtype", "size bin", "calls", "bytes"], rows, raw,
-                       "compare-histograms.csv")
+    return chart_block(
+        "cmp-hist",
+        fig,
+        ["run", "scheme", "op", "dtype", "size bin", "calls", "bytes"],
+        rows,
+        raw,
+        "compare-histograms.csv",
+    )
 
 
 def flat_config(config: dict[str, Any] | None, prefix: str = "") -> dict[str, float]:
@@ -183,22 +299,43 @@ def sweep_chart(rc: RunsComparison, configs: dict[str, dict[str, float]], key: s
             names.append(r.run)
             meas.append(s.measured_bytes_per_iter)
             pred.append(s.predicted_bytes_per_iter if r.comparison.config_source != "none" else None)
-            rows.append([r.run, td_num(x), scheme, td_num(s.predicted_bytes_per_iter, exact_bytes(s.predicted_bytes_per_iter)),
-                         td_num(s.measured_bytes_per_iter, exact_bytes(s.measured_bytes_per_iter))])
+            rows.append(
+                [
+                    r.run,
+                    td_num(x),
+                    scheme,
+                    td_num(s.predicted_bytes_per_iter, exact_bytes(s.predicted_bytes_per_iter)),
+                    td_num(s.measured_bytes_per_iter, exact_bytes(s.measured_bytes_per_iter)),
+                ]
+            )
             raw.append([r.run, x, scheme, s.predicted_bytes_per_iter, s.measured_bytes_per_iter])
             top = max(top, s.measured_bytes_per_iter, s.predicted_bytes_per_iter)
-        fig.add_scatter(name=f"{scheme} measured", x=xs, y=meas, mode="lines+markers", line={"color": color},
-                        customdata=[[n, exact_bytes(v)] for n, v in zip(names, meas)],
-                        hovertemplate="%{customdata[0]}: " + scheme + " measured %{customdata[1]}<extra></extra>")
-        fig.add_scatter(name=f"{scheme} predicted", x=xs, y=pred, mode="lines+markers",
-                        line={"color": color, "dash": "dash"}, marker={"symbol": "diamond-open"},
-                        customdata=[[n, exact_bytes(v) if v is not None else "-"] for n, v in zip(names, pred)],
-                        hovertemplate="%{customdata[0]}: " + scheme + " predicted %{customdata[1]}<extra></extra>")
+        fig.add_scatter(
+            name=f"{scheme} measured",
+            x=xs,
+            y=meas,
+            mode="lines+markers",
+            line={"color": color},
+            customdata=[[n, exact_bytes(v)] for n, v in zip(names, meas, strict=True)],
+            hovertemplate="%{customdata[0]}: " + scheme + " measured %{customdata[1]}<extra></extra>",
+        )
+        fig.add_scatter(
+            name=f"{scheme} predicted",
+            x=xs,
+            y=pred,
+            mode="lines+markers",
+            line={"color": color, "dash": "dash"},
+            marker={"symbol": "diamond-open"},
+            customdata=[[n, exact_bytes(v) if v is not None else "-"] for n, v in zip(names, pred, strict=True)],
+            hovertemplate="%{customdata[0]}: " + scheme + " predicted %{customdata[1]}<extra></extra>",
+        )
     xs_all = sorted({x for x, _ in points})
-    fig.update_layout(yaxis=byte_axis(top), xaxis={"tickmode": "array", "tickvals": xs_all,
-                                                   "ticktext": [num(x) for x in xs_all]})
-    return chart_block("cmp-sweep-graph", fig, ["run", key, "scheme", "predicted", "measured"], rows, raw,
-                       "compare-sweep.csv")
+    fig.update_layout(
+        yaxis=byte_axis(top), xaxis={"tickmode": "array", "tickvals": xs_all, "ticktext": [num(x) for x in xs_all]}
+    )
+    return chart_block(
+        "cmp-sweep-graph", fig, ["run", key, "scheme", "predicted", "measured"], rows, raw, "compare-sweep.csv"
+    )
 
 
 def _configs(client: ApiClient, runs: list[str]) -> dict[str, dict[str, float]]:
@@ -206,32 +343,61 @@ def _configs(client: ApiClient, runs: list[str]) -> dict[str, dict[str, float]]:
 
 
 def register(app: Dash, cfg: UiConfig) -> None:
-    @app.callback(Output("url", "search", allow_duplicate=True), Output("rendered", "data", allow_duplicate=True),
-                  Input("cmp-runs", "value"), Input("cmp-scheme", "value"), Input("cmp-op", "value"),
-                  Input("cmp-weight", "value"), Input("cmp-mode", "value"), Input("cmp-sweep", "value"),
-                  State("rendered", "data"), prevent_initial_call=True)
-    def sync(runs: list[str], scheme: str, op: str, weight: str, mode: str, sweep: str | None, rendered: dict | None) -> Any:
-        search = query({"runs": ",".join(runs or []), "scheme": scheme, "op": op,
-                        "weight": None if weight == "calls" else weight, "mode": None if mode == "overlay" else mode,
-                        "sweep": sweep})
+    @app.callback(
+        Output("url", "search", allow_duplicate=True),
+        Output("rendered", "data", allow_duplicate=True),
+        Input("cmp-runs", "value"),
+        Input("cmp-scheme", "value"),
+        Input("cmp-op", "value"),
+        Input("cmp-weight", "value"),
+        Input("cmp-mode", "value"),
+        Input("cmp-sweep", "value"),
+        State("rendered", "data"),
+        prevent_initial_call=True,
+    )
+    def sync(
+        runs: list[str], scheme: str, op: str, weight: str, mode: str, sweep: str | None, rendered: dict | None
+    ) -> Any:
+        search = query(
+            {
+                "runs": ",".join(runs or []),
+                "scheme": scheme,
+                "op": op,
+                "weight": None if weight == "calls" else weight,
+                "mode": None if mode == "overlay" else mode,
+                "sweep": sweep,
+            }
+        )
         return push_state(rendered, search)
 
-    @app.callback(Output("cmp-content", "children"), Input("cmp-runs", "value"), Input("cmp-scheme", "value"),
-                  Input("cmp-op", "value"), Input("cmp-weight", "value"), Input("cmp-mode", "value"),
-                  State("token", "data"))
+    @app.callback(
+        Output("cmp-content", "children"),
+        Input("cmp-runs", "value"),
+        Input("cmp-scheme", "value"),
+        Input("cmp-op", "value"),
+        Input("cmp-weight", "value"),
+        Input("cmp-mode", "value"),
+        State("token", "data"),
+    )
     @guarded()
     def show(runs: list[str], scheme: str, op: str, weight: str, mode: str, token: str | None) -> Any:
         runs = (runs or [])[:MAX_RUNS]
         if not runs:
             return empty("Choose one or more runs to compare.")
         client = cfg.client(token)
-        rc = client.compare(runs)
+        rc = client.compare_runs(runs)
         hists = [client.histogram(r, scheme=scheme or None, op=op or None, weight=weight or "calls") for r in runs]
-        return html.Div([html.H2("Volumes per scheme"), volumes(rc), html.H2("Message sizes"),
-                         overlaid(hists, mode or "overlay")])
+        return html.Div(
+            [html.H2("Volumes per scheme"), volumes(rc), html.H2("Message sizes"), overlaid(hists, mode or "overlay")]
+        )
 
-    @app.callback(Output("cmp-sweep", "options"), Output("cmp-sweep", "value"), Input("cmp-runs", "value"),
-                  State("cmp-sweep", "value"), State("token", "data"))
+    @app.callback(
+        Output("cmp-sweep", "options"),
+        Output("cmp-sweep", "value"),
+        Input("cmp-runs", "value"),
+        State("cmp-sweep", "value"),
+        State("token", "data"),
+    )
     def sweep_options(runs: list[str], current: str | None, token: str | None) -> Any:
         try:
             keys = varied_keys(_configs(cfg.client(token), (runs or [])[:MAX_RUNS]))
@@ -240,17 +406,21 @@ def register(app: Dash, cfg: UiConfig) -> None:
         value = current if current in keys else (keys[0] if keys else None)
         return [{"label": k, "value": k} for k in keys], value
 
-    @app.callback(Output("cmp-sweep-chart", "children"), Input("cmp-sweep", "value"), Input("cmp-runs", "value"),
-                  State("token", "data"))
+    @app.callback(
+        Output("cmp-sweep-chart", "children"),
+        Input("cmp-sweep", "value"),
+        Input("cmp-runs", "value"),
+        State("token", "data"),
+    )
     @guarded()
     def sweep(key: str | None, runs: list[str], token: str | None) -> Any:
         runs = (runs or [])[:MAX_RUNS]
         if len(runs) < 2:
             return empty("Choose at least two runs for a sweep.")
         if not key:
-            return empty("These runs' configurations do not differ in any numeric value (or they have none): "
-                         "nothing to sweep over.")
+            return empty(
+                "These runs' configurations do not differ in any numeric value (or they have none): "
+                "nothing to sweep over."
+            )
         client = cfg.client(token)
-        return sweep_chart(client.compare(runs), _configs(client, runs), key)
-
-
+        return sweep_chart(client.compare_runs(runs), _configs(client, runs), key)

@@ -8,15 +8,27 @@ from typing import Any
 
 from dash import Dash, Input, Output, State, dcc, html
 
-from commlens.backend.api.models import RunUpdate
-from commlens.backend.compare import Comparison
+from commlens.contract.compare import Comparison
+from commlens.contract.runs import RunUpdate
+from commlens.vocab import format_bytes
 
 from .client import ApiClient, ApiProblem
 from .components import (
-    SCHEME_COLORS, chart_block, empty, figure, guarded, kv, loading, message, problem_box, severity_badge, table, td_num,
+    SCHEME_COLORS,
+    chart_block,
+    empty,
+    figure,
+    guarded,
+    kv,
+    loading,
+    message,
+    problem_box,
+    severity_badge,
+    table,
+    td_num,
 )
 from .config import UiConfig
-from .fmt import byte_axis, exact_bytes, human_bytes, num
+from .fmt import byte_axis, exact_bytes, num
 from .urls import run_path, view_link
 
 TOP_FINDINGS = 5
@@ -38,19 +50,34 @@ def _section(title: str, build: Callable[[], Any]) -> html.Section:
 def facts(client: ApiClient, run: str) -> Any:
     d = client.run(run)
     ops = ", ".join(f"{op} {num(n)}" for op, n in d.ops.items()) or "none"
-    left = kv([
-        ("strategy", d.strategy), ("world size", num(d.world_size) if d.world_size else None),
-        ("ranks with calls", num(d.ranks)), ("calls", num(d.events)), ("calls per op", ops),
-        ("configuration", {"run_config": "harness run.json", "predict_input": "predictor input",
-                           "other": "other (not usable for predictions)"}.get(d.config_kind or "", "none")),
-        ("created", d.created_at.strftime("%Y-%m-%d %H:%M:%S")), ("description", d.description),
-    ])
-    tags = html.Div([
-        html.Label("Tags (comma-separated)", htmlFor="ov-tags"),
-        dcc.Input(id="ov-tags", type="text", value=", ".join(d.tags), className="tags-input"),
-        html.Button("Save tags", id="ov-tags-save", className="btn small light"),
-        html.Div(id="ov-tags-msg"),
-    ], className="field")
+    left = kv(
+        [
+            ("strategy", d.strategy),
+            ("world size", num(d.world_size) if d.world_size else None),
+            ("ranks with calls", num(d.ranks)),
+            ("calls", num(d.events)),
+            ("calls per op", ops),
+            (
+                "configuration",
+                {
+                    "run_config": "harness run.json",
+                    "predict_input": "predictor input",
+                    "other": "other (not usable for predictions)",
+                }.get(d.config_kind or "", "none"),
+            ),
+            ("created", d.created_at.strftime("%Y-%m-%d %H:%M:%S")),
+            ("description", d.description),
+        ]
+    )
+    tags = html.Div(
+        [
+            html.Label("Tags (comma-separated)", htmlFor="ov-tags"),
+            dcc.Input(id="ov-tags", type="text", value=", ".join(d.tags), className="tags-input"),
+            html.Button("Save tags", id="ov-tags-save", className="btn small light"),
+            html.Div(id="ov-tags-msg"),
+        ],
+        className="field",
+    )
     return html.Div([left, tags], className="grid2")
 
 
@@ -58,18 +85,53 @@ def schemes(client: ApiClient, run: str) -> Any:
     g = client.groups(run)
     if not g.items:
         return empty("No process groups or communicators: nothing to attribute.")
-    rows = [[html.Span(x.group_key, className="mono"), x.description or x.name or "-",
-             ", ".join(map(str, x.ranks)) if x.ranks else "-", td_num(x.size),
-             html.Strong(x.scheme), x.source, x.reason, td_num(x.confidence, f"{x.confidence:.2f}"), td_num(x.calls)]
-            for x in g.items]
+    rows = [
+        [
+            html.Span(x.group_key, className="mono"),
+            x.description or x.name or "-",
+            ", ".join(map(str, x.ranks)) if x.ranks else "-",
+            td_num(x.size),
+            html.Strong(x.scheme),
+            x.source,
+            x.reason,
+            td_num(x.confidence, f"{x.confidence:.2f}"),
+            td_num(x.calls),
+        ]
+        for x in g.items
+    ]
     by_scheme = ", ".join(f"{k}: {num(v)}" for k, v in g.events_by_scheme.items())
-    notes = [html.P(f"Calls by scheme: {by_scheme or 'none'}. Calls without a group (not attributable): "
-                    f"{num(g.unattributed_events)}.", className="hint")]
+    notes = [
+        html.P(
+            f"Calls by scheme: {by_scheme or 'none'}. Calls without a group (not attributable): "
+            f"{num(g.unattributed_events)}.",
+            className="hint",
+        )
+    ]
     if g.next_offset is not None:
         notes.append(html.P(f"The first {num(len(g.items))} of {num(g.total)} groups.", className="hint"))
-    return html.Div(notes + [html.Div(table(["group", "description", "ranks", "size", "scheme", "attributed by",
-                                             "reason", "confidence", "calls"], rows, id_="ov-groups"),
-                                      className="scroll")])
+    return html.Div(
+        [
+            *notes,
+            html.Div(
+                table(
+                    [
+                        "group",
+                        "description",
+                        "ranks",
+                        "size",
+                        "scheme",
+                        "attributed by",
+                        "reason",
+                        "confidence",
+                        "calls",
+                    ],
+                    rows,
+                    id_="ov-groups",
+                ),
+                className="scroll",
+            ),
+        ]
+    )
 
 
 def volumes_chart(c: Comparison, graph_id: Any = "ov-volumes") -> Any:
@@ -81,26 +143,56 @@ def volumes_chart(c: Comparison, graph_id: Any = "ov-volumes") -> Any:
     measured = [s.measured_bytes_per_iter for s in c.schemes]
     unexplained = [s.unexplained_bytes_per_iter for s in c.schemes]
     if c.config_source != "none":
-        fig.add_bar(name="predicted", x=names, y=predicted, marker_color="#9db4e0",
-                    customdata=[exact_bytes(v) for v in predicted], hovertemplate="%{x} predicted: %{customdata}<extra></extra>")
-    fig.add_bar(name="measured", x=names, y=measured, marker_color=[SCHEME_COLORS.get(n, "#777") for n in names],
-                customdata=[exact_bytes(v) for v in measured], hovertemplate="%{x} measured: %{customdata}<extra></extra>")
-    fig.add_bar(name="of which unexplained", x=names, y=unexplained, marker_color="#f0a35e",
-                customdata=[exact_bytes(v) for v in unexplained],
-                hovertemplate="%{x} unexplained: %{customdata}<extra></extra>")
+        fig.add_bar(
+            name="predicted",
+            x=names,
+            y=predicted,
+            marker_color="#9db4e0",
+            customdata=[exact_bytes(v) for v in predicted],
+            hovertemplate="%{x} predicted: %{customdata}<extra></extra>",
+        )
+    fig.add_bar(
+        name="measured",
+        x=names,
+        y=measured,
+        marker_color=[SCHEME_COLORS.get(n, "#777") for n in names],
+        customdata=[exact_bytes(v) for v in measured],
+        hovertemplate="%{x} measured: %{customdata}<extra></extra>",
+    )
+    fig.add_bar(
+        name="of which unexplained",
+        x=names,
+        y=unexplained,
+        marker_color="#f0a35e",
+        customdata=[exact_bytes(v) for v in unexplained],
+        hovertemplate="%{x} unexplained: %{customdata}<extra></extra>",
+    )
     top = max(predicted + measured + [0.0])
     fig.update_layout(barmode="group", yaxis=byte_axis(top), bargap=0.35 if len(names) > 1 else 0.6)
     cols = ["scheme", "predicted", "measured", "unexplained", "measured / predicted"]
-    display = [[s.scheme, td_num(s.predicted_bytes_per_iter, exact_bytes(s.predicted_bytes_per_iter)),
-                td_num(s.measured_bytes_per_iter, exact_bytes(s.measured_bytes_per_iter)),
-                td_num(s.unexplained_bytes_per_iter, exact_bytes(s.unexplained_bytes_per_iter)),
-                td_num(s.ratio, "-" if s.ratio is None else f"{s.ratio:.4g}")] for s in c.schemes]
-    raw = [[s.scheme, s.predicted_bytes_per_iter, s.measured_bytes_per_iter, s.unexplained_bytes_per_iter, s.ratio]
-           for s in c.schemes]
-    source = {"run": "the run's own configuration", "supplied": "a supplied configuration",
-              "none": "no configuration (measured only; add one or use the what-if on Predicted)"}[c.config_source]
-    note = (f"Prediction from {source}{f' ({c.implementation})' if c.implementation else ''}. "
-            f"{c.iterations_message}. Ratio = (measured - unexplained) / predicted.")
+    display = [
+        [
+            s.scheme,
+            td_num(s.predicted_bytes_per_iter, exact_bytes(s.predicted_bytes_per_iter)),
+            td_num(s.measured_bytes_per_iter, exact_bytes(s.measured_bytes_per_iter)),
+            td_num(s.unexplained_bytes_per_iter, exact_bytes(s.unexplained_bytes_per_iter)),
+            td_num(s.ratio, "-" if s.ratio is None else f"{s.ratio:.4g}"),
+        ]
+        for s in c.schemes
+    ]
+    raw = [
+        [s.scheme, s.predicted_bytes_per_iter, s.measured_bytes_per_iter, s.unexplained_bytes_per_iter, s.ratio]
+        for s in c.schemes
+    ]
+    source = {
+        "run": "the run's own configuration",
+        "supplied": "a supplied configuration",
+        "none": "no configuration (measured only; add one or use the what-if on Predicted)",
+    }[c.config_source]
+    note = (
+        f"Prediction from {source}{f' ({c.implementation})' if c.implementation else ''}. "
+        f"{c.iterations_message}. Ratio = (measured - unexplained) / predicted."
+    )
     return chart_block(graph_id, fig, cols, display, raw, f"{c.run}-volumes.csv", note=note, open_table=True)
 
 
@@ -108,14 +200,23 @@ def findings_list(client: ApiClient, run: str, limit: int = TOP_FINDINGS) -> Any
     page = client.findings(run, limit=limit)
     if not page.items:
         return empty("No findings: nothing stands out in this run.")
-    items = [html.Div([
-        html.Div([severity_badge(f.severity), html.Span(f.title, className="title")]),
-        html.Div(f.suggestion, className="hint"),
-        dcc.Link("open the view →", href=view_link(run, f.view)),
-    ], className=f"finding {f.severity}") for f in page.items]
-    more = (html.P(dcc.Link(f"all {page.total} findings on the review page", href=run_path(run, "review")))
-            if page.total > len(page.items) else None)
-    return html.Div(items + [more])
+    items = [
+        html.Div(
+            [
+                html.Div([severity_badge(f.severity), html.Span(f.title, className="title")]),
+                html.Div(f.suggestion, className="hint"),
+                dcc.Link("open the view →", href=view_link(run, f.view)),
+            ],
+            className=f"finding {f.severity}",
+        )
+        for f in page.items
+    ]
+    more = (
+        html.P(dcc.Link(f"all {page.total} findings on the review page", href=run_path(run, "review")))
+        if page.total > len(page.items)
+        else None
+    )
+    return html.Div([*items, more])
 
 
 def sources(client: ApiClient, run: str) -> Any:
@@ -127,12 +228,33 @@ def sources(client: ApiClient, run: str) -> Any:
         note = s.error or "; ".join(s.warnings or [])
         if s.skipped:
             note = (note + "; " if note else "") + "skipped " + ", ".join(f"{k}: {v}" for k, v in s.skipped.items())
-        rows.append([html.Span(s.path, className="mono"), s.kind, html.Span(s.status, className=f"badge st-{s.status}"),
-                     td_num(s.rank), td_num(s.n_events), td_num(s.size_bytes, human_bytes(s.size_bytes)), note])
+        rows.append(
+            [
+                html.Span(s.path, className="mono"),
+                s.kind,
+                html.Span(s.status, className=f"badge st-{s.status}"),
+                td_num(s.rank),
+                td_num(s.n_events),
+                td_num(s.size_bytes, format_bytes(s.size_bytes)),
+                note,
+            ]
+        )
         classes.append("bad" if s.status == "failed" else None)
     extra = html.P(f"{page.total - len(page.items)} more not shown.", className="hint") if page.next_offset else None
-    return html.Div([html.Div(table(["file", "kind", "status", "rank", "calls", "size", "error / notes"], rows,
-                                    id_="ov-sources", row_class=classes), className="scroll"), extra])
+    return html.Div(
+        [
+            html.Div(
+                table(
+                    ["file", "kind", "status", "rank", "calls", "size", "error / notes"],
+                    rows,
+                    id_="ov-sources",
+                    row_class=classes,
+                ),
+                className="scroll",
+            ),
+            extra,
+        ]
+    )
 
 
 def register(app: Dash, cfg: UiConfig) -> None:
@@ -141,21 +263,29 @@ def register(app: Dash, cfg: UiConfig) -> None:
     def show(run: str, token: str | None) -> Any:
         client = cfg.client(token)
         client.run(run)  # a missing run is said once, not per section
-        return html.Div([
-            _section("Run", lambda: facts(client, run)),
-            _section("Bytes per iteration per rank, predicted and measured",
-                     lambda: volumes_chart(client.comparison(run))),
-            _section("Top findings", lambda: findings_list(client, run)),
-            _section("Schemes and how they were attributed", lambda: schemes(client, run)),
-            _section("Sources", lambda: sources(client, run)),
-        ])
+        return html.Div(
+            [
+                _section("Run", lambda: facts(client, run)),
+                _section(
+                    "Bytes per iteration per rank, predicted and measured",
+                    lambda: volumes_chart(client.predicted_vs_measured(run)),
+                ),
+                _section("Top findings", lambda: findings_list(client, run)),
+                _section("Schemes and how they were attributed", lambda: schemes(client, run)),
+                _section("Sources", lambda: sources(client, run)),
+            ]
+        )
 
-    @app.callback(Output("ov-tags-msg", "children"), Input("ov-tags-save", "n_clicks"), State("ov-tags", "value"),
-                  State("ov-run", "data"), State("token", "data"), prevent_initial_call=True)
+    @app.callback(
+        Output("ov-tags-msg", "children"),
+        Input("ov-tags-save", "n_clicks"),
+        State("ov-tags", "value"),
+        State("ov-run", "data"),
+        State("token", "data"),
+        prevent_initial_call=True,
+    )
     @guarded()
     def save_tags(n: int | None, value: str | None, run: str, token: str | None) -> Any:
         tags = [t.strip() for t in (value or "").split(",") if t.strip()]
         d = cfg.client(token).update_run(run, RunUpdate(tags=tags))
         return message(f"Tags saved: {', '.join(d.tags) or 'none'}.", "ok")
-
-

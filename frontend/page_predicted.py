@@ -3,22 +3,33 @@ and missing calls flagged, and a what-if form that predicts any configuration (P
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from dash import Dash, Input, Output, State, dcc, html
 from pydantic import ValidationError
 
-from commlens.backend.compare import Comparison, OpComparison
-from commlens.backend.models import SCHEMES
-from commlens.backend.predict import ParallelSpec, Prediction, PredictInput
+from commlens.contract.compare import Comparison, OpComparison
+from commlens.contract.predict import ParallelSpec, PredictInput, Prediction
+from commlens.vocab import SCHEMES, format_bytes
 
 from .client import ApiProblem
 from .components import (
+    OP_COLORS,
+    SCHEME_COLORS,
+    chart_block,
+    empty,
+    figure,
+    guarded,
+    loading,
+    message,
+    problem_box,
     push_state,
-    OP_COLORS, SCHEME_COLORS, chart_block, empty, figure, guarded, loading, message, problem_box, table, td_num,
+    table,
+    td_num,
 )
 from .config import UiConfig
-from .fmt import byte_axis, exact_bytes, human_bytes, num
+from .fmt import byte_axis, exact_bytes, num
 from .page_overview import volumes_chart
 from .urls import query
 
@@ -28,11 +39,18 @@ IMPLEMENTATIONS = ["paper", "megatron", "deepspeed", "fsdp", "harness"]
 DTYPES = ["bfloat16", "float16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"]
 # What-if fields: (url key, label, section of PredictInput, field, kind)
 NUMBER_FIELDS = [
-    ("layers", "layers", "model", "layers"), ("hidden", "hidden", "model", "hidden"), ("heads", "heads", "model", "heads"),
-    ("kv_heads", "KV heads", "model", "kv_heads"), ("ffn", "FFN hidden", "model", "ffn_hidden"),
-    ("vocab", "vocab", "model", "vocab"), ("seq", "sequence length", "model", "seq_len"),
-    ("dp", "DP", "parallel", "dp"), ("tp", "TP", "parallel", "tp"), ("pp", "PP", "parallel", "pp"),
-    ("cp", "CP", "parallel", "cp"), ("mb", "micro-batches", "parallel", "micro_batches"),
+    ("layers", "layers", "model", "layers"),
+    ("hidden", "hidden", "model", "hidden"),
+    ("heads", "heads", "model", "heads"),
+    ("kv_heads", "KV heads", "model", "kv_heads"),
+    ("ffn", "FFN hidden", "model", "ffn_hidden"),
+    ("vocab", "vocab", "model", "vocab"),
+    ("seq", "sequence length", "model", "seq_len"),
+    ("dp", "DP", "parallel", "dp"),
+    ("tp", "TP", "parallel", "tp"),
+    ("pp", "PP", "parallel", "pp"),
+    ("cp", "CP", "parallel", "cp"),
+    ("mb", "micro-batches", "parallel", "micro_batches"),
     ("mbs", "micro-batch size", "parallel", "micro_batch_size"),
 ]
 WHATIF_KEYS = [k for k, *_ in NUMBER_FIELDS] + ["zero", "sp", "impl", "dtype", "act"]
@@ -69,22 +87,32 @@ def from_query(q: dict[str, str], defaults: dict[str, Any]) -> dict[str, Any]:
         elif key == "sp":
             values[key] = raw == "1"
         else:
-            try:
+            with contextlib.suppress(ValueError):
                 values[key] = int(raw)
-            except ValueError:
-                pass
     return values
 
 
 def _num_field(key: str, label: str, value: Any) -> html.Div:
-    return html.Div([html.Label(label, htmlFor=f"wi-{key}"),
-                     dcc.Input(id=f"wi-{key}", type="number", min=1, step=1, value=value)], className="field")
+    return html.Div(
+        [html.Label(label, htmlFor=f"wi-{key}"), dcc.Input(id=f"wi-{key}", type="number", min=1, step=1, value=value)],
+        className="field",
+    )
 
 
 def _drop(key: str, label: str, options: list[Any], value: Any) -> html.Div:
-    return html.Div([html.Label(label, htmlFor=f"wi-{key}"),
-                     dcc.Dropdown(id=f"wi-{key}", options=[{"label": str(o), "value": o} for o in options], value=value,
-                                  clearable=False, searchable=False)], className="field")
+    return html.Div(
+        [
+            html.Label(label, htmlFor=f"wi-{key}"),
+            dcc.Dropdown(
+                id=f"wi-{key}",
+                options=[{"label": str(o), "value": o} for o in options],
+                value=value,
+                clearable=False,
+                searchable=False,
+            ),
+        ],
+        className="field",
+    )
 
 
 def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> html.Div:
@@ -94,46 +122,96 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
     except ApiProblem as exc:
         config, head = None, problem_box(exc)
     values = from_query(q, defaults_from_config(config))
-    form = html.Div([
-        *[_num_field(k, label, values.get(k)) for k, label, *_ in NUMBER_FIELDS],
-        _drop("zero", "ZeRO stage", [0, 1, 2, 3], values["zero"]),
-        html.Div([html.Label("Sequence parallel"),
-                  dcc.Checklist(id="wi-sp", options=[{"label": " SP", "value": "1"}],
-                                value=["1"] if values["sp"] else [])], className="field"),
-        _drop("impl", "implementation", IMPLEMENTATIONS, values["impl"]),
-        _drop("dtype", "param/grad dtype", DTYPES, values["dtype"]),
-        _drop("act", "activation dtype", DTYPES, values["act"]),
-        html.Div(html.Button("Predict", id="wi-go", className="btn"), className="field"),
-    ], className="whatif")
+    form = html.Div(
+        [
+            *[_num_field(k, label, values.get(k)) for k, label, *_ in NUMBER_FIELDS],
+            _drop("zero", "ZeRO stage", [0, 1, 2, 3], values["zero"]),
+            html.Div(
+                [
+                    html.Label("Sequence parallel"),
+                    dcc.Checklist(
+                        id="wi-sp", options=[{"label": " SP", "value": "1"}], value=["1"] if values["sp"] else []
+                    ),
+                ],
+                className="field",
+            ),
+            _drop("impl", "implementation", IMPLEMENTATIONS, values["impl"]),
+            _drop("dtype", "param/grad dtype", DTYPES, values["dtype"]),
+            _drop("act", "activation dtype", DTYPES, values["act"]),
+            html.Div(html.Button("Predict", id="wi-go", className="btn"), className="field"),
+        ],
+        className="whatif",
+    )
     auto = any(k.startswith("w_") for k in q)
-    return html.Div([
-        head,
-        dcc.Store(id="pv-run", data=run),
-        html.Div([
-            html.Div([html.Label("Scheme", htmlFor="pv-scheme"),
-                      dcc.Dropdown(id="pv-scheme", options=[{"label": "all", "value": ""}] +
-                                   [{"label": s, "value": s} for s in SCHEMES], value=q.get("scheme", ""),
-                                   clearable=False, searchable=False)], className="field"),
-            html.Div([html.Label("Calls", htmlFor="pv-filter"),
-                      dcc.Dropdown(id="pv-filter", options=[{"label": v, "value": k} for k, v in FILTERS.items()],
-                                   value=q.get("filter", "") if q.get("filter", "") in FILTERS else "",
-                                   clearable=False, searchable=False)], className="field wide"),
-        ], className="controls"),
-        loading(html.Div(id="pv-content")),
-        html.H2("What if: predict any configuration"),
-        html.Div([html.P("Starts from the run's configuration when it has one. Predict shows the volumes per scheme "
-                         "and the calls by message size for this configuration at any scale, and compares it with "
-                         "this run's measurements.", className="hint"), form], className="card"),
-        dcc.Store(id="wi-auto", data=auto),
-        loading(html.Div(id="wi-result")),
-    ])
+    return html.Div(
+        [
+            head,
+            dcc.Store(id="pv-run", data=run),
+            html.Div(
+                [
+                    html.Div(
+                        [
+                            html.Label("Scheme", htmlFor="pv-scheme"),
+                            dcc.Dropdown(
+                                id="pv-scheme",
+                                options=[{"label": "all", "value": ""}] + [{"label": s, "value": s} for s in SCHEMES],
+                                value=q.get("scheme", ""),
+                                clearable=False,
+                                searchable=False,
+                            ),
+                        ],
+                        className="field",
+                    ),
+                    html.Div(
+                        [
+                            html.Label("Calls", htmlFor="pv-filter"),
+                            dcc.Dropdown(
+                                id="pv-filter",
+                                options=[{"label": v, "value": k} for k, v in FILTERS.items()],
+                                value=q.get("filter", "") if q.get("filter", "") in FILTERS else "",
+                                clearable=False,
+                                searchable=False,
+                            ),
+                        ],
+                        className="field wide",
+                    ),
+                ],
+                className="controls",
+            ),
+            loading(html.Div(id="pv-content")),
+            html.H2("What if: predict any configuration"),
+            html.Div(
+                [
+                    html.P(
+                        "Starts from the run's configuration when it has one. Predict shows the volumes per scheme "
+                        "and the calls by message size for this configuration at any scale, and compares it with "
+                        "this run's measurements.",
+                        className="hint",
+                    ),
+                    form,
+                ],
+                className="card",
+            ),
+            dcc.Store(id="wi-auto", data=auto),
+            loading(html.Div(id="wi-result")),
+        ]
+    )
 
 
 def op_table(ops: list[OpComparison], table_id: str) -> Any:
     cols = ["op", "dtype", "S", "predicted calls / iter", "measured calls / iter", "difference", "status"]
-    rows = [[o.op, o.dtype or "-", td_num(o.msg_bytes, exact_bytes(o.msg_bytes)), td_num(o.predicted_calls_per_iter),
-             td_num(o.measured_calls_per_iter), td_num(o.difference, f"{o.difference:+,.4g}"),
-             html.Span(o.status, className=f"badge st-{o.status}")] for o in ops]
+    rows = [
+        [
+            o.op,
+            o.dtype or "-",
+            td_num(o.msg_bytes, exact_bytes(o.msg_bytes)),
+            td_num(o.predicted_calls_per_iter),
+            td_num(o.measured_calls_per_iter),
+            td_num(o.difference, f"{o.difference:+,.4g}"),
+            html.Span(o.status, className=f"badge st-{o.status}"),
+        ]
+        for o in ops
+    ]
     return table(cols, rows, id_=table_id, row_class=[STATUS_CLASS.get(o.status) for o in ops])
 
 
@@ -146,8 +224,13 @@ def _keep(o: OpComparison, filt: str) -> bool:
 def comparison_view(c: Comparison, scheme: str, filt: str) -> Any:
     parts: list[Any] = [volumes_chart(c, "pv-volumes")]
     if c.config_source == "none":
-        parts.append(message("This run has no configuration: every measured call is unexplained. Use the what-if "
-                             "form below, or PATCH the run's config through the API.", "warn"))
+        parts.append(
+            message(
+                "This run has no configuration: every measured call is unexplained. Use the what-if "
+                "form below, or PATCH the run's config through the API.",
+                "warn",
+            )
+        )
     elif c.exact:
         parts.append(message("Exact: every (op, dtype, size) count equals the prediction.", "ok"))
     for s in c.schemes:
@@ -155,15 +238,28 @@ def comparison_view(c: Comparison, scheme: str, filt: str) -> Any:
             continue
         ops = [o for o in s.ops if _keep(o, filt)]
         flagged = sum(1 for o in s.ops if o.status == "unexplained")
-        head = html.H3([f"{s.scheme}: predicted {human_bytes(s.predicted_bytes_per_iter)}, measured "
-                        f"{human_bytes(s.measured_bytes_per_iter)} per iteration per rank",
-                        html.Span(f" {flagged} unexplained", className="badge st-failed") if flagged else None])
+        head = html.H3(
+            [
+                f"{s.scheme}: predicted {format_bytes(s.predicted_bytes_per_iter)}, measured "
+                f"{format_bytes(s.measured_bytes_per_iter)} per iteration per rank",
+                html.Span(f" {flagged} unexplained", className="badge st-failed") if flagged else None,
+            ]
+        )
         body = op_table(ops, f"pv-ops-{s.scheme}") if ops else empty("No calls of this scheme match the filter.")
         parts.append(html.Div([head, html.Div(body, className="scroll")], className="card"))
     if c.inferences:
-        parts.append(html.Div([html.H3("Inferred from the measurements"), table(
-            ["quantity", "value", "evidence"],
-            [[i.quantity, td_num(i.value), i.evidence] for i in c.inferences])], className="card"))
+        parts.append(
+            html.Div(
+                [
+                    html.H3("Inferred from the measurements"),
+                    table(
+                        ["quantity", "value", "evidence"],
+                        [[i.quantity, td_num(i.value), i.evidence] for i in c.inferences],
+                    ),
+                ],
+                className="card",
+            )
+        )
     if c.notes:
         parts.append(html.Ul([html.Li(n) for n in c.notes], className="note-list"))
     return html.Div(parts)
@@ -171,28 +267,51 @@ def comparison_view(c: Comparison, scheme: str, filt: str) -> Any:
 
 def prediction_view(p: Prediction, run: str) -> Any:
     totals = p.totals
-    fig = figure(f"Predicted bytes per iteration per rank ({p.implementation}, world size {num(p.world_size)})",
-                 "scheme", "bytes per iteration per rank")
+    fig = figure(
+        f"Predicted bytes per iteration per rank ({p.implementation}, world size {num(p.world_size)})",
+        "scheme",
+        "bytes per iteration per rank",
+    )
     x = [t.scheme for t in totals]
-    for name, values, color in (("sum of S (sent)", [t.s_sum for t in totals], None),
-                                ("ring wire bytes", [t.wire_bytes for t in totals], "#9db4e0"),
-                                ("paper convention", [t.paper_bytes for t in totals], "#c7c7c7")):
-        fig.add_bar(name=name, x=x, y=values, marker_color=color or [SCHEME_COLORS.get(s, "#777") for s in x],
-                    customdata=[exact_bytes(v) for v in values], hovertemplate="%{x}: %{customdata}<extra>" + name + "</extra>")
+    for name, values, color in (
+        ("sum of S (sent)", [t.s_sum for t in totals], None),
+        ("ring wire bytes", [t.wire_bytes for t in totals], "#9db4e0"),
+        ("paper convention", [t.paper_bytes for t in totals], "#c7c7c7"),
+    ):
+        fig.add_bar(
+            name=name,
+            x=x,
+            y=values,
+            marker_color=color or [SCHEME_COLORS.get(s, "#777") for s in x],
+            customdata=[exact_bytes(v) for v in values],
+            hovertemplate="%{x}: %{customdata}<extra>" + name + "</extra>",
+        )
     top = max([0.0] + [t.s_sum for t in totals] + [t.wire_bytes for t in totals] + [t.paper_bytes for t in totals])
     fig.update_layout(barmode="group", yaxis=byte_axis(top))
     cols = ["scheme", "sum of S", "ring wire bytes", "paper convention", "received (p2p)"]
-    display = [[t.scheme, td_num(t.s_sum, exact_bytes(t.s_sum)), td_num(t.wire_bytes, exact_bytes(t.wire_bytes)),
-                td_num(t.paper_bytes, exact_bytes(t.paper_bytes)), td_num(t.recv_bytes, exact_bytes(t.recv_bytes))]
-               for t in totals]
+    display = [
+        [
+            t.scheme,
+            td_num(t.s_sum, exact_bytes(t.s_sum)),
+            td_num(t.wire_bytes, exact_bytes(t.wire_bytes)),
+            td_num(t.paper_bytes, exact_bytes(t.paper_bytes)),
+            td_num(t.recv_bytes, exact_bytes(t.recv_bytes)),
+        ]
+        for t in totals
+    ]
     raw = [[t.scheme, t.s_sum, t.wire_bytes, t.paper_bytes, t.recv_bytes] for t in totals]
-    parts: list[Any] = [html.P(f"{num(p.param_count)} parameters; {len(p.stages)} pipeline stage(s).", className="hint"),
-                        chart_block("wi-totals", fig, cols, display, raw, "whatif-totals.csv", open_table=True)]
-    for stage in p.stages[:4]:
-        parts.append(stage_chart(stage, p))
+    parts: list[Any] = [
+        html.P(f"{num(p.param_count)} parameters; {len(p.stages)} pipeline stage(s).", className="hint"),
+        chart_block("wi-totals", fig, cols, display, raw, "whatif-totals.csv", open_table=True),
+        *(stage_chart(stage, p) for stage in p.stages[:4]),
+    ]
     if len(p.stages) > 4:
-        parts.append(html.P(f"{len(p.stages) - 4} more stages behave like the ones shown or are in the CSV of the API.",
-                            className="hint"))
+        parts.append(
+            html.P(
+                f"{len(p.stages) - 4} more stages behave like the ones shown or are in the CSV of the API.",
+                className="hint",
+            )
+        )
     if p.notes:
         parts.append(html.Ul([html.Li(n) for n in p.notes], className="note-list"))
     return html.Div(parts)
@@ -203,28 +322,53 @@ def stage_chart(stage: Any, p: Prediction) -> Any:
     ops = sorted(stage.ops, key=lambda o: (o.msg_bytes, o.op))
     labels: dict[int, str] = {}  # a readable label per exact size; exact digits where two sizes read alike
     for o in ops:
-        label = human_bytes(o.msg_bytes)
+        label = format_bytes(o.msg_bytes)
         if o.msg_bytes not in labels:
             labels[o.msg_bytes] = label if label not in labels.values() else f"{o.msg_bytes:,} B"
     sizes = list(labels.values())
-    fig = figure(f"Stage {stage.stage} (ranks {_ranks_text(stage.ranks)}): predicted calls per iteration by message size",
-                 "message size S", "calls per iteration per rank")
+    fig = figure(
+        f"Stage {stage.stage} (ranks {_ranks_text(stage.ranks)}): predicted calls per iteration by message size",
+        "message size S",
+        "calls per iteration per rank",
+    )
     seen: set[str] = set()
     for o in ops:
         name = f"{o.scheme} {o.op}"
-        fig.add_bar(name=name, x=[labels[o.msg_bytes]], y=[o.calls_per_iter], legendgroup=name,
-                    showlegend=name not in seen, marker_color=OP_COLORS.get(o.op, "#777"),
-                    marker_pattern_shape={"dp": "", "tp": "/", "pp": "x", "cp": "."}.get(o.scheme, ""),
-                    customdata=[[o.group, o.dtype, exact_bytes(o.msg_bytes), o.what]],
-                    hovertemplate=("<b>" + name + "</b> %{customdata[1]}<br>S = %{customdata[2]}<br>group "
-                                   "%{customdata[0]}<br>calls/iter: %{y}<br>%{customdata[3]}<extra></extra>"))
+        fig.add_bar(
+            name=name,
+            x=[labels[o.msg_bytes]],
+            y=[o.calls_per_iter],
+            legendgroup=name,
+            showlegend=name not in seen,
+            marker_color=OP_COLORS.get(o.op, "#777"),
+            marker_pattern_shape={"dp": "", "tp": "/", "pp": "x", "cp": "."}.get(o.scheme, ""),
+            customdata=[[o.group, o.dtype, exact_bytes(o.msg_bytes), o.what]],
+            hovertemplate=(
+                "<b>" + name + "</b> %{customdata[1]}<br>S = %{customdata[2]}<br>group "
+                "%{customdata[0]}<br>calls/iter: %{y}<br>%{customdata[3]}<extra></extra>"
+            ),
+        )
         seen.add(name)
     fig.update_layout(barmode="stack", xaxis={"type": "category", "categoryorder": "array", "categoryarray": sizes})
     cols = ["scheme", "group", "group size", "op", "dtype", "S", "calls / iter", "per micro-step", "what"]
-    display = [[o.scheme, o.group, td_num(o.group_size), o.op, o.dtype, td_num(o.msg_bytes, exact_bytes(o.msg_bytes)),
-                td_num(o.calls_per_iter), "yes" if o.per_micro_step else "no", o.what] for o in ops]
-    raw = [[o.scheme, o.group, o.group_size, o.op, o.dtype, o.msg_bytes, o.calls_per_iter, o.per_micro_step, o.what]
-           for o in ops]
+    display = [
+        [
+            o.scheme,
+            o.group,
+            td_num(o.group_size),
+            o.op,
+            o.dtype,
+            td_num(o.msg_bytes, exact_bytes(o.msg_bytes)),
+            td_num(o.calls_per_iter),
+            "yes" if o.per_micro_step else "no",
+            o.what,
+        ]
+        for o in ops
+    ]
+    raw = [
+        [o.scheme, o.group, o.group_size, o.op, o.dtype, o.msg_bytes, o.calls_per_iter, o.per_micro_step, o.what]
+        for o in ops
+    ]
     return chart_block(f"wi-stage-{stage.stage}", fig, cols, display, raw, f"whatif-stage{stage.stage}.csv")
 
 
@@ -236,10 +380,14 @@ def build_input(v: dict[str, Any]) -> PredictInput:
     model = {field: v.get(key) for key, _, section, field in NUMBER_FIELDS if section == "model" and v.get(key)}
     parallel = {field: v.get(key) for key, _, section, field in NUMBER_FIELDS if section == "parallel" and v.get(key)}
     parallel.update(zero=v.get("zero") or 0, sp=bool(v.get("sp")))
-    return PredictInput.model_validate({
-        "model": model, "parallel": parallel, "implementation": v.get("impl") or "paper",
-        "dtypes": {"grad": v.get("dtype"), "param": v.get("dtype"), "act": v.get("act") or v.get("dtype")},
-    })
+    return PredictInput.model_validate(
+        {
+            "model": model,
+            "parallel": parallel,
+            "implementation": v.get("impl") or "paper",
+            "dtypes": {"grad": v.get("dtype"), "param": v.get("dtype"), "act": v.get("act") or v.get("dtype")},
+        }
+    )
 
 
 def _validation_text(exc: ValidationError) -> str:
@@ -249,31 +397,50 @@ def _validation_text(exc: ValidationError) -> str:
 def register(app: Dash, cfg: UiConfig) -> None:
     form_states = [State(f"wi-{k}", "value") for k in WHATIF_KEYS]
 
-    @app.callback(Output("url", "search", allow_duplicate=True), Output("rendered", "data", allow_duplicate=True),
-                  Input("pv-scheme", "value"), Input("pv-filter", "value"), Input("wi-go", "n_clicks"),
-                  *form_states, State("wi-auto", "data"), State("rendered", "data"), prevent_initial_call=True)
+    @app.callback(
+        Output("url", "search", allow_duplicate=True),
+        Output("rendered", "data", allow_duplicate=True),
+        Input("pv-scheme", "value"),
+        Input("pv-filter", "value"),
+        Input("wi-go", "n_clicks"),
+        *form_states,
+        State("wi-auto", "data"),
+        State("rendered", "data"),
+        prevent_initial_call=True,
+    )
     def sync(scheme: str, filt: str, go: int | None, *rest: Any) -> Any:
         *values, auto, rendered = rest
         state: dict[str, Any] = {"scheme": scheme, "filter": filt}
         if go or auto:  # the what-if joins the URL once predicted
-            for key, value in zip(WHATIF_KEYS, values):
+            for key, value in zip(WHATIF_KEYS, values, strict=True):
                 state[f"w_{key}"] = ("1" if value else "0") if key == "sp" else value
         return push_state(rendered, query(state))
 
-    @app.callback(Output("pv-content", "children"), Input("pv-scheme", "value"), Input("pv-filter", "value"),
-                  State("pv-run", "data"), State("token", "data"))
+    @app.callback(
+        Output("pv-content", "children"),
+        Input("pv-scheme", "value"),
+        Input("pv-filter", "value"),
+        State("pv-run", "data"),
+        State("token", "data"),
+    )
     @guarded()
     def show(scheme: str, filt: str, run: str, token: str | None) -> Any:
-        return comparison_view(cfg.client(token).comparison(run), scheme or "", filt or "")
+        return comparison_view(cfg.client(token).predicted_vs_measured(run), scheme or "", filt or "")
 
-    @app.callback(Output("wi-result", "children"), Input("wi-go", "n_clicks"), Input("wi-auto", "data"),
-                  *form_states, State("pv-run", "data"), State("token", "data"))
+    @app.callback(
+        Output("wi-result", "children"),
+        Input("wi-go", "n_clicks"),
+        Input("wi-auto", "data"),
+        *form_states,
+        State("pv-run", "data"),
+        State("token", "data"),
+    )
     @guarded()
     def what_if(n: int | None, auto: bool, *rest: Any) -> Any:
         *values, run, token = rest
         if not n and not auto:
             return empty("Set the configuration above and press Predict.")
-        v = dict(zip(WHATIF_KEYS, values))
+        v = dict(zip(WHATIF_KEYS, values, strict=True))
         v["sp"] = bool(v.get("sp"))
         try:
             inp = build_input(v)
@@ -282,10 +449,12 @@ def register(app: Dash, cfg: UiConfig) -> None:
         client = cfg.client(token)
         prediction = client.predict(inp)
         try:
-            against: Any = html.Div([html.H3(f"This configuration against run {run}'s measurements"),
-                                     volumes_chart(client.comparison(run, inp), "wi-against")])
+            against: Any = html.Div(
+                [
+                    html.H3(f"This configuration against run {run}'s measurements"),
+                    volumes_chart(client.predicted_vs_measured(run, inp), "wi-against"),
+                ]
+            )
         except ApiProblem as exc:
             against = problem_box(exc)
         return html.Div([prediction_view(prediction, run), against])
-
-

@@ -8,15 +8,23 @@ from typing import Any
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, State, dcc, html
 
-from commlens.backend.models import BandwidthReport, Finding, RankSchemeTotal, RankTotals
+from commlens.contract.analysis import BandwidthReport, Finding, RankSchemeTotal, RankTotals
+from commlens.vocab import format_bytes
 
 from .client import ApiProblem
 from .components import (
+    OP_COLORS,
+    chart_block,
+    empty,
+    figure,
+    guarded,
+    loading,
     push_state,
-    OP_COLORS, chart_block, empty, figure, guarded, loading, table, td_num,
+    table,
+    td_num,
 )
 from .config import UiConfig
-from .fmt import byte_axis, duration_us, exact_bytes, human_bytes, num
+from .fmt import byte_axis, duration_us, exact_bytes, num
 from .urls import query
 
 METRICS = {"bytes": "bytes", "time_us": "time (µs)"}
@@ -27,21 +35,46 @@ UNATTRIBUTED = "unattributed"
 def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> html.Div:
     metric = q.get("metric") if q.get("metric") in METRICS else "bytes"
     basis = q.get("basis") if q.get("basis") in BASES else "per_iteration"
-    return html.Div([
-        dcc.Store(id="rk-run", data=run),
-        dcc.Store(id="rk-focus", data={"scheme": q.get("scheme"), "rank": q.get("rank")}),
-        html.Div([
-            html.Div([html.Label("Metric"), dcc.RadioItems(
-                id="rk-metric", options=[{"label": f" {v}", "value": k} for k, v in METRICS.items()], value=metric,
-                inline=True, inputStyle={"marginLeft": "8px"})], className="field"),
-            html.Div([html.Label("Basis"), dcc.RadioItems(
-                id="rk-basis", options=[{"label": f" {v}", "value": k} for k, v in BASES.items()], value=basis,
-                inline=True, inputStyle={"marginLeft": "8px"})], className="field"),
-        ], className="controls"),
-        loading(html.Div(id="rk-content")),
-        html.H2("Bandwidth by message size", id="bandwidth"),
-        loading(html.Div(id="rk-bandwidth")),
-    ])
+    return html.Div(
+        [
+            dcc.Store(id="rk-run", data=run),
+            dcc.Store(id="rk-focus", data={"scheme": q.get("scheme"), "rank": q.get("rank")}),
+            html.Div(
+                [
+                    html.Div(
+                        [
+                            html.Label("Metric"),
+                            dcc.RadioItems(
+                                id="rk-metric",
+                                options=[{"label": f" {v}", "value": k} for k, v in METRICS.items()],
+                                value=metric,
+                                inline=True,
+                                inputStyle={"marginLeft": "8px"},
+                            ),
+                        ],
+                        className="field",
+                    ),
+                    html.Div(
+                        [
+                            html.Label("Basis"),
+                            dcc.RadioItems(
+                                id="rk-basis",
+                                options=[{"label": f" {v}", "value": k} for k, v in BASES.items()],
+                                value=basis,
+                                inline=True,
+                                inputStyle={"marginLeft": "8px"},
+                            ),
+                        ],
+                        className="field",
+                    ),
+                ],
+                className="controls",
+            ),
+            loading(html.Div(id="rk-content")),
+            html.H2("Bandwidth by message size", id="bandwidth"),
+            loading(html.Div(id="rk-bandwidth")),
+        ]
+    )
 
 
 def _value(r: RankSchemeTotal, metric: str, basis: str) -> float | None:
@@ -64,22 +97,34 @@ def heatmap(t: RankTotals, metric: str, basis: str, findings: list[Finding], foc
     cell = {(r.rank, r.scheme or UNATTRIBUTED): r for r in t.rows}
     z = [[_value(cell[(rk, s)], metric, basis) if (rk, s) in cell else None for s in schemes] for rk in ranks]
     text = [[_fmt(v, metric) if v is not None else "" for v in row] for row in z]
-    custom = [[[cell[(rk, s)].calls, cell[(rk, s)].iterations] if (rk, s) in cell else [None, None] for s in schemes]
-              for rk in ranks]
+    custom = [
+        [[cell[(rk, s)].calls, cell[(rk, s)].iterations] if (rk, s) in cell else [None, None] for s in schemes]
+        for rk in ranks
+    ]
     unit = "bytes" if metric == "bytes" else "µs"
     label = f"{METRICS[metric]} {BASES[basis]}"
-    fig = figure(f"{label.capitalize()} per rank and scheme", "scheme", "rank",
-                 height=min(620, max(300, 120 + 22 * len(ranks))))
+    fig = figure(
+        f"{label.capitalize()} per rank and scheme", "scheme", "rank", height=min(620, max(300, 120 + 22 * len(ranks)))
+    )
     values = [v for row in z for v in row if v is not None]
     colorbar: dict[str, Any] = {"title": {"text": unit}}
     if metric == "bytes" and values:
         colorbar.update(tickmode="array", **byte_axis(max(values)))
-    fig.add_trace(go.Heatmap(
-        x=schemes, y=ranks, z=z, text=text, customdata=custom, colorscale="Blues", hoverongaps=False,
-        colorbar=colorbar,
-        texttemplate="%{text}" if len(ranks) * len(schemes) <= 160 else None,
-        hovertemplate="rank %{y}, %{x}<br>" + label + ": %{text}<br>calls %{customdata[0]}, iterations "
-                      "%{customdata[1]}<extra></extra>"))
+    fig.add_trace(
+        go.Heatmap(
+            x=schemes,
+            y=ranks,
+            z=z,
+            text=text,
+            customdata=custom,
+            colorscale="Blues",
+            hoverongaps=False,
+            colorbar=colorbar,
+            texttemplate="%{text}" if len(ranks) * len(schemes) <= 160 else None,
+            hovertemplate="rank %{y}, %{x}<br>" + label + ": %{text}<br>calls %{customdata[0]}, iterations "
+            "%{customdata[1]}<extra></extra>",
+        )
+    )
     fig.update_yaxes(type="category", autorange="reversed")
     fig.update_xaxes(type="category")
     other_basis = False
@@ -90,60 +135,114 @@ def heatmap(t: RankTotals, metric: str, basis: str, findings: list[Finding], foc
             other_basis = True
             continue
         s = imb.scheme or UNATTRIBUTED
-        fig.add_annotation(x=s, y=imb.max_rank, text=f"max ×{imb.max_over_mean:.2f}", showarrow=True, arrowhead=2,
-                           ax=40, ay=-18, font={"color": "#b42318"}, bgcolor="#fff")
+        fig.add_annotation(
+            x=s,
+            y=imb.max_rank,
+            text=f"max ×{imb.max_over_mean:.2f}",  # noqa: RUF001 - the multiplication sign is meant
+            showarrow=True,
+            arrowhead=2,
+            ax=40,
+            ay=-18,
+            font={"color": "#b42318"},
+            bgcolor="#fff",
+        )
     if focus.get("rank") is not None and str(focus["rank"]) in ranks:
         fig.add_hline(y=str(focus["rank"]), line_color="#d92d20", line_width=2, opacity=0.6)
     cols = ["rank", "scheme", "calls", "bytes", "time", "iterations", "bytes / iteration", "time / iteration"]
-    display = [[r.rank, r.scheme or UNATTRIBUTED, td_num(r.calls), td_num(r.bytes, exact_bytes(r.bytes)),
-                td_num(r.time_us, duration_us(r.time_us)), td_num(r.iterations),
-                td_num(r.bytes_per_iteration, exact_bytes(r.bytes_per_iteration)),
-                td_num(r.time_us_per_iteration, duration_us(r.time_us_per_iteration))] for r in t.rows]
-    raw = [[r.rank, r.scheme, r.calls, r.bytes, r.time_us, r.iterations, r.bytes_per_iteration, r.time_us_per_iteration]
-           for r in t.rows]
+    display = [
+        [
+            r.rank,
+            r.scheme or UNATTRIBUTED,
+            td_num(r.calls),
+            td_num(r.bytes, exact_bytes(r.bytes)),
+            td_num(r.time_us, duration_us(r.time_us)),
+            td_num(r.iterations),
+            td_num(r.bytes_per_iteration, exact_bytes(r.bytes_per_iteration)),
+            td_num(r.time_us_per_iteration, duration_us(r.time_us_per_iteration)),
+        ]
+        for r in t.rows
+    ]
+    raw = [
+        [r.rank, r.scheme, r.calls, r.bytes, r.time_us, r.iterations, r.bytes_per_iteration, r.time_us_per_iteration]
+        for r in t.rows
+    ]
     missing = any(v is None for row in z for v in row)
     if other_basis:
         hidden = BASES["total" if basis == "per_iteration" else "per_iteration"]
         note_basis = f" Imbalance here is measured {hidden}: switch the basis to see it marked."
     else:
         note_basis = ""
-    note = ("Empty cells: the rank does not use the scheme" + (", or has no measured time" if metric == "time_us" else "")
-            + ("; per-iteration values need iterations" if basis == "per_iteration" else "") + ".") if missing else ""
+    note = (
+        (
+            "Empty cells: the rank does not use the scheme"
+            + (", or has no measured time" if metric == "time_us" else "")
+            + ("; per-iteration values need iterations" if basis == "per_iteration" else "")
+            + "."
+        )
+        if missing
+        else ""
+    )
     note = (note + note_basis).strip() or None
-    return html.Div([chart_block("rk-heatmap", fig, cols, display, raw, f"{t.run}-ranks.csv", note=note),
-                     imbalance_table(t, findings), html.Ul([html.Li(n) for n in t.notes], className="note-list")])
+    return html.Div(
+        [
+            chart_block("rk-heatmap", fig, cols, display, raw, f"{t.run}-ranks.csv", note=note),
+            imbalance_table(t, findings),
+            html.Ul([html.Li(n) for n in t.notes], className="note-list"),
+        ]
+    )
 
 
 def _fmt(v: float, metric: str) -> str:
-    return human_bytes(v) if metric == "bytes" else duration_us(v)
+    return format_bytes(v) if metric == "bytes" else duration_us(v)
 
 
 def imbalance_table(t: RankTotals, findings: list[Finding]) -> Any:
     if not t.imbalance:
         return empty("No imbalance to report: fewer than two ranks share a scheme.")
-    flagged = {(f.evidence.get("metric"), f.evidence.get("max_rank"), f.evidence.get("max_over_mean")): f
-               for f in findings if f.id.startswith("imbalance:")}
+    flagged = {
+        (f.evidence.get("metric"), f.evidence.get("max_rank"), f.evidence.get("max_over_mean")): f
+        for f in findings
+        if f.id.startswith("imbalance:")
+    }
     rows, classes = [], []
     for imb in t.imbalance:
         f = flagged.get((imb.metric, imb.max_rank, imb.max_over_mean))
-        fmt = (lambda v: exact_bytes(v)) if imb.metric == "bytes" else duration_us
-        rows.append(["all schemes" if imb.all_schemes else imb.scheme or UNATTRIBUTED, METRICS[imb.metric],
-                     BASES[imb.basis], td_num(imb.ranks), td_num(imb.max, fmt(imb.max)), imb.max_rank,
-                     td_num(imb.mean, fmt(imb.mean)), imb.min_rank,
-                     td_num(imb.max_over_mean, f"{imb.max_over_mean:.3f}"),
-                     html.Span(f.severity, className=f"badge sev-{f.severity}") if f else "-"])
+        fmt = (exact_bytes) if imb.metric == "bytes" else duration_us
+        rows.append(
+            [
+                "all schemes" if imb.all_schemes else imb.scheme or UNATTRIBUTED,
+                METRICS[imb.metric],
+                BASES[imb.basis],
+                td_num(imb.ranks),
+                td_num(imb.max, fmt(imb.max)),
+                imb.max_rank,
+                td_num(imb.mean, fmt(imb.mean)),
+                imb.min_rank,
+                td_num(imb.max_over_mean, f"{imb.max_over_mean:.3f}"),
+                html.Span(f.severity, className=f"badge sev-{f.severity}") if f else "-",
+            ]
+        )
         classes.append("flag" if f else None)
-    return html.Div([html.H3("Imbalance between ranks"),
-                     table(["scope", "metric", "basis", "ranks", "max", "max rank", "mean", "min rank", "max / mean",
-                            "finding"], rows, id_="rk-imbalance", row_class=classes),
-                     html.P("Highlighted rows are imbalances the findings flag.", className="hint")])
+    return html.Div(
+        [
+            html.H3("Imbalance between ranks"),
+            table(
+                ["scope", "metric", "basis", "ranks", "max", "max rank", "mean", "min rank", "max / mean", "finding"],
+                rows,
+                id_="rk-imbalance",
+                row_class=classes,
+            ),
+            html.P("Highlighted rows are imbalances the findings flag.", className="hint"),
+        ]
+    )
 
 
 def bandwidth_view(b: BandwidthReport) -> Any:
     if not b.bins:
         why = ", ".join(f"{k}: {num(v)}" for k, v in b.excluded.items())
-        return empty("No measured durations in this run (NCCL logs carry no time)" + (f"; left out: {why}" if why else "")
-                     + ".")
+        return empty(
+            "No measured durations in this run (NCCL logs carry no time)" + (f"; left out: {why}" if why else "") + "."
+        )
     fig = figure("Median bus bandwidth by message size", "median message size S (log)", "median busbw (GB/s)")
     ops: list[str] = []
     for x in b.bins:
@@ -151,47 +250,133 @@ def bandwidth_view(b: BandwidthReport) -> Any:
             ops.append(x.op)
     for op in ops:
         pts = [x for x in b.bins if x.op == op]
-        fig.add_scatter(name=op, x=[p.median_bytes for p in pts], y=[p.median_busbw_gbps for p in pts],
-                        mode="lines+markers", marker_color=OP_COLORS.get(op, "#777"),
-                        customdata=[[p.bin.label, p.calls, duration_us(p.median_dur_us), f"{p.median_algbw_gbps:.4g}",
-                                     ", ".join(map(str, p.group_sizes)), exact_bytes(p.median_bytes)] for p in pts],
-                        hovertemplate=("<b>" + op + "</b> %{customdata[0]}<br>median S %{customdata[5]}<br>busbw "
-                                       "%{y:.4g} GB/s, algbw %{customdata[3]} GB/s<br>median duration %{customdata[2]}"
-                                       "<br>%{customdata[1]} calls, group sizes %{customdata[4]}<extra></extra>"))
+        fig.add_scatter(
+            name=op,
+            x=[p.median_bytes for p in pts],
+            y=[p.median_busbw_gbps for p in pts],
+            mode="lines+markers",
+            marker_color=OP_COLORS.get(op, "#777"),
+            customdata=[
+                [
+                    p.bin.label,
+                    p.calls,
+                    duration_us(p.median_dur_us),
+                    f"{p.median_algbw_gbps:.4g}",
+                    ", ".join(map(str, p.group_sizes)),
+                    exact_bytes(p.median_bytes),
+                ]
+                for p in pts
+            ],
+            hovertemplate=(
+                "<b>" + op + "</b> %{customdata[0]}<br>median S %{customdata[5]}<br>busbw "
+                "%{y:.4g} GB/s, algbw %{customdata[3]} GB/s<br>median duration %{customdata[2]}"
+                "<br>%{customdata[1]} calls, group sizes %{customdata[4]}<extra></extra>"
+            ),
+        )
     xs = [x.median_bytes for x in b.bins]
     fig.update_xaxes(type="log", **byte_axis(max(xs), min(xs), log=True))
-    cols = ["op", "size bin", "calls", "median S", "median duration", "median algbw (GB/s)", "median busbw (GB/s)",
-            "group sizes"]
-    display = [[x.op, x.bin.label, td_num(x.calls), td_num(x.median_bytes, exact_bytes(x.median_bytes)),
-                td_num(x.median_dur_us, duration_us(x.median_dur_us)), td_num(x.median_algbw_gbps),
-                td_num(x.median_busbw_gbps), ", ".join(map(str, x.group_sizes))] for x in b.bins]
-    raw = [[x.op, x.bin.label, x.calls, x.median_bytes, x.median_dur_us, x.median_algbw_gbps, x.median_busbw_gbps,
-            " ".join(map(str, x.group_sizes))] for x in b.bins]
-    ops_rows = [[o.op, td_num(o.calls), td_num(o.best_busbw_gbps), o.best_bin, o.half_bw_label or "-",
-                 td_num(o.latency_bound_calls), td_num(o.latency_bound_time_us, duration_us(o.latency_bound_time_us))]
-                for o in b.ops]
+    cols = [
+        "op",
+        "size bin",
+        "calls",
+        "median S",
+        "median duration",
+        "median algbw (GB/s)",
+        "median busbw (GB/s)",
+        "group sizes",
+    ]
+    display = [
+        [
+            x.op,
+            x.bin.label,
+            td_num(x.calls),
+            td_num(x.median_bytes, exact_bytes(x.median_bytes)),
+            td_num(x.median_dur_us, duration_us(x.median_dur_us)),
+            td_num(x.median_algbw_gbps),
+            td_num(x.median_busbw_gbps),
+            ", ".join(map(str, x.group_sizes)),
+        ]
+        for x in b.bins
+    ]
+    raw = [
+        [
+            x.op,
+            x.bin.label,
+            x.calls,
+            x.median_bytes,
+            x.median_dur_us,
+            x.median_algbw_gbps,
+            x.median_busbw_gbps,
+            " ".join(map(str, x.group_sizes)),
+        ]
+        for x in b.bins
+    ]
+    ops_rows = [
+        [
+            o.op,
+            td_num(o.calls),
+            td_num(o.best_busbw_gbps),
+            o.best_bin,
+            o.half_bw_label or "-",
+            td_num(o.latency_bound_calls),
+            td_num(o.latency_bound_time_us, duration_us(o.latency_bound_time_us)),
+        ]
+        for o in b.ops
+    ]
     excluded = ", ".join(f"{k}: {num(v)}" for k, v in b.excluded.items())
-    note = f"{num(b.calls_with_duration)} calls with a measured duration" + (f"; left out: {excluded}" if excluded else "")
-    return html.Div([
-        chart_block("rk-busbw", fig, cols, display, raw, f"{b.run}-bandwidth.csv", note=note),
-        html.H3("Per op"),
-        table(["op", "calls", "best busbw (GB/s)", "best bin", "half-bandwidth size", "latency-bound calls",
-               "latency-bound time"], ops_rows, id_="rk-bw-ops"),
-        html.Ul([html.Li(n) for n in b.notes], className="note-list"),
-    ])
+    note = f"{num(b.calls_with_duration)} calls with a measured duration" + (
+        f"; left out: {excluded}" if excluded else ""
+    )
+    return html.Div(
+        [
+            chart_block("rk-busbw", fig, cols, display, raw, f"{b.run}-bandwidth.csv", note=note),
+            html.H3("Per op"),
+            table(
+                [
+                    "op",
+                    "calls",
+                    "best busbw (GB/s)",
+                    "best bin",
+                    "half-bandwidth size",
+                    "latency-bound calls",
+                    "latency-bound time",
+                ],
+                ops_rows,
+                id_="rk-bw-ops",
+            ),
+            html.Ul([html.Li(n) for n in b.notes], className="note-list"),
+        ]
+    )
 
 
 def register(app: Dash, cfg: UiConfig) -> None:
-    @app.callback(Output("url", "search", allow_duplicate=True), Output("rendered", "data", allow_duplicate=True),
-                  Input("rk-metric", "value"), Input("rk-basis", "value"), State("rk-focus", "data"),
-                  State("rendered", "data"), prevent_initial_call=True)
+    @app.callback(
+        Output("url", "search", allow_duplicate=True),
+        Output("rendered", "data", allow_duplicate=True),
+        Input("rk-metric", "value"),
+        Input("rk-basis", "value"),
+        State("rk-focus", "data"),
+        State("rendered", "data"),
+        prevent_initial_call=True,
+    )
     def sync(metric: str, basis: str, focus: dict, rendered: dict | None) -> Any:
-        search = query({"metric": None if metric == "bytes" else metric,
-                        "basis": None if basis == "per_iteration" else basis, **(focus or {})})
+        search = query(
+            {
+                "metric": None if metric == "bytes" else metric,
+                "basis": None if basis == "per_iteration" else basis,
+                **(focus or {}),
+            }
+        )
         return push_state(rendered, search)
 
-    @app.callback(Output("rk-content", "children"), Input("rk-metric", "value"), Input("rk-basis", "value"),
-                  State("rk-focus", "data"), State("rk-run", "data"), State("token", "data"))
+    @app.callback(
+        Output("rk-content", "children"),
+        Input("rk-metric", "value"),
+        Input("rk-basis", "value"),
+        State("rk-focus", "data"),
+        State("rk-run", "data"),
+        State("token", "data"),
+    )
     @guarded()
     def show(metric: str, basis: str, focus: dict, run: str, token: str | None) -> Any:
         client = cfg.client(token)
@@ -206,5 +391,3 @@ def register(app: Dash, cfg: UiConfig) -> None:
     @guarded()
     def bandwidth(run: str, token: str | None) -> Any:
         return bandwidth_view(cfg.client(token).bandwidth(run))
-
-

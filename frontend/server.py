@@ -6,14 +6,14 @@ import argparse
 from urllib.parse import urlsplit
 
 import uvicorn
+from a2wsgi import WSGIMiddleware
 
-from commlens.backend.api.app import as_asgi
-from commlens.backend.api.settings import is_loopback
+from commlens.contract.access import is_loopback
 
 from .app import create_ui
 
 
-class UiRefused(RuntimeError):
+class UiRefusedError(RuntimeError):
     """The UI must not start with these settings (the message says why)."""
 
 
@@ -22,18 +22,22 @@ def check_exposure(host: str, api_url: str, insecure: bool) -> None:
     tokenless local admin (the API sees the UI's loopback address); refuse that unless told --insecure."""
     parts = urlsplit(api_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UiRefused(f"--api must be an http(s) URL of the commlens server, like http://127.0.0.1:8050; got {api_url!r}")
+        raise UiRefusedError(
+            f"--api must be an http(s) URL of the commlens server, like http://127.0.0.1:8050; got {api_url!r}"
+        )
     if not is_loopback(host) and is_loopback(parts.hostname) and not insecure:
-        raise UiRefused(
+        raise UiRefusedError(
             f"refusing to serve the UI on {host} in front of the API at {api_url}: that API trusts loopback clients as "
             "its local admin, so every visitor of the UI would be one. Serve the API off loopback with users "
-            "(commlens users add NAME) and point --api at that address, bind the UI to 127.0.0.1, or pass --insecure.")
+            "(commlens users add NAME) and point --api at that address, bind the UI to 127.0.0.1, or pass --insecure."
+        )
 
 
-def serve_ui(api_url: str, host: str = "127.0.0.1", port: int = 8051, insecure: bool = False,
-             log_level: str = "info") -> None:
+def serve_ui(
+    api_url: str, host: str = "127.0.0.1", port: int = 8051, insecure: bool = False, log_level: str = "info"
+) -> None:
     check_exposure(host, api_url, insecure)
-    app = as_asgi(create_ui(api_url=api_url))
+    app = WSGIMiddleware(create_ui(api_url=api_url).server)  # Dash's Flask app, in uvicorn's thread pool
     uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, proxy_headers=False)).run()
 
 
@@ -46,5 +50,5 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     try:
         serve_ui(args.api, args.host, args.port, args.insecure)
-    except UiRefused as exc:
+    except UiRefusedError as exc:
         p.exit(2, f"error: {exc}\n")

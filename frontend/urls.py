@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, unquote, urlencode
 
-from commlens.backend.api.models import Anchor
+from commlens.contract.review import Anchor
 
 RUN_PAGES: dict[str, str] = {
     "overview": "Overview",
@@ -40,7 +40,7 @@ def route(pathname: str | None) -> Route:
 
 def parse(search: str | None) -> dict[str, str]:
     """The query string as a dict (last value wins; blank values dropped)."""
-    return {k: v for k, v in parse_qsl((search or "").lstrip("?"), keep_blank_values=False)}
+    return dict(parse_qsl((search or "").lstrip("?"), keep_blank_values=False))
 
 
 def query(state: dict[str, object]) -> str:

@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from commlens.vocab import format_bytes
+
 from .config import ConfigError, HarnessConfig
 
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -41,14 +43,6 @@ def _device_defaults(device: Optional[str], dtype: Optional[str]) -> tuple[str, 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     device = device or ("cuda" if gpus else "cpu")
     return device, dtype or ("bfloat16" if device == "cuda" else "float32"), gpus
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} B"
 
 
 def harness(
@@ -143,7 +137,7 @@ def _list_outputs(run, files: list[Path]) -> None:  # noqa: ANN001 - launch.Plan
     table.add_column("file", overflow="fold")
     table.add_column("size", justify="right")
     for f in files:
-        table.add_row(str(f), _human(f.stat().st_size))
+        table.add_row(str(f), format_bytes(f.stat().st_size))
     console.print(table)
     run_json = run.out / "run.json"
     if run_json.exists():

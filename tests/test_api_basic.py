@@ -20,7 +20,8 @@ from commlens.frontend.safe_html import safe_href, to_components
 from commlens.backend.attribution import attribute_run, attribution_summary
 from commlens.backend.compare import compare
 from commlens.backend.findings import findings
-from commlens.backend.predict import PredictInput, predict, predict_input_from_config
+from commlens.backend.predict import predict, predict_input_from_config
+from commlens.contract.predict import PredictInput
 from commlens.ingest import store
 from commlens.ingest.records import ParseResult
 

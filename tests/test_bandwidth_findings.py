@@ -10,7 +10,7 @@ import pytest
 from commlens.backend.attribution import attribute_run
 from commlens.backend.bandwidth import bandwidth, call_bandwidth
 from commlens.backend.findings import findings
-from commlens.backend.models import ComparisonInput
+from commlens.contract.analysis import ComparisonInput
 from commlens.backend.ranks import rank_totals
 from synthetic import write_rows as write
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 from commlens.backend.compare import compare
-from commlens.backend.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
+from commlens.contract.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
 from commlens.backend.report import build_report, render_markdown
 
 RESNET50_PARAMS = 25_557_032

@@ -8,8 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commlens.backend.attribution import attribute_run
-from commlens.backend.histograms import bin_key, bin_spec, format_bytes, histogram
+from commlens.backend.histograms import bin_key, histogram
 from commlens.backend.iterations import Period, UnknownRunError, detect_period, find_period
+from commlens.contract.analysis import bin_spec
+from commlens.vocab import format_bytes
 from synthetic import write_rows as write
 
 MiB = 1 << 20

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from commlens.backend.predict import (
-    ModelSpec, ParallelSpec, PredictInput, ddp_buckets, param_count, predict,
-)
+from commlens.backend.predict import ddp_buckets, param_count, predict
+from commlens.contract.predict import ModelSpec, ParallelSpec, PredictInput
 
 GIB = 2**30
 GPT_1B3 = ModelSpec(layers=24, hidden=2048, heads=16, vocab=50304, seq_len=2048, tied_embeddings=True)

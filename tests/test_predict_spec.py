@@ -11,7 +11,8 @@ import httpx
 import pytest
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread
-from commlens.backend.predict import BucketSpec, DtypeSpec, ModelSpec, ParallelSpec, PredictInput, predict
+from commlens.backend.predict import predict
+from commlens.contract.predict import BucketSpec, DtypeSpec, ModelSpec, ParallelSpec, PredictInput
 from pydantic import ValidationError
 
 # L = 4, h = 64, a = 8, V = 1000, s = 128; bf16 (2 bytes) unless stated

@@ -8,8 +8,8 @@ from __future__ import annotations
 from commlens.backend.attribution import attribute_run
 from commlens.backend.compare import compare
 from commlens.backend.findings import findings
-from commlens.backend.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
 from commlens.backend.report import build_report, render_markdown
+from commlens.contract.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
 from synthetic import write_rows as write
 
 RESNET50_PARAMS = 25_557_032

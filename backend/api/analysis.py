@@ -10,19 +10,26 @@ from fastapi import APIRouter, Path, Query
 
 from commlens.backend import attribution
 from commlens.backend.bandwidth import bandwidth
-from commlens.backend.compare import Comparison, compare
+from commlens.backend.compare import compare
 from commlens.backend.findings import findings
 from commlens.backend.histograms import bar_calls, histogram
 from commlens.backend.iterations import UnknownRunError, assign_iterations, run_id_of
-from commlens.backend.models import BandwidthReport, BarCalls, Finding, GroupAttribution, Histogram, IterationInfo, RankTotals
-from commlens.backend.predict import Prediction, PredictInput, predict
+from commlens.backend.predict import predict
 from commlens.backend.predict_harness import input_from_run_config
 from commlens.backend.ranks import rank_totals
+from commlens.contract.analysis import (
+    BandwidthReport, BarCalls, Finding, GroupAttribution, GroupOverride, GroupsPage, Histogram, IterationInfo,
+    RankTotals, TopologyRows,
+)
+from commlens.contract.common import MAX_RANK, Page
+from commlens.contract.compare import Comparison, RunComparison, RunsComparison
+from commlens.contract.predict import Prediction, PredictInput
+from commlens.contract.review import Anchor, ReviewItem
+from commlens.vocab import Op
 
 from .db import retry_conflicts, transaction
 from .deps import Cursor, Limit, Offset, Writer, next_offset
 from .errors import ApiError, problem_responses
-from .models import MAX_RANK, GroupOverride, GroupsPage, Op, Page, ReviewItem, RunComparison, RunsComparison, TopologyRows
 from .review import create_item
 from .runs import config_kind
 
@@ -166,7 +173,6 @@ def promote_finding(run: str, finding_id: str, cur: Cursor, who: Writer) -> Revi
     evidence = "\n".join(f"| {k} | {f'{v:.6g}' if isinstance(v, float) else v} |" for k, v in f.evidence.items())
     body = (f"**{f.title}** ({f.severity})\n\n| evidence | value |\n|---|---|\n{evidence}\n\n"
             f"Suggestion: {f.suggestion}")
-    from .models import Anchor
 
     view = f.view
     anchor = Anchor(

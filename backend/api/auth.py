@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import duckdb
 from fastapi import Request
 
+from commlens.contract.access import is_loopback
+
 from .errors import ApiError
-from .settings import is_loopback
 
 LOCAL_USER = "local"
 ANONYMOUS = "anonymous"

@@ -15,11 +15,11 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from commlens.backend.iterations import run_id_of
+from commlens.vocab import Op
 
 from .db import Database
 from .deps import Ctx, Cursor
 from .errors import problem_responses
-from .models import Op
 
 router = APIRouter(tags=["export"])
 

@@ -11,13 +11,15 @@ from fastapi import APIRouter, Query, Response
 from pydantic import ValidationError
 
 from commlens.backend.iterations import run_id_of
+from commlens.contract.common import MAX_RANK, Page
+from commlens.contract.review import INLINE_REPLIES, Anchor, ReviewCreate, ReviewItem, ReviewUpdate
+from commlens.vocab import Op
 
 from .auth import Principal
 from .db import transaction
 from .deps import Cursor, Limit, Offset, Writer, next_offset
 from .errors import ApiError, problem_responses
 from .markdown import render
-from .models import INLINE_REPLIES, MAX_RANK, Anchor, Op, Page, ReviewCreate, ReviewItem, ReviewUpdate
 
 router = APIRouter(tags=["review"])
 

@@ -10,7 +10,9 @@ from fastapi import APIRouter, Query, Response
 from pydantic import ValidationError
 
 from commlens.backend.iterations import UnknownRunError, run_id_of
-from commlens.backend.predict import PredictInput
+from commlens.contract.common import Page
+from commlens.contract.predict import PredictInput
+from commlens.contract.runs import TAG_PATTERN, RunCreate, RunDetail, RunSummary, RunUpdate, SourceCounts, SourceOut
 from commlens.ingest import aggregates
 from commlens.ingest.aggregates import AGG_TABLES
 from commlens.ingest.store import TRACE_TABLES
@@ -19,7 +21,6 @@ from commlens.runconfig import RunConfig
 from .db import transaction
 from .deps import Admin, Ctx, Cursor, Limit, Offset, Writer, next_offset
 from .errors import ApiError, problem_responses
-from .models import TAG_PATTERN, Page, RunCreate, RunDetail, RunSummary, RunUpdate, SourceCounts, SourceOut
 
 router = APIRouter(tags=["runs"])
 

@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from commlens.contract.access import is_loopback
 from commlens.ingest.inputs import Limits
 
 MiB = 1 << 20
 GiB = 1 << 30
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and 'localhost'; False for wildcards (0.0.0.0, ::) and anything else."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from fastapi.responses import JSONResponse
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
+from commlens.contract.common import Page
+from commlens.contract.jobs import FileResult, JobOut
 from commlens.ingest import store
 from commlens.ingest.formats import sniff_file
 from commlens.ingest.inputs import Limits
@@ -24,7 +26,6 @@ from commlens.ingest.records import ParseError
 from . import auth
 from .deps import Ctx, Cursor, Limit, Offset, next_offset
 from .errors import ApiError, problem_responses
-from .models import FileResult, JobOut, Page
 from .worker import IngestWorker, Manifest, SpooledUpload, new_job_id
 
 router = APIRouter(tags=["uploads"])

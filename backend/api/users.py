@@ -5,13 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from commlens import __version__
+from commlens.contract.common import Page
+from commlens.contract.users import AuthInfo, Health, Me, UserCreate, UserOut, UserToken
 from commlens.ingest.store import SCHEMA_VERSION
 
 from . import auth
 from .db import transaction
 from .deps import Admin, Caller, Ctx, Cursor, Limit, Offset, next_offset
 from .errors import ApiError, problem_responses
-from .models import AuthInfo, Health, Me, Page, UserCreate, UserOut, UserToken
 
 router = APIRouter()
 

@@ -1,0 +1,36 @@
+"""Ingest jobs: an upload's progress and the outcome of each of its files."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel
+
+
+class FileResult(BaseModel):
+    upload: str  # the uploaded file this result belongs to
+    path: str  # the ingested file ("upload.tar.gz!member" for archive members)
+    status: Literal["ok", "failed", "duplicate"]
+    kind: str | None = None
+    rank: int | None = None
+    events: int = 0
+    size: int = 0
+    error: str | None = None
+    skipped: dict[str, int] = {}
+    warnings: list[str] = []
+
+
+class JobOut(BaseModel):
+    job_id: str
+    run: str | None
+    state: Literal["queued", "running", "done", "failed"]
+    files_total: int  # uploaded files (an archive is one)
+    files_done: int
+    bytes_total: int
+    bytes_done: int
+    current: str | None = None  # the file being ingested
+    results: list[FileResult]
+    error: str | None
+    created_at: datetime
+    updated_at: datetime

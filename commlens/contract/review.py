@@ -1,0 +1,57 @@
+"""Review items: comments and promoted findings attached to a run and to the view they discuss."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from commlens.vocab import Op, Scheme
+
+from .common import MAX_RANK, StrictModel
+
+INLINE_REPLIES = 50  # replies shown inside a review item; GET /review/{id}/replies pages through all
+
+
+class Anchor(StrictModel):
+    """The view a review item is attached to; every field is optional."""
+
+    view: str | None = Field(default=None, max_length=64, pattern=r"^[a-z0-9_-]+$")
+    scheme: Scheme | None = None
+    op: Op | None = None
+    bin: str | None = Field(default=None, max_length=16, pattern=r"^(zero|unknown|2\^\d{1,2})$")
+    rank: int | None = Field(default=None, ge=0, le=MAX_RANK)
+    free: str | None = Field(default=None, max_length=500, description="anything else that locates the item")
+
+
+class ReviewCreate(StrictModel):
+    body: str = Field(min_length=1, max_length=100_000, description="Markdown; raw HTML is shown as text")
+    anchor: Anchor | None = None
+    parent_id: int | None = Field(default=None, description="reply to this item")
+
+
+class ReviewUpdate(StrictModel):
+    body: str | None = Field(default=None, min_length=1, max_length=100_000)
+    status: Literal["open", "resolved"] | None = None
+    anchor: Anchor | None = None
+
+
+class ReviewItem(BaseModel):
+    item_id: int
+    run: str
+    parent_id: int | None
+    author: str
+    body: str
+    body_html: str
+    status: Literal["open", "resolved"]
+    anchor: Anchor | None
+    finding: str | None
+    created_at: datetime
+    updated_at: datetime
+    replies: list[ReviewItem] = Field(
+        default_factory=list,
+        description=f"the first replies, oldest first (at most {INLINE_REPLIES}); "
+        "GET /api/review/{item_id}/replies pages through all of them",
+    )
+    replies_total: int = 0

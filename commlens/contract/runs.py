@@ -1,0 +1,78 @@
+"""Runs and their ingested files (sources): what a client creates, changes and lists."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from .common import StrictModel
+
+RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+@=-]{0,127}$"
+TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:+@=/-]{0,63}$"
+
+
+class RunCreate(StrictModel):
+    name: str = Field(pattern=RUN_NAME_PATTERN, description="letters, digits and . _ + @ = -; at most 128")
+    description: str | None = Field(default=None, max_length=10_000)
+    tags: list[str] = Field(default_factory=list, max_length=50)
+    config: dict[str, Any] | None = Field(
+        default=None, description="a harness run.json (commlens.run/1) or a predictor input (PredictInput)"
+    )
+    strategy: str | None = Field(default=None, max_length=128)
+    world_size: int | None = Field(default=None, ge=1, le=10_000_000)
+
+
+class RunUpdate(StrictModel):
+    """Fields to change; absent fields stay, `null` clears description/config/strategy/world_size."""
+
+    name: str | None = Field(default=None, pattern=RUN_NAME_PATTERN)
+    description: str | None = Field(default=None, max_length=10_000)
+    tags: list[str] | None = Field(default=None, max_length=50)
+    config: dict[str, Any] | None = None
+    strategy: str | None = Field(default=None, max_length=128)
+    world_size: int | None = Field(default=None, ge=1, le=10_000_000)
+
+
+class SourceCounts(BaseModel):
+    total: int
+    ok: int
+    failed: int
+    by_kind: dict[str, int]
+
+
+class RunSummary(BaseModel):
+    name: str
+    description: str | None
+    tags: list[str]
+    strategy: str | None
+    world_size: int | None
+    config_kind: Literal["run_config", "predict_input", "other"] | None
+    sources: SourceCounts
+    events: int
+    jobs_active: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class RunDetail(RunSummary):
+    config: dict[str, Any] | None
+    ranks: int  # distinct known ranks with events
+    ops: dict[str, int]  # calls per op
+
+
+class SourceOut(BaseModel):
+    source_id: int
+    path: str
+    kind: str
+    status: str
+    error: str | None
+    rank: int | None
+    world_size: int | None
+    n_events: int
+    size_bytes: int
+    sha256: str
+    skipped: dict[str, int] | None
+    warnings: list[str] | None
+    ingested_at: datetime

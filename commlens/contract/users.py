@@ -1,0 +1,50 @@
+"""Who is calling and who may: health, the caller, users and their tokens."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from .common import StrictModel
+
+
+class AuthInfo(BaseModel):
+    loopback_bind: bool
+    insecure: bool
+    users: int
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+    schema_version: int
+    runs: int
+    jobs_queued: int
+    jobs_running: int
+    auth: AuthInfo
+
+
+class Me(BaseModel):
+    name: str
+    is_admin: bool
+    can_write: bool
+    via: Literal["token", "loopback", "anonymous"]
+
+
+class UserCreate(StrictModel):
+    name: str = Field(min_length=1, max_length=64)
+    admin: bool = False
+
+
+class UserOut(BaseModel):
+    name: str
+    is_admin: bool
+    created_at: datetime
+
+
+class UserToken(BaseModel):
+    name: str
+    is_admin: bool
+    token: str = Field(description="shown once; only its sha256 is stored")

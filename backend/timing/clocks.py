@@ -1,6 +1,6 @@
 """Clock offsets between hosts, estimated from the instances themselves.
 
-All members of a blocking collective leave it together, so their end times differ only by the hosts'
+All members of a blocking symmetric collective (SYMMETRIC_OPS) leave it together, so their end times differ only by the hosts'
 clock offset plus a little noise. Per clock domain (a host; a rank on its own when hosts are unknown)
 the offset against the reference domain (the lowest rank's) is the median of the end differences over
 the instances both take part in. The data must support it: at least `min_instances` common instances,
@@ -20,6 +20,9 @@ import numpy as np
 from .matching import Instances
 
 MIN_INSTANCES = 5
+# Ops whose members all leave together; rooted ops (broadcast, reduce, gather, scatter) let the root or
+# the leaves go early, so their end times say nothing about clocks.
+SYMMETRIC_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"})
 TOLERANCE_US = 50.0
 
 
@@ -54,7 +57,9 @@ def align_clocks(inst: Instances, ranks: list[int], hosts: Mapping[int, str] | N
         return ClockAlignment(zero, False, True, "one clock domain: no offset needed")
     ref = dom[min(ranks)]
     diffs: dict[str, list[float]] = defaultdict(list)
-    for mr, me in zip(inst.member_rank, inst.member_end, strict=True):
+    for op, mr, me in zip(inst.op, inst.member_rank, inst.member_end, strict=True):
+        if op not in SYMMETRIC_OPS:
+            continue
         ends: dict[str, list[float]] = defaultdict(list)
         for r, e in zip(mr, me, strict=True):
             if e is not None:
@@ -65,7 +70,7 @@ def align_clocks(inst: Instances, ranks: list[int], hosts: Mapping[int, str] | N
         for d, es in ends.items():
             if d != ref:
                 diffs[d].append(float(np.median(es)) - base)
-    estimates = [DomainEstimate(ref, [r for r in ranks if dom[r] == ref], len(inst), 0.0, 0.0)]
+    estimates = [DomainEstimate(ref, [r for r in ranks if dom[r] == ref], sum(o in SYMMETRIC_OPS for o in inst.op), 0.0, 0.0)]
     problems: list[str] = []
     for d in domains[1:]:
         members = [r for r in ranks if dom[r] == d]
@@ -80,7 +85,10 @@ def align_clocks(inst: Instances, ranks: list[int], hosts: Mapping[int, str] | N
         if spread > tolerance_us:
             problems.append(f"{d}: end differences spread {spread:.1f} µs (> {tolerance_us:.0f} µs): inconsistent")
     if problems:
-        return ClockAlignment(zero, False, hosts is None, "clocks not aligned: " + "; ".join(problems), estimates)
+        why = "clocks not aligned: " + "; ".join(problems)
+        if hosts is None:
+            why += " (hosts unknown: each rank's own clock is used as is)"
+        return ClockAlignment(zero, False, hosts is None, why, estimates)
     if hosts is None and all(
         e.offset_us is not None and e.spread_us is not None and abs(e.offset_us) <= max(tolerance_us, 3 * e.spread_us)
         for e in estimates

@@ -4,7 +4,8 @@ A rank's imposed wait in an instance it arrived last in is the sum of the other 
 rule that names a straggler (StragglerRule): in a group with at least `min_steps` profiled steps that
 have instances, the rank arrived last in >= `last_share` of the group's instances in >= `step_share`
 of those steps, and the wait it imposed averages >= `min_imposed_share` of the mean step time per
-step. Anything less is "no straggler", with the reason.
+step, over at least `min_instances` instances of the group. Anything less is "no straggler", with the
+reason.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class StragglerRule:
     last_share: float = 0.75
     step_share: float = 0.75
     min_steps: int = 2
+    min_instances: int = 6
     min_imposed_share: float = 0.01
 
 
@@ -53,6 +55,7 @@ class Straggler:
     steps_mostly_last: int
     steps: int
     imposed_us_per_step: float
+    instances: int
 
 
 @dataclass
@@ -100,7 +103,7 @@ def find_stragglers(inst: Instances, stats: InstanceStats, mean_step_us: float |
             a.steps.append(len(steps))
             a.steps_mostly_last.append(mostly)
             cand = Straggler(g, schemes.get(g, "unattributed"), r, last_n / n if n else 0.0, mostly, len(steps),
-                             imposed / max(len(steps), 1))
+                             imposed / max(len(steps), 1), int(n))
             if best is None or (cand.steps_mostly_last, cand.imposed_us_per_step) > (best.steps_mostly_last,
                                                                                       best.imposed_us_per_step):
                 best = cand
@@ -113,6 +116,8 @@ def find_stragglers(inst: Instances, stats: InstanceStats, mean_step_us: float |
 def _verdict(best: Straggler | None, mean_step_us: float | None, rule: StragglerRule) -> str:
     if best is None:
         return "no straggler: no instance with arrival times"
+    if best.instances < rule.min_instances:
+        return f"no straggler: {best.instances} instances in the group, consistency needs {rule.min_instances}"
     if best.steps < rule.min_steps:
         return f"no straggler: {best.steps} step(s) with instances, consistency needs {rule.min_steps}"
     if best.steps_mostly_last < rule.step_share * best.steps:

@@ -99,6 +99,14 @@ class Results(_Strict):
     step_seconds: list[float] = []  # wall time per step on rank 0
 
 
+class DelayConfig(_Strict):
+    """A delay the harness injected (`--delay`): ground truth for the straggler analysis."""
+
+    rank: int = Field(ge=0)
+    ms: float = Field(gt=0)
+    phase: Literal["forward", "backward", "optimizer"] = "forward"
+
+
 class RunConfig(_Strict):
     schema_: Literal["commlens.run/1"] = Field(RUN_SCHEMA, alias="schema")
     strategy: str
@@ -124,5 +132,7 @@ class RunConfig(_Strict):
     optimizer: OptimizerConfig | None = None
     ranks: list[RankInfo] = []
     results: Results | None = None
+    step_wall_ms: dict[int, list[float]] = {}  # per rank: wall time of every step (profiled or not), ms
+    delays: list[DelayConfig] = []  # injected delays (harness --delay)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from commlens.vocab import format_bytes
 
-from .config import ConfigError, HarnessConfig
+from .config import ConfigError, HarnessConfig, parse_delays
 
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
@@ -74,6 +74,7 @@ def harness(
     ingest: bool = typer.Option(False, "--ingest", help="Ingest each finished run into --db, named after its directory (DIR.VALUE in a sweep)."),
     db: Path = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store for --ingest."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the outputs of an earlier run in --out (and, with --ingest, its data in --db)."),
+    delay: list[str] = typer.Option([], "--delay", help="RANK:MS[:PHASE]: that rank sleeps MS ms before PHASE (forward, backward, optimizer; default forward) of every step, in a 'commlens.delay' profiler range: a planted straggler (repeatable)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate, write the config and print the torchrun commands; start nothing."),
 ) -> None:
     """Train a small GPT under DDP, ZeRO-1/2/3, TP(+SP), PP and their combinations, with profiler traces."""
@@ -90,6 +91,7 @@ def harness(
         profile_active=profile_active, timeout_s=timeout,
     )
     try:
+        options["delays"] = parse_delays(delay)
         runs = launch.plan_runs(out, options, nproc, sweep, None if dry_run else gpus)
         for run in runs:
             old = launch.existing_outputs(run.out)

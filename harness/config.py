@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,48 @@ DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
 # Mesh dimension order, outermost first: ranks vary fastest along tp, then dp, then pp (Megatron order).
 MESH_ORDER = ("pp", "dp", "tp")
+# Where an injected delay (--delay) sleeps: before the step's first forward, its first backward, or the
+# end-of-step synchronisation and optimizer update.
+DELAY_PHASES = ("forward", "backward", "optimizer")
 
 
 class ConfigError(ValueError):
     """An impossible configuration; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Delay:
+    """A straggler planted on purpose: `rank` sleeps `ms` before `phase` of every step (ground truth for
+    the time analysis, which must name that rank)."""
+
+    rank: int
+    ms: float
+    phase: str = "forward"
+
+    @classmethod
+    def parse(cls, spec: str) -> Delay:
+        """`RANK:MS[:PHASE]`, e.g. `1:60` or `3:25.5:backward`; range checks are `validation_errors`'."""
+        parts = spec.split(":")
+        if len(parts) not in (2, 3):
+            raise ConfigError(f"--delay {spec!r}: expected RANK:MS[:PHASE], for example 1:60 or 1:60:backward")
+        try:
+            rank, ms = int(parts[0]), float(parts[1])
+        except ValueError:
+            raise ConfigError(f"--delay {spec!r}: RANK must be an integer and MS a number of milliseconds") from None
+        return cls(rank, ms, parts[2] if len(parts) == 3 else "forward")
+
+
+def parse_delays(specs: list[str]) -> list[Delay]:
+    """Every --delay value, or one ConfigError listing each malformed one."""
+    delays, errors = [], []
+    for spec in specs:
+        try:
+            delays.append(Delay.parse(spec))
+        except ConfigError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return delays
 
 
 @dataclass
@@ -50,6 +89,11 @@ class HarnessConfig:
     profile_warmup: int = 1
     profile_active: int = 2
     timeout_s: float = 300.0  # process-group timeout, so a dead peer ends the job instead of hanging it
+    delays: list[Delay] = field(default_factory=list)  # injected stragglers (--delay)
+
+    def __post_init__(self) -> None:
+        # A config read back from JSON holds the delays as dicts.
+        self.delays = [d if isinstance(d, Delay) else Delay(**d) for d in self.delays]
 
     @property
     def world_size(self) -> int:
@@ -176,6 +220,20 @@ def validation_errors(cfg: HarnessConfig, cuda_devices: int | None = None) -> li
             )
     if cfg.timeout_s <= 0:
         errors.append("--timeout must be > 0 seconds")
+    return errors + _delay_errors(cfg)
+
+
+def _delay_errors(cfg: HarnessConfig) -> list[str]:
+    errors = []
+    for d in cfg.delays:
+        spec = f"--delay {d.rank}:{d.ms:g}:{d.phase}"
+        if not 0 <= d.rank < cfg.world_size:
+            errors.append(f"{spec}: rank {d.rank} is not in the job (world size {cfg.world_size}, "
+                          f"ranks 0-{cfg.world_size - 1})")
+        if not (math.isfinite(d.ms) and d.ms > 0):
+            errors.append(f"{spec}: the delay must be a finite number of milliseconds > 0")
+        if d.phase not in DELAY_PHASES:
+            errors.append(f"{spec}: phase must be one of {', '.join(DELAY_PHASES)}")
     return errors
 
 

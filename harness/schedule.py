@@ -4,21 +4,34 @@ With pp = 1 both schedules reduce to forward+backward per micro-batch. Point-to-
 through the pp group as batches (`Group.p2p`), in Megatron's pairing: 1F1B's steady state sends the
 output forward and receives the output gradient in one batch, and sends the input gradient back and
 receives the next input in another.
+
+An injected delay (`--delay`) sleeps once per step, before the step's first forward, its first
+backward or its end-of-step synchronisation and optimizer update (`Sync.finish`), inside a
+``commlens.delay`` profiler range.
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
+from torch.profiler import record_function
 
 from .comm import Group
 from .dpsync import Sync
 from .model import Stage
 
+DELAY_RANGE = "commlens.delay"  # not "commlens:": that prefix labels collectives
+
 
 class StepRunner:
     def __init__(self, stage: Stage, sync: Sync, pp: Group | None, micro_batches: int, schedule: str,
-                 act_shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device):
+                 act_shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device,
+                 delays: dict[str, float] | None = None):
+        """`delays`: milliseconds this rank sleeps per step before each phase (forward, backward, optimizer)."""
         self.stage, self.sync, self.pp = stage, sync, pp
+        self.delays = delays or {}
+        self.pending: set[str] = set()  # phases whose delay is still to come this step
         self.m = micro_batches
         self.schedule = schedule if pp is not None else "gpipe"
         self.act_shape, self.dtype, self.device = act_shape, dtype, device
@@ -47,9 +60,24 @@ class StepRunner:
             self.pp.p2p(sends, recvs)
         return from_prev, from_next
 
+    # ------------------------------------------------------------------ injected delay
+    def _delay(self, phase: str) -> None:
+        """Sleep the phase's delay at its first occurrence in the step.
+
+        On CUDA the queued kernels are drained first: otherwise a host running ahead of the device hides
+        the sleep, and the device would not idle for the whole delay."""
+        if phase not in self.pending:
+            return
+        self.pending.discard(phase)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        with record_function(DELAY_RANGE):
+            time.sleep(self.delays[phase] / 1000)
+
     # ------------------------------------------------------------------ compute
     def _forward(self, j: int, x: torch.Tensor | None) -> torch.Tensor:
         """pp > 1: forward of micro-batch j; returns the stage output (the scaled loss on the last stage)."""
+        self._delay("forward")
         tokens = self.batches[j]
         if self.first:
             x = tokens[:, :-1]
@@ -66,6 +94,7 @@ class StepRunner:
     def _backward(self, j: int, grad: torch.Tensor | None) -> torch.Tensor | None:
         out = self.outputs.pop(j)
         x = self.inputs.pop(j)
+        self._delay("backward")
         if self.last:
             out.backward()
         else:
@@ -77,9 +106,11 @@ class StepRunner:
         """pp = 1: forward and backward of one micro-batch inside the sync's micro context (DDP no_sync)."""
         with self.sync.micro(j, j == self.m - 1):
             tokens = self.batches[j]
+            self._delay("forward")
             out = self.sync.module(tokens[:, :-1])
             loss = self.stage.loss(out, tokens[:, 1:]) / self.m
             self.loss_sum += float(loss.detach())
+            self._delay("backward")
             loss.backward()
         self.sync.after_backward()
 
@@ -87,6 +118,7 @@ class StepRunner:
     def step(self, batches: list[torch.Tensor]) -> float | None:
         """Run all micro-batches and the optimizer step; the stage's loss (last stage) or None."""
         self.batches, self.inputs, self.outputs, self.loss_sum = batches, {}, {}, 0.0
+        self.pending = set(self.delays)
         if self.pp is None:
             for j in range(self.m):
                 self._micro(j)
@@ -94,6 +126,7 @@ class StepRunner:
             self._gpipe()
         else:
             self._one_f_one_b()
+        self._delay("optimizer")
         self.sync.finish()
         return self.loss_sum if self.last else None
 

@@ -7,6 +7,7 @@ the profiler, writes ``trace.rank<R>.json.gz``; rank 0 writes ``run.json`` for t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -81,8 +82,12 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
     local_params = sum(p.numel() for p in stage.parameters())
     sync = make_sync(stage, mesh, cfg.lr, cfg.dp_sync, [device.index] if cfg.device == "cuda" else None)
     s_local = cfg.seq_len // cfg.tp if cfg.sp else cfg.seq_len
+    delays: dict[str, float] = {}
+    for d in cfg.delays:
+        if d.rank == rank:
+            delays[d.phase] = delays.get(d.phase, 0.0) + d.ms
     runner = StepRunner(stage, sync, mesh.group("pp"), cfg.micro_batches, cfg.schedule,
-                        (cfg.micro_batch_size, s_local, cfg.hidden), dtype, device)
+                        (cfg.micro_batch_size, s_local, cfg.hidden), dtype, device, delays)
     for group in mesh.groups.values():  # create every communicator now, not inside a step (NCCL is lazy)
         dist.barrier(group=group.pg)
     reporter = coords["pp"] == cfg.pp - 1 and coords["dp"] == 0 and coords["tp"] == 0
@@ -181,6 +186,8 @@ def write_run_json(cfg: HarnessConfig, out: Path, infos: list[dict], mesh: Mesh,
         "ranks": [{"rank": i["rank"], "coords": i["coords"], "host": i["host"], "param_count": i["param_count"],
                    "sync": i["sync"]} for i in infos],
         "results": {"losses": losses, "step_seconds": infos[0]["seconds"]},
+        "step_wall_ms": {i["rank"]: [1000 * t for t in i["seconds"]] for i in infos},
+        "delays": [dataclasses.asdict(d) for d in cfg.delays],
     }
     cfg_model = RunConfig.model_validate(data)
     path = out / "run.json"

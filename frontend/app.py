@@ -56,7 +56,7 @@ def create_ui(api_url: str | None = None) -> Dash:
     app = Dash(
         __name__,
         title="commlens",
-        update_title=None,
+        update_title="",  # no "Updating..." tab title while a callback runs
         suppress_callback_exceptions=True,
         serve_locally=True,
         assets_folder="assets-none",
@@ -243,7 +243,7 @@ def anchor_for(page: str, q: dict[str, str], search: str | None) -> Anchor:
         if value in (None, ""):
             continue
         try:
-            Anchor(**{key: value})
+            Anchor.model_validate({key: value})
         except ValueError:
             continue  # a value the anchor cannot hold stays in `free`
         fields[key] = value

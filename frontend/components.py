@@ -20,7 +20,7 @@ from .fmt import num
 
 log = logging.getLogger("commlens.frontend")
 
-GRAPH_CONFIG = {
+GRAPH_CONFIG: dcc.Graph.Config = {
     "displaylogo": False,
     "responsive": True,
     "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d"],
@@ -113,7 +113,7 @@ def push_state(rendered: dict[str, str] | None, search: str) -> tuple[str, dict[
 
 
 def loading(child: Any, id_: str | None = None) -> dcc.Loading:
-    kwargs = {"id": id_} if id_ else {}
+    kwargs: dict[str, Any] = {"id": id_} if id_ else {}
     return dcc.Loading(child, type="default", delay_show=150, **kwargs)
 
 
@@ -122,12 +122,8 @@ def loading(child: Any, id_: str | None = None) -> dcc.Loading:
 
 def td_num(value: float | int | None, text: str | None = None, **props: Any) -> html.Td:
     """A numeric cell: the readable text shown, the exact value in data-value."""
-    return html.Td(
-        num(value) if text is None else text,
-        className="num",
-        **{"data-value": "" if value is None else repr(value)},
-        **props,
-    )
+    data: dict[str, Any] = {"data-value": "" if value is None else repr(value)}
+    return html.Td(num(value) if text is None else text, className="num", **data, **props)
 
 
 def table(

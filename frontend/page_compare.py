@@ -138,10 +138,10 @@ def volumes(rc: RunsComparison) -> Any:
     for i, r in enumerate(rc.runs):
         color = PALETTE[i % len(PALETTE)]
         s = r.comparison.schemes
-        x = [x.scheme for x in s]
+        labels = [sr.scheme for sr in s]
         fig.add_bar(
             name=f"{r.run} measured",
-            x=x,
+            x=labels,
             y=[x.measured_bytes_per_iter for x in s],
             marker_color=color,
             legendgroup=r.run,
@@ -152,7 +152,7 @@ def volumes(rc: RunsComparison) -> Any:
         if r.comparison.config_source != "none":
             fig.add_bar(
                 name=f"{r.run} predicted",
-                x=x,
+                x=labels,
                 y=[x.predicted_bytes_per_iter for x in s],
                 marker_color=color,
                 marker_pattern_shape="/",
@@ -292,24 +292,24 @@ def sweep_chart(rc: RunsComparison, configs: dict[str, dict[str, float]], key: s
         color = PALETTE[i % len(PALETTE)]
         xs, meas, pred, names = [], [], [], []
         for x, r in points:
-            s = next((s for s in r.comparison.schemes if s.scheme == scheme), None)
-            if s is None:
+            found = next((s for s in r.comparison.schemes if s.scheme == scheme), None)
+            if found is None:
                 continue
             xs.append(x)
             names.append(r.run)
-            meas.append(s.measured_bytes_per_iter)
-            pred.append(s.predicted_bytes_per_iter if r.comparison.config_source != "none" else None)
+            meas.append(found.measured_bytes_per_iter)
+            pred.append(found.predicted_bytes_per_iter if r.comparison.config_source != "none" else None)
             rows.append(
                 [
                     r.run,
                     td_num(x),
                     scheme,
-                    td_num(s.predicted_bytes_per_iter, exact_bytes(s.predicted_bytes_per_iter)),
-                    td_num(s.measured_bytes_per_iter, exact_bytes(s.measured_bytes_per_iter)),
+                    td_num(found.predicted_bytes_per_iter, exact_bytes(found.predicted_bytes_per_iter)),
+                    td_num(found.measured_bytes_per_iter, exact_bytes(found.measured_bytes_per_iter)),
                 ]
             )
-            raw.append([r.run, x, scheme, s.predicted_bytes_per_iter, s.measured_bytes_per_iter])
-            top = max(top, s.measured_bytes_per_iter, s.predicted_bytes_per_iter)
+            raw.append([r.run, x, scheme, found.predicted_bytes_per_iter, found.measured_bytes_per_iter])
+            top = max(top, found.measured_bytes_per_iter, found.predicted_bytes_per_iter)
         fig.add_scatter(
             name=f"{scheme} measured",
             x=xs,

@@ -172,7 +172,7 @@ def heatmap(t: RankTotals, metric: str, basis: str, findings: list[Finding], foc
         note_basis = f" Imbalance here is measured {hidden}: switch the basis to see it marked."
     else:
         note_basis = ""
-    note = (
+    empty_cells = (
         (
             "Empty cells: the rank does not use the scheme"
             + (", or has no measured time" if metric == "time_us" else "")
@@ -182,7 +182,7 @@ def heatmap(t: RankTotals, metric: str, basis: str, findings: list[Finding], foc
         if missing
         else ""
     )
-    note = (note + note_basis).strip() or None
+    note = (empty_cells + note_basis).strip() or None
     return html.Div(
         [
             chart_block("rk-heatmap", fig, cols, display, raw, f"{t.run}-ranks.csv", note=note),

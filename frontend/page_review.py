@@ -86,6 +86,7 @@ def _meta(item: ReviewItem) -> list[Any]:
 
 def item_view(item: ReviewItem, selected: bool) -> html.Div:
     nxt = "open" if item.status == "resolved" else "resolved"
+    data: dict[str, Any] = {"data-status": item.status}
     replies = [
         html.Div(
             [html.Div(_meta(r), className="meta"), to_components(r.body_html)],
@@ -126,7 +127,7 @@ def item_view(item: ReviewItem, selected: bool) -> html.Div:
         ],
         className="review-item selected" if selected else "review-item",
         id=f"review-item-{item.item_id}",
-        **{"data-status": item.status},
+        **data,
     )
 
 

@@ -127,7 +127,7 @@ def runs_table(page: Any, q: str | None, tag: str | None, offset: int) -> Any:
         return empty("No runs yet: upload files below or ingest them with `commlens ingest PATH --run NAME`.")
     rows = [_row(r) for r in page.items]
     cols = ["run", "strategy", "world size", "created", "sources", "calls", "tags", "description"]
-    pager = [html.Span(f"runs {page.offset + 1}-{page.offset + len(page.items)} of {page.total}")]
+    pager: list[Any] = [html.Span(f"runs {page.offset + 1}-{page.offset + len(page.items)} of {page.total}")]
     if page.offset > 0:
         pager.append(
             dcc.Link("← previous", href="/" + query({"q": q, "tag": tag, "offset": max(0, offset - PAGE_SIZE) or None}))
@@ -204,7 +204,8 @@ def job_view(job: JobOut) -> html.Div:
         parts.append(
             message([text, dcc.Link(f"Open run {job.run}", href=run_path(job.run))], "warn" if failed else "ok")
         )
-    return html.Div(parts, id="up-job-view", **{"data-state": job.state})
+    data: dict[str, Any] = {"data-state": job.state}
+    return html.Div(parts, id="up-job-view", **data)
 
 
 def register(app: Dash, cfg: UiConfig) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, unquote, urlencode
 
@@ -60,7 +61,7 @@ def run_path(run: str, page: str = "overview") -> str:
     return base if page == "overview" else f"{base}/{page}"
 
 
-def view_link(run: str, view: dict[str, object]) -> str:
+def view_link(run: str, view: Mapping[str, object]) -> str:
     """The page a finding's `view` points at, its filters in the query."""
     page = str(view.get("page") or "overview")
     page = VIEW_PAGE.get(page, page)

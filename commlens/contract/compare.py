@@ -58,6 +58,7 @@ class Comparison(BaseModel):
     param_check: ParamCheck | None = None
 
     def findings_input(self, tolerance: float = 0.05) -> ComparisonInput:
+        """Per scheme, the bytes the prediction explains and what it does not, as the findings weigh them."""
         per = []
         for s in self.schemes:
             unexplained = [o for o in self.unexplained if o.scheme == s.scheme]

@@ -15,6 +15,7 @@ from commlens.contract.predict import (
     Prediction,
     StagePrediction,
 )
+from commlens.vocab import Scheme
 
 from . import cp, dp, layout, offload, pp, tp
 from .adapters import Param, Stage, StageOps, mean_totals, merge, replica_ranks, stage_ranks, totals
@@ -43,18 +44,19 @@ PROFILES: dict[Implementation, Profile] = {
     "harness": Profile(layout.harness_layout, layout.harness_check),
 }
 
+
+def _rows(
+    scheme: Scheme, ops: SchemePredictor, implementations: tuple[Implementation, ...]
+) -> dict[tuple[Scheme, Implementation], SchemePredictor]:
+    return {(scheme, impl): ops for impl in implementations}
+
+
 # A stage lists each implementation's ops in the order of its rows here.
-PREDICTORS: dict[tuple[str, Implementation], SchemePredictor] = {
-    **{
-        (scheme, impl): ops
-        for scheme, ops in (
-            ("dp", dp.framework_ops),
-            ("tp", tp.framework_ops),
-            ("pp", pp.framework_ops),
-            ("cp", cp.framework_ops),
-        )
-        for impl in FRAMEWORKS
-    },
+PREDICTORS: dict[tuple[Scheme, Implementation], SchemePredictor] = {
+    **_rows("dp", dp.framework_ops, FRAMEWORKS),
+    **_rows("tp", tp.framework_ops, FRAMEWORKS),
+    **_rows("pp", pp.framework_ops, FRAMEWORKS),
+    **_rows("cp", cp.framework_ops, FRAMEWORKS),
     ("tp", "harness"): tp.harness_ops,
     ("pp", "harness"): pp.harness_ops,
     ("dp", "harness"): dp.harness_ops,

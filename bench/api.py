@@ -47,7 +47,8 @@ def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
     """Ingest the real trace (in-process, the same pipeline the API worker uses) and scale it up."""
     from commlens.backend.attribution import attribute_run
     from commlens.contract.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
-    from commlens.ingest import aggregates, pipeline, store
+    from commlens import store
+    from commlens.ingest import aggregates, pipeline
 
     con = store.connect(db)
     pipeline.ingest_paths(con, [TRACE], RUN)
@@ -277,7 +278,7 @@ def measure_direct(db: Path, n: int) -> dict[str, float]:
     from commlens.backend.compare import compare
     from commlens.backend.findings import findings
     from commlens.backend.histograms import histogram
-    from commlens.ingest import store
+    from commlens import store
 
     con = store.connect(db)
     try:

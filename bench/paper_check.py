@@ -75,7 +75,7 @@ def _b(n: float) -> str:
 def write_doc(db: Path, doc: Path) -> None:
     from commlens.backend.attribution import attribute_run
     from commlens.backend.compare import compare
-    from commlens.ingest import store
+    from commlens import store
 
     con = store.connect(db)
     runs = [r[0] for r in con.execute("SELECT name FROM runs ORDER BY run_id").fetchall()]

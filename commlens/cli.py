@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -13,6 +13,12 @@ from rich.table import Table
 
 from commlens import cli_analysis
 from commlens.harness import cli as harness_cli  # no torch at import time
+from commlens.service.errors import ServiceError
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from commlens.ingest.pipeline import IngestSummary
 from commlens.vocab import format_bytes
 
 app = typer.Typer(
@@ -42,18 +48,16 @@ def ingest(
     paths: list[Path] = typer.Argument(..., help="Files, directories, .gz, .tar, .tar.gz or .zip archives."),
     db: Path = DB_OPTION,
     run: str = typer.Option(..., "--run", help="Run name to ingest into (created if missing)."),
-    rank: Optional[int] = typer.Option(None, "--rank", help="Global rank of a single-rank file whose trace does not say."),
-    description: Optional[str] = typer.Option(None, help="Description of a new run."),
+    rank: int | None = typer.Option(None, "--rank", help="Global rank of a single-rank file whose trace does not say."),
+    description: str | None = typer.Option(None, help="Description of a new run."),
 ) -> None:
     """Ingest NCCL debug logs and PyTorch profiler (Kineto) traces into the store."""
-    from commlens.ingest import pipeline, store
+    from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, iter_inputs
+    from commlens.ingest.pipeline import FileOutcome
     from commlens.ingest.records import RankHint
+    from commlens.service.ingest import ingest_run
 
-    try:
-        con = store.connect(db)
-    except store.StoreError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+    con = _open_store(db)
     progress = Progress(
         TextColumn("[bold]ingest[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=err_console, disable=not err_console.is_terminal, transient=True,
@@ -61,30 +65,25 @@ def ingest(
     with progress:
         task = progress.add_task(run, total=None)
 
-        def on_file(outcome: pipeline.FileOutcome) -> None:
+        def on_file(_: InputFile, outcome: FileOutcome) -> None:
             progress.advance(task)
             if outcome.status == "failed":
                 err_console.print(f"[red]failed[/red] {outcome.error}")
 
-        summary = pipeline.ingest_paths(con, paths, run, RankHint(rank=rank), on_file=on_file, description=description)
-    _attribute(con, run)
-    _print_summary(con, summary)
+        report = ingest_run(con, run, iter_inputs(paths, DEFAULT_LIMITS), RankHint(rank=rank), on_file=on_file,
+                            description=description)
+    _print_summary(con, report)
     con.close()
-    if summary.failed:
+    if report.attribution_error:
+        err_console.print(f"[red]error:[/red] {report.attribution_error}")
+    if report.failed or report.attribution_error:
         raise typer.Exit(1)
 
 
-def _attribute(con, run: str) -> None:  # noqa: ANN001
-    """Scheme attribution right after ingest, so the `comms` view shows schemes straight away."""
-    from commlens.backend.attribution import attribute_run
-
-    attribute_run(con, run)
-
-
-def _print_summary(con, summary) -> None:  # noqa: ANN001
+def _print_summary(con: duckdb.DuckDBPyConnection, summary: IngestSummary) -> None:
     from collections import Counter
 
-    from commlens.ingest.pipeline import run_totals
+    from commlens.service.runs import comms_totals
 
     files = Table(title=f"run {summary.run}: files", show_lines=False)
     for col in ("file", "kind", "status", "rank", "calls", "skipped", "error / warnings"):
@@ -97,13 +96,12 @@ def _print_summary(con, summary) -> None:  # noqa: ANN001
         style = {"failed": "red", "duplicate": "yellow", "skipped": "dim"}.get(f.status)
         files.add_row(f.path, f.kind or "-", f.status, "-" if f.rank is None else str(f.rank), str(f.events), skipped, note or "", style=style)
     console.print(files)
-    totals = run_totals(con, summary.run)
-    ranks = con.execute("SELECT count(DISTINCT rank) FROM comms WHERE run = ? AND rank IS NOT NULL", [summary.run]).fetchone()[0]
+    calls, sizes, ranks = comms_totals(con, summary.run)
     ops = Table(title=f"run {summary.run}: {ranks} ranks with known rank, calls per op")
     for col in ("op", "calls", "bytes (sum of S)"):
         ops.add_column(col, justify="right" if col != "op" else "left")
-    for op, n in sorted(totals["calls"].items()):
-        ops.add_row(op, str(n), format_bytes(totals["bytes"][op]))
+    for op, n in sorted(calls.items()):
+        ops.add_row(op, str(n), format_bytes(sizes[op]))
     console.print(ops)
     status = Counter(f.status for f in summary.files)
     skipped_total = sum(sum(f.skipped.values()) for f in summary.files)
@@ -122,7 +120,7 @@ def serve(
     max_file_mb: float = typer.Option(4096, help="Largest uploaded file (MiB, as sent)."),
     max_request_mb: float = typer.Option(8192, help="Largest upload request (MiB)."),
     ui: bool = typer.Option(True, "--ui/--no-ui", help="Serve the dashboard at / (the API stays under /api)."),
-    admin_token: Optional[str] = typer.Option(
+    admin_token: str | None = typer.Option(
         None, "--admin-token", envvar="COMMLENS_ADMIN_TOKEN", show_default=False,
         help="Before serving, create (or update) the admin --admin-name with this token: a deployment's own "
              "secret, best given as COMMLENS_ADMIN_TOKEN (docker-compose does)."),
@@ -131,7 +129,7 @@ def serve(
     """Serve the API under /api (OpenAPI docs at /docs) and the dashboard at /; own the store while running."""
     from commlens.backend.api import Settings, StartupRefused
     from commlens.backend.api.server import serve as run_server
-    from commlens.ingest.store import StoreError
+    from commlens.store import StoreError
 
     if admin_token is not None:
         _ensure_admin(db, admin_name, admin_token)
@@ -150,12 +148,12 @@ def serve(
 
 
 def _ensure_admin(db: Path, name: str, token: str) -> None:
-    from commlens.backend.api.auth import ensure_admin
+    from commlens.service.users import ensure_admin
 
     con = _open_store(db)
     try:
         created = ensure_admin(con, name, token)
-    except ValueError as exc:
+    except ServiceError as exc:
         err_console.print(f"[red]error:[/red] --admin-token / COMMLENS_ADMIN_TOKEN: {exc}")
         raise typer.Exit(2) from None
     finally:
@@ -185,8 +183,8 @@ def upload_command(
     paths: list[Path] = typer.Argument(..., help="Files or directories (their files but hidden ones, not sub-folders)."),
     api: str = typer.Option(..., "--api", help="The commlens server's root URL, e.g. http://127.0.0.1:8050."),
     run: str = typer.Option(..., "--run", help="Run to upload into (created if missing)."),
-    rank: Optional[int] = typer.Option(None, "--rank", help="Global rank of single-rank files that do not say."),
-    token: Optional[str] = typer.Option(None, "--token", envvar="COMMLENS_TOKEN", help="API token (or COMMLENS_TOKEN)."),
+    rank: int | None = typer.Option(None, "--rank", help="Global rank of single-rank files that do not say."),
+    token: str | None = typer.Option(None, "--token", envvar="COMMLENS_TOKEN", help="API token (or COMMLENS_TOKEN)."),
 ) -> None:
     """Upload files to a running server (the store belongs to `commlens serve` while it runs) and wait for the job."""
     import time
@@ -229,8 +227,8 @@ users_app = typer.Typer(help="Users and their API tokens (tokens are stored hash
 app.add_typer(users_app, name="users")
 
 
-def _open_store(db: Path):  # noqa: ANN202
-    from commlens.ingest.store import StoreError, connect
+def _open_store(db: Path) -> duckdb.DuckDBPyConnection:
+    from commlens.store import StoreError, connect
 
     try:
         return connect(db)
@@ -246,12 +244,12 @@ def users_add(
     db: Path = DB_OPTION,
 ) -> None:
     """Create a user and print its token once."""
-    from commlens.backend.api.auth import add_user
+    from commlens.service.users import add_user
 
     con = _open_store(db)
     try:
         token = add_user(con, name, admin)
-    except ValueError as exc:
+    except ServiceError as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
     finally:
@@ -263,13 +261,13 @@ def users_add(
 @users_app.command("token")
 def users_token(name: str = typer.Argument(...), db: Path = DB_OPTION) -> None:
     """Replace a user's token and print the new one once."""
-    from commlens.backend.api.auth import rotate_token
+    from commlens.service.users import rotate_token
 
     con = _open_store(db)
     try:
-        token = rotate_token(con, name)
-    except LookupError as exc:
-        err_console.print(f"[red]error:[/red] {exc.args[0]}")
+        token, _ = rotate_token(con, name)
+    except ServiceError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
     finally:
         con.close()
@@ -279,26 +277,32 @@ def users_token(name: str = typer.Argument(...), db: Path = DB_OPTION) -> None:
 @users_app.command("list")
 def users_list(db: Path = DB_OPTION) -> None:
     """List users (never their tokens)."""
+    from commlens.service.users import list_users
+
     con = _open_store(db)
-    rows = con.execute("SELECT name, is_admin, created_at FROM users ORDER BY name").fetchall()
+    users = list_users(con)
     con.close()
     table = Table(title="users")
     for col in ("name", "admin", "created"):
         table.add_column(col)
-    for name, is_admin, created in rows:
-        table.add_row(name, "yes" if is_admin else "no", str(created))
+    for user in users:
+        table.add_row(user.name, "yes" if user.is_admin else "no", str(user.created_at))
     console.print(table)
 
 
 @users_app.command("remove")
 def users_remove(name: str = typer.Argument(...), db: Path = DB_OPTION) -> None:
     """Delete a user (its token stops working)."""
+    from commlens.service.users import remove_user
+
     con = _open_store(db)
-    gone = con.execute("DELETE FROM users WHERE name = ? RETURNING name", [name]).fetchall()
-    con.close()
-    if not gone:
-        err_console.print(f"[red]error:[/red] no user named {name!r}")
-        raise typer.Exit(1)
+    try:
+        remove_user(con, name)
+    except ServiceError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    finally:
+        con.close()
 
 
 def main() -> None:  # pragma: no cover - entry point convenience

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -19,11 +18,12 @@ def report(
     run: str = typer.Option(..., "--run", help="Run to report on."),
     db: Path = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store file."),
     fmt: str = typer.Option("md", "--format", help="json or md."),
-    config: Optional[Path] = typer.Option(None, "--config", help="A run.json or predictor-input JSON for runs without one."),
+    config: Path | None = typer.Option(None, "--config", help="A run.json or predictor-input JSON for runs without one."),
 ) -> None:
     """Attribution, histograms, predicted against measured, bandwidth and findings of one run."""
+    from commlens import store
     from commlens.backend.report import build_report, render_markdown
-    from commlens.ingest import store
+    from commlens.service.runs import run_names
 
     if fmt not in ("json", "md"):
         err.print("--format must be json or md")
@@ -34,7 +34,7 @@ def report(
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     if store.get_run_id(con, run) is None:
-        names = [r[0] for r in con.execute("SELECT name FROM runs ORDER BY name").fetchall()]
+        names = run_names(con)
         err.print(f"[red]error:[/red] no run {run!r} in {db}; runs: {', '.join(names) or 'none'}")
         raise typer.Exit(2)
     inp = _load_config(config) if config else None
@@ -46,7 +46,7 @@ def report(
         sys.stdout.write(render_markdown(rep))
 
 
-def _load_config(path: Path):  # noqa: ANN202
+def _load_config(path: Path):
     from pydantic import ValidationError
 
     from commlens.backend.predict import predict_input_from_config
@@ -59,14 +59,14 @@ def _load_config(path: Path):  # noqa: ANN202
 
 
 def predict(
-    run_json: Optional[Path] = typer.Option(None, "--run-json", help="Predict for a harness run.json (or predictor-input JSON)."),
+    run_json: Path | None = typer.Option(None, "--run-json", help="Predict for a harness run.json (or predictor-input JSON)."),
     layers: int = typer.Option(24, help="Transformer layers L."),
     hidden: int = typer.Option(2048, help="Hidden size h."),
     heads: int = typer.Option(16, help="Attention heads."),
-    kv_heads: Optional[int] = typer.Option(None, help="KV heads (GQA)."),
-    ffn: Optional[int] = typer.Option(None, help="FFN width (default 4h)."),
+    kv_heads: int | None = typer.Option(None, help="KV heads (GQA)."),
+    ffn: int | None = typer.Option(None, help="FFN width (default 4h)."),
     vocab: int = typer.Option(50304, help="Vocabulary size."),
-    vocab_divisible_by: Optional[int] = typer.Option(
+    vocab_divisible_by: int | None = typer.Option(
         None, min=1, help="Pad the vocabulary to a multiple of this x tp (default: 128 for megatron, else no padding)."),
     seq_len: int = typer.Option(2048, help="Sequence length s."),
     tied: bool = typer.Option(False, help="Tied input/output embeddings."),
@@ -74,7 +74,7 @@ def predict(
     cp: int = typer.Option(1, help="Context-parallel degree c (the sequence is split c ways)."),
     cp_style: str = typer.Option("ring", help="Context parallelism: ring (ring attention) or attention2d "
                                  "(ATTENTION2D on an r_Q x r_KV mesh; forward only, the spec gives no backward)."),
-    cp_rq: Optional[int] = typer.Option(None, help="ATTENTION2D r_Q, a divisor of --cp (r_KV = cp / r_Q); "
+    cp_rq: int | None = typer.Option(None, help="ATTENTION2D r_Q, a divisor of --cp (r_KV = cp / r_Q); "
                                         "default sqrt(cp) when cp is a perfect square."),
     zero: int = typer.Option(0, help="ZeRO stage 0-3."),
     sp: bool = typer.Option(False, help="Sequence parallelism (tp > 1)."),
@@ -151,7 +151,7 @@ def _ranges(ranks: list[int]) -> str:
     if not ranks:
         return "-"
     out, start, prev = [], ranks[0], ranks[0]
-    for r in ranks[1:] + [None]:  # type: ignore[list-item]
+    for r in [*ranks[1:], None]:
         if r is not None and r == prev + 1:
             prev = r
             continue

@@ -12,8 +12,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .config import ConfigError, HarnessConfig, resolve_world, validation_errors
+
+if TYPE_CHECKING:
+    from commlens.service.ingest import IngestReport
 
 CONFIG_NAME = ".harness-config.json"  # hidden: `commlens ingest DIR` skips it
 OUTPUT_GLOBS = ("run.json", "trace.rank*.json.gz", "nccl.*.log")
@@ -53,7 +57,7 @@ def plan_runs(out: Path, options: dict, nproc: int | None, sweeps: list[str], cu
     axes = [parse_sweep(s) for s in sweeps]
     combos: list[list[tuple[str, float | int]]] = [[]]
     for field, values in axes:
-        combos = [c + [(field, v)] for c in combos for v in values]
+        combos = [[*c, (field, v)] for c in combos for v in values]
     runs, errors = [], []
     for combo in combos:
         opts = dict(options, **dict(combo))
@@ -127,7 +131,7 @@ def runs_in_store(db: Path, runs: list[PlannedRun]) -> list[str]:
     """Names of the planned runs that the store already holds (checked before any process starts)."""
     if not db.exists():
         return []
-    from commlens.ingest import store
+    from commlens import store
 
     con = store.connect(db)
     try:
@@ -136,20 +140,20 @@ def runs_in_store(db: Path, runs: list[PlannedRun]) -> list[str]:
         con.close()
 
 
-def ingest_run(db: Path, run: PlannedRun, replace: bool = False):  # noqa: ANN201 - pipeline.IngestSummary
+def ingest_run(db: Path, run: PlannedRun, replace: bool = False) -> IngestReport:
     """Ingest run.json, the traces and NCCL logs as a run named after the output directory; `replace`
-    first removes what an earlier ingest of the run stored (its outputs were just made anew)."""
-    from commlens.ingest import pipeline, store
-
-    from commlens.backend.attribution import attribute_run
+    first removes what an earlier ingest of the run stored (its outputs were just made anew). run.json
+    comes first: its labelled groups give the schemes straight away."""
+    from commlens import store
+    from commlens.ingest.inputs import DEFAULT_LIMITS, iter_inputs
+    from commlens.service import ingest
 
     con = store.connect(db)
     try:
-        run_id = store.get_run_id(con, run.name)
-        if replace and run_id is not None:
-            store.replace_run_data(con, run_id)
-        summary = pipeline.ingest_paths(con, output_files(run.out), run.name, description=f"commlens harness: {run.cfg.strategy}")
-        attribute_run(con, run.name)  # schemes straight from run.json's labelled groups
-        return summary
+        report = ingest.ingest_run(con, run.name, iter_inputs(output_files(run.out), DEFAULT_LIMITS),
+                                   description=f"commlens harness: {run.cfg.strategy}", replace=replace)
     finally:
         con.close()
+    if report.attribution_error:  # the harness's own runs are always attributable: a bug, not a bad input
+        raise RuntimeError(f"{run.name}: {report.attribution_error}")
+    return report

@@ -1,7 +1,7 @@
 """Per-run aggregates of the store's calls, computed once when a run's data or attribution changes,
 so analyses answer from a few thousand rows instead of rescanning every call on every request.
 
-Tables (ingest/schema.sql, documented in docs/store.md): `agg_runs` (freshness and iteration mode),
+Tables (commlens/store/aggregates.sql, documented in docs/store.md): `agg_runs` (freshness and iteration mode),
 `agg_sources`, `agg_iterations`, `comm_periods`, `process_iterations`, `comm_iterations` (the detected
 iteration of each call of a source without profiler steps), `comm_agg` (calls per rank key, group,
 op, dtype, size, iteration membership and duration kind) and the bandwidth summaries `bw_excluded`,
@@ -25,41 +25,22 @@ duration and why a call has no bandwidth (backend.bandwidth builds its report fr
 
 from __future__ import annotations
 
-import re
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
-from importlib import resources
-from typing import Callable, Iterator, TypeVar
 
 import duckdb
 import pyarrow as pa
 
+from commlens.store import AGG_TABLES, active_jobs, transaction
 from commlens.vocab import busbw_factor
 
 from .periods import MIN_COVERAGE, find_period_tokens
 
-T = TypeVar("T")
-
-# Every table holding a run's aggregates (each has run_id), in refresh order.
-AGG_TABLES = (
-    "agg_sources", "comm_periods", "process_iterations", "comm_iterations", "comm_agg", "agg_iterations",
-    "bw_excluded", "bw_bins", "bw_ops", "bw_schemes", "agg_runs",
-)
 _BW_TABLES = ("bw_excluded", "bw_bins", "bw_ops", "bw_schemes")
+# Two connections refreshing one run conflict (or collide on agg_runs' key): the later one tries again.
+_RETRY_ON = (duckdb.TransactionException, duckdb.ConstraintException)
 _CONFLICT_RETRIES = 3
-
-
-
-def _v2_tables() -> list[str]:
-    """The CREATE TABLE statements of the aggregate tables in schema.sql (the 1 -> 2 upgrade)."""
-    sql = resources.files("commlens.ingest").joinpath("schema.sql").read_text()
-    return [m.group(0) for m in re.finditer(r"CREATE TABLE IF NOT EXISTS (\w+) \(.*?\n\);", sql, re.S)
-            if m.group(1) in AGG_TABLES]
-
-
-# Schema 1 -> 2: the aggregate tables, empty; each run's aggregates are filled by its first refresh
-# (its next ingest or attribution, or the first analysis that reads it: ensure_fresh).
-MIGRATION_V2: list[str] = _v2_tables()
 
 
 class AggregatesError(Exception):
@@ -200,70 +181,26 @@ def stored_fingerprints(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[st
     return (rows[0][0], rows[0][1]) if rows else None
 
 
-def _job_active(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
-    return bool(con.execute(
-        "SELECT count(*) FROM jobs WHERE run_id = ? AND state IN ('queued', 'running')", [run_id]
-    ).fetchall()[0][0])
-
-
-# ------------------------------------------------------------------------------ transactions
-
-
-def in_transaction(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether the connection is inside an explicit transaction (in autocommit mode every statement
-    gets a new transaction id; a failed BEGIN would abort the caller's transaction, so it is not tried)."""
-    first = con.execute("SELECT txid_current()").fetchall()[0][0]
-    return con.execute("SELECT txid_current()").fetchall()[0][0] == first
-
-
-def _atomic(con: duckdb.DuckDBPyConnection, fn: Callable[[], T]) -> T:
-    """fn in a transaction of its own (retried on a conflicting concurrent transaction), or inside the
-    caller's transaction when one is open (the caller commits or rolls back everything together)."""
-    if in_transaction(con):
-        return fn()
-    for attempt in range(_CONFLICT_RETRIES):
-        con.execute("BEGIN TRANSACTION")
-        try:
-            result = fn()
-            con.execute("COMMIT")
-            return result
-        except (duckdb.TransactionException, duckdb.ConstraintException):
-            _rollback(con)
-            if attempt == _CONFLICT_RETRIES - 1:
-                raise
-        except BaseException:
-            _rollback(con)
-            raise
-    raise AssertionError("unreachable")
-
-
-def _rollback(con: duckdb.DuckDBPyConnection) -> None:
-    try:
-        con.execute("ROLLBACK")
-    except duckdb.Error:
-        pass  # a failed COMMIT has ended the transaction already
-
-
 # ----------------------------------------------------------------------------------- refresh
 
 
 def refresh_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     """Recompute every aggregate of the run (after its calls were written or linked)."""
-    _atomic(con, lambda: _refresh(con, run_id, "full"))
+    transaction(con, lambda c: _refresh(c, run_id, "full"), _CONFLICT_RETRIES, _RETRY_ON)
 
 
 def refresh_if_stale(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
     """Recompute what changed since the last refresh (see the module docstring); True when it did."""
 
-    def body() -> bool:
-        now = fingerprints(con, run_id)
-        level = _stale(stored_fingerprints(con, run_id), now)
+    def body(c: duckdb.DuckDBPyConnection) -> bool:
+        now = fingerprints(c, run_id)
+        level = _stale(stored_fingerprints(c, run_id), now)
         if level is None:
             return False
-        _refresh(con, run_id, level, now)
+        _refresh(c, run_id, level, now)
         return True
 
-    return _atomic(con, body)
+    return transaction(con, body, _CONFLICT_RETRIES, _RETRY_ON)
 
 
 def refresh_all(con: duckdb.DuckDBPyConnection) -> int:
@@ -281,7 +218,7 @@ def ensure_fresh(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     """Called by analyses before they read: refresh a stale run unless an ingest job is still writing it."""
     if is_fresh(con, run_id):
         return
-    if _job_active(con, run_id):
+    if active_jobs(con, run_id):
         return  # the job refreshes at its end; meanwhile serve the last aggregates
     try:
         refresh_if_stale(con, run_id)
@@ -367,7 +304,7 @@ def _refresh_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
             [run_id],
         ).fetchall() if n
     }
-    for source_id, process, rank, it in con.execute(
+    for _source_id, process, rank, it in con.execute(
         "SELECT source_id, process, rank, iterations FROM process_iterations WHERE run_id = ? ORDER BY ord", [run_id]
     ).fetchall():
         if it:
@@ -410,14 +347,14 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
     toks = table["toks"].combine_chunks()
     offsets = toks.offsets.to_numpy()
     values = toks.values.to_numpy()
-    keys = zip(table["source_id"].to_pylist(), table["process"].to_pylist(), table["comm"].to_pylist())
+    keys = zip(table["source_id"].to_pylist(), table["process"].to_pylist(), table["comm"].to_pylist(), strict=True)
     comms: dict[tuple, dict] = {
         key: {"group_key": group_key, "calls": int(offsets[i + 1] - offsets[i]),
               "period": find_period_tokens(values[offsets[i]:offsets[i + 1]])}
-        for i, (key, group_key) in enumerate(zip(keys, table["group_key"].to_pylist()))
+        for i, (key, group_key) in enumerate(zip(keys, table["group_key"].to_pylist(), strict=True))
     }
     ranks: dict[tuple[int, str], int | None] = {}  # a process's rank (one per process; NULL when unmapped)
-    for key, rank in zip(comms, table["rank"].to_pylist()):
+    for key, rank in zip(comms, table["rank"].to_pylist(), strict=False):
         if rank is not None or key[:2] not in ranks:
             ranks[key[:2]] = rank
     proc_iters: dict[tuple[int, str], int | None] = {}

@@ -14,7 +14,9 @@ from typing import Callable
 
 import duckdb
 
-from . import aggregates, formats, store
+from commlens import store
+
+from . import aggregates, formats
 from .formats import Trait
 from .inputs import DEFAULT_LIMITS, InputFile, Limits, TapReader, file_rank_hint, iter_inputs, open_content
 from .records import ParseError, ParseResult, RankHint

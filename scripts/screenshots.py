@@ -37,7 +37,7 @@ PAGES = [
 
 
 def run_names(db: Path) -> list[str]:
-    from commlens.ingest import store
+    from commlens import store
 
     con = store.connect(db)
     try:

@@ -34,7 +34,7 @@ def db_path(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def con(db_path: Path):
-    from commlens.ingest import store
+    from commlens import store
 
     c = store.connect(db_path)
     yield c

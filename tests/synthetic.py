@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from commlens.ingest import store
+from commlens import store
 from commlens.ingest.records import ParseResult
 
 

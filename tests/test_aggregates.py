@@ -16,7 +16,8 @@ from commlens.backend.findings import findings
 from commlens.backend.histograms import histogram
 from commlens.backend.iterations import assign_iterations
 from commlens.backend.ranks import rank_totals
-from commlens.ingest import aggregates, store
+from commlens import store
+from commlens.ingest import aggregates
 from commlens.vocab import busbw_factor
 from synthetic import write_rows as write
 
@@ -241,7 +242,7 @@ def _make_v1(path: Path) -> None:
     """A schema-1 store: the schema without the aggregate tables, version 1, rows written by the store."""
     con = duckdb.connect(str(path))
     v1 = store.schema_sql()
-    for ddl in aggregates.MIGRATION_V2:
+    for ddl in store.MIGRATIONS[1]:
         v1 = v1.replace(ddl, "")
     counted = v1[v1.index("raw_name   VARCHAR,"):v1.index("-- same run describes the same calls (they count there, once)")]
     v1 = v1.replace(counted, "raw_name   VARCHAR -- ").replace("\nWHERE e.counted;", ";")  # schema 3's column

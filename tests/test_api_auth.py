@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from commlens.backend.api import Settings, StartupRefused, create_app
-from commlens.backend.api.auth import add_user
+from commlens.service.users import add_user
 from commlens.backend.api.testing import ServerThread
-from commlens.ingest import store
+from commlens import store
 
 
 def _users(db: Path) -> dict[str, str]:
@@ -75,7 +75,7 @@ def test_loopback_tokenless_is_the_local_admin_and_tokens_still_count(tmp_path: 
 def test_a_deployments_admin_token(tmp_path: Path) -> None:
     """COMMLENS_ADMIN_TOKEN (docker-compose): the admin is created, then updated, never duplicated; a short
     token is refused before the server starts."""
-    from commlens.backend.api.auth import MIN_ADMIN_TOKEN_CHARS, ensure_admin, hash_token
+    from commlens.service.users import MIN_ADMIN_TOKEN_CHARS, ensure_admin, hash_token
 
     db = tmp_path / "store.duckdb"
     con = store.connect(db)

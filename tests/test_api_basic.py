@@ -22,7 +22,7 @@ from commlens.backend.compare import compare
 from commlens.backend.findings import findings
 from commlens.backend.predict import predict, predict_input_from_config
 from commlens.contract.predict import PredictInput
-from commlens.ingest import store
+from commlens import store
 from commlens.ingest.records import ParseResult
 
 MiB = 1 << 20

@@ -18,7 +18,8 @@ import httpx
 
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread, wait_job
-from commlens.ingest import pipeline, store
+from commlens import store
+from commlens.ingest import pipeline
 
 LOGS = ["nvidia-nccl-1193.log", "nvidia-nccl-584.log", "nvidia-nccl-203.log", "nvidia-nccl-1238.log",
         "rocm-rccl-429.log", "nvidia-nccl-1595.log", "nvidia-nccl-629.log", "pytorch-pytorch-54232.log"]

@@ -14,7 +14,7 @@ from commlens.backend.attribution import (
     layout_stride,
     set_override,
 )
-from commlens.ingest import store
+from commlens import store
 from synthetic import write_rows as write
 
 MiB = 1 << 20

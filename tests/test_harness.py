@@ -367,7 +367,7 @@ def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path)
         tp_bytes[s] = sum(S * n for (dim, op, S), n in per_step[2].items() if dim == "tp" and op == "all_reduce")
     assert tp_bytes[16] == 2 * tp_bytes[8]
 
-    from commlens.ingest import store
+    from commlens import store
 
     con = store.connect(db)
     try:
@@ -413,7 +413,8 @@ def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path)
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 def test_ingested_run_shows_the_scheme_in_the_right_groups(scheme, runs, tmp_path):
     from commlens.backend.attribution import attribute_run
-    from commlens.ingest import pipeline, store
+    from commlens import store
+    from commlens.ingest import pipeline
 
     run = runs(scheme)
     cfg = run.cfg
@@ -452,7 +453,8 @@ def test_report_shows_predicted_equal_to_measured(scheme, runs, tmp_path):
     """The whole analysis chain on a harness run: ingest -> attribution -> compare is exact for every scheme."""
     from commlens.backend.attribution import attribute_run
     from commlens.backend.compare import compare
-    from commlens.ingest import pipeline, store
+    from commlens import store
+    from commlens.ingest import pipeline
 
     run = runs(scheme)
     con = store.connect(tmp_path / "store.duckdb")

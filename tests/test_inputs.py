@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from commlens.ingest import store
+from commlens import store
 from commlens.ingest.inputs import Limits, file_rank_hint, iter_inputs
 from commlens.ingest.pipeline import ingest_paths
 

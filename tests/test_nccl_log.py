@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from commlens.ingest import store
+from commlens import store
 from commlens.ingest.inputs import DEFAULT_LIMITS, Limits
 from commlens.ingest.nccl_link import link_run
 from commlens.ingest.nccl_log import parse_nccl_log

@@ -74,8 +74,8 @@ def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     _cli("ingest", *[str(data / f) for f in LOG_FILES], "--db", str(db), "--run", "nccl")
     _cli("harness", "--out", str(tmp / HARNESS_RUN), "--dp", "2", "--layers", "2", "--hidden", "32", "--heads", "4",
          "--vocab", "64", "--seq-len", "16", "--device", "cpu", "--ingest", "--db", str(db))
-    from commlens.backend.api.auth import add_user
-    from commlens.ingest import store as store_mod
+    from commlens.service.users import add_user
+    from commlens import store as store_mod
 
     con = store_mod.connect(db)  # `commlens ingest` and `harness --ingest` attributed the runs' schemes
     try:

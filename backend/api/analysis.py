@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from fastapi import APIRouter, Path, Query
 
@@ -13,25 +13,33 @@ from commlens.backend.bandwidth import bandwidth
 from commlens.backend.compare import compare
 from commlens.backend.findings import findings
 from commlens.backend.histograms import bar_calls, histogram
-from commlens.backend.iterations import UnknownRunError, assign_iterations, run_id_of
+from commlens.backend.iterations import UnknownRunError, assign_iterations
 from commlens.backend.predict import predict
-from commlens.backend.predict_harness import input_from_run_config
 from commlens.backend.ranks import rank_totals
 from commlens.contract.analysis import (
-    BandwidthReport, BarCalls, Finding, GroupAttribution, GroupOverride, GroupsPage, Histogram, IterationInfo,
-    RankTotals, TopologyRows,
+    BandwidthReport,
+    BarCalls,
+    Finding,
+    GroupAttribution,
+    GroupOverride,
+    GroupsPage,
+    Histogram,
+    IterationInfo,
+    RankTotals,
+    TopologyRows,
 )
 from commlens.contract.common import MAX_RANK, Page
 from commlens.contract.compare import Comparison, RunComparison, RunsComparison
-from commlens.contract.predict import Prediction, PredictInput
+from commlens.contract.predict import PredictInput, Prediction
 from commlens.contract.review import Anchor, ReviewItem
+from commlens.service.nccl import nccl_rows
+from commlens.service.runs import WRITE_ATTEMPTS, predict_input_for_run, run_layout
+from commlens.store import retry_conflicts, transaction
 from commlens.vocab import Op
 
-from .db import retry_conflicts, transaction
 from .deps import Cursor, Limit, Offset, Writer, next_offset
 from .errors import ApiError, problem_responses
 from .review import create_item
-from .runs import config_kind
 
 router = APIRouter(tags=["analysis"])
 Scheme = Literal["dp", "tp", "pp", "cp", "ep", "other"]
@@ -75,9 +83,10 @@ def override_group(run: str, group_key: str, body: GroupOverride, cur: Cursor, _
             if not hit:
                 raise ApiError(404, f"run {run!r} has no process group {group_key!r}", "unknown-group")
             return hit[0]
-        if not body.reason:
+        scheme, reason = body.scheme, body.reason
+        if not reason:
             raise ApiError(422, "an override needs a reason: what you know that the traces do not say", "invalid-argument")
-        return transaction(cur, lambda c: attribution.set_override(c, run, group_key, body.scheme, body.reason))
+        return transaction(cur, lambda c: attribution.set_override(c, run, group_key, scheme, reason), WRITE_ATTEMPTS)
 
 
 # -------------------------------------------------------------------------------- distributions
@@ -165,23 +174,18 @@ def promote_finding(run: str, finding_id: str, cur: Cursor, who: Writer) -> Revi
     if f is None:
         raise ApiError(404, f"run {run!r} has no finding {finding_id!r} now; GET /api/runs/{run}/findings lists them",
                        "unknown-finding")
-    existing = cur.execute(
-        "SELECT item_id FROM review_items WHERE run_id = ? AND finding = ? AND parent_id IS NULL",
-        [run_id_of(cur, run), finding_id]).fetchone()
-    if existing:
-        raise ApiError(409, f"finding {finding_id!r} is review item {existing[0]} already", "finding-promoted")
     evidence = "\n".join(f"| {k} | {f'{v:.6g}' if isinstance(v, float) else v} |" for k, v in f.evidence.items())
     body = (f"**{f.title}** ({f.severity})\n\n| evidence | value |\n|---|---|\n{evidence}\n\n"
             f"Suggestion: {f.suggestion}")
 
     view = f.view
-    anchor = Anchor(
-        view=str(view.get("page")) if view.get("page") else None,
-        scheme=view.get("scheme") if view.get("scheme") in ("dp", "tp", "pp", "cp", "ep", "other") else None,
-        op=view.get("op") if isinstance(view.get("op"), str) and view.get("op") in Op.__args__ else None,  # type: ignore[attr-defined]
-        rank=view.get("rank") if isinstance(view.get("rank"), int) else None,
-        free="; ".join(f"{k}={v}" for k, v in view.items() if k not in ("page", "scheme", "op", "rank"))[:500] or None,
-    )
+    anchor = Anchor.model_validate({
+        "view": str(view.get("page")) if view.get("page") else None,
+        "scheme": view.get("scheme") if view.get("scheme") in get_args(Scheme) else None,
+        "op": view.get("op") if view.get("op") in get_args(Op) else None,
+        "rank": view.get("rank") if isinstance(view.get("rank"), int) else None,
+        "free": "; ".join(f"{k}={v}" for k, v in view.items() if k not in ("page", "scheme", "op", "rank"))[:500] or None,
+    })
     return create_item(cur, run, who.name, body, anchor, finding=finding_id)
 
 
@@ -205,35 +209,17 @@ def check_predict_size(inp: PredictInput) -> None:
 
 def run_predict_input(cur: Cursor, run: str) -> PredictInput | None:
     """The predictor input of the run's stored config (a harness run.json or a PredictInput), if any."""
-    return _stored_config(cur, run)[0]
+    return predict_input_for_run(cur, run)
 
 
 def run_compare(cur: Cursor, run: str, supplied: PredictInput | None = None) -> Comparison:
     """compare() with the run's own config (a harness run.json or a predictor input, which compare reads
     itself) or the supplied one; an unusable stored config is a 422 here, before any work."""
-    config, _ = _stored_config(cur, run)
-    for c in (supplied, config):
+    for c in (supplied, predict_input_for_run(cur, run)):
         if c is not None:
             check_predict_size(c)
     with analysis_errors():
         return compare(cur, run, supplied)
-
-
-def _stored_config(cur: Cursor, run: str) -> tuple[PredictInput | None, str | None]:
-    import json
-
-    run_id_of(cur, run)
-    raw = cur.execute("SELECT config FROM runs WHERE name = ?", [run]).fetchone()[0]
-    config = json.loads(raw) if isinstance(raw, str) else raw
-    kind = config_kind(config if isinstance(config, dict) else None)
-    try:
-        if kind == "predict_input":
-            return PredictInput.model_validate(config), kind
-        if kind == "run_config":
-            return input_from_run_config(config), kind
-    except ValueError as exc:
-        raise ApiError(422, f"the run's stored config cannot be used for a prediction: {exc}", "invalid-config") from None
-    return None, kind
 
 
 @router.get("/runs/{run}/prediction", response_model=Prediction, responses=problem_responses(404, 409, 422),
@@ -275,8 +261,8 @@ def compare_runs(
     out = []
     for name in names:
         comparison = run_compare(cur, name)
-        row = cur.execute("SELECT strategy, world_size FROM runs WHERE name = ?", [name]).fetchone()
-        out.append(RunComparison(run=name, strategy=row[0], world_size=row[1], comparison=comparison))
+        strategy, world_size = run_layout(cur, name)
+        out.append(RunComparison(run=name, strategy=strategy, world_size=world_size, comparison=comparison))
     return RunsComparison(runs=out)
 
 
@@ -290,17 +276,6 @@ def what_if(body: PredictInput) -> Prediction:
 
 # ------------------------------------------------------------------------------------- topology
 
-_TOPOLOGY: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
-    "comms": ("nccl_comms", ("group_key", "host", "pid", "cuda_dev", "comm_ptr", "comm_rank", "nranks", "global_rank",
-                             "comm_id", "parent_ptr", "color", "split_key", "bus_id", "nvml_dev", "api", "nccl_version"),
-              ("group_key", "host", "pid", "comm_rank")),
-    "topology": ("nccl_topology", ("group_key", "host", "pid", "comm_ptr", "kind", "channel", "ranks", "src_rank",
-                                   "dst_rank", "transport", "detail"), ("group_key", "host", "pid", "kind", "channel", "src_rank")),
-    "tuning": ("nccl_tuning", ("host", "pid", "op", "bytes", "algo", "proto", "time_us", "channels"),
-               ("host", "pid", "op", "bytes")),
-}
-
-
 @router.get("/runs/{run}/topology/{table}", response_model=TopologyRows, responses=problem_responses(404),
             summary="NCCL rows of the run: communicators (comms), rings/trees/connections (topology), tuning")
 def topology(
@@ -309,18 +284,6 @@ def topology(
     limit: Limit = 500, offset: Offset = 0,
     group_key: Annotated[str | None, Query(max_length=256)] = None,
 ) -> TopologyRows:
-    run_id = run_id_of(cur, run)
-    name, cols, order = _TOPOLOGY[table]  # fixed SQL fragments chosen by the validated table name
-    where, params = "WHERE t.run_id = ?", [run_id]
-    if group_key is not None and table != "tuning":
-        where += " AND t.group_key = ?"
-        params.append(group_key)
-    total = cur.execute(f"SELECT count(*) FROM {name} t {where}", params).fetchone()[0]
-    select = ", ".join(f"t.{c}" for c in cols)
-    order_by = ", ".join(f"t.{c}" for c in order)
-    result = cur.execute(f"SELECT {select}, s.path AS file FROM {name} t JOIN sources s ON s.source_id = t.source_id "
-                         f"{where} ORDER BY {order_by} NULLS LAST LIMIT ? OFFSET ?", params + [limit, offset])
-    columns = [d[0] for d in result.description]
-    rows = [list(r) for r in result.fetchall()]
+    columns, rows, total = nccl_rows(cur, run, table, limit, offset, group_key)
     return TopologyRows(table=table, columns=columns, rows=rows, total=total, limit=limit, offset=offset,
                         next_offset=next_offset(offset, limit, total))

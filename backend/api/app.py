@@ -11,14 +11,15 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.routing import APIRoute
 
 from commlens import __version__
+from commlens.service.users import user_count
 
-from . import analysis, auth, errors, export, review, runs, uploads, users
+from . import analysis, errors, export, review, runs, uploads, users
 from .bodies import JsonBodyGuard
 from .db import Database
 from .deps import AppContext
 from .errors import ApiError
+from .ingest_queue import IngestQueue
 from .settings import Settings
-from .worker import IngestWorker
 
 log = logging.getLogger("commlens.api")
 
@@ -32,7 +33,7 @@ def check_exposure(settings: Settings, db: Database) -> None:
     if settings.loopback or settings.insecure:
         return
     with db.session() as cur:
-        if auth.user_count(cur) == 0:
+        if user_count(cur) == 0:
             raise StartupRefused(
                 f"refusing to listen on {settings.host}: the store has no users, so anyone on the network could write. "
                 "Create one with `commlens users add NAME --admin --db ...`, bind to 127.0.0.1, or pass --insecure."
@@ -45,16 +46,8 @@ def as_asgi(ui: Any) -> Any:
     wsgi = server if server is not None and hasattr(server, "wsgi_app") else (ui if hasattr(ui, "wsgi_app") else None)
     if wsgi is None:
         return ui
-    try:
-        from a2wsgi import WSGIMiddleware  # type: ignore[import-not-found]
-    except ImportError:
-        import warnings
+    from a2wsgi import WSGIMiddleware  # a dependency: Dash gets its own thread pool
 
-        with warnings.catch_warnings():
-            # starlette says StarletteDeprecationWarning (a UserWarning) on import; a2wsgi is the preferred path
-            warnings.filterwarnings("ignore", message=".*starlette.middleware.wsgi is deprecated")
-            warnings.simplefilter("ignore", DeprecationWarning)
-            from starlette.middleware.wsgi import WSGIMiddleware  # type: ignore[no-redef]
     return WSGIMiddleware(wsgi)
 
 
@@ -62,19 +55,19 @@ def create_app(settings: Settings, ui: Any = None, db: Database | None = None) -
     """The commlens service. `ui` (a Dash, WSGI or ASGI app) is mounted at `/` after the API routes."""
     db = db or Database(settings.db)
     check_exposure(settings, db)
-    worker = IngestWorker(db, settings)
+    ingest_queue = IngestQueue(db, settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        worker.start()
+        ingest_queue.start()
         log.info("commlens serving %s on %s:%s", settings.db, settings.host, settings.port)
         try:
             yield
         finally:
-            if worker.stop():
+            if ingest_queue.stop():
                 db.close()
             else:
-                log.warning("ingest worker still busy at shutdown; the unfinished job is marked failed at next start")
+                log.warning("ingest queue still busy at shutdown; the unfinished job is marked failed at next start")
 
     app = FastAPI(
         title="commlens", version=__version__, lifespan=lifespan, docs_url="/docs", redoc_url=None,
@@ -84,7 +77,7 @@ def create_app(settings: Settings, ui: Any = None, db: Database | None = None) -
                     "limit/offset (`next_offset` is null on the last page). Auth: `Authorization: Bearer <token>`; "
                     "on a loopback-bound server loopback clients need none.",
     )
-    app.state.ctx = AppContext(settings=settings, db=db, worker=worker)
+    app.state.ctx = AppContext(settings=settings, db=db, ingest_queue=ingest_queue)
     errors.install(app)
     api = APIRouter(prefix="/api")
     for module in (users, runs, uploads, export, analysis, review):
@@ -105,7 +98,7 @@ def _install_api_fallback(app: FastAPI, routes: list[APIRoute]) -> None:
                    include_in_schema=False)
     async def _fallback(request: Request, rest: str) -> None:
         path = "/" + rest
-        allowed = sorted({m for r in routes if r.path_regex.match(path) for m in r.methods})
+        allowed = sorted({m for r in routes if r.path_regex.match(path) for m in r.methods or ()})
         if allowed:
             raise ApiError(405, f"{request.method} is not allowed on {request.url.path}; allowed: {', '.join(allowed)}",
                            "method-not-allowed", headers={"Allow": ", ".join(allowed)})

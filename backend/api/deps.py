@@ -14,14 +14,14 @@ from .db import Database
 from .settings import Settings
 
 if TYPE_CHECKING:
-    from .worker import IngestWorker
+    from .ingest_queue import IngestQueue
 
 
 @dataclass
 class AppContext:
     settings: Settings
     db: Database
-    worker: "IngestWorker"
+    ingest_queue: IngestQueue
 
 
 def get_ctx(request: Request) -> AppContext:

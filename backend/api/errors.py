@@ -14,7 +14,8 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from commlens.backend.iterations import UnknownRunError
-from commlens.ingest.store import StoreError
+from commlens.service.errors import ConflictError, ForbiddenError, InvalidError, NotFoundError, ServiceError
+from commlens.store import StoreError
 
 log = logging.getLogger("commlens.api")
 
@@ -71,6 +72,9 @@ def _validation_errors(exc: RequestValidationError) -> tuple[str, list[dict[str,
     return "invalid request: " + "; ".join(parts[:5]) + (f" (and {len(parts) - 5} more)" if len(parts) > 5 else ""), errors
 
 
+_SERVICE_STATUS: dict[type[ServiceError], int] = {NotFoundError: 404, ConflictError: 409, InvalidError: 422, ForbiddenError: 403}
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -89,6 +93,10 @@ def install(app: FastAPI) -> None:
         elif exc.status_code == 405:
             detail = f"{request.method} is not allowed on {request.url.path}; see /docs for the methods it takes"
         return problem_response(request, exc.status_code, detail, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(ServiceError)
+    async def _refused(request: Request, exc: ServiceError) -> JSONResponse:
+        return problem_response(request, _SERVICE_STATUS[type(exc)], exc.detail, exc.kind)
 
     @app.exception_handler(UnknownRunError)
     async def _unknown_run(request: Request, exc: UnknownRunError) -> JSONResponse:

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
-from commlens.backend.iterations import run_id_of
+from commlens.service import export
 from commlens.vocab import Op
 
 from .db import Database
@@ -23,22 +23,9 @@ from .errors import problem_responses
 
 router = APIRouter(tags=["export"])
 
-COMMS_COLUMNS = ("run", "rank", "op", "dtype", "msg_bytes", "elems_in", "elems_out", "group_size", "group_key",
-                 "scheme", "peer", "step", "ts_us", "dur_us", "source_kind", "file")
 BATCH_ROWS = 64_000
 MEDIA = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson", "parquet": "application/vnd.apache.parquet"}
 Scheme = Literal["dp", "tp", "pp", "cp", "ep", "other"]
-
-
-def export_query(run: str, filters: dict[str, Any]) -> tuple[str, list[Any]]:
-    """SQL over the comms view; filter columns are fixed names, values are parameters."""
-    conditions, params = ["run = ?"], [run]
-    for column, value in filters.items():
-        if value is not None:
-            conditions.append(f"{column} = ?")
-            params.append(value)
-    cols = ", ".join(COMMS_COLUMNS)
-    return f"SELECT {cols} FROM comms WHERE {' AND '.join(conditions)} ORDER BY file, rank, ts_us NULLS LAST", params
 
 
 class _Sink(io.RawIOBase):
@@ -51,7 +38,7 @@ class _Sink(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, b) -> int:  # type: ignore[override]
+    def write(self, b) -> int:
         data = bytes(b)
         self._chunks.append(data)
         self._pos += len(data)
@@ -66,43 +53,39 @@ class _Sink(io.RawIOBase):
         return out
 
 
-def _batches(db: Database, sql: str, params: list[Any]) -> Iterator[pa.RecordBatch]:
+def _batches(db: Database, run: str, filters: dict[str, Any], json_lines: bool = False) -> Iterator[pa.RecordBatch]:
+    """Batches on a cursor of the stream's own: the request's cursor is closed when the route returns."""
     cur = db.cursor()
     try:
-        reader = cur.sql(sql, params=params).to_arrow_reader(BATCH_ROWS)
-        for batch in reader:
-            yield batch
+        yield from export.comms_batches(cur, run, filters, BATCH_ROWS, json_lines)
     finally:
         cur.close()
 
 
-def stream_csv(db: Database, sql: str, params: list[Any]) -> Iterator[bytes]:
+def stream_csv(db: Database, run: str, filters: dict[str, Any]) -> Iterator[bytes]:
     first = True
-    for batch in _batches(db, sql, params):
+    for batch in _batches(db, run, filters):
         buf = io.BytesIO()
         pacsv.write_csv(batch, buf, pacsv.WriteOptions(include_header=first))
         first = False
         yield buf.getvalue()
     if first:
-        yield (",".join(COMMS_COLUMNS) + "\n").encode()
+        yield (",".join(export.COMMS_COLUMNS) + "\n").encode()
 
 
-def stream_jsonl(db: Database, sql: str, params: list[Any]) -> Iterator[bytes]:
-    json_sql = f"SELECT to_json(c)::VARCHAR AS line FROM ({sql}) c"
-    for batch in _batches(db, json_sql, params):
+def stream_jsonl(db: Database, run: str, filters: dict[str, Any]) -> Iterator[bytes]:
+    for batch in _batches(db, run, filters, json_lines=True):
         lines = batch.column(0).to_pylist()
         if lines:
             yield ("\n".join(lines) + "\n").encode()
 
 
-def stream_parquet(db: Database, sql: str, params: list[Any]) -> Iterator[bytes]:
+def stream_parquet(db: Database, run: str, filters: dict[str, Any]) -> Iterator[bytes]:
     sink = _Sink()
     writer: pq.ParquetWriter | None = None
-    schema = None
-    for batch in _batches(db, sql, params):
+    for batch in _batches(db, run, filters):
         if writer is None:
-            schema = batch.schema
-            writer = pq.ParquetWriter(sink, schema, compression="zstd")
+            writer = pq.ParquetWriter(sink, batch.schema, compression="zstd")
         writer.write_batch(batch)
         chunk = sink.take()
         if chunk:
@@ -110,7 +93,7 @@ def stream_parquet(db: Database, sql: str, params: list[Any]) -> Iterator[bytes]
     if writer is None:  # no rows: an empty file with the view's columns
         cur = db.cursor()
         try:
-            schema = cur.sql(f"SELECT * FROM ({sql}) LIMIT 0", params=params).to_arrow_table().schema
+            schema = export.comms_schema(cur, run, filters)
         finally:
             cur.close()
         writer = pq.ParquetWriter(sink, schema, compression="zstd")
@@ -137,8 +120,8 @@ def export_run(
         "the comms.step column (profiler step); for detected iterations of NCCL logs, and for a histogram "
         "bar's calls, use GET /api/runs/{run}/calls"))] = None,
 ) -> StreamingResponse:
-    run_id_of(cur, run)  # 404 before the stream starts
-    sql, params = export_query(run, {"scheme": scheme, "op": op, "dtype": dtype, "rank": rank, "step": step})
+    export.check_run(cur, run)  # 404 before the stream starts
+    filters = {"scheme": scheme, "op": op, "dtype": dtype, "rank": rank, "step": step}
     filename = re.sub(r"[^A-Za-z0-9._+@=-]", "_", run) + f".{format}"
-    return StreamingResponse(_STREAMS[format](ctx.db, sql, params), media_type=MEDIA[format],
+    return StreamingResponse(_STREAMS[format](ctx.db, run, filters), media_type=MEDIA[format],
                              headers={"Content-Disposition": f'attachment; filename="{filename}"'})

@@ -3,30 +3,29 @@ and GET /api/jobs (the ingest jobs the uploads become)."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, BinaryIO
 
-import duckdb
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
+from commlens import store
 from commlens.contract.common import Page
 from commlens.contract.jobs import FileResult, JobOut
-from commlens.ingest import store
 from commlens.ingest.formats import sniff_file
 from commlens.ingest.inputs import Limits
 from commlens.ingest.records import ParseError
+from commlens.service import jobs
 
 from . import auth
-from .deps import Ctx, Cursor, Limit, Offset, next_offset
+from .deps import AppContext, Ctx, Cursor, Limit, Offset, next_offset
 from .errors import ApiError, problem_responses
-from .worker import IngestWorker, Manifest, SpooledUpload, new_job_id
+from .ingest_queue import IngestQueue, Manifest, SpooledUpload, new_job_id
 
 router = APIRouter(tags=["uploads"])
 
@@ -34,7 +33,7 @@ MAX_FIELD_BYTES = 64 << 10
 SPOOL_HEADROOM = 256 << 20  # keep this much disk free for the store itself
 
 
-class _Refused(Exception):
+class _RefusedError(Exception):
     def __init__(self, status: int, detail: str, kind: str):
         self.error = ApiError(status, detail, kind)
 
@@ -93,7 +92,7 @@ class _Spooler:
         if b"filename" not in options:
             return
         if len(self.files) >= self.max_files:
-            raise _Refused(413, f"more than {self.max_files} files in one request; split the upload", "too-many-files")
+            raise _RefusedError(413, f"more than {self.max_files} files in one request; split the upload", "too-many-files")
         index = len(self.files)
         name = safe_file_name(options[b"filename"].decode("utf-8", "replace"), index)
         rel = f"{index:05d}.part"
@@ -106,12 +105,12 @@ class _Spooler:
         if not self._is_file:
             self._field += n
             if self._field > MAX_FIELD_BYTES:
-                raise _Refused(413, f"a form field is larger than {MAX_FIELD_BYTES} bytes; only file parts may be large",
+                raise _RefusedError(413, f"a form field is larger than {MAX_FIELD_BYTES} bytes; only file parts may be large",
                                "field-too-large")
             return
         self._size += n
         if self._size > self.max_file:
-            raise _Refused(413, f"{self.files[-1].name} is larger than the limit of {self.max_file} bytes per file "
+            raise _RefusedError(413, f"{self.files[-1].name} is larger than the limit of {self.max_file} bytes per file "
                            "(commlens serve --max-file-mb); split it or compress it", "file-too-large")
         assert self._fh is not None
         self._fh.write(data[start:end])
@@ -157,33 +156,20 @@ def _sniff_all(folder: Path, files: list[SpooledUpload], limits: Limits) -> list
 # ------------------------------------------------------------------------------------ routes
 
 
-def _job_row(cur: duckdb.DuckDBPyConnection, where: str, params: list[Any], tail: str = "") -> list[tuple]:
-    return cur.execute(
-        f"""SELECT j.job_id, r.name, j.state, j.files_total, j.files_done, j.bytes_total, j.bytes_done, j.results,
-                   j.error, j.created_at, j.updated_at
-            FROM jobs j LEFT JOIN runs r USING (run_id) {where} {tail}""", params).fetchall()
-
-
-def _job_out(row: tuple, worker: IngestWorker) -> JobOut:
-    results = json.loads(row[7]) if isinstance(row[7], str) else (row[7] or [])
-    live = worker.live(row[0]) if row[2] == "running" else None
+def job_out(job: jobs.Job, queue: IngestQueue) -> JobOut:
+    """The job as stored, with the live byte progress and current file of a running one."""
+    live = queue.live(job.job_id) if job.state == "running" else None
     return JobOut(
-        job_id=row[0], run=row[1], state=row[2], files_total=row[3], files_done=row[4], bytes_total=row[5],
-        bytes_done=max(row[6], live.bytes_done) if live else row[6], current=live.current if live else None,
-        results=[FileResult(**r) for r in results], error=row[8], created_at=row[9], updated_at=row[10],
+        job_id=job.job_id, run=job.run, state=job.state, files_total=job.files_total, files_done=job.files_done,
+        bytes_total=job.bytes_total, bytes_done=max(job.bytes_done, live.bytes_done) if live else job.bytes_done,
+        current=live.current if live else None, results=[FileResult(**r) for r in job.results], error=job.error,
+        created_at=job.created_at, updated_at=job.updated_at,
     )
-
-
-def job_out(cur: duckdb.DuckDBPyConnection, job_id: str, worker: IngestWorker) -> JobOut:
-    rows = _job_row(cur, "WHERE j.job_id = ?", [job_id])
-    if not rows:
-        raise ApiError(404, f"no job {job_id!r}; jobs are listed at GET /api/jobs", "unknown-job")
-    return _job_out(rows[0], worker)
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut, responses=problem_responses(404))
 def get_job(job_id: str, cur: Cursor, ctx: Ctx) -> JobOut:
-    return job_out(cur, job_id, ctx.worker)
+    return job_out(jobs.get_job(cur, job_id), ctx.ingest_queue)
 
 
 @router.get("/jobs", response_model=Page[JobOut])
@@ -192,17 +178,8 @@ def list_jobs(
     run: Annotated[str | None, Query(max_length=128)] = None,
     state: Annotated[str | None, Query(pattern="^(queued|running|done|failed)$")] = None,
 ) -> Page[JobOut]:
-    conditions, params = [], []
-    if run is not None:
-        conditions.append("r.name = ?")
-        params.append(run)
-    if state is not None:
-        conditions.append("j.state = ?")
-        params.append(state)
-    where = ("WHERE " + " AND ".join(conditions)) if conditions else ""
-    total = cur.execute(f"SELECT count(*) FROM jobs j LEFT JOIN runs r USING (run_id) {where}", params).fetchone()[0]
-    rows = _job_row(cur, where, params + [limit, offset], "ORDER BY j.created_at DESC, j.job_id LIMIT ? OFFSET ?")
-    return Page[JobOut](items=[_job_out(r, ctx.worker) for r in rows], total=total, limit=limit, offset=offset,
+    items, total = jobs.list_jobs(cur, limit, offset, run=run, state=state)
+    return Page[JobOut](items=[job_out(j, ctx.ingest_queue) for j in items], total=total, limit=limit, offset=offset,
                         next_offset=next_offset(offset, limit, total))
 
 
@@ -248,40 +225,40 @@ async def upload_files(
     folder.mkdir(parents=True)
     spooler = _Spooler(folder, settings.max_file_bytes, settings.max_files_per_request)
     parser = MultipartParser(options[b"boundary"], spooler.callbacks())  # type: ignore[arg-type]
-    refused: _Refused | None = None
+    refused: _RefusedError | None = None
     received = 0
     try:
         try:
             async for chunk in request.stream():
                 received += len(chunk)
                 if received > settings.max_request_bytes:
-                    refused = refused or _Refused(413, f"the request is larger than the limit of {settings.max_request_bytes} "
+                    refused = refused or _RefusedError(413, f"the request is larger than the limit of {settings.max_request_bytes} "
                                                   "bytes (commlens serve --max-request-mb)", "request-too-large")
                     break  # stop reading: the connection is closed after the answer
                 if refused is None:
                     try:
                         parser.write(chunk)
-                    except _Refused as exc:
+                    except _RefusedError as exc:
                         refused = exc  # keep reading (and discarding) so the client gets the answer
-                    except Exception as exc:  # noqa: BLE001 - python-multipart's parse errors
-                        refused = _Refused(422, f"malformed multipart body: {exc}", "malformed-upload")
+                    except Exception as exc:
+                        refused = _RefusedError(422, f"malformed multipart body: {exc}", "malformed-upload")
             if refused is None:
                 parser.finalize()
         except ClientDisconnect:
-            refused = _Refused(400, "the client disconnected before the upload was complete", "incomplete-upload")
-        except Exception as exc:  # noqa: BLE001
-            refused = refused or _Refused(422, f"malformed multipart body: {exc}", "malformed-upload")
+            refused = _RefusedError(400, "the client disconnected before the upload was complete", "incomplete-upload")
+        except Exception as exc:
+            refused = refused or _RefusedError(422, f"malformed multipart body: {exc}", "malformed-upload")
         spooler.close()
         if refused is None and not spooler.ended:
-            refused = _Refused(422, "the multipart body ends before its closing boundary (truncated upload?); "
+            refused = _RefusedError(422, "the multipart body ends before its closing boundary (truncated upload?); "
                                "nothing was queued, send it again", "malformed-upload")
         if refused is None and not spooler.files:
-            refused = _Refused(422, "the upload has no file parts; send files as multipart parts with a filename "
+            refused = _RefusedError(422, "the upload has no file parts; send files as multipart parts with a filename "
                                "(curl -F files=@rank0.json.gz)", "no-files")
         if refused is None:
             bad = await run_in_threadpool(_sniff_all, folder, spooler.files, settings.ingest_limits)
             if bad:
-                refused = _Refused(415, "not a Kineto trace, NCCL log, run.json or archive of them: " + "; ".join(bad[:20])
+                refused = _RefusedError(415, "not a Kineto trace, NCCL log, run.json or archive of them: " + "; ".join(bad[:20])
                                    + (f" (and {len(bad) - 20} more)" if len(bad) > 20 else "")
                                    + ". Nothing of this upload was queued.", "unsupported-file")
         if refused is not None:
@@ -293,21 +270,14 @@ async def upload_files(
         spooler.close()
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    ctx.worker.submit(job_id)
+    ctx.ingest_queue.submit(job_id)
     return JSONResponse(job.model_dump(mode="json"), status_code=202, headers={"Location": f"/api/jobs/{job_id}"})
 
 
-def _create_job(ctx: Any, job_id: str, run: str, manifest: Manifest) -> JobOut:
-    with ctx.worker.run_lock, ctx.db.session() as cur:
-        run_id = store.get_run_id(cur, run)
-        if run_id is None:
-            raise ApiError(404, f"run {run!r} was deleted or renamed during the upload; nothing of it was queued",
-                           "unknown-run")
-        cur.execute(
-            "INSERT INTO jobs (job_id, run_id, state, files_total, bytes_total, results) VALUES (?, ?, 'queued', ?, ?, '[]')",
-            [job_id, run_id, len(manifest.files), sum(f.size for f in manifest.files)],
-        )
-        return job_out(cur, job_id, ctx.worker)
+def _create_job(ctx: AppContext, job_id: str, run: str, manifest: Manifest) -> JobOut:
+    with ctx.ingest_queue.run_lock, ctx.db.session() as cur:
+        job = jobs.create_job(cur, job_id, run, len(manifest.files), sum(f.size for f in manifest.files))
+    return job_out(job, ctx.ingest_queue)
 
 
 __all__ = ["router", "safe_file_name"]

@@ -1,0 +1,234 @@
+"""Upload jobs: spooled files are ingested in order by one background thread.
+
+Each job is one call of commlens.service.ingest.ingest_run (one transaction per file: all rows or
+none). The job row is updated after every uploaded file; live byte progress of the current file is
+kept in memory. Jobs left queued or running by a stopped or killed server are marked failed at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, cast
+
+import duckdb
+
+from commlens.ingest.inputs import InputFile, TapReader, iter_inputs
+from commlens.ingest.pipeline import FileOutcome
+from commlens.ingest.records import RankHint
+from commlens.service import jobs
+from commlens.service.ingest import attribute_pending, ingest_run
+
+from .db import Database
+from .settings import Settings
+
+log = logging.getLogger("commlens.api.ingest_queue")
+
+MANIFEST = "manifest.json"
+
+
+class _StoppedError(Exception):
+    """The server is stopping: the job ends after the file being ingested."""
+
+
+@dataclass
+class Live:
+    bytes_done: int = 0
+    current: str | None = None  # the file being ingested
+    upload: str | None = None  # the uploaded file it comes from
+
+
+@dataclass
+class SpooledUpload:
+    name: str  # display name (sanitised client file name)
+    path: str  # spooled file, relative to the job's spool folder
+    size: int
+
+
+@dataclass
+class Manifest:
+    run: str
+    rank: int | None
+    files: list[SpooledUpload] = field(default_factory=list)
+
+    def dump(self, folder: Path) -> None:
+        data = {"run": self.run, "rank": self.rank, "files": [f.__dict__ for f in self.files]}
+        (folder / MANIFEST).write_text(json.dumps(data))
+
+    @classmethod
+    def load(cls, folder: Path) -> Manifest:
+        data = json.loads((folder / MANIFEST).read_text())
+        return cls(data["run"], data["rank"], [SpooledUpload(**f) for f in data["files"]])
+
+
+def _progress(live: Live, base: int) -> Callable[[bytes], None]:
+    """Counts bytes read from an uploaded file into the job's live progress."""
+    done = [0]
+
+    def on_data(data: bytes) -> None:
+        done[0] += len(data)
+        live.bytes_done = base + done[0]
+
+    return on_data
+
+
+def _tapped(opener: Callable[[], BinaryIO], live: Live, base: int) -> Callable[[], BinaryIO]:
+    """An opener whose reads count into the job's live progress."""
+    return lambda: cast(BinaryIO, TapReader(opener(), _progress(live, base)))
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+class IngestQueue:
+    def __init__(self, db: Database, settings: Settings):
+        self.db = db
+        self.settings = settings
+        self.spool = settings.spool
+        self.run_lock = threading.Lock()  # held while a job is created or a run deleted
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._live: dict[str, Live] = {}
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    # --------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self.spool.mkdir(parents=True, exist_ok=True)
+        self.recover()
+        self._thread = threading.Thread(target=self._loop, name="commlens-ingest", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Ask the queue to stop after the current file; True when it did within the timeout."""
+        self._stopping.set()
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def recover(self) -> None:
+        """Jobs a previous server left unfinished are failed (their rows stay: each file was all-or-none)."""
+        with self.db.session() as cur:
+            for job_id, state in jobs.fail_unfinished(cur):
+                log.warning("job %s marked failed at start-up (%s)", job_id, state)
+        if self.spool.is_dir():
+            for folder in self.spool.iterdir():
+                shutil.rmtree(folder, ignore_errors=True)
+        # Runs ingested with the CLI while no server held the store may not be attributed yet.
+        with self.db.session() as cur:
+            for run, error in attribute_pending(cur).items():
+                log.warning("%s: %s", run, error)
+
+    def submit(self, job_id: str) -> None:
+        self._live[job_id] = Live()
+        self._queue.put(job_id)
+
+    def live(self, job_id: str) -> Live | None:
+        return self._live.get(job_id)
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    # ------------------------------------------------------------------------------- work
+
+    def _loop(self) -> None:
+        while True:
+            job_id = self._queue.get()
+            if job_id is None or self._stopping.is_set():
+                return
+            try:
+                self._run(job_id)
+            except Exception as exc:  # the queue must survive any job
+                log.exception("job %s failed", job_id)
+                self._finish(job_id, "failed", f"internal error: {type(exc).__name__}: {exc}")
+            finally:
+                self._live.pop(job_id, None)
+                shutil.rmtree(self.spool / job_id, ignore_errors=True)
+
+    def _finish(self, job_id: str, state: str, error: str | None) -> None:
+        with self.db.session() as cur:
+            jobs.finish_job(cur, job_id, state, error)
+
+    def _run(self, job_id: str) -> None:
+        folder = self.spool / job_id
+        manifest = Manifest.load(folder)
+        live = self._live.setdefault(job_id, Live())
+        results: list[dict[str, Any]] = []
+
+        def record(item: InputFile, outcome: FileOutcome) -> None:
+            results.append(_result(live.upload or item.name, outcome))
+
+        with self.db.session() as cur:
+            run = jobs.get_job(cur, job_id).run
+            if run is None:
+                self._finish(job_id, "failed", f"run {manifest.run!r} no longer exists")
+                return
+            jobs.start_job(cur, job_id)
+            try:
+                report = ingest_run(
+                    cur,
+                    run,
+                    self._inputs(cur, job_id, folder, manifest, live, results),
+                    RankHint(rank=manifest.rank),
+                    self.settings.ingest_limits,
+                    on_file=record,
+                )
+            except _StoppedError:
+                self._finish(
+                    job_id, "failed", "the server was stopped during this job; upload the files without a result again"
+                )
+                return
+        self._finish(job_id, "done", report.attribution_error)
+
+    def _inputs(
+        self,
+        cur: duckdb.DuckDBPyConnection,
+        job_id: str,
+        folder: Path,
+        manifest: Manifest,
+        live: Live,
+        results: list[dict[str, Any]],
+    ) -> Iterator[InputFile]:
+        """The job's files in upload order, named as uploaded, counting bytes into the live progress; the
+        job row is updated after each upload."""
+        bytes_done = 0
+        for files_done, upload in enumerate(manifest.files, start=1):
+            if self._stopping.is_set():
+                raise _StoppedError
+            path = folder / upload.path
+            live.upload = upload.name
+            for item in iter_inputs([path], self.settings.ingest_limits):
+                item.name = upload.name + item.name[len(str(path)) :]
+                live.current = item.name
+                if item.name == upload.name and item.error is None:
+                    item.open_raw = _tapped(item.open_raw, live, bytes_done)
+                yield item
+            bytes_done += upload.size
+            live.bytes_done = bytes_done
+            jobs.record_progress(cur, job_id, files_done, bytes_done, results)
+        live.current = None
+
+
+def _result(upload: str, o: FileOutcome) -> dict[str, Any]:
+    return {
+        "upload": upload,
+        "path": o.path,
+        "status": o.status,
+        "kind": o.kind,
+        "rank": o.rank,
+        "events": o.events,
+        "size": o.size,
+        "error": o.error,
+        "skipped": o.skipped,
+        "warnings": o.warnings,
+    }

@@ -1,0 +1,203 @@
+"""Review items: comments anchored to a run and a view, replies one level deep, status open/resolved.
+
+Items are plain dicts with the API's field names (`ReviewItem` less the rendered body); `anchor` is the
+stored JSON object, `replies` the first `inline_replies` replies, oldest first.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import duckdb
+
+from commlens.backend.iterations import run_id_of
+from commlens.store import transaction
+
+from .errors import ConflictError, ForbiddenError, InvalidError, NotFoundError
+
+WRITE_ATTEMPTS = 5
+ANCHOR_KEYS = ("view", "scheme", "op")  # anchor fields a list filters on by equality
+_COLS = "i.item_id, r.name, i.parent_id, i.author, i.body, i.status, i.anchor, i.finding, i.created_at, i.updated_at"
+_NAMES = ("item_id", "run", "parent_id", "author", "body", "status", "anchor", "finding", "created_at", "updated_at")
+
+
+def _json(anchor: dict[str, Any] | None) -> str | None:
+    return json.dumps(anchor, separators=(",", ":")) if anchor else None
+
+
+def _item(row: tuple[Any, ...]) -> dict[str, Any]:
+    item = dict(zip(_NAMES, row, strict=True))
+    anchor = json.loads(item["anchor"]) if isinstance(item["anchor"], str) else item["anchor"]
+    item["anchor"] = anchor if isinstance(anchor, dict) and anchor else None
+    return item
+
+
+def _with_replies(con: duckdb.DuckDBPyConnection, items: list[dict[str, Any]], inline: int) -> list[dict[str, Any]]:
+    """Each item's first `inline` replies (oldest first) and its number of replies."""
+    for item in items:
+        item["replies"], item["replies_total"] = [], 0
+    if not items:
+        return items
+    rows = con.execute(
+        f"""SELECT * FROM (
+                SELECT {_COLS}, row_number() OVER w AS nth, count(*) OVER (PARTITION BY i.parent_id) AS n
+                FROM review_items i JOIN runs r USING (run_id) WHERE list_contains(?, i.parent_id)
+                WINDOW w AS (PARTITION BY i.parent_id ORDER BY i.item_id))
+            WHERE nth <= ? ORDER BY item_id""",
+        [[i["item_id"] for i in items], inline],
+    ).fetchall()
+    by_parent = {i["item_id"]: i for i in items}
+    for r in rows:
+        parent = by_parent[r[2]]
+        parent["replies"].append(_item(r[: len(_NAMES)]))
+        parent["replies_total"] = r[-1]
+    return items
+
+
+def get_item(con: duckdb.DuckDBPyConnection, item_id: int, inline: int | None = None) -> dict[str, Any]:
+    """The item, with its first `inline` replies when given."""
+    rows = con.execute(
+        f"SELECT {_COLS} FROM review_items i JOIN runs r USING (run_id) WHERE i.item_id = ?", [item_id]
+    ).fetchall()
+    if not rows:
+        raise NotFoundError(f"no review item {item_id}", "unknown-review-item")
+    item = _item(rows[0])
+    return _with_replies(con, [item], inline)[0] if inline is not None else item
+
+
+def create_item(
+    con: duckdb.DuckDBPyConnection,
+    run: str,
+    author: str,
+    body: str,
+    anchor: dict[str, Any] | None,
+    parent_id: int | None = None,
+    finding: str | None = None,
+) -> int:
+    """A new item (a reply when parent_id is given: it hangs under the top-level item); its id. A finding
+    is promoted once: ConflictError when it is a top-level item of the run already."""
+
+    def insert(c: duckdb.DuckDBPyConnection) -> int:
+        run_id = run_id_of(c, run)
+        parent = parent_id
+        if parent is not None:
+            rows = c.execute("SELECT run_id, parent_id FROM review_items WHERE item_id = ?", [parent]).fetchall()
+            if not rows or rows[0][0] != run_id:
+                raise InvalidError(f"parent_id {parent} is not a review item of run {run!r}", "unknown-parent")
+            parent = rows[0][1] if rows[0][1] is not None else parent
+        if finding is not None and parent is None:
+            promoted = c.execute(
+                "SELECT item_id FROM review_items WHERE run_id = ? AND finding = ? AND parent_id IS NULL",
+                [run_id, finding],
+            ).fetchall()
+            if promoted:
+                raise ConflictError(f"finding {finding!r} is review item {promoted[0][0]} already", "finding-promoted")
+        rows = c.execute(
+            "INSERT INTO review_items (run_id, parent_id, author, body, anchor, finding) VALUES (?, ?, ?, ?, ?, ?) "
+            "RETURNING item_id",
+            [run_id, parent, author, body, _json(anchor), finding],
+        ).fetchall()
+        return int(rows[0][0])
+
+    return transaction(con, insert, WRITE_ATTEMPTS)
+
+
+def list_items(
+    con: duckdb.DuckDBPyConnection,
+    run: str,
+    limit: int,
+    offset: int,
+    inline: int,
+    status: str | None = None,
+    anchor: dict[str, Any] | None = None,
+    rank: int | None = None,
+    finding: str | None = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of the run's top-level items, newest first, matching a status, anchor fields (ANCHOR_KEYS),
+    an anchored rank and a finding; and how many match."""
+    run_id = run_id_of(con, run)
+    conditions = ["i.run_id = ?", "i.parent_id IS NULL"]
+    params: list[Any] = [run_id]
+    if status:
+        conditions.append("i.status = ?")
+        params.append(status)
+    for key in ANCHOR_KEYS:
+        value = (anchor or {}).get(key)
+        if value is not None:
+            conditions.append(f"json_extract_string(i.anchor, '$.{key}') = ?")  # key from the fixed tuple
+            params.append(value)
+    if rank is not None:
+        conditions.append("TRY_CAST(json_extract(i.anchor, '$.rank') AS BIGINT) = ?")
+        params.append(rank)
+    if finding is not None:
+        conditions.append("i.finding = ?")
+        params.append(finding)
+    where = "WHERE " + " AND ".join(conditions)
+    total = int(con.execute(f"SELECT count(*) FROM review_items i {where}", params).fetchall()[0][0])
+    rows = con.execute(
+        f"SELECT {_COLS} FROM review_items i JOIN runs r USING (run_id) {where} "
+        "ORDER BY i.created_at DESC, i.item_id DESC LIMIT ? OFFSET ?",
+        [*params, limit, offset],
+    ).fetchall()
+    return _with_replies(con, [_item(r) for r in rows], inline), total
+
+
+def list_replies(
+    con: duckdb.DuckDBPyConnection, item_id: int, limit: int, offset: int
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of an item's replies, oldest first, and how many it has."""
+    get_item(con, item_id)  # NotFoundError for an unknown item
+    total = int(con.execute("SELECT count(*) FROM review_items WHERE parent_id = ?", [item_id]).fetchall()[0][0])
+    rows = con.execute(
+        f"SELECT {_COLS} FROM review_items i JOIN runs r USING (run_id) WHERE i.parent_id = ? "
+        "ORDER BY i.item_id LIMIT ? OFFSET ?",
+        [item_id, limit, offset],
+    ).fetchall()
+    return [_item(r) for r in rows], total
+
+
+def _check_author(c: duckdb.DuckDBPyConnection, item_id: int, who: str, is_admin: bool, action: str) -> None:
+    rows = c.execute("SELECT author FROM review_items WHERE item_id = ?", [item_id]).fetchall()
+    if not rows:
+        raise NotFoundError(f"no review item {item_id}", "unknown-review-item")
+    if rows[0][0] != who and not is_admin:
+        raise ForbiddenError(f"only {rows[0][0]!r} (the author) or an admin may {action} item {item_id}", "forbidden")
+
+
+def update_item(
+    con: duckdb.DuckDBPyConnection, item_id: int, who: str, is_admin: bool, changes: dict[str, Any]
+) -> None:
+    """Apply body, status and anchor changes; body and anchor are the author's (or an admin's), status anyone's."""
+
+    def update(c: duckdb.DuckDBPyConnection) -> None:
+        if changes.keys() & {"body", "anchor"}:
+            _check_author(c, item_id, who, is_admin, "edit")
+        elif not c.execute("SELECT 1 FROM review_items WHERE item_id = ?", [item_id]).fetchall():
+            raise NotFoundError(f"no review item {item_id}", "unknown-review-item")
+        sets: list[str] = []
+        params: list[Any] = []
+        for col in ("body", "status"):
+            if changes.get(col) is not None:
+                sets.append(f"{col} = ?")
+                params.append(changes[col])
+        if "anchor" in changes:
+            sets.append("anchor = ?")
+            params.append(_json(changes["anchor"]))
+        if sets:
+            c.execute(
+                f"UPDATE review_items SET {', '.join(sets)}, updated_at = current_timestamp WHERE item_id = ?",
+                [*params, item_id],
+            )
+
+    transaction(con, update, WRITE_ATTEMPTS)
+
+
+def delete_item(con: duckdb.DuckDBPyConnection, item_id: int, who: str, is_admin: bool) -> None:
+    """Delete an item and its replies (the author's or an admin's)."""
+
+    def delete(c: duckdb.DuckDBPyConnection) -> None:
+        _check_author(c, item_id, who, is_admin, "delete")
+        c.execute("DELETE FROM review_items WHERE item_id = ? OR parent_id = ?", [item_id, item_id])
+
+    transaction(con, delete, WRITE_ATTEMPTS)

@@ -1,0 +1,36 @@
+"""The DuckDB store: its schema split by owner (`*.sql`), the schema version and explicit upgrades
+(`migrations`), opening a store (`connection`), the one transaction helper (`transaction`), the one
+writer of trace rows (`writer`) and the one list of a run's tables (`tables`).
+
+Callers import the names below from `commlens.store`; nothing else of the project writes trace rows.
+"""
+
+from .connection import connect
+from .errors import StoreError
+from .jobs import active_jobs
+from .migrations import MIGRATIONS, SCHEMA_VERSION, schema_sql
+from .tables import AGG_TABLES, RUN_TABLES, TRACE_TABLES
+from .transaction import in_transaction, retry_conflicts, transaction
+from .writer import ensure_run, find_source, get_run_id, record_failure, replace_run_data, set_run_config, write_result
+
+__all__ = [
+    "AGG_TABLES",
+    "MIGRATIONS",
+    "RUN_TABLES",
+    "SCHEMA_VERSION",
+    "TRACE_TABLES",
+    "StoreError",
+    "active_jobs",
+    "connect",
+    "ensure_run",
+    "find_source",
+    "get_run_id",
+    "in_transaction",
+    "record_failure",
+    "replace_run_data",
+    "retry_conflicts",
+    "schema_sql",
+    "set_run_config",
+    "transaction",
+    "write_result",
+]

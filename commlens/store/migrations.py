@@ -1,0 +1,100 @@
+"""The schema version kept in `meta.schema_version`, a new store's tables, and the explicit upgrades.
+
+The DDL is split by owner: `trace.sql` (ingested rows and the `comms` view), `review.sql` (users, review
+items), `jobs.sql` (the API's ingest jobs), `aggregates.sql` (per-run aggregates). A new store gets all
+of them at the current version; an older one is upgraded step by step, each step in one transaction.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+
+import duckdb
+
+from .errors import StoreError
+from .tables import AGG_TABLES
+from .transaction import transaction
+
+SCHEMA_VERSION = 3
+SCHEMA_FILES = ("trace.sql", "review.sql", "jobs.sql", "aggregates.sql")
+META_SQL = """CREATE TABLE IF NOT EXISTS meta (
+    key   VARCHAR PRIMARY KEY,
+    value VARCHAR NOT NULL
+);
+"""
+_VIEW = "CREATE OR REPLACE VIEW comms"
+
+
+def schema_file(name: str) -> str:
+    return resources.files("commlens.store").joinpath(name).read_text()
+
+
+def schema_sql() -> str:
+    """The whole schema of a new store, in creation order."""
+    return META_SQL + "\n".join(schema_file(name) for name in SCHEMA_FILES)
+
+
+def _aggregate_tables() -> list[str]:
+    """The CREATE TABLE statements of the aggregate tables (the 1 -> 2 upgrade)."""
+    return [
+        m.group(0)
+        for m in re.finditer(r"CREATE TABLE IF NOT EXISTS (\w+) \(.*?\n\);", schema_file("aggregates.sql"), re.S)
+        if m.group(1) in AGG_TABLES
+    ]
+
+
+# Explicit upgrades: {from_version: [sql, ...]} applied in order up to SCHEMA_VERSION.
+# 1 -> 2: per-run aggregate tables, empty; each run's are filled by its first refresh.
+# 2 -> 3: comm_events.counted (an NCCL log and a profiler trace of the same rank count each call once);
+#         every existing call counts, as before, until its run is linked again.
+MIGRATIONS: dict[int, list[str]] = {
+    1: _aggregate_tables(),
+    2: ["ALTER TABLE comm_events ADD COLUMN counted BOOLEAN DEFAULT true"],
+}
+
+
+def stored_version(con: duckdb.DuckDBPyConnection) -> int | None:
+    rows = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+    return int(rows[0][0]) if rows else None
+
+
+def create(con: duckdb.DuckDBPyConnection) -> None:
+    """Create every table of a new store at the current version."""
+    con.execute(schema_sql())
+    con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+
+
+def check_version(con: duckdb.DuckDBPyConnection, path: str) -> None:
+    version = stored_version(con)
+    if version != SCHEMA_VERSION:
+        raise StoreError(
+            f"{path} has schema version {version}, this commlens expects {SCHEMA_VERSION}; "
+            "open it once for writing to upgrade it"
+        )
+
+
+def migrate(con: duckdb.DuckDBPyConnection, path: str) -> None:
+    """Upgrade an older store to SCHEMA_VERSION; refuse a newer one."""
+    version = stored_version(con)
+    if version is None:
+        raise StoreError(f"{path}: the meta table has no schema_version")
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path} has schema version {version}, newer than this commlens ({SCHEMA_VERSION}); upgrade commlens"
+        )
+    while version < SCHEMA_VERSION:
+        steps = MIGRATIONS.get(version)
+        if steps is None:
+            raise StoreError(f"{path}: no upgrade from schema version {version}")
+        version += 1
+        transaction(con, functools.partial(_apply, steps=steps, version=version))
+    # Views are recreated on every open so a fixed view definition reaches old files too.
+    con.execute(_VIEW + schema_file("trace.sql").split(_VIEW, 1)[1])
+
+
+def _apply(con: duckdb.DuckDBPyConnection, steps: list[str], version: int) -> None:
+    for sql in steps:
+        con.execute(sql)
+    con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(version)])

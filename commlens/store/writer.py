@@ -1,0 +1,289 @@
+"""The only code that writes trace rows: runs, sources, and one parsed file's rows, all or none."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from commlens.ingest.records import ParseResult
+
+from .tables import AGG_TABLES, TRACE_TABLES
+from .transaction import transaction
+
+# --------------------------------------------------------------------------------------- runs
+
+
+def get_run_id(con: duckdb.DuckDBPyConnection, name: str) -> int | None:
+    rows = con.execute("SELECT run_id FROM runs WHERE name = ?", [name]).fetchall()
+    return int(rows[0][0]) if rows else None
+
+
+def ensure_run(
+    con: duckdb.DuckDBPyConnection,
+    name: str,
+    description: str | None = None,
+    tags: list[str] | None = None,
+) -> int:
+    run_id = get_run_id(con, name)
+    if run_id is not None:
+        return run_id
+    return _one(
+        con.execute(
+            "INSERT INTO runs (name, description, tags) VALUES (?, ?, ?) RETURNING run_id",
+            [name, description, tags or []],
+        )
+    )
+
+
+def set_run_config(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any]) -> None:
+    con.execute(
+        "UPDATE runs SET config = ?, strategy = ?, world_size = ?, updated_at = current_timestamp WHERE run_id = ?",
+        [json.dumps(config), config.get("strategy"), config.get("world_size"), run_id],
+    )
+
+
+# ------------------------------------------------------------------------------------ sources
+
+
+def find_source(con: duckdb.DuckDBPyConnection, run_id: int, sha256: str) -> tuple[int, str] | None:
+    """An already ingested (status ok) source with these bytes in this run."""
+    row = con.execute(
+        "SELECT source_id, path FROM sources WHERE run_id = ? AND sha256 = ? AND status = 'ok' LIMIT 1",
+        [run_id, sha256],
+    ).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def record_failure(
+    con: duckdb.DuckDBPyConnection, run_id: int, path: str, kind: str, sha256: str, size: int, error: str
+) -> int:
+    # The same bytes failing again replace their earlier record: re-ingesting stays a no-op for the store.
+    con.execute(
+        "DELETE FROM sources WHERE run_id = ? AND path = ? AND sha256 = ? AND status = 'failed'", [run_id, path, sha256]
+    )
+    return _one(
+        con.execute(
+            "INSERT INTO sources (run_id, path, kind, sha256, size_bytes, status, error) "
+            "VALUES (?, ?, ?, ?, ?, 'failed', ?) RETURNING source_id",
+            [run_id, path, kind, sha256, size, error],
+        )
+    )
+
+
+# Column order and Arrow types of the tables parsers fill (run_id, source_id added here).
+_COLUMNS: dict[str, dict[str, pa.DataType]] = {
+    "comm_events": {
+        "rank": pa.int32(),
+        "process": pa.string(),
+        "seq": pa.int64(),
+        "op": pa.string(),
+        "dtype": pa.string(),
+        "msg_bytes": pa.int64(),
+        "elems_in": pa.int64(),
+        "elems_out": pa.int64(),
+        "group_size": pa.int32(),
+        "group_key": pa.string(),
+        "peer": pa.int32(),
+        "step": pa.int32(),
+        "ts_us": pa.float64(),
+        "dur_us": pa.float64(),
+        "dur_source": pa.string(),
+        "op_count": pa.int64(),
+        "comm_ptr": pa.string(),
+        "raw_name": pa.string(),
+    },
+    "steps": {"rank": pa.int32(), "step": pa.int32(), "ts_us": pa.float64(), "dur_us": pa.float64()},
+    "nccl_comms": {
+        "group_key": pa.string(),
+        "host": pa.string(),
+        "pid": pa.int32(),
+        "cuda_dev": pa.int32(),
+        "comm_ptr": pa.string(),
+        "comm_rank": pa.int32(),
+        "nranks": pa.int32(),
+        "global_rank": pa.int32(),
+        "comm_id": pa.string(),
+        "parent_ptr": pa.string(),
+        "color": pa.int32(),
+        "split_key": pa.int32(),
+        "bus_id": pa.string(),
+        "nvml_dev": pa.int32(),
+        "api": pa.string(),
+        "nccl_version": pa.string(),
+    },
+    "nccl_topology": {
+        "group_key": pa.string(),
+        "host": pa.string(),
+        "pid": pa.int32(),
+        "comm_ptr": pa.string(),
+        "kind": pa.string(),
+        "channel": pa.int32(),
+        "ranks": pa.list_(pa.int32()),
+        "src_rank": pa.int32(),
+        "dst_rank": pa.int32(),
+        "transport": pa.string(),
+        "detail": pa.string(),
+    },
+    "nccl_tuning": {
+        "host": pa.string(),
+        "pid": pa.int32(),
+        "op": pa.string(),
+        "bytes": pa.int64(),
+        "algo": pa.string(),
+        "proto": pa.string(),
+        "time_us": pa.float64(),
+        "channels": pa.string(),
+    },
+}
+
+
+def _insert_rows(
+    con: duckdb.DuckDBPyConnection, table: str, run_id: int, source_id: int, rows: list[dict[str, Any]]
+) -> None:
+    if not rows:
+        return
+    struct = pa.struct(list(_COLUMNS[table].items()))  # keys not in the table are ignored, missing ones NULL
+    _insert_table(con, table, run_id, source_id, pa.Table.from_struct_array(pa.array(rows, type=struct)))
+
+
+def _same_schema_batches(tables: list[pa.Table]) -> list[pa.Table]:
+    """Consecutive tables of one schema as one (chunks are not copied): one INSERT instead of hundreds."""
+    batches: list[list[pa.Table]] = []
+    for t in tables:
+        if batches and batches[-1][0].schema == t.schema:
+            batches[-1].append(t)
+        else:
+            batches.append([t])
+    return [pa.concat_tables(b) if len(b) > 1 else b[0] for b in batches]
+
+
+def _insert_table(con: duckdb.DuckDBPyConnection, table: str, run_id: int, source_id: int, arrow: pa.Table) -> None:
+    """Insert the rows of an Arrow table: its columns of `table` are cast to the declared types (a
+    dictionary of the declared type is taken as it is), other columns ignored, missing ones NULL."""
+    if not arrow.num_rows:
+        return
+    columns = _COLUMNS[table]
+    cols, names = [], []
+    for name, typ in columns.items():
+        if name not in arrow.column_names:
+            continue
+        col = arrow[name]
+        if col.type != typ and not (pa.types.is_dictionary(col.type) and col.type.value_type == typ):
+            col = col.cast(typ)
+        cols.append(col)
+        names.append(name)
+    if not names:
+        raise ValueError(f"no {table} columns in the table ({arrow.column_names})")
+    con.register("_commlens_rows", pa.Table.from_arrays(cols, names=names))
+    try:
+        listed = ", ".join(names)
+        con.execute(
+            f"INSERT INTO {table} (run_id, source_id, {listed}) SELECT ?, ?, {listed} FROM _commlens_rows",
+            [run_id, source_id],
+        )
+    finally:
+        con.unregister("_commlens_rows")
+
+
+def _merge_groups(con: duckdb.DuckDBPyConnection, run_id: int, groups: list[dict[str, Any]]) -> None:
+    """Insert process groups, or fill the fields an earlier source of the run left empty."""
+    for g in groups:
+        con.execute(
+            """
+            INSERT INTO process_groups (run_id, group_key, name, description, backend, ranks, size, origin, mesh_dim)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (run_id, group_key) DO UPDATE SET
+                name = coalesce(process_groups.name, excluded.name),
+                description = coalesce(process_groups.description, excluded.description),
+                backend = coalesce(process_groups.backend, excluded.backend),
+                ranks = coalesce(process_groups.ranks, excluded.ranks),
+                size = coalesce(process_groups.size, excluded.size),
+                mesh_dim = coalesce(process_groups.mesh_dim, excluded.mesh_dim)
+            """,
+            [
+                run_id,
+                g["group_key"],
+                g.get("name"),
+                g.get("description"),
+                g.get("backend"),
+                g.get("ranks"),
+                g.get("size"),
+                g.get("origin", "event"),
+                g.get("mesh_dim"),
+            ],
+        )
+
+
+def write_result(
+    con: duckdb.DuckDBPyConnection, run_id: int, path: str, sha256: str, size: int, result: ParseResult
+) -> int:
+    """Write one parsed file in one transaction and return its source_id."""
+    return transaction(con, lambda c: _write_result(c, run_id, path, sha256, size, result))
+
+
+def _write_result(
+    con: duckdb.DuckDBPyConnection, run_id: int, path: str, sha256: str, size: int, result: ParseResult
+) -> int:
+    source_id = _one(
+        con.execute(
+            """
+        INSERT INTO sources (run_id, path, kind, sha256, size_bytes, rank, world_size, status,
+                             n_events, skipped, warnings, meta)
+        VALUES (?, ?, ?, ?, ?, ?, ?, 'ok', ?, ?, ?, ?) RETURNING source_id
+        """,
+            [
+                run_id,
+                path,
+                result.kind,
+                sha256,
+                size,
+                result.rank,
+                result.world_size,
+                result.n_events,
+                json.dumps(dict(result.skipped)),
+                json.dumps(result.warnings),
+                json.dumps(result.meta, default=str),
+            ],
+        )
+    )
+    _insert_rows(con, "comm_events", run_id, source_id, result.events)
+    for events in _same_schema_batches(result.event_tables):
+        _insert_table(con, "comm_events", run_id, source_id, events)
+    _insert_rows(con, "steps", run_id, source_id, result.steps)
+    _insert_rows(con, "nccl_comms", run_id, source_id, result.nccl_comms)
+    _insert_rows(con, "nccl_topology", run_id, source_id, result.topology)
+    _insert_rows(con, "nccl_tuning", run_id, source_id, result.tuning)
+    _merge_groups(con, run_id, result.groups)
+    if result.run_config is not None:
+        set_run_config(con, run_id, result.run_config)
+    if result.world_size:
+        con.execute(
+            "UPDATE runs SET world_size = greatest(coalesce(world_size, 0), ?) WHERE run_id = ?",
+            [result.world_size, run_id],
+        )
+    return source_id
+
+
+def replace_run_data(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+    """Remove a run's ingested files and everything parsed from them, in one transaction, before its files
+    are ingested again (a harness run re-made with --overwrite). The run itself, its review items and
+    users' scheme overrides stay; process groups without an override go (the new files bring theirs)."""
+
+    def replace(c: duckdb.DuckDBPyConnection) -> None:
+        for table in (*TRACE_TABLES, "sources", *AGG_TABLES):  # fixed names
+            c.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+        c.execute("DELETE FROM process_groups WHERE run_id = ? AND coalesce(scheme_source, '') <> 'override'", [run_id])
+        c.execute("UPDATE runs SET config = NULL, strategy = NULL, world_size = NULL WHERE run_id = ?", [run_id])
+
+    transaction(con, replace)
+
+
+def _one(cur: duckdb.DuckDBPyConnection) -> int:
+    """The single integer a RETURNING or count query gives."""
+    row = cur.fetchone()
+    if row is None:
+        raise ValueError("the statement returned no row")
+    return int(row[0])

@@ -84,7 +84,7 @@ def harness(
         device, dtype, gpus = _device_defaults(device, dtype)
     else:
         dtype, gpus = dtype or ("bfloat16" if device == "cuda" else "float32"), None
-    options = dict(
+    options: dict[str, object] = dict(
         dp=dp, tp=tp, pp=pp, zero=zero, sp=sp, micro_batches=micro_batches, schedule=schedule, layers=layers,
         hidden=hidden, heads=heads, vocab=vocab, seq_len=seq_len, micro_batch_size=micro_batch_size, steps=steps,
         lr=lr, seed=seed, device=device, dtype=dtype, profile_wait=profile_wait, profile_warmup=profile_warmup,

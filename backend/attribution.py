@@ -19,7 +19,7 @@ from typing import Any
 import duckdb
 
 from commlens.contract.analysis import AttributionSummary, GroupAttribution
-from commlens.ingest.aggregates import ensure_fresh, refresh_if_stale
+from commlens.store.aggregates import ensure_fresh, refresh_if_stale
 from commlens.vocab import P2P_OPS, SCHEMES
 
 from .iterations import run_id_of

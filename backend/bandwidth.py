@@ -16,7 +16,7 @@ import duckdb
 from commlens.contract.analysis import (
     BandwidthReport, BinBandwidth, CallBandwidth, OpBandwidth, SchemeOpBandwidth, bin_spec,
 )
-from commlens.ingest.aggregates import measured_calls
+from commlens.store.aggregates import measured_calls
 
 from .iterations import fresh_run_id, run_id_of
 

@@ -16,7 +16,7 @@ import duckdb
 from commlens import store
 from commlens.contract.compare import Comparison, Inference, OpComparison, SchemeResult
 from commlens.contract.predict import PredictInput, Prediction, StagePrediction
-from commlens.ingest.aggregates import ensure_fresh
+from commlens.store.aggregates import ensure_fresh
 from commlens.vocab import DTYPE_BYTES, busbw_factor
 
 from .iterations import iteration_info

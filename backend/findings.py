@@ -19,7 +19,7 @@ import pyarrow as pa
 from pydantic import BaseModel
 
 from commlens.contract.analysis import SEVERITY_ORDER, BandwidthReport, ComparisonInput, Finding, RankTotals
-from commlens.ingest.aggregates import measured_kind_sql, registered
+from commlens.store.aggregates import measured_kind_sql, registered
 from commlens.vocab import format_bytes
 
 from .bandwidth import bandwidth

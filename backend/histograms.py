@@ -21,7 +21,7 @@ from commlens.contract.analysis import (
     NO_DTYPE, UNATTRIBUTED, UNKNOWN_KEY, ZERO_KEY, BarCall, BarCalls, BinSpec, Histogram, HistogramSeries,
     IterationInfo, bin_spec,
 )
-from commlens.ingest.aggregates import rank_key_sql
+from commlens.store.aggregates import rank_key_sql
 
 from .iterations import fresh_run_id, iteration_info
 

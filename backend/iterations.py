@@ -23,7 +23,7 @@ import duckdb
 import pyarrow as pa
 
 from commlens.contract.analysis import CommPeriod, IterationInfo, PeriodReport, ProcessIterations
-from commlens.ingest.aggregates import ensure_fresh, rank_key_sql
+from commlens.store.aggregates import ensure_fresh, rank_key_sql
 from commlens.ingest.periods import MIN_COVERAGE, MIN_REPEATS, Period, find_period, z_function
 
 __all__ = [

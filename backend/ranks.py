@@ -16,7 +16,7 @@ from collections import defaultdict
 import duckdb
 
 from commlens.contract.analysis import Imbalance, RankSchemeTotal, RankTotals
-from commlens.ingest.aggregates import measured_kind_sql
+from commlens.store.aggregates import measured_kind_sql
 
 from .iterations import fresh_run_id, iteration_info
 

@@ -48,7 +48,8 @@ def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
     from commlens.backend.attribution import attribute_run
     from commlens.contract.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
     from commlens import store
-    from commlens.ingest import aggregates, pipeline
+    from commlens.ingest import pipeline
+    from commlens.store import aggregates
 
     con = store.connect(db)
     pipeline.ingest_paths(con, [TRACE], RUN)

@@ -15,8 +15,9 @@ from typing import Callable
 import duckdb
 
 from commlens import store
+from commlens.store import aggregates
 
-from . import aggregates, formats
+from . import formats
 from .formats import Trait
 from .inputs import DEFAULT_LIMITS, InputFile, Limits, TapReader, file_rank_hint, iter_inputs, open_content
 from .records import ParseError, ParseResult, RankHint

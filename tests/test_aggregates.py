@@ -17,7 +17,7 @@ from commlens.backend.histograms import histogram
 from commlens.backend.iterations import assign_iterations
 from commlens.backend.ranks import rank_totals
 from commlens import store
-from commlens.ingest import aggregates
+from commlens.store import aggregates
 from commlens.vocab import busbw_factor
 from synthetic import write_rows as write
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 
 from commlens import store
-from commlens.ingest import aggregates
+from commlens.store import aggregates
 
 log = logging.getLogger("commlens.api.db")
 

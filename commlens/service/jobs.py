@@ -13,7 +13,6 @@ from commlens.store import active_jobs, get_run_id
 
 from .errors import ConflictError, NotFoundError
 
-
 JobState = Literal["queued", "running", "done", "failed"]
 
 

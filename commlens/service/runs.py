@@ -18,9 +18,8 @@ from commlens.backend.predict import config_kind as kind_of_config
 from commlens.backend.predict import predict_input_from_config
 from commlens.contract.predict import PredictInput
 from commlens.contract.runs import TAG_PATTERN
-from commlens.ingest import aggregates
 from commlens.run_json import RunConfig
-from commlens.store import RUN_TABLES, transaction
+from commlens.store import RUN_TABLES, aggregates, transaction
 
 from .errors import ConflictError, InvalidError
 from .jobs import check_idle

@@ -1,6 +1,6 @@
 -- commlens store schema, aggregates part (schema version 2): derived from comm_events, steps and
--- process_groups by ingest/aggregates.py when a run's data or attribution changes (docs/store.md,
--- "Aggregates"). Analyses read these instead of rescanning every call; only ingest/aggregates.py writes them.
+-- process_groups by commlens/store/aggregates.py when a run's data or attribution changes (docs/store.md,
+-- "Aggregates"). Analyses read these instead of rescanning every call; only commlens/store/aggregates.py writes them.
 -- Upgrades are explicit: commlens/store/migrations.py (schema version and steps).
 
 -- Freshness and iteration mode of a run's aggregates.

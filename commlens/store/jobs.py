@@ -1,4 +1,4 @@
-"""Whether the API's ingest jobs are writing a run: readers of derived rows must know (see ingest/aggregates.py)."""
+"""Whether the API's ingest jobs are writing a run: readers of derived rows must know (see aggregates.py)."""
 
 from __future__ import annotations
 

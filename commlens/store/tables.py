@@ -5,7 +5,7 @@ from __future__ import annotations
 # Rows parsed from a run's files (each has run_id and source_id).
 TRACE_TABLES = ("comm_events", "steps", "nccl_comms", "nccl_topology", "nccl_tuning")
 
-# Every table holding a run's aggregates (each has run_id), in refresh order (ingest/aggregates.py).
+# Every table holding a run's aggregates (each has run_id), in refresh order (aggregates.py).
 AGG_TABLES = (
     "agg_sources",
     "comm_periods",

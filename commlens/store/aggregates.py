@@ -19,7 +19,7 @@ join process_groups at query time.
 While an ingest job of the API is queued or running on a run, reads serve the aggregates of the last
 refresh (the job's own refresh comes at its end), so polling clients do not recompute a growing run.
 
-Only ingest/ writes these tables; the SQL here is the definition of what counts as a measured
+Only this module writes these tables; the SQL here is the definition of what counts as a measured
 duration and why a call has no bandwidth (backend.bandwidth builds its report from it).
 """
 
@@ -32,10 +32,12 @@ from contextlib import contextmanager
 import duckdb
 import pyarrow as pa
 
-from commlens.store import AGG_TABLES, active_jobs, transaction
+from commlens.ingest.periods import MIN_COVERAGE, find_period_tokens
 from commlens.vocab import busbw_factor
 
-from .periods import MIN_COVERAGE, find_period_tokens
+from .jobs import active_jobs
+from .tables import AGG_TABLES
+from .transaction import transaction
 
 _BW_TABLES = ("bw_excluded", "bw_bins", "bw_ops", "bw_schemes")
 # Two connections refreshing one run conflict (or collide on agg_runs' key): the later one tries again.
@@ -54,14 +56,17 @@ def rank_key_sql(alias: str = "e") -> str:
 
 def measured_dur_sql(e: str = "e", g: str = "g") -> str:
     """SQL predicate: the event's duration is measured transfer time (kernel, or a gloo CPU op)."""
-    return (f"({e}.dur_us > 0 AND ({e}.dur_source = 'kernel' OR ({e}.dur_source = 'cpu_op' "
-            f"AND lower(coalesce({g}.backend, '')) NOT LIKE '%nccl%')))")
+    return (
+        f"({e}.dur_us > 0 AND ({e}.dur_source = 'kernel' OR ({e}.dur_source = 'cpu_op' "
+        f"AND lower(coalesce({g}.backend, '')) NOT LIKE '%nccl%')))"
+    )
 
 
 def measured_kind_sql(a: str = "a", g: str = "g") -> str:
     """The same predicate over a comm_agg row (its dur_kind) and its group."""
-    return (f"({a}.dur_kind = 'kernel' OR ({a}.dur_kind = 'cpu_op' "
-            f"AND lower(coalesce({g}.backend, '')) NOT LIKE '%nccl%'))")
+    return (
+        f"({a}.dur_kind = 'kernel' OR ({a}.dur_kind = 'cpu_op' AND lower(coalesce({g}.backend, '')) NOT LIKE '%nccl%'))"
+    )
 
 
 @contextmanager
@@ -121,24 +126,31 @@ def measured_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> Iterator[tupl
             excluded[reason] = excluded.get(reason, 0) + calls
     factors = sorted({(op, n) for op, n, _ in pairs})
     sizes = sorted({size for _, _, size in pairs})
-    factor_table = pa.table({
-        "op": pa.array([op for op, _ in factors], pa.string()),
-        "n": pa.array([n for _, n in factors], pa.int32()),
-        "factor": pa.array([busbw_factor(op, n) for op, n in factors], pa.float64()),
-    })
-    size_table = pa.table({
-        "msg_bytes": pa.array(sizes, pa.int64()),
-        "k": pa.array([_bin_index(size) for size in sizes], pa.int32()),
-    })
+    factor_table = pa.table(
+        {
+            "op": pa.array([op for op, _ in factors], pa.string()),
+            "n": pa.array([n for _, n in factors], pa.int32()),
+            "factor": pa.array([busbw_factor(op, n) for op, n in factors], pa.float64()),
+        }
+    )
+    size_table = pa.table(
+        {
+            "msg_bytes": pa.array(sizes, pa.int64()),
+            "k": pa.array([_bin_index(size) for size in sizes], pa.int32()),
+        }
+    )
     with registered(con, factor_table) as fname, registered(con, size_table) as sname:
-        yield f"""
+        yield (
+            f"""
             SELECT c.rank, c.process, c.scheme, c.op, c.n, c.msg_bytes, c.dur_us, f.factor, s.k,
                    c.msg_bytes / c.dur_us / 1e3 AS algbw, c.msg_bytes / c.dur_us / 1e3 * f.factor AS busbw
             FROM ({CALLS_SQL}) c
             JOIN {fname} f ON f.op = c.op AND f.n = c.n
             JOIN {sname} s ON s.msg_bytes = c.msg_bytes
             WHERE c.excluded IS NULL
-        """, excluded
+        """,
+            excluded,
+        )
 
 
 # ----------------------------------------------------------------------------- fingerprints
@@ -299,10 +311,12 @@ def _refresh_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
     )
     # Iterations per rank key: profiler steps of the sources with steps, plus detected iterations.
     iterations: dict[str, int] = {
-        rk: int(n) for rk, n in con.execute(
+        rk: int(n)
+        for rk, n in con.execute(
             "SELECT rank_key, sum(iterations) FROM agg_sources WHERE run_id = ? AND has_steps GROUP BY rank_key",
             [run_id],
-        ).fetchall() if n
+        ).fetchall()
+        if n
     }
     for _source_id, process, rank, it in con.execute(
         "SELECT source_id, process, rank, iterations FROM process_iterations WHERE run_id = ? ORDER BY ord", [run_id]
@@ -311,8 +325,10 @@ def _refresh_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
             rk = str(rank) if rank is not None else process
             iterations[rk] = iterations.get(rk, 0) + it
     if iterations:
-        con.executemany("INSERT INTO agg_iterations (run_id, rank_key, iterations) VALUES (?, ?, ?)",
-                        [[run_id, rk, n] for rk, n in iterations.items()])
+        con.executemany(
+            "INSERT INTO agg_iterations (run_id, rank_key, iterations) VALUES (?, ?, ?)",
+            [[run_id, rk, n] for rk, n in iterations.items()],
+        )
     return has_detected
 
 
@@ -349,8 +365,11 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
     values = toks.values.to_numpy()
     keys = zip(table["source_id"].to_pylist(), table["process"].to_pylist(), table["comm"].to_pylist(), strict=True)
     comms: dict[tuple, dict] = {
-        key: {"group_key": group_key, "calls": int(offsets[i + 1] - offsets[i]),
-              "period": find_period_tokens(values[offsets[i]:offsets[i + 1]])}
+        key: {
+            "group_key": group_key,
+            "calls": int(offsets[i + 1] - offsets[i]),
+            "period": find_period_tokens(values[offsets[i] : offsets[i + 1]]),
+        }
         for i, (key, group_key) in enumerate(zip(keys, table["group_key"].to_pylist(), strict=True))
     }
     ranks: dict[tuple[int, str], int | None] = {}  # a process's rank (one per process; NULL when unmapped)
@@ -377,9 +396,22 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
         """INSERT INTO comm_periods (run_id, source_id, process, comm, group_key, ord, calls, period,
                                    offset_calls, repeats)
            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-        [[run_id, key[0], key[1], key[2], c["group_key"], i, c["calls"],
-          p.period if p else None, p.offset if p else None, p.repeats if p else None]
-         for i, (key, c) in enumerate(comms.items()) for p in [c["period"]]],
+        [
+            [
+                run_id,
+                key[0],
+                key[1],
+                key[2],
+                c["group_key"],
+                i,
+                c["calls"],
+                p.period if p else None,
+                p.offset if p else None,
+                p.repeats if p else None,
+            ]
+            for i, (key, c) in enumerate(comms.items())
+            for p in [c["period"]]
+        ],
     )
     con.executemany(
         "INSERT INTO process_iterations (run_id, source_id, process, rank, iterations, ord) VALUES (?, ?, ?, ?, ?, ?)",
@@ -425,8 +457,10 @@ def _refresh_bandwidth(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     size per op and the calls below it (backend.bandwidth states the rules)."""
     with measured_calls(con, run_id) as (sql, excluded):
         if excluded:
-            con.executemany("INSERT INTO bw_excluded (run_id, reason, calls) VALUES (?, ?, ?)",
-                            [[run_id, reason, n] for reason, n in excluded.items()])
+            con.executemany(
+                "INSERT INTO bw_excluded (run_id, reason, calls) VALUES (?, ?, ?)",
+                [[run_id, reason, n] for reason, n in excluded.items()],
+            )
         con.execute(
             f"""
             INSERT INTO bw_bins (run_id, op, k, calls, median_bytes, median_dur_us, median_algbw_gbps,
@@ -450,16 +484,20 @@ def _refresh_bandwidth(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
             half_k = reach[1] if reach is not None and best[3] > 0 else None
             half_bytes = (1 << half_k) if half_k is not None else None
             ops[op] = [op, sum(r[2] for r in rows), best[1], best[3], half_k, half_bytes]
-        half_table = pa.table({"op": pa.array(list(ops), pa.string()),
-                               "half": pa.array([ops[o][5] or 0 for o in ops], pa.int64())})
+        half_table = pa.table(
+            {"op": pa.array(list(ops), pa.string()), "half": pa.array([ops[o][5] or 0 for o in ops], pa.int64())}
+        )
         with registered(con, half_table) as hname:
-            below = {op: (n, t) for op, n, t in con.execute(
-                f"""
+            below = {
+                op: (n, t)
+                for op, n, t in con.execute(
+                    f"""
                 SELECT m.op, count(*), coalesce(sum(m.dur_us), 0) FROM ({sql}) m JOIN {hname} h ON h.op = m.op
                 WHERE m.msg_bytes < h.half GROUP BY m.op
                 """,
-                [run_id],
-            ).fetchall()}
+                    [run_id],
+                ).fetchall()
+            }
         if ops:
             con.executemany(
                 """INSERT INTO bw_ops (run_id, op, calls, best_k, best_busbw_gbps, half_k, half_bw_bytes,
@@ -472,15 +510,22 @@ def _refresh_bandwidth(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
 def _refresh_bw_schemes(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     """Bandwidth per (scheme, op), the only summary that depends on schemes: medians over the measured
     calls, and over those at or above the op's half-bandwidth size (bw_ops; 0 when it has none)."""
-    factors = sorted({(op, n) for op, sizes in con.execute(
-        "SELECT op, group_sizes FROM bw_bins WHERE run_id = ?", [run_id]).fetchall() for n in sizes})
+    factors = sorted(
+        {
+            (op, n)
+            for op, sizes in con.execute("SELECT op, group_sizes FROM bw_bins WHERE run_id = ?", [run_id]).fetchall()
+            for n in sizes
+        }
+    )
     if not factors:
         return
-    factor_table = pa.table({
-        "op": pa.array([op for op, _ in factors], pa.string()),
-        "n": pa.array([n for _, n in factors], pa.int32()),
-        "factor": pa.array([busbw_factor(op, n) for op, n in factors], pa.float64()),
-    })
+    factor_table = pa.table(
+        {
+            "op": pa.array([op for op, _ in factors], pa.string()),
+            "n": pa.array([n for _, n in factors], pa.int32()),
+            "factor": pa.array([busbw_factor(op, n) for op, n in factors], pa.float64()),
+        }
+    )
     with registered(con, factor_table) as fname:
         con.execute(
             f"""

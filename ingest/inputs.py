@@ -11,9 +11,10 @@ import tarfile
 import tempfile
 import zipfile
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO
 
 from .records import ParseError
 
@@ -194,7 +195,7 @@ def _iter_file(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
     elif kind == "zip":
         yield from _iter_zip(path, name, limits)
     else:
-        yield InputFile(name, path.stat().st_size, lambda p=path: open(p, "rb"))  # type: ignore[misc]
+        yield InputFile(name, path.stat().st_size, lambda p=path: open(p, "rb"))  # type: ignore[misc]  # noqa: SIM115 - the reader closes it
 
 
 def _safe_member_name(member: str) -> str | None:
@@ -207,7 +208,7 @@ def _safe_member_name(member: str) -> str | None:
     return None
 
 
-class ArchiveBomb(ParseError):
+class ArchiveBombError(ParseError):
     """The archive as a whole expands past the limits: no later member is read."""
 
 
@@ -222,16 +223,16 @@ class _Budget:
     def charge(self, n: int, limits: Limits) -> None:
         self.used += n
         if self.used > limits.max_decompressed_bytes:
-            raise ArchiveBomb(f"archive expands past the limit of {limits.max_decompressed_bytes} bytes "
+            raise ArchiveBombError(f"archive expands past the limit of {limits.max_decompressed_bytes} bytes "
                               f"(decompression bomb?)")
         if self.used > limits.ratio_floor_bytes and self.used > limits.max_ratio * max(self.compressed, 1):
-            raise ArchiveBomb(f"archive expands more than {limits.max_ratio:.0f}:1 ({self.used} bytes out of "
+            raise ArchiveBombError(f"archive expands more than {limits.max_ratio:.0f}:1 ({self.used} bytes out of "
                               f"{self.compressed}; decompression bomb?)")
 
 
 def _spool(src: BinaryIO, budget: _Budget, limits: Limits) -> BinaryIO:
     """Copy an archive member to a temporary file, charging its bytes to the archive's budget."""
-    out = tempfile.SpooledTemporaryFile(max_size=64 << 20)
+    out = tempfile.SpooledTemporaryFile(max_size=64 << 20)  # noqa: SIM115 - returned; closed here on failure
     try:
         while chunk := src.read(1 << 20):
             budget.charge(len(chunk), limits)
@@ -245,7 +246,7 @@ def _spool(src: BinaryIO, budget: _Budget, limits: Limits) -> BinaryIO:
 
 def _iter_tar(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
     try:
-        tar = tarfile.open(path, "r:*")
+        tar = tarfile.open(path, "r:*")  # noqa: SIM115 - closed by the `with tar` below
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         yield InputFile(name, path.stat().st_size, lambda: io.BytesIO(b""), error=f"cannot read archive: {exc}")
         return
@@ -278,7 +279,7 @@ def _iter_tar(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
                     spooled = _spool(fobj, budget, limits)
                 except ParseError as exc:
                     yield InputFile(label, member.size, lambda: io.BytesIO(b""), error=str(exc))
-                    if isinstance(exc, ArchiveBomb):
+                    if isinstance(exc, ArchiveBombError):
                         return
                     continue
                 yield InputFile(label, member.size, lambda s=spooled: _rewound(s))  # type: ignore[misc]
@@ -297,7 +298,7 @@ class _Unclosable(io.BufferedReader):
     def __init__(self, f: BinaryIO):
         super().__init__(f, 1 << 20)  # type: ignore[arg-type]
 
-    def close(self) -> None:  # noqa: D102
+    def close(self) -> None:
         pass
 
 
@@ -333,7 +334,7 @@ def _iter_zip(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
             try:
                 with zf.open(info) as fobj:
                     spooled = _spool(fobj, budget, limits)
-            except ArchiveBomb as exc:
+            except ArchiveBombError as exc:
                 yield InputFile(label, info.file_size, lambda: io.BytesIO(b""), error=str(exc))
                 return
             except (ParseError, zipfile.BadZipFile, zlib.error, OSError) as exc:

@@ -22,12 +22,14 @@ with the regex scan on the caller's thread.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import queue
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -63,7 +65,7 @@ def hit_pattern(prefixes: str) -> re.Pattern[bytes]:
     return re.compile(rb'name"\s*:\s*"(?:' + prefixes.encode() + b")")
 
 
-class _NeedMore(Exception):
+class _NeedMoreError(Exception):
     """The value continues past the end of the buffered window."""
 
 
@@ -99,7 +101,7 @@ class _BlockReader:
                 self._put(chunk)
                 if not chunk:
                     return
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+        except BaseException as exc:  # handed to the consumer
             self._put(exc)
 
     def _put(self, item: Any) -> None:
@@ -119,10 +121,8 @@ class _BlockReader:
     def close(self) -> None:
         self._stop.set()
         while self._thread.is_alive():
-            try:
+            with contextlib.suppress(queue.Empty):
                 self._queue.get(timeout=0.05)
-            except queue.Empty:
-                pass
         self._thread.join()
 
 
@@ -167,10 +167,7 @@ class _Window:
         if self.lines is None:
             return f"byte {self.base + pos}"
         nl = self.data.count(b"\n", 0, pos)
-        if nl:
-            col = pos - self.data.rfind(b"\n", 0, pos)
-        else:
-            col = self.col0 + pos + 1
+        col = pos - self.data.rfind(b"\n", 0, pos) if nl else self.col0 + pos + 1
         return f"line {self.lines + nl + 1} column {col}"
 
 
@@ -198,27 +195,27 @@ def _skip_value(data: bytes, pos: int, prefix: list[Any], depth0: int, max_depth
     if c == b'"':
         m = _STR_TAIL.match(data, pos + 1)
         if m is None:
-            raise _NeedMore
+            raise _NeedMoreError
         return m.end()
     if c not in (b"{", b"["):
         m = _SCALAR.match(data, pos)
         if m is None:
             raise ParseError("invalid JSON: expected a value", win.loc(pos))
         if m.end() >= len(data) and not win.eof:
-            raise _NeedMore
+            raise _NeedMoreError
         return m.end()
     stack: list[list[Any]] = []  # [is_object, key or index, expecting a key]
     i = pos
     while True:
         m = _STRUCT.search(data, i)
         if m is None:
-            raise _NeedMore
+            raise _NeedMoreError
         j = m.start()
         ch = data[j]
         if ch == 0x22:  # '"'
             e = _STR_TAIL.match(data, j + 1)
             if e is None:
-                raise _NeedMore
+                raise _NeedMoreError
             top = stack[-1]
             if top[0] and top[2]:
                 top[1] = data[j + 1 : e.end() - 1]
@@ -312,7 +309,7 @@ class _Scanner:
             try:
                 end = _skip_value(self.win.data, pos, parts, depth0, self.max_depth, self.win)
                 break
-            except _NeedMore:
+            except _NeedMoreError:
                 if self.win.eof:
                     raise self._truncated(_path(parts)) from None
                 pos -= self.win.more(pos)
@@ -408,14 +405,10 @@ class _Scanner:
         done = False
         while not done:
             budget_end = start_abs + EXACT_BYTES if self.index is not None else 0
-            if self.win.base + self.pos < budget_end:
-                done = self._exact(until_abs=budget_end)
-            else:
-                done = self._fast()
+            done = self._exact(until_abs=budget_end) if self.win.base + self.pos < budget_end else self._fast()
         if self.index is not None:
             self.result.events_total = self.index
-        end = self.pos + 1  # after ']'
-        return end
+        return self.pos + 1  # after ']'
 
     def _element(self, value: Any, where_pos: int, raw: bytes | memoryview | None = None) -> None:
         """Handle one parsed element of traceEvents (`raw`: its text, when at hand)."""
@@ -432,7 +425,7 @@ class _Scanner:
                 idx = "?" if self.index is None else self.index
                 raise ParseError(
                     f"JSON nested deeper than {self.max_depth} levels",
-                    f"{_path(['traceEvents', idx] + deep)} ({self.win.loc(where_pos)})",
+                    f"{_path(['traceEvents', idx, *deep])} ({self.win.loc(where_pos)})",
                 )
             self.result.events_parsed += 1
             self.on_event(value)
@@ -463,7 +456,7 @@ class _Scanner:
                     # the array ends (or the text is broken) inside the batch: cut before that point
                     bpos = self.pos - 1 + len(doc.decode("utf-8", "replace")[: exc.pos].encode("utf-8"))
                     m = None
-                    for m in _BOUND.finditer(data, self.pos, max(bpos, self.pos)):
+                    for m in _BOUND.finditer(data, self.pos, max(bpos, self.pos)):  # noqa: B007 - the last one
                         pass
             if items is None:
                 # the first element or the rest of the array, one element at a time and exactly
@@ -490,7 +483,7 @@ class _Scanner:
             if m is not None:
                 return m
         last = None
-        for last in _BOUND.finditer(data, self.pos):
+        for last in _BOUND.finditer(data, self.pos):  # noqa: B007 - the last one
             pass
         return last
 

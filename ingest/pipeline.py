@@ -5,12 +5,13 @@ the run are skipped as duplicates."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import duckdb
 
@@ -81,11 +82,9 @@ def ingest_file(
         file_hint = RankHint(rank=hint.rank if hint.rank is not None else file_rank_hint(item.name), world_size=hint.world_size)
         result = fmt.parse(stream, item.name, file_hint, limits)
         hashing.drain()
-    except Exception as exc:  # noqa: BLE001 - one bad file never stops the others
-        try:
+    except Exception as exc:  # one bad file never stops the others
+        with contextlib.suppress(Exception):  # the hash of a broken file is best effort
             hashing.drain()
-        except Exception:  # noqa: BLE001 - the hash of a broken file is best effort
-            pass
         error = _error_text(item.name, exc, kind)
         store.record_failure(con, run_id, item.name, kind or "unknown", digest.sha.hexdigest(), digest.size, error)
         return FileOutcome(item.name, "failed", kind=kind, error=error, size=digest.size)

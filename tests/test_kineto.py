@@ -53,14 +53,13 @@ def _raw(path: Path) -> dict:
 
 
 def _ingest(con, paths: list[Path], run: str = "r", hint: RankHint | None = None):
-    summary = ingest_paths(con, paths, run, hint)
-    return summary
+    return ingest_paths(con, paths, run, hint)
 
 
 def _rows(con, sql: str, params: list | None = None) -> list[dict]:
     cur = con.execute(sql, params or [])
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, r)) for r in cur.fetchall()]
+    return [dict(zip(names, r, strict=False)) for r in cur.fetchall()]
 
 
 def _parse_bytes(doc: bytes, name: str = "t.json", hint: RankHint | None = None, limits: Limits = DEFAULT_LIMITS):
@@ -288,9 +287,8 @@ def test_gloo_every_collective_exactly_once(gloo_traces: list[Path], con) -> Non
 
 def test_gloo_elements_and_durations(gloo_traces: list[Path]) -> None:
     """elems_in/out follow the op convention; gloo's worker annotation gives the duration."""
-    res = parse_kineto(
-        io.BufferedReader(gzip.open(gloo_traces[0])), gloo_traces[0].name, RankHint(), DEFAULT_LIMITS  # type: ignore[arg-type]
-    )
+    with gzip.open(gloo_traces[0]) as f:
+        res = parse_kineto(io.BufferedReader(f), gloo_traces[0].name, RankHint(), DEFAULT_LIMITS)  # type: ignore[arg-type]
     w = len(gloo_traces)
     by = Counter((e["op"], e["elems_in"], e["elems_out"]) for e in res.events)
     assert by[("all_gather", 300, 300 * w)] == gloo.ACTIVE  # _allgather_base_ lists (output, input)

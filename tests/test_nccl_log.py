@@ -308,7 +308,7 @@ def write_job(tmp_path: Path, form: str) -> list[Path]:
     paths = []
     for i, (host, pid) in enumerate(PROCS):
         a, b = job_lines(2 * i, form), job_lines(2 * i + 1, form)
-        text = "".join(x + y for x, y in zip(a, b))
+        text = "".join(x + y for x, y in zip(a, b, strict=False))
         path = tmp_path / f"nccl.{host}.{pid}"
         path.write_text(text)
         paths.append(path)
@@ -317,15 +317,15 @@ def write_job(tmp_path: Path, form: str) -> list[Path]:
 
 def check_linked_job(con, run_id: int, split_keys: list[str]) -> None:
     tp0, tp1, pp0, pp1 = split_keys
-    groups = dict(((k, (size, ranks)) for k, size, ranks in rows(
-        con, "SELECT group_key, size, ranks FROM process_groups WHERE run_id = ?", [run_id])))
+    groups = {k: (size, ranks) for k, size, ranks in rows(
+        con, "SELECT group_key, size, ranks FROM process_groups WHERE run_id = ?", [run_id])}
     assert groups == {
         "nccl:0xaaa": (4, [0, 1, 2, 3]), tp0: (2, [0, 1]), tp1: (2, [2, 3]), pp0: (2, [0, 2]), pp1: (2, [1, 3]),
     }
     comms = rows(con, "SELECT host, cuda_dev, comm_ptr, global_rank, group_key FROM nccl_comms WHERE run_id = ?",
                  [run_id])
     assert len(comms) == 12
-    for host, dev, ptr, grank, key in comms:
+    for host, dev, ptr, grank, _key in comms:
         assert grank == 2 * [p[0] for p in PROCS].index(host) + dev
         assert ptr == _ptr(grank, int(ptr[5]))
     events = rows(con, """SELECT process, rank, op, peer, group_key, msg_bytes FROM comm_events
@@ -388,15 +388,9 @@ def test_interleaved_stdout_of_four_processes_without_commid(tmp_path, con):
     lines = ["NCCL version 2.10.3+cuda11.3\n"]
     tp = {0: 0, 1: 1, 2: 0, 3: 1}  # contiguous pairs {0,1} {2,3}: comm rank
     pp = {0: 0, 1: 0, 2: 1, 3: 1}  # strided pairs {0,2} {1,3}
-    for g in range(4):
-        lines.append(f"host{g // 2}:{500 + g}:{600 + g} [{g % 2}] NCCL INFO comm 0x{g}a rank {g} nranks 4 "
-                     f"cudaDev {g % 2} busId {g}000 - Init COMPLETE\n")
-    for g in range(4):
-        lines.append(f"host{g // 2}:{500 + g}:{600 + g} [{g % 2}] NCCL INFO comm 0x{g}b rank {tp[g]} nranks 2 "
-                     f"cudaDev {g % 2} busId {g}000 - Init COMPLETE\n")
-    for g in range(4):
-        lines.append(f"host{g // 2}:{500 + g}:{600 + g} [{g % 2}] NCCL INFO comm 0x{g}c rank {pp[g]} nranks 2 "
-                     f"cudaDev {g % 2} busId {g}000 - Init COMPLETE\n")
+    for comm, rank_of in (("a", {g: g for g in range(4)}), ("b", tp), ("c", pp)):
+        lines.extend(f"host{g // 2}:{500 + g}:{600 + g} [{g % 2}] NCCL INFO comm 0x{g}{comm} rank {rank_of[g]} "
+                     f"nranks {4 if comm == 'a' else 2} cudaDev {g % 2} busId {g}000 - Init COMPLETE\n" for g in range(4))
     for g in (2, 0, 3, 1):
         peer = 1 - pp[g]
         lines.append(f"host{g // 2}:{500 + g}:{700 + g} [{g % 2}] NCCL INFO "
@@ -698,14 +692,12 @@ def test_splits_with_hashed_colors_where_non_members_sit_out(tmp_path, con):
     """PyTorch-style new_group via ncclCommSplit (2.23 lines, no commId): the color is a hash of the member
     list and non-members pass NCCL_SPLIT_NOCOLOR, so they print nothing for that split."""
     groups = [([0, 1], 111), ([1, 2], 222), ([0, 3], 333)]
-    lines = []
-    for g in range(4):
-        lines.append(f"n{g}:{g}:{g} [0] NCCL INFO ncclCommInitRank comm 0x{g}0 rank {g} nranks 4 cudaDev 0 "
-                     f"nvmlDev 0 busId 1000 commId 0xaaa - Init COMPLETE")
+    lines = [f"n{g}:{g}:{g} [0] NCCL INFO ncclCommInitRank comm 0x{g}0 rank {g} nranks 4 cudaDev 0 "
+             f"nvmlDev 0 busId 1000 commId 0xaaa - Init COMPLETE" for g in range(4)]
     for k, (members, color) in enumerate(groups, 1):
-        for g in members:
-            lines.append(f"n{g}:{g}:{g} [0] NCCL INFO ncclCommSplit comm 0x{g}{k} rank {members.index(g)} nranks 2 "
-                         f"cudaDev 0 nvmlDev 0 busId 1000 parent 0x{g}0 color {color} key {g} - Init COMPLETE")
+        lines.extend(f"n{g}:{g}:{g} [0] NCCL INFO ncclCommSplit comm 0x{g}{k} rank {members.index(g)} nranks 2 "
+                     f"cudaDev 0 nvmlDev 0 busId 1000 parent 0x{g}0 color {color} key {g} - Init COMPLETE"
+                     for g in members)
     for g, peer, k in ((1, 1, 2), (2, 0, 2)):  # 1 -> 2 on the {1, 2} group
         lines.append(f"n{g}:{g}:{g} [0] NCCL INFO " + _coll("Send" if g == 1 else "Recv", 0, 4, 7, peer, f"0x{g}{k}", 2))
     path = tmp_path / "hashed.log"

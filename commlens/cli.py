@@ -34,18 +34,19 @@ app.command("report")(cli_analysis.report)
 app.command("predict")(cli_analysis.predict)
 
 
-
 @app.callback()
 def _root() -> None:
     """commlens: where does the communication of distributed training go, and is it what it should be?"""
 
 
 DB_OPTION = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store file (created if missing).")
+INGEST_PATHS = typer.Argument(..., help="Files, directories, .gz, .tar, .tar.gz or .zip archives.")
+UPLOAD_PATHS = typer.Argument(..., help="Files or directories (their files but hidden ones, not sub-folders).")
 
 
 @app.command()
 def ingest(
-    paths: list[Path] = typer.Argument(..., help="Files, directories, .gz, .tar, .tar.gz or .zip archives."),
+    paths: list[Path] = INGEST_PATHS,
     db: Path = DB_OPTION,
     run: str = typer.Option(..., "--run", help="Run name to ingest into (created if missing)."),
     rank: int | None = typer.Option(None, "--rank", help="Global rank of a single-rank file whose trace does not say."),
@@ -59,8 +60,13 @@ def ingest(
 
     con = _open_store(db)
     progress = Progress(
-        TextColumn("[bold]ingest[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err_console, disable=not err_console.is_terminal, transient=True,
+        TextColumn("[bold]ingest[/bold] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=not err_console.is_terminal,
+        transient=True,
     )
     with progress:
         task = progress.add_task(run, total=None)
@@ -70,8 +76,9 @@ def ingest(
             if outcome.status == "failed":
                 err_console.print(f"[red]failed[/red] {outcome.error}")
 
-        report = ingest_run(con, run, iter_inputs(paths, DEFAULT_LIMITS), RankHint(rank=rank), on_file=on_file,
-                            description=description)
+        report = ingest_run(
+            con, run, iter_inputs(paths, DEFAULT_LIMITS), RankHint(rank=rank), on_file=on_file, description=description
+        )
     _print_summary(con, report)
     con.close()
     if report.attribution_error:
@@ -94,7 +101,16 @@ def _print_summary(con: duckdb.DuckDBPyConnection, summary: IngestSummary) -> No
         if note.startswith(f.path + ":"):
             note = note[len(f.path) + 1 :].lstrip()  # the file is in the first column already
         style = {"failed": "red", "duplicate": "yellow", "skipped": "dim"}.get(f.status)
-        files.add_row(f.path, f.kind or "-", f.status, "-" if f.rank is None else str(f.rank), str(f.events), skipped, note or "", style=style)
+        files.add_row(
+            f.path,
+            f.kind or "-",
+            f.status,
+            "-" if f.rank is None else str(f.rank),
+            str(f.events),
+            skipped,
+            note or "",
+            style=style,
+        )
     console.print(files)
     calls, sizes, ranks = comms_totals(con, summary.run)
     ops = Table(title=f"run {summary.run}: {ranks} ranks with known rank, calls per op")
@@ -116,14 +132,20 @@ def serve(
     db: Path = DB_OPTION,
     host: str = typer.Option("127.0.0.1", help="Address to bind. Off loopback the store needs users (or --insecure)."),
     port: int = typer.Option(8050, help="TCP port."),
-    insecure: bool = typer.Option(False, "--insecure", help="Off loopback: start without users and accept tokenless writes."),
+    insecure: bool = typer.Option(
+        False, "--insecure", help="Off loopback: start without users and accept tokenless writes."
+    ),
     max_file_mb: float = typer.Option(4096, help="Largest uploaded file (MiB, as sent)."),
     max_request_mb: float = typer.Option(8192, help="Largest upload request (MiB)."),
     ui: bool = typer.Option(True, "--ui/--no-ui", help="Serve the dashboard at / (the API stays under /api)."),
     admin_token: str | None = typer.Option(
-        None, "--admin-token", envvar="COMMLENS_ADMIN_TOKEN", show_default=False,
+        None,
+        "--admin-token",
+        envvar="COMMLENS_ADMIN_TOKEN",
+        show_default=False,
         help="Before serving, create (or update) the admin --admin-name with this token: a deployment's own "
-             "secret, best given as COMMLENS_ADMIN_TOKEN (docker-compose does)."),
+        "secret, best given as COMMLENS_ADMIN_TOKEN (docker-compose does).",
+    ),
     admin_name: str = typer.Option("admin", "--admin-name", help="The admin that --admin-token belongs to."),
 ) -> None:
     """Serve the API under /api (OpenAPI docs at /docs) and the dashboard at /; own the store while running."""
@@ -133,8 +155,14 @@ def serve(
 
     if admin_token is not None:
         _ensure_admin(db, admin_name, admin_token)
-    settings = Settings(db=db, host=host, port=port, insecure=insecure, max_file_bytes=int(max_file_mb * 2**20),
-                        max_request_bytes=int(max_request_mb * 2**20))
+    settings = Settings(
+        db=db,
+        host=host,
+        port=port,
+        insecure=insecure,
+        max_file_bytes=int(max_file_mb * 2**20),
+        max_request_bytes=int(max_request_mb * 2**20),
+    )
     dashboard = None
     if ui:
         from commlens.frontend import create_ui
@@ -180,7 +208,7 @@ def ui_command(
 
 @app.command("upload")
 def upload_command(
-    paths: list[Path] = typer.Argument(..., help="Files or directories (their files but hidden ones, not sub-folders)."),
+    paths: list[Path] = UPLOAD_PATHS,
     api: str = typer.Option(..., "--api", help="The commlens server's root URL, e.g. http://127.0.0.1:8050."),
     run: str = typer.Option(..., "--run", help="Run to upload into (created if missing)."),
     rank: int | None = typer.Option(None, "--rank", help="Global rank of single-rank files that do not say."),
@@ -192,8 +220,11 @@ def upload_command(
     from commlens.contract.runs import RunCreate
     from commlens.frontend.client import ApiClient, ApiProblem
 
-    files = [f for p in paths
-             for f in (sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith(".")) if p.is_dir() else [p])]
+    files = [
+        f
+        for p in paths
+        for f in (sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith(".")) if p.is_dir() else [p])
+    ]
     if not files:
         err_console.print("[red]error:[/red] no files to upload")
         raise typer.Exit(2)
@@ -216,8 +247,15 @@ def upload_command(
     for col in ("file", "status", "kind", "rank", "calls", "error"):
         table.add_column(col, overflow="fold")
     for r in job.results:
-        table.add_row(r.path, r.status, r.kind or "-", "-" if r.rank is None else str(r.rank), str(r.events), r.error or "",
-                      style="red" if r.status == "failed" else None)
+        table.add_row(
+            r.path,
+            r.status,
+            r.kind or "-",
+            "-" if r.rank is None else str(r.rank),
+            str(r.events),
+            r.error or "",
+            style="red" if r.status == "failed" else None,
+        )
     console.print(table)
     if job.state == "failed" or any(r.status == "failed" for r in job.results):
         raise typer.Exit(1)
@@ -310,4 +348,4 @@ def main() -> None:  # pragma: no cover - entry point convenience
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

@@ -13,12 +13,17 @@ from rich.table import Table
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
 
+# Options whose values are paths are declared once here (a call in a default would run at import anyway).
+DB_OPTION = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store file.")
+CONFIG_OPTION = typer.Option(None, "--config", help="A run.json or predictor-input JSON for runs without one.")
+RUN_JSON_OPTION = typer.Option(None, "--run-json", help="Predict for a harness run.json (or predictor-input JSON).")
+
 
 def report(
     run: str = typer.Option(..., "--run", help="Run to report on."),
-    db: Path = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store file."),
+    db: Path = DB_OPTION,
     fmt: str = typer.Option("md", "--format", help="json or md."),
-    config: Path | None = typer.Option(None, "--config", help="A run.json or predictor-input JSON for runs without one."),
+    config: Path | None = CONFIG_OPTION,
 ) -> None:
     """Attribution, histograms, predicted against measured, bandwidth and findings of one run."""
     from commlens import store
@@ -59,7 +64,7 @@ def _load_config(path: Path):
 
 
 def predict(
-    run_json: Path | None = typer.Option(None, "--run-json", help="Predict for a harness run.json (or predictor-input JSON)."),
+    run_json: Path | None = RUN_JSON_OPTION,
     layers: int = typer.Option(24, help="Transformer layers L."),
     hidden: int = typer.Option(2048, help="Hidden size h."),
     heads: int = typer.Option(16, help="Attention heads."),
@@ -67,26 +72,42 @@ def predict(
     ffn: int | None = typer.Option(None, help="FFN width (default 4h)."),
     vocab: int = typer.Option(50304, help="Vocabulary size."),
     vocab_divisible_by: int | None = typer.Option(
-        None, min=1, help="Pad the vocabulary to a multiple of this x tp (default: 128 for megatron, else no padding)."),
+        None, min=1, help="Pad the vocabulary to a multiple of this x tp (default: 128 for megatron, else no padding)."
+    ),
     seq_len: int = typer.Option(2048, help="Sequence length s."),
     tied: bool = typer.Option(False, help="Tied input/output embeddings."),
-    dp: int = typer.Option(1), tp: int = typer.Option(1), pp: int = typer.Option(1),
+    dp: int = typer.Option(1),
+    tp: int = typer.Option(1),
+    pp: int = typer.Option(1),
     cp: int = typer.Option(1, help="Context-parallel degree c (the sequence is split c ways)."),
-    cp_style: str = typer.Option("ring", help="Context parallelism: ring (ring attention) or attention2d "
-                                 "(ATTENTION2D on an r_Q x r_KV mesh; forward only, the spec gives no backward)."),
-    cp_rq: int | None = typer.Option(None, help="ATTENTION2D r_Q, a divisor of --cp (r_KV = cp / r_Q); "
-                                        "default sqrt(cp) when cp is a perfect square."),
+    cp_style: str = typer.Option(
+        "ring",
+        help="Context parallelism: ring (ring attention) or attention2d "
+        "(ATTENTION2D on an r_Q x r_KV mesh; forward only, the spec gives no backward).",
+    ),
+    cp_rq: int | None = typer.Option(
+        None, help="ATTENTION2D r_Q, a divisor of --cp (r_KV = cp / r_Q); default sqrt(cp) when cp is a perfect square."
+    ),
     zero: int = typer.Option(0, help="ZeRO stage 0-3."),
     sp: bool = typer.Option(False, help="Sequence parallelism (tp > 1)."),
     pp_scatter_gather: bool = typer.Option(
-        False, help="Megatron PP scatter/gather (tp > 1, no --sp): pipeline messages are A/t per TP rank and each "
-                    "received message is all-gathered in the TP group."),
-    offload: str = typer.Option("none", help="CPU offload with ZeRO-3: none, zero_offload or deep_optimizer_states; "
-                                "host<->device copies are listed apart from the collectives."),
-    prefetch_gap: int = typer.Option(1, help="Deep Optimizer States prefetch gap g: 1/g of the optimizer "
-                                     "sub-groups are updated on the GPU (--offload deep_optimizer_states)."),
-    optimizer_state_bytes: int = typer.Option(12, help="Optimizer-state bytes per parameter on the host for "
-                                              "--offload (fp32 master weights + Adam m, v: 12)."),
+        False,
+        help="Megatron PP scatter/gather (tp > 1, no --sp): pipeline messages are A/t per TP rank and each "
+        "received message is all-gathered in the TP group.",
+    ),
+    offload: str = typer.Option(
+        "none",
+        help="CPU offload with ZeRO-3: none, zero_offload or deep_optimizer_states; "
+        "host<->device copies are listed apart from the collectives.",
+    ),
+    prefetch_gap: int = typer.Option(
+        1,
+        help="Deep Optimizer States prefetch gap g: 1/g of the optimizer "
+        "sub-groups are updated on the GPU (--offload deep_optimizer_states).",
+    ),
+    optimizer_state_bytes: int = typer.Option(
+        12, help="Optimizer-state bytes per parameter on the host for --offload (fp32 master weights + Adam m, v: 12)."
+    ),
     micro_batches: int = typer.Option(1, help="Micro-batches per iteration m."),
     micro_batch_size: int = typer.Option(1, help="Micro-batch size b."),
     dtype: str = typer.Option("bfloat16", help="Activation, gradient and parameter dtype."),
@@ -105,12 +126,32 @@ def predict(
             inp = _load_config(run_json)
         else:
             inp = PredictInput(
-                model=ModelSpec(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn, vocab=vocab,
-                                seq_len=seq_len, tied_embeddings=tied, vocab_divisible_by=vocab_divisible_by),
-                parallel=ParallelSpec(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, sp=sp, micro_batches=micro_batches,
-                                      micro_batch_size=micro_batch_size, pp_scatter_gather=pp_scatter_gather,
-                                      cp_style=cp_style, cp_rq=cp_rq, offload=offload,  # type: ignore[arg-type]
-                                      prefetch_gap=prefetch_gap),
+                model=ModelSpec(
+                    layers=layers,
+                    hidden=hidden,
+                    heads=heads,
+                    kv_heads=kv_heads,
+                    ffn_hidden=ffn,
+                    vocab=vocab,
+                    seq_len=seq_len,
+                    tied_embeddings=tied,
+                    vocab_divisible_by=vocab_divisible_by,
+                ),
+                parallel=ParallelSpec(
+                    dp=dp,
+                    tp=tp,
+                    pp=pp,
+                    cp=cp,
+                    zero=zero,
+                    sp=sp,
+                    micro_batches=micro_batches,
+                    micro_batch_size=micro_batch_size,
+                    pp_scatter_gather=pp_scatter_gather,
+                    cp_style=cp_style,
+                    cp_rq=cp_rq,
+                    offload=offload,  # type: ignore[arg-type]
+                    prefetch_gap=prefetch_gap,
+                ),
                 dtypes=DtypeSpec(act=dtype, grad=dtype, param=dtype, optimizer_state_bytes=optimizer_state_bytes),
                 implementation=implementation,  # type: ignore[arg-type]
             )
@@ -127,11 +168,20 @@ def predict(
         for col in ("scheme", "group", "op", "dtype", "S", "calls / iter", "S x calls"):
             table.add_column(col, justify="right" if col in ("S", "calls / iter", "S x calls") else "left")
         for o in st.ops:
-            table.add_row(o.scheme, o.group, o.op, o.dtype, format_bytes(o.msg_bytes), str(o.calls_per_iter),
-                          format_bytes(o.msg_bytes * o.calls_per_iter))
+            table.add_row(
+                o.scheme,
+                o.group,
+                o.op,
+                o.dtype,
+                format_bytes(o.msg_bytes),
+                str(o.calls_per_iter),
+                format_bytes(o.msg_bytes * o.calls_per_iter),
+            )
         console.print(table)
         if st.host_transfers:
-            host = Table(title=f"stage {st.stage}: host<->device copies per rank per iteration (CPU offload, not collectives)")
+            host = Table(
+                title=f"stage {st.stage}: host<->device copies per rank per iteration (CPU offload, not collectives)"
+            )
             for col in ("direction", "what", "bytes / iter"):
                 host.add_column(col, justify="right" if col == "bytes / iter" else "left")
             for h in st.host_transfers:

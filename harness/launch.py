@@ -50,7 +50,9 @@ def parse_sweep(spec: str) -> tuple[str, list[float | int]]:
     return field, parsed
 
 
-def plan_runs(out: Path, options: dict, nproc: int | None, sweeps: list[str], cuda_devices: int | None) -> list[PlannedRun]:
+def plan_runs(
+    out: Path, options: dict, nproc: int | None, sweeps: list[str], cuda_devices: int | None
+) -> list[PlannedRun]:
     """One run per sweep combination (the cartesian product), every config validated before any starts.
 
     `options` holds HarnessConfig fields; options["dp"] may be None (derived from nproc)."""
@@ -84,9 +86,20 @@ def existing_outputs(out: Path) -> list[Path]:
 def torchrun_command(run: PlannedRun, command: list[str]) -> list[str]:
     """Single node: `python -m torch.distributed.run --standalone --nproc-per-node W -m commlens.harness.worker ...`."""
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(run.cfg.world_size),
-        "-m", "commlens.harness.worker", "--config", str(run.out / CONFIG_NAME), "--out", str(run.out),
-        "--command", json.dumps(command),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(run.cfg.world_size),
+        "-m",
+        "commlens.harness.worker",
+        "--config",
+        str(run.out / CONFIG_NAME),
+        "--out",
+        str(run.out),
+        "--command",
+        json.dumps(command),
     ]
 
 
@@ -102,7 +115,9 @@ def prepare(run: PlannedRun, overwrite: bool) -> Path:
     """Create the output directory and write the config; refuse to mix with an earlier run's outputs."""
     old = existing_outputs(run.out)
     if old and not overwrite:
-        raise ConfigError(f"{run.out} already holds harness outputs ({old[0].name}, ...); pass --overwrite or another --out")
+        raise ConfigError(
+            f"{run.out} already holds harness outputs ({old[0].name}, ...); pass --overwrite or another --out"
+        )
     for path in old:
         path.unlink()
     run.out.mkdir(parents=True, exist_ok=True)
@@ -150,8 +165,13 @@ def ingest_run(db: Path, run: PlannedRun, replace: bool = False) -> IngestReport
 
     con = store.connect(db)
     try:
-        report = ingest.ingest_run(con, run.name, iter_inputs(output_files(run.out), DEFAULT_LIMITS),
-                                   description=f"commlens harness: {run.cfg.strategy}", replace=replace)
+        report = ingest.ingest_run(
+            con,
+            run.name,
+            iter_inputs(output_files(run.out), DEFAULT_LIMITS),
+            description=f"commlens harness: {run.cfg.strategy}",
+            replace=replace,
+        )
     finally:
         con.close()
     if report.attribution_error:  # the harness's own runs are always attributable: a bug, not a bad input

@@ -61,20 +61,34 @@ def analysis_errors() -> Iterator[None]:
 # ---------------------------------------------------------------------------------- attribution
 
 
-@router.get("/runs/{run}/groups", response_model=GroupsPage, responses=problem_responses(404),
-            summary="Process groups / communicators with their scheme and the reason for it, paginated")
+@router.get(
+    "/runs/{run}/groups",
+    response_model=GroupsPage,
+    responses=problem_responses(404),
+    summary="Process groups / communicators with their scheme and the reason for it, paginated",
+)
 def groups(run: str, cur: Cursor, limit: Limit = 100, offset: Offset = 0) -> GroupsPage:
     with analysis_errors():
         s = attribution.attribution_summary(cur, run)
     total = len(s.groups)
-    return GroupsPage(run=s.run, items=s.groups[offset:offset + limit], total=total, limit=limit, offset=offset,
-                      next_offset=next_offset(offset, limit, total), unattributed_events=s.unattributed_events,
-                      events_by_scheme=s.events_by_scheme)
+    return GroupsPage(
+        run=s.run,
+        items=s.groups[offset : offset + limit],
+        total=total,
+        limit=limit,
+        offset=offset,
+        next_offset=next_offset(offset, limit, total),
+        unattributed_events=s.unattributed_events,
+        events_by_scheme=s.events_by_scheme,
+    )
 
 
-@router.patch("/runs/{run}/groups/{group_key:path}", response_model=GroupAttribution,
-              responses=problem_responses(401, 404, 409, 422),
-              summary="Pin a group's scheme (stored override); scheme null drops the override")
+@router.patch(
+    "/runs/{run}/groups/{group_key:path}",
+    response_model=GroupAttribution,
+    responses=problem_responses(401, 404, 409, 422),
+    summary="Pin a group's scheme (stored override); scheme null drops the override",
+)
 def override_group(run: str, group_key: str, body: GroupOverride, cur: Cursor, _: Writer) -> GroupAttribution:
     with analysis_errors():
         if body.scheme is None:
@@ -85,48 +99,86 @@ def override_group(run: str, group_key: str, body: GroupOverride, cur: Cursor, _
             return hit[0]
         scheme, reason = body.scheme, body.reason
         if not reason:
-            raise ApiError(422, "an override needs a reason: what you know that the traces do not say", "invalid-argument")
+            raise ApiError(
+                422, "an override needs a reason: what you know that the traces do not say", "invalid-argument"
+            )
         return transaction(cur, lambda c: attribution.set_override(c, run, group_key, scheme, reason), WRITE_ATTEMPTS)
 
 
 # -------------------------------------------------------------------------------- distributions
 
 
-@router.get("/runs/{run}/histograms", response_model=Histogram, responses=problem_responses(404, 422),
-            summary="Message-size histogram per scheme x op x dtype (power-of-two bins)")
+@router.get(
+    "/runs/{run}/histograms",
+    response_model=Histogram,
+    responses=problem_responses(404, 422),
+    summary="Message-size histogram per scheme x op x dtype (power-of-two bins)",
+)
 def histograms(
-    run: str, cur: Cursor,
+    run: str,
+    cur: Cursor,
     scheme: Annotated[Scheme | None, Query()] = None,
     op: Annotated[Op | None, Query()] = None,
     dtype: Annotated[str | None, Query(max_length=32)] = None,
     rank: Annotated[int | None, Query(ge=0, le=MAX_RANK)] = None,
-    step: Annotated[int | None, Query(ge=-(2**31), le=2**31 - 1, description="profiler step, or detected iteration")] = None,
+    step: Annotated[
+        int | None, Query(ge=-(2**31), le=2**31 - 1, description="profiler step, or detected iteration")
+    ] = None,
     weight: Annotated[Literal["calls", "bytes"], Query()] = "calls",
     normalize: Annotated[bool, Query(description="per rank per iteration when iterations are known")] = True,
 ) -> Histogram:
     with analysis_errors():
-        return histogram(cur, run, scheme=scheme, op=op, dtype=dtype, rank=rank, step=step, weight=weight,
-                         normalize=normalize)
+        return histogram(
+            cur, run, scheme=scheme, op=op, dtype=dtype, rank=rank, step=step, weight=weight, normalize=normalize
+        )
 
 
-@router.get("/runs/{run}/calls", response_model=BarCalls, responses=problem_responses(404, 422),
-            summary="The calls of a histogram bar (same filters as /histograms plus the bin), paginated")
+@router.get(
+    "/runs/{run}/calls",
+    response_model=BarCalls,
+    responses=problem_responses(404, 422),
+    summary="The calls of a histogram bar (same filters as /histograms plus the bin), paginated",
+)
 def calls(
-    run: str, cur: Cursor, limit: Limit = 100, offset: Offset = 0,
-    bin: Annotated[str | None, Query(max_length=16, pattern=r"^(zero|unknown|2\^\d{1,2})$",
-                                     description="the bar's bin key ('zero', 'unknown', '2^k'); absent: every size")] = None,
-    scheme: Annotated[Scheme | Literal["unattributed"] | None,
-                      Query(description="'unattributed': calls without a scheme")] = None,
+    run: str,
+    cur: Cursor,
+    limit: Limit = 100,
+    offset: Offset = 0,
+    bin: Annotated[
+        str | None,
+        Query(
+            max_length=16,
+            pattern=r"^(zero|unknown|2\^\d{1,2})$",
+            description="the bar's bin key ('zero', 'unknown', '2^k'); absent: every size",
+        ),
+    ] = None,
+    scheme: Annotated[
+        Scheme | Literal["unattributed"] | None, Query(description="'unattributed': calls without a scheme")
+    ] = None,
     op: Annotated[Op | None, Query()] = None,
     dtype: Annotated[str | None, Query(max_length=32, description="'unknown': calls without a dtype")] = None,
     rank: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
-    step: Annotated[int | None, Query(ge=-(2**31), le=2**31 - 1, description="profiler step, or detected iteration")] = None,
-    normalize: Annotated[bool, Query(description="as the histogram: only calls inside complete iterations when "
-                                                 "iterations are known")] = True,
+    step: Annotated[
+        int | None, Query(ge=-(2**31), le=2**31 - 1, description="profiler step, or detected iteration")
+    ] = None,
+    normalize: Annotated[
+        bool, Query(description="as the histogram: only calls inside complete iterations when iterations are known")
+    ] = True,
 ) -> BarCalls:
     with analysis_errors():
-        return bar_calls(cur, run, bin=bin, scheme=scheme, op=op, dtype=dtype, rank=rank, step=step,
-                         normalize=normalize, limit=limit, offset=offset)
+        return bar_calls(
+            cur,
+            run,
+            bin=bin,
+            scheme=scheme,
+            op=op,
+            dtype=dtype,
+            rank=rank,
+            step=step,
+            normalize=normalize,
+            limit=limit,
+            offset=offset,
+        )
 
 
 @router.get("/runs/{run}/iterations", response_model=IterationInfo, responses=problem_responses(404))
@@ -141,8 +193,12 @@ def run_bandwidth(run: str, cur: Cursor) -> BandwidthReport:
         return bandwidth(cur, run)
 
 
-@router.get("/runs/{run}/ranks", response_model=RankTotals, responses=problem_responses(404),
-            summary="Per-rank totals per scheme and the imbalance between ranks")
+@router.get(
+    "/runs/{run}/ranks",
+    response_model=RankTotals,
+    responses=problem_responses(404),
+    summary="Per-rank totals per scheme and the imbalance between ranks",
+)
 def ranks(run: str, cur: Cursor) -> RankTotals:
     with analysis_errors():
         return rank_totals(cur, run)
@@ -158,34 +214,53 @@ def _findings(cur: Cursor, run: str) -> list[Finding]:
         return findings(cur, run, comparison.findings_input() if comparison is not None else None)
 
 
-@router.get("/runs/{run}/findings", response_model=Page[Finding], responses=problem_responses(404),
-            summary="Findings, most severe and most impactful first")
+@router.get(
+    "/runs/{run}/findings",
+    response_model=Page[Finding],
+    responses=problem_responses(404),
+    summary="Findings, most severe and most impactful first",
+)
 def run_findings(run: str, cur: Cursor, limit: Limit = 50, offset: Offset = 0) -> Page[Finding]:
     found = _findings(cur, run)
-    return Page[Finding](items=found[offset:offset + limit], total=len(found), limit=limit, offset=offset,
-                         next_offset=next_offset(offset, limit, len(found)))
+    return Page[Finding](
+        items=found[offset : offset + limit],
+        total=len(found),
+        limit=limit,
+        offset=offset,
+        next_offset=next_offset(offset, limit, len(found)),
+    )
 
 
-@router.post("/runs/{run}/findings/{finding_id:path}/review", response_model=ReviewItem, status_code=201,
-             responses=problem_responses(401, 404, 409), summary="Promote a finding to a review item")
+@router.post(
+    "/runs/{run}/findings/{finding_id:path}/review",
+    response_model=ReviewItem,
+    status_code=201,
+    responses=problem_responses(401, 404, 409),
+    summary="Promote a finding to a review item",
+)
 def promote_finding(run: str, finding_id: str, cur: Cursor, who: Writer) -> ReviewItem:
     found = {f.id: f for f in _findings(cur, run)}
     f = found.get(finding_id)
     if f is None:
-        raise ApiError(404, f"run {run!r} has no finding {finding_id!r} now; GET /api/runs/{run}/findings lists them",
-                       "unknown-finding")
+        raise ApiError(
+            404,
+            f"run {run!r} has no finding {finding_id!r} now; GET /api/runs/{run}/findings lists them",
+            "unknown-finding",
+        )
     evidence = "\n".join(f"| {k} | {f'{v:.6g}' if isinstance(v, float) else v} |" for k, v in f.evidence.items())
-    body = (f"**{f.title}** ({f.severity})\n\n| evidence | value |\n|---|---|\n{evidence}\n\n"
-            f"Suggestion: {f.suggestion}")
+    body = f"**{f.title}** ({f.severity})\n\n| evidence | value |\n|---|---|\n{evidence}\n\nSuggestion: {f.suggestion}"
 
     view = f.view
-    anchor = Anchor.model_validate({
-        "view": str(view.get("page")) if view.get("page") else None,
-        "scheme": view.get("scheme") if view.get("scheme") in get_args(Scheme) else None,
-        "op": view.get("op") if view.get("op") in get_args(Op) else None,
-        "rank": view.get("rank") if isinstance(view.get("rank"), int) else None,
-        "free": "; ".join(f"{k}={v}" for k, v in view.items() if k not in ("page", "scheme", "op", "rank"))[:500] or None,
-    })
+    anchor = Anchor.model_validate(
+        {
+            "view": str(view.get("page")) if view.get("page") else None,
+            "scheme": view.get("scheme") if view.get("scheme") in get_args(Scheme) else None,
+            "op": view.get("op") if view.get("op") in get_args(Op) else None,
+            "rank": view.get("rank") if isinstance(view.get("rank"), int) else None,
+            "free": "; ".join(f"{k}={v}" for k, v in view.items() if k not in ("page", "scheme", "op", "rank"))[:500]
+            or None,
+        }
+    )
     return create_item(cur, run, who.name, body, anchor, finding=finding_id)
 
 
@@ -200,11 +275,19 @@ MAX_PREDICT_STAGES = 512
 def check_predict_size(inp: PredictInput) -> None:
     p = inp.parallel
     if inp.model.layers > MAX_PREDICT_LAYERS:
-        raise ApiError(422, f"model.layers = {inp.model.layers}; the API predicts models of at most "
-                       f"{MAX_PREDICT_LAYERS} layers (use backend.predict.predict directly for more)", "prediction-too-large")
+        raise ApiError(
+            422,
+            f"model.layers = {inp.model.layers}; the API predicts models of at most "
+            f"{MAX_PREDICT_LAYERS} layers (use backend.predict.predict directly for more)",
+            "prediction-too-large",
+        )
     if p.pp * p.virtual_stages > MAX_PREDICT_STAGES:
-        raise ApiError(422, f"pp x virtual_stages = {p.pp * p.virtual_stages}; the API lists at most {MAX_PREDICT_STAGES} "
-                       "pipeline stages per prediction", "prediction-too-large")
+        raise ApiError(
+            422,
+            f"pp x virtual_stages = {p.pp * p.virtual_stages}; the API lists at most {MAX_PREDICT_STAGES} "
+            "pipeline stages per prediction",
+            "prediction-too-large",
+        )
 
 
 def run_predict_input(cur: Cursor, run: str) -> PredictInput | None:
@@ -222,26 +305,42 @@ def run_compare(cur: Cursor, run: str, supplied: PredictInput | None = None) -> 
         return compare(cur, run, supplied)
 
 
-@router.get("/runs/{run}/prediction", response_model=Prediction, responses=problem_responses(404, 409, 422),
-            summary="The analytical prediction for the run's own configuration")
+@router.get(
+    "/runs/{run}/prediction",
+    response_model=Prediction,
+    responses=problem_responses(404, 409, 422),
+    summary="The analytical prediction for the run's own configuration",
+)
 def run_prediction(run: str, cur: Cursor) -> Prediction:
     config = run_predict_input(cur, run)
     if config is None:
-        raise ApiError(409, f"run {run!r} has no configuration to predict from; PATCH /api/runs/{run} with a config "
-                       "(a harness run.json or a predictor input), or use POST /api/predict", "no-config")
+        raise ApiError(
+            409,
+            f"run {run!r} has no configuration to predict from; PATCH /api/runs/{run} with a config "
+            "(a harness run.json or a predictor input), or use POST /api/predict",
+            "no-config",
+        )
     check_predict_size(config)
     with analysis_errors():
         return predict(config)
 
 
-@router.get("/runs/{run}/comparison", response_model=Comparison, responses=problem_responses(404, 422),
-            summary="Predicted (from the run's config) against measured, per scheme and per (op, dtype, size)")
+@router.get(
+    "/runs/{run}/comparison",
+    response_model=Comparison,
+    responses=problem_responses(404, 422),
+    summary="Predicted (from the run's config) against measured, per scheme and per (op, dtype, size)",
+)
 def run_comparison(run: str, cur: Cursor) -> Comparison:
     return run_compare(cur, run)
 
 
-@router.post("/runs/{run}/comparison", response_model=Comparison, responses=problem_responses(404, 422),
-             summary="What-if: a supplied configuration's prediction against the run's measurements")
+@router.post(
+    "/runs/{run}/comparison",
+    response_model=Comparison,
+    responses=problem_responses(404, 422),
+    summary="What-if: a supplied configuration's prediction against the run's measurements",
+)
 def run_comparison_with(run: str, body: PredictInput, cur: Cursor) -> Comparison:
     return run_compare(cur, run, body)
 
@@ -249,15 +348,21 @@ def run_comparison_with(run: str, body: PredictInput, cur: Cursor) -> Comparison
 MAX_COMPARE_RUNS = 8
 
 
-@router.get("/compare", response_model=RunsComparison, responses=problem_responses(404, 422),
-            summary="Several runs side by side: each run's predicted-vs-measured comparison")
+@router.get(
+    "/compare",
+    response_model=RunsComparison,
+    responses=problem_responses(404, 422),
+    summary="Several runs side by side: each run's predicted-vs-measured comparison",
+)
 def compare_runs(
     cur: Cursor,
     runs: Annotated[str, Query(max_length=2000, description="comma-separated run names, 1 to 8")],
 ) -> RunsComparison:
     names = [r.strip() for r in runs.split(",") if r.strip()]
     if not 1 <= len(names) <= MAX_COMPARE_RUNS or len(set(names)) != len(names):
-        raise ApiError(422, f"runs must name 1 to {MAX_COMPARE_RUNS} different runs, comma-separated", "invalid-argument")
+        raise ApiError(
+            422, f"runs must name 1 to {MAX_COMPARE_RUNS} different runs, comma-separated", "invalid-argument"
+        )
     out = []
     for name in names:
         comparison = run_compare(cur, name)
@@ -266,8 +371,12 @@ def compare_runs(
     return RunsComparison(runs=out)
 
 
-@router.post("/predict", response_model=Prediction, responses=problem_responses(422),
-             summary="Predict the communication of any configuration (what-if)")
+@router.post(
+    "/predict",
+    response_model=Prediction,
+    responses=problem_responses(422),
+    summary="Predict the communication of any configuration (what-if)",
+)
 def what_if(body: PredictInput) -> Prediction:
     check_predict_size(body)
     with analysis_errors():
@@ -276,14 +385,28 @@ def what_if(body: PredictInput) -> Prediction:
 
 # ------------------------------------------------------------------------------------- topology
 
-@router.get("/runs/{run}/topology/{table}", response_model=TopologyRows, responses=problem_responses(404),
-            summary="NCCL rows of the run: communicators (comms), rings/trees/connections (topology), tuning")
+
+@router.get(
+    "/runs/{run}/topology/{table}",
+    response_model=TopologyRows,
+    responses=problem_responses(404),
+    summary="NCCL rows of the run: communicators (comms), rings/trees/connections (topology), tuning",
+)
 def topology(
-    run: str, cur: Cursor,
+    run: str,
+    cur: Cursor,
     table: Annotated[Literal["comms", "topology", "tuning"], Path()],
-    limit: Limit = 500, offset: Offset = 0,
+    limit: Limit = 500,
+    offset: Offset = 0,
     group_key: Annotated[str | None, Query(max_length=256)] = None,
 ) -> TopologyRows:
     columns, rows, total = nccl_rows(cur, run, table, limit, offset, group_key)
-    return TopologyRows(table=table, columns=columns, rows=rows, total=total, limit=limit, offset=offset,
-                        next_offset=next_offset(offset, limit, total))
+    return TopologyRows(
+        table=table,
+        columns=columns,
+        rows=rows,
+        total=total,
+        limit=limit,
+        offset=offset,
+        next_offset=next_offset(offset, limit, total),
+    )

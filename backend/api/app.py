@@ -70,12 +70,16 @@ def create_app(settings: Settings, ui: Any = None, db: Database | None = None) -
                 log.warning("ingest queue still busy at shutdown; the unfinished job is marked failed at next start")
 
     app = FastAPI(
-        title="commlens", version=__version__, lifespan=lifespan, docs_url="/docs", redoc_url=None,
+        title="commlens",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
         openapi_url="/api/openapi.json",
         description="Communication of distributed training runs: ingest, attribution, histograms, predictions, "
-                    "findings and review. Errors are application/problem+json. Lists are paginated with "
-                    "limit/offset (`next_offset` is null on the last page). Auth: `Authorization: Bearer <token>`; "
-                    "on a loopback-bound server loopback clients need none.",
+        "findings and review. Errors are application/problem+json. Lists are paginated with "
+        "limit/offset (`next_offset` is null on the last page). Auth: `Authorization: Bearer <token>`; "
+        "on a loopback-bound server loopback clients need none.",
     )
     app.state.ctx = AppContext(settings=settings, db=db, ingest_queue=ingest_queue)
     errors.install(app)
@@ -83,8 +87,15 @@ def create_app(settings: Settings, ui: Any = None, db: Database | None = None) -
     for module in (users, runs, uploads, export, analysis, review):
         api.include_router(module.router)
     app.include_router(api)
-    _install_api_fallback(app, [r for m in (users, runs, uploads, export, analysis, review) for r in m.router.routes
-                                if isinstance(r, APIRoute)])
+    _install_api_fallback(
+        app,
+        [
+            r
+            for m in (users, runs, uploads, export, analysis, review)
+            for r in m.router.routes
+            if isinstance(r, APIRoute)
+        ],
+    )
     if ui is not None:
         app.mount("/", as_asgi(ui), name="ui")
     app.add_middleware(JsonBodyGuard, max_bytes=settings.max_json_body_bytes)
@@ -94,12 +105,21 @@ def create_app(settings: Settings, ui: Any = None, db: Database | None = None) -
 def _install_api_fallback(app: FastAPI, routes: list[APIRoute]) -> None:
     """Unknown /api paths answer problem+json 404/405 even when a UI is mounted at / (it would catch them)."""
 
-    @app.api_route("/api/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
-                   include_in_schema=False)
+    @app.api_route(
+        "/api/{rest:path}",
+        methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
+        include_in_schema=False,
+    )
     async def _fallback(request: Request, rest: str) -> None:
         path = "/" + rest
         allowed = sorted({m for r in routes if r.path_regex.match(path) for m in r.methods or ()})
         if allowed:
-            raise ApiError(405, f"{request.method} is not allowed on {request.url.path}; allowed: {', '.join(allowed)}",
-                           "method-not-allowed", headers={"Allow": ", ".join(allowed)})
-        raise ApiError(404, f"no such endpoint: {request.method} {request.url.path}; see /docs for the API", "not-found")
+            raise ApiError(
+                405,
+                f"{request.method} is not allowed on {request.url.path}; allowed: {', '.join(allowed)}",
+                "method-not-allowed",
+                headers={"Allow": ", ".join(allowed)},
+            )
+        raise ApiError(
+            404, f"no such endpoint: {request.method} {request.url.path}; see /docs for the API", "not-found"
+        )

@@ -31,12 +31,20 @@ def principal_for(request: Request, con: duckdb.DuckDBPyConnection, loopback_bin
     if header is not None:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise ApiError(401, "the Authorization header must be 'Bearer <token>'", "unauthenticated",
-                           headers={"WWW-Authenticate": "Bearer"})
+            raise ApiError(
+                401,
+                "the Authorization header must be 'Bearer <token>'",
+                "unauthenticated",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         user = user_by_token(con, token.strip())
         if user is None:
-            raise ApiError(401, "unknown or revoked token; ask an admin for a new one (commlens users add NAME)",
-                           "unauthenticated", headers={"WWW-Authenticate": "Bearer"})
+            raise ApiError(
+                401,
+                "unknown or revoked token; ask an admin for a new one (commlens users add NAME)",
+                "unauthenticated",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         return Principal(user.name, user.is_admin, True, "token")
     client = request.client.host if request.client else ""
     if loopback_bind and is_loopback(client):
@@ -46,9 +54,13 @@ def principal_for(request: Request, con: duckdb.DuckDBPyConnection, loopback_bin
 
 def require_write(p: Principal) -> Principal:
     if not p.can_write:
-        raise ApiError(401, "this server is reachable from the network: writes need a token "
-                       "(header 'Authorization: Bearer <token>'; an admin creates one with `commlens users add NAME`)",
-                       "unauthenticated", headers={"WWW-Authenticate": "Bearer"})
+        raise ApiError(
+            401,
+            "this server is reachable from the network: writes need a token "
+            "(header 'Authorization: Bearer <token>'; an admin creates one with `commlens users add NAME`)",
+            "unauthenticated",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     return p
 
 

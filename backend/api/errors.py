@@ -35,8 +35,14 @@ class Problem(BaseModel):
 class ApiError(Exception):
     """Raised by routes; becomes a problem+json response."""
 
-    def __init__(self, status: int, detail: str, kind: str | None = None, headers: dict[str, str] | None = None,
-                 errors: list[dict[str, Any]] | None = None):
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        kind: str | None = None,
+        headers: dict[str, str] | None = None,
+        errors: list[dict[str, Any]] | None = None,
+    ):
         self.status = status
         self.detail = detail
         self.kind = kind or HTTPStatus(status).phrase.lower().replace(" ", "-")
@@ -45,20 +51,38 @@ class ApiError(Exception):
         super().__init__(detail)
 
 
-def problem_response(request: Request | None, status: int, detail: str, kind: str | None = None,
-                     headers: dict[str, str] | None = None, errors: list[dict[str, Any]] | None = None) -> JSONResponse:
+def problem_response(
+    request: Request | None,
+    status: int,
+    detail: str,
+    kind: str | None = None,
+    headers: dict[str, str] | None = None,
+    errors: list[dict[str, Any]] | None = None,
+) -> JSONResponse:
     phrase = HTTPStatus(status).phrase
     body = Problem(
-        type=TYPE_BASE + (kind or phrase.lower().replace(" ", "-")), title=phrase, status=status, detail=detail,
-        instance=request.url.path if request is not None else None, errors=errors,
+        type=TYPE_BASE + (kind or phrase.lower().replace(" ", "-")),
+        title=phrase,
+        status=status,
+        detail=detail,
+        instance=request.url.path if request is not None else None,
+        errors=errors,
     )
-    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, media_type=PROBLEM_JSON, headers=headers)
+    return JSONResponse(
+        body.model_dump(exclude_none=True), status_code=status, media_type=PROBLEM_JSON, headers=headers
+    )
 
 
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses=` entries documenting problem+json errors."""
-    return {s: {"model": Problem, "description": HTTPStatus(s).phrase,
-                "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}} for s in statuses}
+    return {
+        s: {
+            "model": Problem,
+            "description": HTTPStatus(s).phrase,
+            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+        for s in statuses
+    }
 
 
 def _validation_errors(exc: RequestValidationError) -> tuple[str, list[dict[str, Any]]]:
@@ -69,10 +93,17 @@ def _validation_errors(exc: RequestValidationError) -> tuple[str, list[dict[str,
         msg = str(e.get("msg", "invalid"))
         errors.append({"field": loc, "message": msg})
         parts.append(f"{loc}: {msg}")
-    return "invalid request: " + "; ".join(parts[:5]) + (f" (and {len(parts) - 5} more)" if len(parts) > 5 else ""), errors
+    return "invalid request: " + "; ".join(parts[:5]) + (
+        f" (and {len(parts) - 5} more)" if len(parts) > 5 else ""
+    ), errors
 
 
-_SERVICE_STATUS: dict[type[ServiceError], int] = {NotFoundError: 404, ConflictError: 409, InvalidError: 422, ForbiddenError: 403}
+_SERVICE_STATUS: dict[type[ServiceError], int] = {
+    NotFoundError: 404,
+    ConflictError: 409,
+    InvalidError: 422,
+    ForbiddenError: 403,
+}
 
 
 def install(app: FastAPI) -> None:
@@ -108,11 +139,17 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(duckdb.TransactionException)
     async def _conflict(request: Request, exc: duckdb.TransactionException) -> JSONResponse:
-        return problem_response(request, 409, f"a concurrent change touched the same rows ({exc}); retry the request",
-                                "write-conflict")
+        return problem_response(
+            request, 409, f"a concurrent change touched the same rows ({exc}); retry the request", "write-conflict"
+        )
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return problem_response(request, 500, f"internal error ({type(exc).__name__}); the server log has the traceback. "
-                                "Nothing was changed by this request unless its response said so.", "internal-error")
+        return problem_response(
+            request,
+            500,
+            f"internal error ({type(exc).__name__}); the server log has the traceback. "
+            "Nothing was changed by this request unless its response said so.",
+            "internal-error",
+        )

@@ -105,23 +105,40 @@ _STREAMS = {"csv": stream_csv, "jsonl": stream_jsonl, "parquet": stream_parquet}
 
 
 @router.get(
-    "/runs/{run}/export", responses={**problem_responses(404, 422), 200: {"content": {m: {} for m in MEDIA.values()},
-                                                                          "description": "the rows, streamed"}},
-    response_class=StreamingResponse, summary="Export the run's rows of the comms view (streamed)",
+    "/runs/{run}/export",
+    responses={
+        **problem_responses(404, 422),
+        200: {"content": {m: {} for m in MEDIA.values()}, "description": "the rows, streamed"},
+    },
+    response_class=StreamingResponse,
+    summary="Export the run's rows of the comms view (streamed)",
 )
 def export_run(
-    run: str, cur: Cursor, ctx: Ctx,
+    run: str,
+    cur: Cursor,
+    ctx: Ctx,
     format: Annotated[Literal["csv", "parquet", "jsonl"], Query()] = "csv",
     scheme: Annotated[Scheme | None, Query()] = None,
     op: Annotated[Op | None, Query()] = None,
     dtype: Annotated[str | None, Query(max_length=32)] = None,
     rank: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
-    step: Annotated[int | None, Query(ge=-(2**31), le=2**31 - 1, description=(
-        "the comms.step column (profiler step); for detected iterations of NCCL logs, and for a histogram "
-        "bar's calls, use GET /api/runs/{run}/calls"))] = None,
+    step: Annotated[
+        int | None,
+        Query(
+            ge=-(2**31),
+            le=2**31 - 1,
+            description=(
+                "the comms.step column (profiler step); for detected iterations of NCCL logs, and for a histogram "
+                "bar's calls, use GET /api/runs/{run}/calls"
+            ),
+        ),
+    ] = None,
 ) -> StreamingResponse:
     export.check_run(cur, run)  # 404 before the stream starts
     filters = {"scheme": scheme, "op": op, "dtype": dtype, "rank": rank, "step": step}
     filename = re.sub(r"[^A-Za-z0-9._+@=-]", "_", run) + f".{format}"
-    return StreamingResponse(_STREAMS[format](ctx.db, run, filters), media_type=MEDIA[format],
-                             headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+    return StreamingResponse(
+        _STREAMS[format](ctx.db, run, filters),
+        media_type=MEDIA[format],
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )

@@ -13,6 +13,12 @@ from .settings import Settings
 def serve(settings: Settings, ui: Any = None, log_level: str = "info") -> None:
     """Blocks until the server stops. Raises StartupRefused / StoreError before listening."""
     app = create_app(settings, ui=ui)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
-                            timeout_graceful_shutdown=15, proxy_headers=False)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        timeout_graceful_shutdown=15,
+        proxy_headers=False,
+    )
     uvicorn.Server(config).run()

@@ -25,7 +25,7 @@ class ServerThread:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         self.app = create_app(self.settings, ui=self.ui)
         config = uvicorn.Config(self.app, host=self.settings.host, port=0, log_level="warning", lifespan="on")
         self._server = uvicorn.Server(config)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -70,7 +71,7 @@ def measured_kind_sql(a: str = "a", g: str = "g") -> str:
 
 
 @contextmanager
-def registered(con: duckdb.DuckDBPyConnection, table) -> Iterator[str]:
+def registered(con: duckdb.DuckDBPyConnection, table: pa.Table) -> Iterator[str]:
     """Register an Arrow table under a fresh name for the duration of a query."""
     name = f"_commlens_{uuid.uuid4().hex[:12]}"
     con.register(name, table)
@@ -364,7 +365,7 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
     offsets = toks.offsets.to_numpy()
     values = toks.values.to_numpy()
     keys = zip(table["source_id"].to_pylist(), table["process"].to_pylist(), table["comm"].to_pylist(), strict=True)
-    comms: dict[tuple, dict] = {
+    comms: dict[tuple[Any, ...], dict[str, Any]] = {
         key: {
             "group_key": group_key,
             "calls": int(offsets[i + 1] - offsets[i]),
@@ -474,10 +475,10 @@ def _refresh_bandwidth(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
         bins = con.execute(
             "SELECT op, k, calls, median_busbw_gbps FROM bw_bins WHERE run_id = ? ORDER BY op, k", [run_id]
         ).fetchall()
-        per_op: dict[str, list[tuple]] = {}
+        per_op: dict[str, list[tuple[Any, ...]]] = {}
         for row in bins:
             per_op.setdefault(row[0], []).append(row)
-        ops: dict[str, list] = {}
+        ops: dict[str, list[Any]] = {}
         for op, rows in per_op.items():
             best = max(rows, key=lambda r: r[3])
             reach = next((r for r in rows if r[3] >= best[3] / 2), None)

@@ -28,9 +28,30 @@ MiB = 1 << 20
 
 # DeviceMesh / run.json dimension names -> scheme.
 _DIM_SCHEMES: dict[str, str] = {
-    **dict.fromkeys(("dp", "ddp", "data", "data_parallel", "fsdp", "zero", "hsdp", "replicate", "shard",
-                     "dp_replicate", "dp_shard", "dp_shard_cp", "dp_cp", "dp_replicate_cp", "edp", "ep_dp",
-                     "dp_shard_mod_ep", "dp_shard_in_ep", "efsdp"), "dp"),
+    **dict.fromkeys(
+        (
+            "dp",
+            "ddp",
+            "data",
+            "data_parallel",
+            "fsdp",
+            "zero",
+            "hsdp",
+            "replicate",
+            "shard",
+            "dp_replicate",
+            "dp_shard",
+            "dp_shard_cp",
+            "dp_cp",
+            "dp_replicate_cp",
+            "edp",
+            "ep_dp",
+            "dp_shard_mod_ep",
+            "dp_shard_in_ep",
+            "efsdp",
+        ),
+        "dp",
+    ),
     **dict.fromkeys(("tp", "tensor", "tensor_parallel", "etp"), "tp"),
     **dict.fromkeys(("pp", "pipe", "pipeline", "pipeline_parallel", "stage"), "pp"),
     **dict.fromkeys(("cp", "context", "context_parallel"), "cp"),
@@ -225,8 +246,9 @@ def _dim_verdict(
         return _Verdict(scheme, "label", f"{where}: dimension '{dim}'", conf)
     parallel = (config or {}).get("parallel") or {}
     if dim.lower() in ("world", "default", "global") and world and parallel.get("dp") == world and g.n == world:
-        return _Verdict("dp", "label",
-                        f"{where}: the world group, and the run config has parallel.dp = {world} = world size", conf)
+        return _Verdict(
+            "dp", "label", f"{where}: the world group, and the run config has parallel.dp = {world} = world size", conf
+        )
     return _Verdict("other", "label", f"{where}: dimension '{dim}' is not one parallelism scheme", conf)
 
 
@@ -257,8 +279,11 @@ def description_label(text: str | None) -> tuple[str, str, float] | None:
         ({"sequence", "data"} <= tokens, "dp", "sequence-and-data-parallel gradient group"),
         ("sequence" in tokens, "cp", "sequence-parallel group (DeepSpeed-Ulysses style, splits the sequence like cp)"),
         ("tensor" in tokens, "tp", "tensor-parallel"),
-        ("data" in tokens and ("parallel" in tokens or "group" in tokens) or "ddp" in tokens or "fsdp" in tokens,
-         "dp", "data-parallel"),
+        (
+            ("data" in tokens and ("parallel" in tokens or "group" in tokens)) or "ddp" in tokens or "fsdp" in tokens,
+            "dp",
+            "data-parallel",
+        ),
     ]
     for hit, scheme, what in rules:
         if hit:
@@ -284,8 +309,13 @@ def _p2p_only(g: _Group) -> bool:
 def _p2p_verdict(g: _Group) -> _Verdict:
     calls = sum(g.op_calls.values())
     if not g.ranks or not any(peer is not None for _, peer, _ in g.peers):
-        return _Verdict("pp", "structure", f"only point-to-point calls ({calls}); peers or group ranks unknown, "
-                        "so neighbour order could not be checked", 0.5)
+        return _Verdict(
+            "pp",
+            "structure",
+            f"only point-to-point calls ({calls}); peers or group ranks unknown, "
+            "so neighbour order could not be checked",
+            0.5,
+        )
     pos = {r: i for i, r in enumerate(g.ranks)}
     n = len(g.ranks)
     steps = set()
@@ -297,13 +327,27 @@ def _p2p_verdict(g: _Group) -> _Verdict:
     if not steps:
         return _Verdict("pp", "structure", f"only point-to-point calls ({calls}); peers not in the group's ranks", 0.4)
     if steps <= {1}:
-        return _Verdict("pp", "structure", f"only point-to-point calls ({calls}), each between neighbouring ranks "
-                        f"of the group {g.ranks}: a pipeline chain", 0.7)
+        return _Verdict(
+            "pp",
+            "structure",
+            f"only point-to-point calls ({calls}), each between neighbouring ranks "
+            f"of the group {g.ranks}: a pipeline chain",
+            0.7,
+        )
     if n > 2 and steps <= {1, n - 1}:
-        return _Verdict("cp", "structure", f"only point-to-point calls ({calls}) around a ring (last rank to first) "
-                        f"of {g.ranks}: ring attention passes KV blocks this way", 0.4)
-    return _Verdict("other", "structure", f"only point-to-point calls ({calls}) between ranks {sorted(steps)} "
-                    "positions apart: not a pipeline chain", 0.2)
+        return _Verdict(
+            "cp",
+            "structure",
+            f"only point-to-point calls ({calls}) around a ring (last rank to first) "
+            f"of {g.ranks}: ring attention passes KV blocks this way",
+            0.4,
+        )
+    return _Verdict(
+        "other",
+        "structure",
+        f"only point-to-point calls ({calls}) between ranks {sorted(steps)} positions apart: not a pipeline chain",
+        0.2,
+    )
 
 
 def _share(part: int, whole: int) -> float:
@@ -316,33 +360,51 @@ def _world_verdict(g: _Group, others_with_collectives: int, config: dict[str, An
         return _Verdict("dp", "label", f"world group; the run config has parallel.dp = {world} = world size", 0.95)
     desc = f"world group '{g.description}'" if g.description else "world group"
     if others_with_collectives:
-        return _Verdict("other", "structure",
-                        f"{desc} next to {others_with_collectives} sub-group(s) with collectives: it carries setup "
-                        "and cross-scheme traffic, not one dimension", 0.5)
+        return _Verdict(
+            "other",
+            "structure",
+            f"{desc} next to {others_with_collectives} sub-group(s) with collectives: it carries setup "
+            "and cross-scheme traffic, not one dimension",
+            0.5,
+        )
     ar_bytes, ar_max = g.op_bytes.get("all_reduce", 0), g.op_max.get("all_reduce", 0)
     a2a = g.op_bytes.get("all_to_all", 0)
     ar_share, a2a_share = _share(ar_bytes, g.bytes), _share(a2a, g.bytes)
     if ar_bytes and a2a_share >= 0.1:
-        return _Verdict("other", "structure",
-                        f"{desc} is the only group with collectives but mixes all_reduce ({ar_share:.0%} of bytes, "
-                        f"data-parallel-like) and all_to_all ({a2a_share:.0%}, model-parallel exchange as in "
-                        "embedding or expert layers): one group serves two schemes; set an override if one of "
-                        "them is what you want to see", 0.3)
+        return _Verdict(
+            "other",
+            "structure",
+            f"{desc} is the only group with collectives but mixes all_reduce ({ar_share:.0%} of bytes, "
+            f"data-parallel-like) and all_to_all ({a2a_share:.0%}, model-parallel exchange as in "
+            "embedding or expert layers): one group serves two schemes; set an override if one of "
+            "them is what you want to see",
+            0.3,
+        )
     if ar_share >= 0.9 and ar_max >= MiB:
-        return _Verdict("dp", "structure",
-                        f"{desc} is the only group with collectives; {ar_share:.0%} of its bytes are all_reduce "
-                        f"with calls up to {ar_max / MiB:.1f} MiB (gradient-bucket sized): data-parallel gradient "
-                        "synchronisation", 0.75)
+        return _Verdict(
+            "dp",
+            "structure",
+            f"{desc} is the only group with collectives; {ar_share:.0%} of its bytes are all_reduce "
+            f"with calls up to {ar_max / MiB:.1f} MiB (gradient-bucket sized): data-parallel gradient "
+            "synchronisation",
+            0.75,
+        )
     if a2a_share >= 0.5:
-        return _Verdict("ep", "structure",
-                        f"{desc} does mostly all_to_all ({a2a_share:.0%} of bytes); {_A2A_WEAK}", 0.3)
-    return _Verdict("other", "structure",
-                    f"{desc} without gradient-sized all_reduce (largest all_reduce {ar_max} B, {ar_share:.0%} "
-                    f"of {g.bytes} B): setup or small traffic", 0.4)
+        return _Verdict(
+            "ep", "structure", f"{desc} does mostly all_to_all ({a2a_share:.0%} of bytes); {_A2A_WEAK}", 0.3
+        )
+    return _Verdict(
+        "other",
+        "structure",
+        f"{desc} without gradient-sized all_reduce (largest all_reduce {ar_max} B, {ar_share:.0%} "
+        f"of {g.bytes} B): setup or small traffic",
+        0.4,
+    )
 
 
-_A2A_WEAK = ("expert parallelism uses all_to_all, but so do Ulysses context parallelism and embedding exchange: "
-             "weak evidence")
+_A2A_WEAK = (
+    "expert parallelism uses all_to_all, but so do Ulysses context parallelism and embedding exchange: weak evidence"
+)
 
 
 def _layout_verdict(g: _Group, s: int | None, distinct: list[int], has_pp: bool) -> _Verdict:
@@ -351,33 +413,59 @@ def _layout_verdict(g: _Group, s: int | None, distinct: list[int], has_pp: bool)
     where = f"stride {s}, ranks {g.ranks}; {ops}"
     several = f"among {len(distinct)} group layouts with collectives"
     if g.ranks is None:
-        return _Verdict("other", "unknown",
-                        f"collectives ({ops}) on a group whose global ranks are unknown: no layout to reason from", 0.0)
+        return _Verdict(
+            "other",
+            "unknown",
+            f"collectives ({ops}) on a group whose global ranks are unknown: no layout to reason from",
+            0.0,
+        )
     if s is None:
         return _Verdict("other", "unknown", f"irregular rank layout {g.ranks} ({ops})", 0.0)
     if len(distinct) >= 2 and s == distinct[0]:
-        return _Verdict("tp", "structure",
-                        f"contiguous-most layout ({where}) {several}: Megatron and DeviceMesh put tp innermost so "
-                        "it stays within a node; layout convention, not a label", 0.5)
+        return _Verdict(
+            "tp",
+            "structure",
+            f"contiguous-most layout ({where}) {several}: Megatron and DeviceMesh put tp innermost so "
+            "it stays within a node; layout convention, not a label",
+            0.5,
+        )
     if len(distinct) >= 2 and s == distinct[-1]:
-        return _Verdict("dp", "structure",
-                        f"widest-stride layout ({where}) {several}: data parallelism spans the outer mesh "
-                        "dimension; layout convention, not a label", 0.5)
+        return _Verdict(
+            "dp",
+            "structure",
+            f"widest-stride layout ({where}) {several}: data parallelism spans the outer mesh "
+            "dimension; layout convention, not a label",
+            0.5,
+        )
     if len(distinct) >= 2:
-        return _Verdict("other", "unknown",
-                        f"stride {s} lies between the tp-like ({distinct[0]}) and dp-like ({distinct[-1]}) layouts; "
-                        "by Megatron's order this is cp or ep, which the layout cannot decide", 0.0)
+        return _Verdict(
+            "other",
+            "unknown",
+            f"stride {s} lies between the tp-like ({distinct[0]}) and dp-like ({distinct[-1]}) layouts; "
+            "by Megatron's order this is cp or ep, which the layout cannot decide",
+            0.0,
+        )
     if s > 1:
-        return _Verdict("dp", "structure",
-                        f"the only layout with collectives is strided ({where}): an outer mesh dimension, as data "
-                        "parallelism usually is", 0.4)
+        return _Verdict(
+            "dp",
+            "structure",
+            f"the only layout with collectives is strided ({where}): an outer mesh dimension, as data "
+            "parallelism usually is",
+            0.4,
+        )
     if has_pp:
-        return _Verdict("tp", "structure",
-                        f"contiguous blocks ({where}) next to pipeline groups: the inner dimension of a tp x pp "
-                        "layout", 0.4)
-    return _Verdict("other", "unknown",
-                    f"one family of contiguous rank blocks ({where}): tp and dp cannot be told apart by layout alone",
-                    0.0)
+        return _Verdict(
+            "tp",
+            "structure",
+            f"contiguous blocks ({where}) next to pipeline groups: the inner dimension of a tp x pp layout",
+            0.4,
+        )
+    return _Verdict(
+        "other",
+        "unknown",
+        f"one family of contiguous rank blocks ({where}): tp and dp cannot be told apart by layout alone",
+        0.0,
+    )
 
 
 def _structure(groups: list[_Group], world: int | None, config: dict[str, Any] | None) -> dict[str, _Verdict]:
@@ -428,8 +516,15 @@ def _label(g: _Group, config: dict[str, Any] | None, world: int | None) -> _Verd
 
 def _result(g: _Group) -> GroupAttribution:
     return GroupAttribution(
-        group_key=g.key, name=g.name, description=g.description, ranks=g.ranks, size=g.size,
-        scheme=g.scheme or "other", source=g.source or "unknown", reason=g.reason or "", calls=g.calls,
+        group_key=g.key,
+        name=g.name,
+        description=g.description,
+        ranks=g.ranks,
+        size=g.size,
+        scheme=g.scheme or "other",
+        source=g.source or "unknown",
+        reason=g.reason or "",
+        calls=g.calls,
         confidence=g.confidence if g.confidence is not None else 0.0,
     )
 
@@ -490,8 +585,10 @@ def set_override(
         ).fetchall()[0]
         if not size[0]:
             raise LookupError(f"run {run!r} has no process group {group_key!r}")
-        con.execute("INSERT INTO process_groups (run_id, group_key, size, origin) VALUES (?, ?, ?, 'event')",
-                    [run_id, group_key, size[1]])
+        con.execute(
+            "INSERT INTO process_groups (run_id, group_key, size, origin) VALUES (?, ?, ?, 'event')",
+            [run_id, group_key, size[1]],
+        )
     con.execute(
         """
         UPDATE process_groups SET scheme = ?, scheme_source = 'override', scheme_reason = ?, scheme_confidence = 1.0
@@ -534,21 +631,33 @@ def attribution_summary(con: duckdb.DuckDBPyConnection, run: str) -> Attribution
     ).fetchall()
     groups = [
         GroupAttribution(
-            group_key=r[0], name=r[1], description=r[2], ranks=sorted(r[3]) if r[3] is not None else None, size=r[4],
-            scheme=r[5] or "other", source=r[6] or "unknown",
-            reason=r[7] or "not attributed yet (run attribute_run)", confidence=r[8] or 0.0, calls=r[9],
+            group_key=r[0],
+            name=r[1],
+            description=r[2],
+            ranks=sorted(r[3]) if r[3] is not None else None,
+            size=r[4],
+            scheme=r[5] or "other",
+            source=r[6] or "unknown",
+            reason=r[7] or "not attributed yet (run attribute_run)",
+            confidence=r[8] or 0.0,
+            calls=r[9],
         )
         for r in rows
     ]
-    unattributed = int(con.execute(
-        "SELECT coalesce(sum(calls), 0) FROM comm_agg WHERE run_id = ? AND group_key IS NULL", [run_id]
-    ).fetchall()[0][0])
-    by_scheme = {k: int(n) for k, n in con.execute(
-        """
+    unattributed = int(
+        con.execute(
+            "SELECT coalesce(sum(calls), 0) FROM comm_agg WHERE run_id = ? AND group_key IS NULL", [run_id]
+        ).fetchall()[0][0]
+    )
+    by_scheme = {
+        k: int(n)
+        for k, n in con.execute(
+            """
         SELECT coalesce(g.scheme, 'unattributed'), sum(a.calls) FROM comm_agg a
         LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
         WHERE a.run_id = ? GROUP BY ALL ORDER BY 1
         """,
-        [run_id],
-    ).fetchall()}
+            [run_id],
+        ).fetchall()
+    }
     return AttributionSummary(run=run, groups=groups, unattributed_events=unattributed, events_by_scheme=by_scheme)

@@ -14,7 +14,12 @@ from __future__ import annotations
 import duckdb
 
 from commlens.contract.analysis import (
-    BandwidthReport, BinBandwidth, CallBandwidth, OpBandwidth, SchemeOpBandwidth, bin_spec,
+    BandwidthReport,
+    BinBandwidth,
+    CallBandwidth,
+    OpBandwidth,
+    SchemeOpBandwidth,
+    bin_spec,
 )
 from commlens.store.aggregates import measured_calls
 
@@ -25,8 +30,12 @@ def bandwidth(con: duckdb.DuckDBPyConnection, run: str) -> BandwidthReport:
     """Per (op, size bin) medians of algbw and busbw, the half-bandwidth size per op, and per scheme.
     Read from the run's precomputed summaries (exact medians, computed when its calls or groups change)."""
     run_id = fresh_run_id(con, run)
-    excluded = {r[0]: int(r[1]) for r in con.execute(
-        "SELECT reason, calls FROM bw_excluded WHERE run_id = ? ORDER BY reason", [run_id]).fetchall()}
+    excluded = {
+        r[0]: int(r[1])
+        for r in con.execute(
+            "SELECT reason, calls FROM bw_excluded WHERE run_id = ? ORDER BY reason", [run_id]
+        ).fetchall()
+    }
     bins = con.execute(
         """SELECT op, k, calls, median_bytes, median_dur_us, median_algbw_gbps, median_busbw_gbps, group_sizes
            FROM bw_bins WHERE run_id = ? ORDER BY op, k""",
@@ -34,9 +43,14 @@ def bandwidth(con: duckdb.DuckDBPyConnection, run: str) -> BandwidthReport:
     ).fetchall()
     ops = [
         OpBandwidth(
-            op=op, calls=calls, best_busbw_gbps=best, best_bin=bin_spec(f"2^{best_k}").label,
-            half_bw_bytes=half_bytes, half_bw_label=bin_spec(f"2^{half_k}").label if half_bytes else None,
-            latency_bound_calls=below_calls, latency_bound_time_us=below_time,
+            op=op,
+            calls=calls,
+            best_busbw_gbps=best,
+            best_bin=bin_spec(f"2^{best_k}").label,
+            half_bw_bytes=half_bytes,
+            half_bw_label=bin_spec(f"2^{half_k}").label if half_bytes else None,
+            latency_bound_calls=below_calls,
+            latency_bound_time_us=below_time,
         )
         for op, calls, best_k, best, half_k, half_bytes, below_calls, below_time in con.execute(
             """SELECT op, calls, best_k, best_busbw_gbps, half_k, half_bw_bytes, latency_bound_calls,
@@ -51,25 +65,55 @@ def bandwidth(con: duckdb.DuckDBPyConnection, run: str) -> BandwidthReport:
     ).fetchall()
     total = sum(r[2] for r in bins)
     report_bins = [
-        BinBandwidth(op=r[0], bin=bin_spec(f"2^{r[1]}"), calls=r[2], median_bytes=r[3], median_dur_us=r[4],
-                     median_algbw_gbps=r[5], median_busbw_gbps=r[6], group_sizes=list(r[7]))
+        BinBandwidth(
+            op=r[0],
+            bin=bin_spec(f"2^{r[1]}"),
+            calls=r[2],
+            median_bytes=r[3],
+            median_dur_us=r[4],
+            median_algbw_gbps=r[5],
+            median_busbw_gbps=r[6],
+            group_sizes=list(r[7]),
+        )
         for r in bins
     ]
     notes = []
     if not total:
-        notes.append("no call has a measured duration (NCCL logs carry no time; traces need device kernels "
-                     "or gloo CPU ops): no bandwidth")
+        notes.append(
+            "no call has a measured duration (NCCL logs carry no time; traces need device kernels "
+            "or gloo CPU ops): no bandwidth"
+        )
     return BandwidthReport(
-        run=run, calls_with_duration=total, excluded=excluded, bins=report_bins, ops=ops,
-        by_scheme=[SchemeOpBandwidth(scheme=r[0], op=r[1], calls=r[2], time_us=r[3], median_busbw_gbps=r[4],
-                                     large_calls=r[5], large_median_busbw_gbps=r[6]) for r in schemes],
-        best_busbw_gbps=max((b.median_busbw_gbps for b in report_bins), default=None), notes=notes,
+        run=run,
+        calls_with_duration=total,
+        excluded=excluded,
+        bins=report_bins,
+        ops=ops,
+        by_scheme=[
+            SchemeOpBandwidth(
+                scheme=r[0],
+                op=r[1],
+                calls=r[2],
+                time_us=r[3],
+                median_busbw_gbps=r[4],
+                large_calls=r[5],
+                large_median_busbw_gbps=r[6],
+            )
+            for r in schemes
+        ],
+        best_busbw_gbps=max((b.median_busbw_gbps for b in report_bins), default=None),
+        notes=notes,
     )
 
 
 def call_bandwidth(
-    con: duckdb.DuckDBPyConnection, run: str, *, op: str | None = None, scheme: str | None = None,
-    limit: int = 1000, offset: int = 0,
+    con: duckdb.DuckDBPyConnection,
+    run: str,
+    *,
+    op: str | None = None,
+    scheme: str | None = None,
+    limit: int = 1000,
+    offset: int = 0,
 ) -> list[CallBandwidth]:
     """algbw and busbw of each measured call (paginated), largest messages first."""
     run_id = run_id_of(con, run)
@@ -87,5 +131,18 @@ def call_bandwidth(
             """,
             [run_id, *params, int(limit), int(offset)],
         ).fetchall()
-    return [CallBandwidth(rank=r[0], process=r[1], scheme=r[2], op=r[3], group_size=r[4], msg_bytes=r[5], dur_us=r[6],
-                          algbw_gbps=r[7], busbw_gbps=r[8], busbw_factor=r[9]) for r in rows]
+    return [
+        CallBandwidth(
+            rank=r[0],
+            process=r[1],
+            scheme=r[2],
+            op=r[3],
+            group_size=r[4],
+            msg_bytes=r[5],
+            dur_us=r[6],
+            algbw_gbps=r[7],
+            busbw_gbps=r[8],
+            busbw_factor=r[9],
+        )
+        for r in rows
+    ]

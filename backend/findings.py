@@ -40,16 +40,16 @@ MIN_LARGE_CALLS = 3
 
 _SUGGEST_SMALL = {
     "pp": "Batch the sends and receives of one schedule step into one group (batch_isend_irecv), send each "
-          "micro-batch's activations as one contiguous tensor instead of one call per tensor, and drop per-step "
-          "shape/metadata sends by fixing tensor shapes; fewer, larger micro-batches also raise the message size.",
+    "micro-batch's activations as one contiguous tensor instead of one call per tensor, and drop per-step "
+    "shape/metadata sends by fixing tensor shapes; fewer, larger micro-batches also raise the message size.",
     "dp": "Raise the gradient bucket size (DDP bucket_cap_mb, DeepSpeed reduce_bucket_size) so small gradients "
-          "travel together, and fuse scalar reductions (loss, grad norm, overflow check) into one all_reduce.",
+    "travel together, and fuse scalar reductions (loss, grad norm, overflow check) into one all_reduce.",
     "tp": "Fuse the small tensor-parallel collectives (for example the cross-entropy statistics) into one call, "
-          "or give each call more tokens (larger micro-batch or sequence per call).",
+    "or give each call more tokens (larger micro-batch or sequence per call).",
     "cp": "Exchange larger KV blocks per step (fewer, larger ring steps) or overlap the exchanges with attention "
-          "compute so their latency hides.",
+    "compute so their latency hides.",
     "ep": "Coalesce token dispatch per layer (one all_to_all for all experts of a rank) and raise the tokens per "
-          "call; small all_to_alls are latency-bound on every link.",
+    "call; small all_to_alls are latency-bound on every link.",
 }
 
 
@@ -79,11 +79,13 @@ def _config(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Any]:
 def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthReport) -> list[Finding]:
     thresholds = {o.op: min(o.half_bw_bytes, SMALL_BYTES_CAP) for o in bw.ops if o.half_bw_bytes}
     ops = [r[0] for r in con.execute("SELECT DISTINCT op FROM comm_agg WHERE run_id = ?", [run_id]).fetchall()]
-    table = pa.table({
-        "op": pa.array(ops, pa.string()),
-        "threshold": pa.array([thresholds.get(op, DEFAULT_SMALL_BYTES) for op in ops], pa.int64()),
-        "measured": pa.array([op in thresholds for op in ops], pa.bool_()),
-    })
+    table = pa.table(
+        {
+            "op": pa.array(ops, pa.string()),
+            "threshold": pa.array([thresholds.get(op, DEFAULT_SMALL_BYTES) for op in ops], pa.int64()),
+            "measured": pa.array([op in thresholds for op in ops], pa.bool_()),
+        }
+    )
     measured = measured_kind_sql("a", "g")
     with registered(con, table) as tname:
         # From the run's aggregates: one row per (group, op, size, duration kind, ...), weighted by calls.
@@ -135,23 +137,44 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
             severity = "medium" if call_share >= 0.5 else "low"
             impact = small / run_calls
         name = scheme or "unattributed"
-        limit = (f"below the size where busbw reaches half its best (measured per op in this run, at most "
-                 f"{format_bytes(SMALL_BYTES_CAP)})" if all_measured
-                 else f"below {format_bytes(DEFAULT_SMALL_BYTES)} (default; no measured bandwidth curve for these ops)")
-        title = (f"{name}: {call_share:.0%} of calls"
-                 + (f" and {time_share:.0%} of communication time" if time_share is not None else "")
-                 + " are small, latency-bound messages")
-        out.append(Finding(
-            id=f"small-messages:{name}", title=title, severity=severity, impact=impact,  # type: ignore[arg-type]
-            evidence={"scheme": scheme, "calls": calls, "small_calls": small, "small_call_share": call_share,
-                      "small_time_share": time_share, "small_time_us": small_time if time_share is not None else None,
-                      "small_bytes": int(small_bytes), "most_common_small_op": top_op,
-                      "threshold": limit, "threshold_bytes": int(threshold) if threshold else None},
-            view={"page": "histograms", "scheme": scheme, "op": top_op},
-            suggestion=_SUGGEST_SMALL.get(scheme or "", "Find the call sites of these small calls (group and op in "
-                                          "the histogram) and coalesce them; below the half-bandwidth size each call "
-                                          "pays mostly latency."),
-        ))
+        limit = (
+            f"below the size where busbw reaches half its best (measured per op in this run, at most "
+            f"{format_bytes(SMALL_BYTES_CAP)})"
+            if all_measured
+            else f"below {format_bytes(DEFAULT_SMALL_BYTES)} (default; no measured bandwidth curve for these ops)"
+        )
+        title = (
+            f"{name}: {call_share:.0%} of calls"
+            + (f" and {time_share:.0%} of communication time" if time_share is not None else "")
+            + " are small, latency-bound messages"
+        )
+        out.append(
+            Finding(
+                id=f"small-messages:{name}",
+                title=title,
+                severity=severity,
+                impact=impact,  # type: ignore[arg-type]
+                evidence={
+                    "scheme": scheme,
+                    "calls": calls,
+                    "small_calls": small,
+                    "small_call_share": call_share,
+                    "small_time_share": time_share,
+                    "small_time_us": small_time if time_share is not None else None,
+                    "small_bytes": int(small_bytes),
+                    "most_common_small_op": top_op,
+                    "threshold": limit,
+                    "threshold_bytes": int(threshold) if threshold else None,
+                },
+                view={"page": "histograms", "scheme": scheme, "op": top_op},
+                suggestion=_SUGGEST_SMALL.get(
+                    scheme or "",
+                    "Find the call sites of these small calls (group and op in "
+                    "the histogram) and coalesce them; below the half-bandwidth size each call "
+                    "pays mostly latency.",
+                ),
+            )
+        )
     return out
 
 
@@ -191,23 +214,45 @@ def _imbalance(con: duckdb.DuckDBPyConnection, run_id: int, totals: RankTotals) 
         name = "all schemes" if imb.all_schemes else imb.scheme or "unattributed"
         what = "bytes" if imb.metric == "bytes" else "communication time"
         if imb.metric == "bytes":
-            suggestion = (f"Rank {imb.max_rank} moves {imb.max_over_mean:.2f}x the mean {what} in {name}. Check uneven "
-                          "sharding or bucket assignment, pipeline stages with unequal layer counts, or skewed expert "
-                          "routing; balance the work so no rank carries more traffic than its peers.")
+            suggestion = (
+                f"Rank {imb.max_rank} moves {imb.max_over_mean:.2f}x the mean {what} in {name}. Check uneven "
+                "sharding or bucket assignment, pipeline stages with unequal layer counts, or skewed expert "
+                "routing; balance the work so no rank carries more traffic than its peers."
+            )
         else:
-            suggestion = (f"Rank {imb.max_rank} spends {imb.max_over_mean:.2f}x the mean {what} in {name}. Time "
-                          "in a collective includes waiting for the slowest peer: look for a straggler (compute "
-                          "imbalance, data loading) or a slower link for that rank on the topology page.")
+            suggestion = (
+                f"Rank {imb.max_rank} spends {imb.max_over_mean:.2f}x the mean {what} in {name}. Time "
+                "in a collective includes waiting for the slowest peer: look for a straggler (compute "
+                "imbalance, data loading) or a slower link for that rank on the topology page."
+            )
         title = f"{name}: uneven {what} across ranks (max/mean {imb.max_over_mean:.2f}, rank {imb.max_rank})"
-        out.append(Finding(
-            id=f"imbalance:{name}:{imb.metric}", title=title, severity=severity, impact=impact,  # type: ignore[arg-type]
-            evidence={"scheme": name, "metric": imb.metric, "basis": imb.basis, "ranks": imb.ranks,
-                      "max": imb.max, "mean": imb.mean, "max_over_mean": imb.max_over_mean,
-                      "expected_max_over_mean": expected, "max_rank": imb.max_rank, "min_rank": imb.min_rank},
-            view={"page": "ranks", "scheme": None if imb.all_schemes else imb.scheme, "metric": imb.metric,
-                  "rank": imb.max_rank},
-            suggestion=suggestion,
-        ))
+        out.append(
+            Finding(
+                id=f"imbalance:{name}:{imb.metric}",
+                title=title,
+                severity=severity,
+                impact=impact,  # type: ignore[arg-type]
+                evidence={
+                    "scheme": name,
+                    "metric": imb.metric,
+                    "basis": imb.basis,
+                    "ranks": imb.ranks,
+                    "max": imb.max,
+                    "mean": imb.mean,
+                    "max_over_mean": imb.max_over_mean,
+                    "expected_max_over_mean": expected,
+                    "max_rank": imb.max_rank,
+                    "min_rank": imb.min_rank,
+                },
+                view={
+                    "page": "ranks",
+                    "scheme": None if imb.all_schemes else imb.scheme,
+                    "metric": imb.metric,
+                    "rank": imb.max_rank,
+                },
+                suggestion=suggestion,
+            )
+        )
     return out
 
 
@@ -228,19 +273,28 @@ def _low_busbw(bw: BandwidthReport) -> list[Finding]:
         if severity is None:
             continue
         name = s.scheme or "unattributed"
-        out.append(Finding(
-            id=f"low-busbw:{name}:{s.op}",
-            title=f"{name} {s.op}: bandwidth-bound calls reach {ratio:.0%} of the run's best busbw",
-            severity=severity, impact=s.time_us / total_time,  # type: ignore[arg-type]
-            evidence={"scheme": s.scheme, "op": s.op, "large_calls": s.large_calls,
-                      "median_busbw_gbps": s.large_median_busbw_gbps, "run_best_busbw_gbps": best, "ratio": ratio,
-                      "time_us": s.time_us},
-            view={"page": "bandwidth", "scheme": s.scheme, "op": s.op},
-            suggestion="Compare this group's links with the best one (topology page): a group spanning nodes runs "
-                       "at network speed, so place this dimension inside a node if the mesh allows; otherwise check "
-                       "NCCL's algorithm/protocol choice and channel count for these sizes, and contention with "
-                       "overlapping collectives of other groups.",
-        ))
+        out.append(
+            Finding(
+                id=f"low-busbw:{name}:{s.op}",
+                title=f"{name} {s.op}: bandwidth-bound calls reach {ratio:.0%} of the run's best busbw",
+                severity=severity,
+                impact=s.time_us / total_time,  # type: ignore[arg-type]
+                evidence={
+                    "scheme": s.scheme,
+                    "op": s.op,
+                    "large_calls": s.large_calls,
+                    "median_busbw_gbps": s.large_median_busbw_gbps,
+                    "run_best_busbw_gbps": best,
+                    "ratio": ratio,
+                    "time_us": s.time_us,
+                },
+                view={"page": "bandwidth", "scheme": s.scheme, "op": s.op},
+                suggestion="Compare this group's links with the best one (topology page): a group spanning nodes runs "
+                "at network speed, so place this dimension inside a node if the mesh allows; otherwise check "
+                "NCCL's algorithm/protocol choice and channel count for these sizes, and contention with "
+                "overlapping collectives of other groups.",
+            )
+        )
     return out
 
 
@@ -260,19 +314,30 @@ def _zero_accumulation(config: dict[str, Any], totals: RankTotals) -> list[Findi
     all_bytes = sum(r.bytes for r in totals.rows)
     dp_share = dp_bytes / all_bytes if all_bytes else 1.0
     per_it = [r.bytes_per_iteration for r in totals.rows if r.scheme == "dp" and r.bytes_per_iteration is not None]
-    return [Finding(
-        id="zero-accumulation", severity=severity or "low", impact=(1 - 1 / ratio) * dp_share,  # type: ignore[arg-type]
-        title=f"ZeRO-{zero} with {m} accumulation micro-steps: about {ratio:.1f}x the data-parallel traffic "
-              f"of {baseline}",
-        evidence={"zero_stage": zero, "micro_batches": m, "predicted_ratio": ratio, "baseline": baseline,
-                  "dp_degree": parallel.get("dp"), "measured_dp_bytes_per_rank_per_iteration":
-                  sum(per_it) / len(per_it) if per_it else None},
-        view={"page": "predicted", "scheme": "dp"},
-        suggestion=(f"ZeRO-{zero} reduces (and for stage 3 gathers) every micro-step, so traffic grows with the "
-                    f"{m} accumulation steps. Use fewer, larger micro-batches if memory allows, or ZeRO-1 (gradients "
-                    "stay whole during accumulation and are reduced once per step) when the optimizer-state saving "
-                    "is enough."),
-    )]
+    return [
+        Finding(
+            id="zero-accumulation",
+            severity=severity or "low",
+            impact=(1 - 1 / ratio) * dp_share,  # type: ignore[arg-type]
+            title=f"ZeRO-{zero} with {m} accumulation micro-steps: about {ratio:.1f}x the data-parallel traffic "
+            f"of {baseline}",
+            evidence={
+                "zero_stage": zero,
+                "micro_batches": m,
+                "predicted_ratio": ratio,
+                "baseline": baseline,
+                "dp_degree": parallel.get("dp"),
+                "measured_dp_bytes_per_rank_per_iteration": sum(per_it) / len(per_it) if per_it else None,
+            },
+            view={"page": "predicted", "scheme": "dp"},
+            suggestion=(
+                f"ZeRO-{zero} reduces (and for stage 3 gathers) every micro-step, so traffic grows with the "
+                f"{m} accumulation steps. Use fewer, larger micro-batches if memory allows, or ZeRO-1 (gradients "
+                "stay whole during accumulation and are reduced once per step) when the optimizer-state saving "
+                "is enough."
+            ),
+        )
+    ]
 
 
 # ----------------------------------------------------------------------------- comparison
@@ -282,42 +347,64 @@ def _comparison(comparison: ComparisonInput) -> list[Finding]:
     total = sum(s.measured_bytes for s in comparison.per_scheme) or 1.0
     out = []
     for s in comparison.per_scheme:
-        excess = (s.measured_bytes - s.predicted_bytes) / s.predicted_bytes if s.predicted_bytes else (
-            float("inf") if s.measured_bytes > 0 else 0.0)
+        excess = (
+            (s.measured_bytes - s.predicted_bytes) / s.predicted_bytes
+            if s.predicted_bytes
+            else (float("inf") if s.measured_bytes > 0 else 0.0)
+        )
         if excess > comparison.tolerance:
             severity = _severity(excess, 0.5, 0.2, comparison.tolerance)
-            out.append(Finding(
-                id=f"above-prediction:{s.scheme}", severity=severity or "low",  # type: ignore[arg-type]
-                impact=(s.measured_bytes - s.predicted_bytes) / total,
-                title=(f"{s.scheme}: measured volume {excess:.0%} above the prediction" if s.predicted_bytes
-                       else f"{s.scheme}: traffic measured where none was predicted"),
-                evidence={"scheme": s.scheme, "predicted_bytes": s.predicted_bytes, "measured_bytes": s.measured_bytes,
-                          "excess": excess if s.predicted_bytes else None, "tolerance": comparison.tolerance,
-                          "basis": comparison.basis},
-                view={"page": "predicted", "scheme": s.scheme},
-                suggestion="Open the per (op, size) comparison for this scheme: extra calls of one size point at a "
-                           "framework detail the model lacks (bucket layout, per-micro-step reductions, reduce "
-                           "instead of reduce_scatter, repeated parameter gathers); fix the configuration or tell "
-                           "the predictor about it.",
-            ))
+            out.append(
+                Finding(
+                    id=f"above-prediction:{s.scheme}",
+                    severity=severity or "low",  # type: ignore[arg-type]
+                    impact=(s.measured_bytes - s.predicted_bytes) / total,
+                    title=(
+                        f"{s.scheme}: measured volume {excess:.0%} above the prediction"
+                        if s.predicted_bytes
+                        else f"{s.scheme}: traffic measured where none was predicted"
+                    ),
+                    evidence={
+                        "scheme": s.scheme,
+                        "predicted_bytes": s.predicted_bytes,
+                        "measured_bytes": s.measured_bytes,
+                        "excess": excess if s.predicted_bytes else None,
+                        "tolerance": comparison.tolerance,
+                        "basis": comparison.basis,
+                    },
+                    view={"page": "predicted", "scheme": s.scheme},
+                    suggestion="Open the per (op, size) comparison for this scheme: extra calls of one size point at a "
+                    "framework detail the model lacks (bucket layout, per-micro-step reductions, reduce "
+                    "instead of reduce_scatter, repeated parameter gathers); fix the configuration or tell "
+                    "the predictor about it.",
+                )
+            )
         if s.unexplained_calls > 0:
             share = s.unexplained_bytes / s.measured_bytes if s.measured_bytes else 0.0
-            out.append(Finding(
-                id=f"unexplained-calls:{s.scheme}", severity="medium" if share >= 0.05 else "low",
-                impact=s.unexplained_bytes / total,
-                title=f"{s.scheme}: {s.unexplained_calls} calls the model does not explain",
-                evidence={"scheme": s.scheme, "unexplained_calls": s.unexplained_calls,
-                          "unexplained_bytes": s.unexplained_bytes, "share_of_measured_bytes": share,
-                          "basis": comparison.basis},
-                view={"page": "predicted", "scheme": s.scheme, "filter": "unexplained"},
-                suggestion="List these calls by op and size: metadata sends, scalar all_reduces and setup broadcasts "
-                           "are expected extras; anything large is traffic the configuration did not intend.",
-            ))
+            out.append(
+                Finding(
+                    id=f"unexplained-calls:{s.scheme}",
+                    severity="medium" if share >= 0.05 else "low",
+                    impact=s.unexplained_bytes / total,
+                    title=f"{s.scheme}: {s.unexplained_calls} calls the model does not explain",
+                    evidence={
+                        "scheme": s.scheme,
+                        "unexplained_calls": s.unexplained_calls,
+                        "unexplained_bytes": s.unexplained_bytes,
+                        "share_of_measured_bytes": share,
+                        "basis": comparison.basis,
+                    },
+                    view={"page": "predicted", "scheme": s.scheme, "filter": "unexplained"},
+                    suggestion="List these calls by op and size: metadata sends, scalar all_reduces and setup broadcasts "
+                    "are expected extras; anything large is traffic the configuration did not intend.",
+                )
+            )
     return out
 
 
-def findings(con: duckdb.DuckDBPyConnection, run: str, comparison: Any = None,
-             config: BaseModel | dict[str, Any] | None = None) -> list[Finding]:
+def findings(
+    con: duckdb.DuckDBPyConnection, run: str, comparison: Any = None, config: BaseModel | dict[str, Any] | None = None
+) -> list[Finding]:
     """All findings of a run, most severe and most impactful first. `comparison` is a ComparisonInput
     or any object/dict with per_scheme entries (scheme, predicted_bytes, measured_bytes,
     unexplained_calls). `config` (a PredictInput, run.json or dict with a `parallel` section) replaces
@@ -333,8 +420,11 @@ def findings(con: duckdb.DuckDBPyConnection, run: str, comparison: Any = None,
     out += _zero_accumulation(config, totals)
     if comparison is not None:
         if not isinstance(comparison, ComparisonInput):
-            comparison = (ComparisonInput.model_validate(comparison) if isinstance(comparison, dict)
-                          else ComparisonInput.model_validate(comparison, from_attributes=True))
+            comparison = (
+                ComparisonInput.model_validate(comparison)
+                if isinstance(comparison, dict)
+                else ComparisonInput.model_validate(comparison, from_attributes=True)
+            )
         out += _comparison(comparison)
     out.sort(key=lambda f: (SEVERITY_ORDER[f.severity], -f.impact, f.id))
     return out

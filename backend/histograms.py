@@ -18,8 +18,17 @@ from typing import Any, Literal
 import duckdb
 
 from commlens.contract.analysis import (
-    NO_DTYPE, UNATTRIBUTED, UNKNOWN_KEY, ZERO_KEY, BarCall, BarCalls, BinSpec, Histogram, HistogramSeries,
-    IterationInfo, bin_spec,
+    NO_DTYPE,
+    UNATTRIBUTED,
+    UNKNOWN_KEY,
+    ZERO_KEY,
+    BarCall,
+    BarCalls,
+    BinSpec,
+    Histogram,
+    HistogramSeries,
+    IterationInfo,
+    bin_spec,
 )
 from commlens.store.aggregates import rank_key_sql
 
@@ -52,8 +61,10 @@ def bin_axis(keys: set[str]) -> list[BinSpec]:
     return axis
 
 
-_DETECTED_JOIN = ("e.run_id = d.run_id AND e.source_id = d.source_id "
-                  "AND coalesce(e.process, cast(e.rank AS VARCHAR), '?') = d.process AND e.seq = d.seq")
+_DETECTED_JOIN = (
+    "e.run_id = d.run_id AND e.source_id = d.source_id "
+    "AND coalesce(e.process, cast(e.rank AS VARCHAR), '?') = d.process AND e.seq = d.seq"
+)
 
 
 def scope_calls_sql(select: str, run_id: int, step: int | None, rank: int | None) -> tuple[str, list[Any]]:
@@ -68,16 +79,22 @@ def scope_calls_sql(select: str, run_id: int, step: int | None, rank: int | None
     rank_cond = " AND e.rank = ?" if rank is not None else ""
     rank_params = [rank] if rank is not None else []
     if step is None:
-        return f"""
+        return (
+            f"""
             SELECT {select}, coalesce(e.step, d.iteration) AS iteration
             FROM comm_events e LEFT JOIN comm_iterations d ON {_DETECTED_JOIN}
-            WHERE e.run_id = ? AND e.counted{rank_cond}""", [run_id, *rank_params]
-    return f"""
+            WHERE e.run_id = ? AND e.counted{rank_cond}""",
+            [run_id, *rank_params],
+        )
+    return (
+        f"""
             SELECT {select}, e.step AS iteration FROM comm_events e
             WHERE e.run_id = ? AND e.counted AND e.step = ?{rank_cond}
             UNION ALL
             SELECT {select}, d.iteration FROM comm_iterations d JOIN comm_events e ON {_DETECTED_JOIN}
-            WHERE d.run_id = ? AND e.counted AND d.iteration = ?{rank_cond}""", [run_id, step, *rank_params, run_id, step, *rank_params]
+            WHERE d.run_id = ? AND e.counted AND d.iteration = ?{rank_cond}""",
+        [run_id, step, *rank_params, run_id, step, *rank_params],
+    )
 
 
 def _rows_sql(run_id: int, step: int | None, rank: int | None) -> tuple[str, list]:
@@ -88,22 +105,29 @@ def _rows_sql(run_id: int, step: int | None, rank: int | None) -> tuple[str, lis
     iteration reads the calls themselves (scope_calls_sql)."""
     if step is None:
         rank_cond = " AND a.rank = ?" if rank is not None else ""
-        return f"""
+        return (
+            f"""
             SELECT g.scheme, a.op, a.dtype, a.rank_key, a.msg_bytes, a.in_iteration AS has_it, a.no_iteration_reason,
                    a.group_key IS NULL AS no_group, sum(a.calls) AS calls
             FROM comm_agg a LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
             WHERE a.run_id = ?{rank_cond}
             GROUP BY ALL
-        """, [run_id, *([rank] if rank is not None else [])]
-    scope, params = scope_calls_sql(f"e.group_key, e.op, e.dtype, {rank_key_sql()} AS rank_key, e.msg_bytes",
-                                    run_id, step, rank)
-    return f"""
+        """,
+            [run_id, *([rank] if rank is not None else [])],
+        )
+    scope, params = scope_calls_sql(
+        f"e.group_key, e.op, e.dtype, {rank_key_sql()} AS rank_key, e.msg_bytes", run_id, step, rank
+    )
+    return (
+        f"""
         WITH ev AS ({scope})
         SELECT g.scheme, ev.op, ev.dtype, ev.rank_key, ev.msg_bytes, true AS has_it, NULL AS no_iteration_reason,
                ev.group_key IS NULL AS no_group, count(*) AS calls
         FROM ev LEFT JOIN process_groups g ON g.run_id = ? AND g.group_key = ev.group_key
         GROUP BY ALL
-    """, [*params, run_id]
+    """,
+        [*params, run_id],
+    )
 
 
 def iterations_only(info: IterationInfo, normalize: bool) -> bool:
@@ -138,8 +162,11 @@ def histogram(
     sql, params = _rows_sql(run_id, step, rank)
     scoped = con.execute(sql, params).fetchall()
     all_ranks = {r[3] for r in scoped}
-    rows = [r for r in scoped
-            if (scheme is None or r[0] == scheme) and (op is None or r[1] == op) and (dtype is None or r[2] == dtype)]
+    rows = [
+        r
+        for r in scoped
+        if (scheme is None or r[0] == scheme) and (op is None or r[1] == op) and (dtype is None or r[2] == dtype)
+    ]
 
     notes: list[str] = []
     iterations = info.iterations
@@ -185,16 +212,32 @@ def histogram(
     for (sch, op_, dt), cell in sorted(cells.items(), key=lambda kv: tuple("" if x is None else str(x) for x in kv[0])):
         calls = [cell.get(b.key, [0.0, 0.0])[0] for b in axis]
         nbytes = [cell.get(b.key, [0.0, 0.0])[1] for b in axis]
-        series.append(HistogramSeries(
-            scheme=sch, op=op_, dtype=dt, calls=calls, bytes=nbytes,
-            values=calls if weight == "calls" else nbytes, total_calls=sum(calls), total_bytes=sum(nbytes),
-        ))
+        series.append(
+            HistogramSeries(
+                scheme=sch,
+                op=op_,
+                dtype=dt,
+                calls=calls,
+                bytes=nbytes,
+                values=calls if weight == "calls" else nbytes,
+                total_calls=sum(calls),
+                total_bytes=sum(nbytes),
+            )
+        )
     if unattributed:
         notes.append(f"{unattributed} calls have no process group, so no scheme (series with scheme null)")
     return Histogram(
-        run=run, weight=weight, normalization=normalization, filters=filters, n_ranks=n_ranks,
-        iterations=info, bins=axis, series=series, excluded=dict(excluded),
-        unattributed_events=unattributed, notes=notes,
+        run=run,
+        weight=weight,
+        normalization=normalization,
+        filters=filters,
+        n_ranks=n_ranks,
+        iterations=info,
+        bins=axis,
+        series=series,
+        excluded=dict(excluded),
+        unattributed_events=unattributed,
+        notes=notes,
     )
 
 
@@ -236,7 +279,11 @@ def bar_calls(
     only_iterations = iterations_only(iteration_info(con, run, run_id), normalize)
     scope, params = scope_calls_sql(
         "e.rank, e.process, e.seq, e.op, e.dtype, e.msg_bytes, e.elems_in, e.elems_out, e.group_size, e.group_key, "
-        "e.peer, e.step, e.ts_us, e.dur_us, e.source_id", run_id, step, rank)
+        "e.peer, e.step, e.ts_us, e.dur_us, e.source_id",
+        run_id,
+        step,
+        rank,
+    )
     conds, cond_params = _bin_condition(spec) if spec is not None else ("true", [])
     conditions, params = [conds], [*params, run_id, *cond_params]
     if scheme == UNATTRIBUTED:
@@ -263,9 +310,18 @@ def bar_calls(
         LEFT JOIN process_groups g ON g.run_id = ? AND g.group_key = ev.group_key
         WHERE {" AND ".join(conditions)}"""
     total = con.execute(f"SELECT count(*) FROM ({body})", params).fetchall()[0][0]
-    result = con.execute(f"{body} ORDER BY file, rank NULLS LAST, ts_us NULLS LAST, process, seq LIMIT ? OFFSET ?",
-                         [*params, limit, offset])
+    result = con.execute(
+        f"{body} ORDER BY file, rank NULLS LAST, ts_us NULLS LAST, process, seq LIMIT ? OFFSET ?",
+        [*params, limit, offset],
+    )
     names = [d[0] for d in result.description]
     items = [BarCall(**dict(zip(names, row))) for row in result.fetchall()]
-    return BarCalls(bin=spec, iterations_only=only_iterations, items=items, total=total, limit=limit, offset=offset,
-                    next_offset=offset + limit if offset + limit < total else None)
+    return BarCalls(
+        bin=spec,
+        iterations_only=only_iterations,
+        items=items,
+        total=total,
+        limit=limit,
+        offset=offset,
+        next_offset=offset + limit if offset + limit < total else None,
+    )

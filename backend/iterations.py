@@ -23,12 +23,22 @@ import duckdb
 import pyarrow as pa
 
 from commlens.contract.analysis import CommPeriod, IterationInfo, PeriodReport, ProcessIterations
-from commlens.store.aggregates import ensure_fresh, rank_key_sql
 from commlens.ingest.periods import MIN_COVERAGE, MIN_REPEATS, Period, find_period, z_function
+from commlens.store.aggregates import ensure_fresh, rank_key_sql
 
 __all__ = [
-    "MIN_COVERAGE", "MIN_REPEATS", "Iterations", "Period", "UnknownRunError", "assign_iterations", "detect_period",
-    "find_period", "fresh_run_id", "rank_key_sql", "run_id_of", "z_function",
+    "MIN_COVERAGE",
+    "MIN_REPEATS",
+    "Iterations",
+    "Period",
+    "UnknownRunError",
+    "assign_iterations",
+    "detect_period",
+    "find_period",
+    "fresh_run_id",
+    "rank_key_sql",
+    "run_id_of",
+    "z_function",
 ]
 
 
@@ -70,15 +80,29 @@ def _report(con: duckdb.DuckDBPyConnection, run: str, run_id: int) -> PeriodRepo
     ).fetchall():
         iters = iterations.get((source_id, process))
         if period is None:
-            out.append(CommPeriod(process=process, group_key=group_key or comm, calls=calls, period=None,
-                                  note="no repeating pattern (fewer than 2 repeats or less than half the calls)"))
+            out.append(
+                CommPeriod(
+                    process=process,
+                    group_key=group_key or comm,
+                    calls=calls,
+                    period=None,
+                    note="no repeating pattern (fewer than 2 repeats or less than half the calls)",
+                )
+            )
             continue
         upi = repeats // iters if iters else None
-        out.append(CommPeriod(
-            process=process, group_key=group_key or comm, calls=calls, period=period,
-            offset=offset, repeats=repeats, units_per_iteration=upi,
-            note=None if upi == 1 else f"repeats {upi}x per iteration (a micro-batch-sized unit)" if upi else None,
-        ))
+        out.append(
+            CommPeriod(
+                process=process,
+                group_key=group_key or comm,
+                calls=calls,
+                period=period,
+                offset=offset,
+                repeats=repeats,
+                units_per_iteration=upi,
+                note=None if upi == 1 else f"repeats {upi}x per iteration (a micro-batch-sized unit)" if upi else None,
+            )
+        )
     procs = [ProcessIterations(process=p, rank=rank, iterations=it) for _, p, rank, it in procs_rows]
     found = any(p.iterations for p in procs)
     if not out:
@@ -122,9 +146,12 @@ def iteration_info(con: duckdb.DuckDBPyConnection, run: str, run_id: int) -> Ite
     """Iterations per rank key and the mode, from the run's (fresh) aggregates."""
     state = con.execute("SELECT has_steps, has_detected FROM agg_runs WHERE run_id = ?", [run_id]).fetchall()
     has_steps, has_detected = state[0] if state else (False, False)
-    iterations = {rk: int(n) for rk, n in con.execute(
-        "SELECT rank_key, iterations FROM agg_iterations WHERE run_id = ? ORDER BY rank_key", [run_id]
-    ).fetchall()}
+    iterations = {
+        rk: int(n)
+        for rk, n in con.execute(
+            "SELECT rank_key, iterations FROM agg_iterations WHERE run_id = ? ORDER BY rank_key", [run_id]
+        ).fetchall()
+    }
     if has_steps and has_detected:
         mode, message = "mixed", "profiler steps for traces with steps, detected periods for the other sources"
     elif has_steps:

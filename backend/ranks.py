@@ -35,9 +35,18 @@ def _imbalance(
         return None
     hi = max(values, key=lambda r: values[r])
     lo = min(values, key=lambda r: values[r])
-    return Imbalance(all_schemes=overall, scheme=scheme, metric=metric, basis=basis,  # type: ignore[arg-type]
-                     ranks=len(values), max=values[hi], mean=mean, max_over_mean=values[hi] / mean,
-                     max_rank=hi, min_rank=lo)
+    return Imbalance(
+        all_schemes=overall,
+        scheme=scheme,
+        metric=metric,
+        basis=basis,  # type: ignore[arg-type]
+        ranks=len(values),
+        max=values[hi],
+        mean=mean,
+        max_over_mean=values[hi] / mean,
+        max_rank=hi,
+        min_rank=lo,
+    )
 
 
 def rank_totals(con: duckdb.DuckDBPyConnection, run: str) -> RankTotals:
@@ -61,11 +70,18 @@ def rank_totals(con: duckdb.DuckDBPyConnection, run: str) -> RankTotals:
     out: list[RankSchemeTotal] = []
     for rk, scheme, calls, nbytes, time_us, it_bytes, it_time in rows:
         n = iterations.get(rk)
-        out.append(RankSchemeTotal(
-            rank=rk, scheme=scheme, calls=calls, bytes=int(nbytes), time_us=time_us, iterations=n,
-            bytes_per_iteration=it_bytes / n if n else None,
-            time_us_per_iteration=(it_time / n if it_time is not None else None) if n else None,
-        ))
+        out.append(
+            RankSchemeTotal(
+                rank=rk,
+                scheme=scheme,
+                calls=calls,
+                bytes=int(nbytes),
+                time_us=time_us,
+                iterations=n,
+                bytes_per_iteration=it_bytes / n if n else None,
+                time_us_per_iteration=(it_time / n if it_time is not None else None) if n else None,
+            )
+        )
     out.sort(key=lambda r: (_rank_order(r.rank), r.scheme or "~"))
 
     notes: list[str] = []

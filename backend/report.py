@@ -60,16 +60,31 @@ def build_report(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput 
             measured_bytes_per_iter=s.measured_bytes_per_iter,
             unexplained_bytes_per_iter=s.unexplained_bytes_per_iter,
             ratio=s.ratio,
-            ops=[ReportOp(op=o.op, dtype=o.dtype, msg_bytes=o.msg_bytes, predicted_calls_per_iter=o.predicted_calls_per_iter,
-                          measured_calls_per_iter=o.measured_calls_per_iter, status=o.status) for o in s.ops],
+            ops=[
+                ReportOp(
+                    op=o.op,
+                    dtype=o.dtype,
+                    msg_bytes=o.msg_bytes,
+                    predicted_calls_per_iter=o.predicted_calls_per_iter,
+                    measured_calls_per_iter=o.measured_calls_per_iter,
+                    status=o.status,
+                )
+                for o in s.ops
+            ],
         )
         for s in comparison.schemes
     ]
     found = findings(con, run, comparison.findings_input() if has_prediction else None, config)
     return Report(
-        run=run, schemes=schemes, findings=found, exact=comparison.exact,
-        attribution=attribution_summary(con, run), comparison=comparison,
-        histogram=histogram(con, run, weight="bytes"), bandwidth=bandwidth(con, run), ranks=rank_totals(con, run),
+        run=run,
+        schemes=schemes,
+        findings=found,
+        exact=comparison.exact,
+        attribution=attribution_summary(con, run),
+        comparison=comparison,
+        histogram=histogram(con, run, weight="bytes"),
+        bandwidth=bandwidth(con, run),
+        ranks=rank_totals(con, run),
     )
 
 
@@ -79,8 +94,11 @@ def _num(x: float | None) -> str:
     return f"{x:g}" if abs(x) < 1e6 else f"{x:.4g}"
 
 
-_NORMALIZATION = {"per_rank_per_iteration": "per rank per iteration", "per_rank": "per rank (iterations unknown)",
-                  "none": "totals over all ranks"}
+_NORMALIZATION = {
+    "per_rank_per_iteration": "per rank per iteration",
+    "per_rank": "per rank (iterations unknown)",
+    "none": "totals over all ranks",
+}
 
 
 def _histogram_md(h: Histogram) -> list[str]:
@@ -88,17 +106,29 @@ def _histogram_md(h: Histogram) -> list[str]:
     lines = ["", f"## Message sizes per scheme ({_NORMALIZATION[h.normalization]})", ""]
     if not h.series:
         return lines + ["No calls."]
-    lines.append(f"Power-of-two bins [2^k, 2^(k+1)) bytes; averaged over {h.n_ranks} rank(s)."
-                 + (f" Left out: {', '.join(f'{n} calls ({why})' for why, n in h.excluded.items())}." if h.excluded else ""))
+    lines.append(
+        f"Power-of-two bins [2^k, 2^(k+1)) bytes; averaged over {h.n_ranks} rank(s)."
+        + (f" Left out: {', '.join(f'{n} calls ({why})' for why, n in h.excluded.items())}." if h.excluded else "")
+    )
     for scheme in dict.fromkeys(s.scheme for s in h.series):
         series = [s for s in h.series if s.scheme == scheme]
-        lines += ["", f"### {scheme or 'unattributed'}", "", "| size bin | op | dtype | calls | bytes |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"### {scheme or 'unattributed'}",
+            "",
+            "| size bin | op | dtype | calls | bytes |",
+            "|---|---|---|---|---|",
+        ]
         for i, b in enumerate(h.bins):
             for s in series:
                 if s.calls[i]:
-                    lines.append(f"| {b.label} | {s.op} | {s.dtype or '-'} | {_num(s.calls[i])} | {format_bytes(round(s.bytes[i]))} |")
-        lines.append(f"| **total** | | | {_num(sum(s.total_calls for s in series))} | "
-                     f"{format_bytes(round(sum(s.total_bytes for s in series)))} |")
+                    lines.append(
+                        f"| {b.label} | {s.op} | {s.dtype or '-'} | {_num(s.calls[i])} | {format_bytes(round(s.bytes[i]))} |"
+                    )
+        lines.append(
+            f"| **total** | | | {_num(sum(s.total_calls for s in series))} | "
+            f"{format_bytes(round(sum(s.total_bytes for s in series)))} |"
+        )
     return lines
 
 
@@ -111,15 +141,25 @@ def _bandwidth_md(bw: BandwidthReport) -> list[str]:
     lines = ["", "## Bandwidth", ""]
     if not bw.calls_with_duration:
         return lines + [f"- {n}" for n in bw.notes or ["no measured durations: no bandwidth"]]
-    lines.append(f"Medians over {bw.calls_with_duration} calls with measured durations; busbw = algbw x the "
-                 "nccl-tests factor of the op for its group size; GB/s = 1e9 B/s.")
-    lines += ["", "| op | size bin | calls | median S | median algbw (GB/s) | median busbw (GB/s) | group sizes |",
-              "|---|---|---|---|---|---|---|"]
+    lines.append(
+        f"Medians over {bw.calls_with_duration} calls with measured durations; busbw = algbw x the "
+        "nccl-tests factor of the op for its group size; GB/s = 1e9 B/s."
+    )
+    lines += [
+        "",
+        "| op | size bin | calls | median S | median algbw (GB/s) | median busbw (GB/s) | group sizes |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for b in bw.bins:
-        lines.append(f"| {b.op} | {b.bin.label} | {b.calls} | {format_bytes(round(b.median_bytes))} | "
-                     f"{_gbps(b.median_algbw_gbps)} | {_gbps(b.median_busbw_gbps)} | {', '.join(map(str, b.group_sizes))} |")
-    lines += ["", "| op | best busbw (GB/s) | in bin | busbw reaches half the best at | calls below (latency-bound) |",
-              "|---|---|---|---|---|"]
+        lines.append(
+            f"| {b.op} | {b.bin.label} | {b.calls} | {format_bytes(round(b.median_bytes))} | "
+            f"{_gbps(b.median_algbw_gbps)} | {_gbps(b.median_busbw_gbps)} | {', '.join(map(str, b.group_sizes))} |"
+        )
+    lines += [
+        "",
+        "| op | best busbw (GB/s) | in bin | busbw reaches half the best at | calls below (latency-bound) |",
+        "|---|---|---|---|---|",
+    ]
     for o in bw.ops:
         half = format_bytes(o.half_bw_bytes) if o.half_bw_bytes else "-"
         lines.append(f"| {o.op} | {_gbps(o.best_busbw_gbps)} | {o.best_bin} | {half} | {o.latency_bound_calls} |")
@@ -129,26 +169,50 @@ def _bandwidth_md(bw: BandwidthReport) -> list[str]:
 def render_markdown(r: Report) -> str:
     c = r.comparison
     lines = [f"# commlens report: {r.run}", ""]
-    lines.append(f"Iterations: {c.iterations_message}. Ranks measured: {len(c.ranks)}. "
-                 f"Prediction: {c.implementation or 'none (no configuration)'}"
-                 + ("; **predicted equals measured for every scheme**." if r.exact else "."))
+    lines.append(
+        f"Iterations: {c.iterations_message}. Ranks measured: {len(c.ranks)}. "
+        f"Prediction: {c.implementation or 'none (no configuration)'}"
+        + ("; **predicted equals measured for every scheme**." if r.exact else ".")
+    )
     if c.param_check is not None and not c.param_check.agrees:
         lines += ["", f"**Not exact:** {c.param_check.notes[0]}."]
-    lines += ["", "## Process groups", "", "| group | size | scheme | source | confidence | reason |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Process groups",
+        "",
+        "| group | size | scheme | source | confidence | reason |",
+        "|---|---|---|---|---|---|",
+    ]
     for g in r.attribution.groups:
-        lines.append(f"| `{g.group_key}` | {g.size or '-'} | {g.scheme} | {g.source} | {g.confidence:.2f} | {g.reason} |")
-    lines += ["", "## Bytes per iteration per rank", "",
-              "| scheme | predicted | measured | of which unexplained | explained / predicted |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| `{g.group_key}` | {g.size or '-'} | {g.scheme} | {g.source} | {g.confidence:.2f} | {g.reason} |"
+        )
+    lines += [
+        "",
+        "## Bytes per iteration per rank",
+        "",
+        "| scheme | predicted | measured | of which unexplained | explained / predicted |",
+        "|---|---|---|---|---|",
+    ]
     for s in r.schemes:
         pred = format_bytes(round(s.predicted_bytes_per_iter)) if s.predicted_bytes_per_iter is not None else "-"
-        lines.append(f"| {s.scheme} | {pred} | {format_bytes(round(s.measured_bytes_per_iter))} | "
-                     f"{format_bytes(round(s.unexplained_bytes_per_iter))} | {'-' if s.ratio is None else f'{s.ratio:.3f}'} |")
-    lines += ["", "## Calls per iteration per rank by (op, size)", "",
-              "| scheme | op | dtype | S (bytes) | predicted | measured | status |", "|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {s.scheme} | {pred} | {format_bytes(round(s.measured_bytes_per_iter))} | "
+            f"{format_bytes(round(s.unexplained_bytes_per_iter))} | {'-' if s.ratio is None else f'{s.ratio:.3f}'} |"
+        )
+    lines += [
+        "",
+        "## Calls per iteration per rank by (op, size)",
+        "",
+        "| scheme | op | dtype | S (bytes) | predicted | measured | status |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s in r.schemes:
         for o in s.ops:
-            lines.append(f"| {s.scheme} | {o.op} | {o.dtype or '-'} | {o.msg_bytes if o.msg_bytes is not None else '?'} | "
-                         f"{_num(o.predicted_calls_per_iter)} | {_num(o.measured_calls_per_iter)} | {o.status} |")
+            lines.append(
+                f"| {s.scheme} | {o.op} | {o.dtype or '-'} | {o.msg_bytes if o.msg_bytes is not None else '?'} | "
+                f"{_num(o.predicted_calls_per_iter)} | {_num(o.measured_calls_per_iter)} | {o.status} |"
+            )
     lines += _histogram_md(r.histogram) + _bandwidth_md(r.bandwidth)
     if c.inferences:
         lines += ["", "## Inferences (from the measurements, not facts)", ""]

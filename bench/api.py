@@ -25,12 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
-
-from results import write_section  # noqa: E402 - bench/ is the script's directory
+from results import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("COMMLENS_DATA", ROOT.parent / "shared" / "data"))
@@ -45,9 +45,9 @@ RUN = "big"
 
 def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
     """Ingest the real trace (in-process, the same pipeline the API worker uses) and scale it up."""
+    from commlens import store
     from commlens.backend.attribution import attribute_run
     from commlens.contract.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
-    from commlens import store
     from commlens.ingest import pipeline
     from commlens.store import aggregates
 
@@ -56,9 +56,13 @@ def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
     pipeline.ingest_paths(con, [TRACE], "small")
     run_id = store.get_run_id(con, RUN)
     src = con.execute("SELECT source_id, rank FROM sources WHERE run_id = ? AND status = 'ok'", [run_id]).fetchone()
-    base_steps = con.execute("SELECT max(step) - min(step) + 1, min(step) FROM comm_events WHERE run_id = ?", [run_id]).fetchone()
+    base_steps = con.execute(
+        "SELECT max(step) - min(step) + 1, min(step) FROM comm_events WHERE run_id = ?", [run_id]
+    ).fetchone()
     n_steps, first_step = int(base_steps[0]), int(base_steps[1])
-    span = con.execute("SELECT max(ts_us) - min(ts_us) + 1000 FROM comm_events WHERE run_id = ?", [run_id]).fetchone()[0]
+    span = con.execute("SELECT max(ts_us) - min(ts_us) + 1000 FROM comm_events WHERE run_id = ?", [run_id]).fetchone()[
+        0
+    ]
     t0 = time.perf_counter()
     con.execute("BEGIN TRANSACTION")
     # One source per new rank (a copy of the real one), so per-rank iteration counts stay right.
@@ -69,9 +73,13 @@ def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
            FROM sources, range(1, ?) r(i) WHERE source_id = ?""",
         [ranks, copies, ranks, src[0]],
     )
-    con.execute("UPDATE sources SET n_events = n_events * ?, world_size = ? WHERE source_id = ?", [copies, ranks, src[0]])
     con.execute(
-        """CREATE TEMP TABLE rank_src AS SELECT rank, source_id FROM sources WHERE run_id = ? AND status = 'ok'""", [run_id])
+        "UPDATE sources SET n_events = n_events * ?, world_size = ? WHERE source_id = ?", [copies, ranks, src[0]]
+    )
+    con.execute(
+        """CREATE TEMP TABLE rank_src AS SELECT rank, source_id FROM sources WHERE run_id = ? AND status = 'ok'""",
+        [run_id],
+    )
     con.execute(
         """INSERT INTO comm_events
            SELECT e.run_id, rs.source_id, rs.rank, 'rank' || rs.rank, e.seq + c.k * 100000, e.op, e.dtype, e.msg_bytes,
@@ -89,15 +97,23 @@ def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
         [n_steps, span, copies, run_id, src[0], src[0]],
     )
     con.execute("UPDATE comm_events SET group_size = ? WHERE run_id = ?", [ranks, run_id])
-    con.execute("UPDATE process_groups SET ranks = range(0, ?)::INTEGER[], size = ? WHERE run_id = ?", [ranks, ranks, run_id])
+    con.execute(
+        "UPDATE process_groups SET ranks = range(0, ?)::INTEGER[], size = ? WHERE run_id = ?", [ranks, ranks, run_id]
+    )
     con.execute("UPDATE runs SET world_size = ? WHERE run_id = ?", [ranks, run_id])
     con.execute("COMMIT")
     # The config a user would attach to this job (ResNet-50 under DDP on `ranks` ranks), so comparison and
     # findings run their prediction path too.
-    store.set_run_config(con, run_id, PredictInput(
-        model=ModelSpec(layers=1, hidden=1, heads=1, vocab=1, seq_len=1, params_override=RESNET50_PARAMS),
-        parallel=ParallelSpec(dp=ranks), dtypes=DtypeSpec(act="float32", grad="float32", param="float32"),
-        implementation="fsdp").model_dump(mode="json"))
+    store.set_run_config(
+        con,
+        run_id,
+        PredictInput(
+            model=ModelSpec(layers=1, hidden=1, heads=1, vocab=1, seq_len=1, params_override=RESNET50_PARAMS),
+            parallel=ParallelSpec(dp=ranks),
+            dtypes=DtypeSpec(act="float32", grad="float32", param="float32"),
+            implementation="fsdp",
+        ).model_dump(mode="json"),
+    )
     scale_s = time.perf_counter() - t0
     # The scaled rows bypassed ingest: recompute the run's aggregates (what finalize_run does after an
     # ingest), then attribute (which refreshes the scheme-dependent bandwidth medians).
@@ -111,8 +127,16 @@ def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
     calls = con.execute("SELECT count(*) FROM comm_events WHERE run_id = ?", [run_id]).fetchone()[0]
     con.execute("CHECKPOINT")
     con.close()
-    return {"calls": calls, "ranks": ranks, "steps_per_rank": n_steps * copies, "first_step": first_step,
-            "scale_s": scale_s, "refresh_s": refresh_s, "attribute_s": attribute_s, "db_mb": db.stat().st_size / 2**20}
+    return {
+        "calls": calls,
+        "ranks": ranks,
+        "steps_per_rank": n_steps * copies,
+        "first_step": first_step,
+        "scale_s": scale_s,
+        "refresh_s": refresh_s,
+        "attribute_s": attribute_s,
+        "db_mb": db.stat().st_size / 2**20,
+    }
 
 
 # ----------------------------------------------------------------------------------- the server
@@ -127,8 +151,11 @@ def _free_port() -> int:
 def start_server(db: Path, log: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "commlens.cli", "serve", "--db", str(db), "--port", str(port)],
-                                stdout=out, stderr=out)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "commlens.cli", "serve", "--db", str(db), "--port", str(port)],
+            stdout=out,
+            stderr=out,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -214,9 +241,14 @@ def bench_upload(url: str, path: Path, tmp: Path) -> dict[str, Any]:
         while (job := c.get(f"/api/jobs/{job_id}").json())["state"] in ("queued", "running"):
             time.sleep(0.2)
         ingest_s = time.perf_counter() - t0
-    return {"mb": size / 2**20, "upload_mb_s": size / 2**20 / upload_s, "copy_mb_s": size / 2**20 / copy_s,
-            "upload_and_ingest_mb_s": size / 2**20 / ingest_s, "job_state": job["state"],
-            "events": sum(x["events"] for x in job["results"])}
+    return {
+        "mb": size / 2**20,
+        "upload_mb_s": size / 2**20 / upload_s,
+        "copy_mb_s": size / 2**20 / copy_s,
+        "upload_and_ingest_mb_s": size / 2**20 / ingest_s,
+        "job_state": job["state"],
+        "events": sum(x["events"] for x in job["results"]),
+    }
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -243,8 +275,14 @@ def main() -> None:
         try:
             endpoints = {
                 "histograms (default: per rank per iteration)": (f"/api/runs/{RUN}/histograms", {}),
-                "histograms (weight=bytes, scheme=dp)": (f"/api/runs/{RUN}/histograms", {"weight": "bytes", "scheme": "dp"}),
-                "histograms (rank=3, step)": (f"/api/runs/{RUN}/histograms", {"rank": 3, "step": store_info["first_step"]}),
+                "histograms (weight=bytes, scheme=dp)": (
+                    f"/api/runs/{RUN}/histograms",
+                    {"weight": "bytes", "scheme": "dp"},
+                ),
+                "histograms (rank=3, step)": (
+                    f"/api/runs/{RUN}/histograms",
+                    {"rank": 3, "step": store_info["first_step"]},
+                ),
                 "comparison (predicted vs measured)": (f"/api/runs/{RUN}/comparison", {}),
                 "compare runs (big, small)": ("/api/compare", {"runs": f"{RUN},small"}),
                 "findings": (f"/api/runs/{RUN}/findings", {}),
@@ -276,10 +314,10 @@ def main() -> None:
 
 def measure_direct(db: Path, n: int) -> dict[str, float]:
     """The analysis functions called in-process on the same store (before the server holds it)."""
+    from commlens import store
     from commlens.backend.compare import compare
     from commlens.backend.findings import findings
     from commlens.backend.histograms import histogram
-    from commlens import store
 
     con = store.connect(db)
     try:
@@ -292,11 +330,16 @@ def measure_direct(db: Path, n: int) -> dict[str, float]:
         con.close()
 
 
-def render(store_info: dict, latency: dict, direct: dict, upload: dict, rss: float | None, args: argparse.Namespace) -> str:
+def render(
+    store_info: dict, latency: dict, direct: dict, upload: dict, rss: float | None, args: argparse.Namespace
+) -> str:
     cpu = platform.processor() or platform.machine()
     try:
-        cpu = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                   if ln.startswith("model name"))
+        cpu = next(
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
     lines = [
@@ -317,8 +360,10 @@ def render(store_info: dict, latency: dict, direct: dict, upload: dict, rss: flo
     ]
     for label, m in latency.items():
         d = direct.get(label)
-        lines.append(f"| {label} | {m['p50_ms']:.1f} | {m['p95_ms']:.1f} | {m['bytes'] / 1024:.1f} | "
-                     f"{'' if d is None else f'{d:.1f}'} |")
+        lines.append(
+            f"| {label} | {m['p50_ms']:.1f} | {m['p95_ms']:.1f} | {m['bytes'] / 1024:.1f} | "
+            f"{'' if d is None else f'{d:.1f}'} |"
+        )
     lines += [
         "",
         f"Upload of a {upload['mb']:.0f} MiB NCCL log (multipart, streamed to the spool): "

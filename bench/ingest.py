@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from results import write_section  # noqa: E402 - bench/ is the script's directory
+from results import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("COMMLENS_DATA", ROOT.parent / "shared" / "data"))
@@ -37,13 +37,18 @@ def _worker(mode: str, path: str) -> dict:
     if mode == "commlens":
         from commlens import store
         from commlens.ingest.pipeline import ingest_paths  # imports every format's parser
+
         with tempfile.TemporaryDirectory() as d:
             con = store.connect(Path(d) / "bench.duckdb")
             t0 = time.perf_counter()
             summary = ingest_paths(con, [Path(path)], "bench")
             seconds = time.perf_counter() - t0
             con.close()
-        return {"seconds": seconds, "rows": sum(f.events for f in summary.files), "status": [f.status for f in summary.files]}
+        return {
+            "seconds": seconds,
+            "rows": sum(f.events for f in summary.files),
+            "status": [f.status for f in summary.files],
+        }
     if mode == "hta":
         import logging
 
@@ -95,7 +100,7 @@ def size_and_events(path: Path) -> tuple[int, int]:
     """Decompressed bytes and trace events (counted by their "ph" key) of a trace."""
     n = events = 0
     tail = b""
-    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
         while chunk := f.read(1 << 22):
             n += len(chunk)
             events += (tail + chunk).count(b'"ph"') - tail.count(b'"ph"')
@@ -127,8 +132,14 @@ def make_synthetic_trace(src: Path, target_mb: int, out: Path) -> Path:
                     e2["ts"] = e["ts"] + shift
                     args = e.get("args")
                     if isinstance(args, dict):
-                        e2["args"] = {k: (v + copy * 10_000_000 if k in ("External id", "correlation") and isinstance(v, int) else v)
-                                      for k, v in args.items()}
+                        e2["args"] = {
+                            k: (
+                                v + copy * 10_000_000
+                                if k in ("External id", "correlation") and isinstance(v, int)
+                                else v
+                            )
+                            for k, v in args.items()
+                        }
                     if "id" in e and e.get("ph") in ("s", "f") and isinstance(e["id"], int):
                         e2["id"] = e["id"] + copy * 10_000_000
                     raw = json.dumps(e2)
@@ -147,10 +158,14 @@ def make_nccl_log(lines: int, out: Path) -> Path:
     """An interleaved NCCL log of 8 processes: Init lines then `lines` COLL lines."""
     with open(out, "w") as f:
         for r in range(8):
-            f.write(f"node1:{1000 + r}:{2000 + r} [{r}] NCCL INFO comm 0x55{r:02d} rank {r} nranks 8 cudaDev {r} "
-                    f"nvmlDev {r} busId {r}000 commId 0xabcdef - Init COMPLETE\n")
-        template = ("node1:{pid}:{tid} [{dev}] NCCL INFO AllReduce: opCount {op:x} sendbuff 0x7f00 recvbuff 0x7f00 "
-                    "count {count} datatype 7 op 0 root 0 comm 0x55{dev:02d} [nranks=8] stream 0x7e00\n")
+            f.write(
+                f"node1:{1000 + r}:{2000 + r} [{r}] NCCL INFO comm 0x55{r:02d} rank {r} nranks 8 cudaDev {r} "
+                f"nvmlDev {r} busId {r}000 commId 0xabcdef - Init COMPLETE\n"
+            )
+        template = (
+            "node1:{pid}:{tid} [{dev}] NCCL INFO AllReduce: opCount {op:x} sendbuff 0x7f00 recvbuff 0x7f00 "
+            "count {count} datatype 7 op 0 root 0 comm 0x55{dev:02d} [nranks=8] stream 0x7e00\n"
+        )
         buf = []
         for i in range(lines):
             r = i % 8
@@ -169,8 +184,13 @@ def run(args: argparse.Namespace) -> str:
     try:
         if args.synthetic_mb:
             print(f"building a synthetic trace of >= {args.synthetic_mb} MB ...", flush=True)
-            files.append(make_synthetic_trace(DATA / "kineto-hta/nccl_parser_config/nccl_data.json.gz",
-                                              args.synthetic_mb, work / "synthetic.json.gz"))
+            files.append(
+                make_synthetic_trace(
+                    DATA / "kineto-hta/nccl_parser_config/nccl_data.json.gz",
+                    args.synthetic_mb,
+                    work / "synthetic.json.gz",
+                )
+            )
         for path in files:
             size, events = size_and_events(path)
             print(f"{path.name}: {size / 1e6:.1f} MB decompressed, {events} events", flush=True)
@@ -183,7 +203,7 @@ def run(args: argparse.Namespace) -> str:
     return report(rows, nccl_res, args.nccl_lines)
 
 
-def report(rows, nccl_res, nccl_lines: int) -> str:  # noqa: ANN001
+def report(rows, nccl_res, nccl_lines: int) -> str:
     mb = 1e6
     out = [
         f"Measured {dt.date.today().isoformat()} on {platform.machine()}, {os.cpu_count()} cores, "

@@ -22,8 +22,24 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = ["--layers", "4", "--hidden", "128", "--heads", "4", "--vocab", "256", "--seq-len", "64",
-         "--micro-batch-size", "2", "--steps", "4", "--device", "cpu"]
+MODEL = [
+    "--layers",
+    "4",
+    "--hidden",
+    "128",
+    "--heads",
+    "4",
+    "--vocab",
+    "256",
+    "--seq-len",
+    "64",
+    "--micro-batch-size",
+    "2",
+    "--steps",
+    "4",
+    "--device",
+    "cpu",
+]
 SCHEMES: list[tuple[str, list[str]]] = [
     ("ddp", ["--dp", "2"]),
     ("zero1", ["--dp", "2", "--zero", "1"]),
@@ -43,7 +59,19 @@ SMALL = 64 * 1024  # "small message" threshold of this report: below 64 KiB
 
 
 def run_harness(out: Path, db: Path, name: str, args: list[str], model: list[str]) -> None:
-    cmd = [sys.executable, "-m", "commlens.cli", "harness", "--out", str(out / name), *model, *args, "--ingest", "--db", str(db)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "commlens.cli",
+        "harness",
+        "--out",
+        str(out / name),
+        *model,
+        *args,
+        "--ingest",
+        "--db",
+        str(db),
+    ]
     print("$", " ".join(cmd[2:]), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -73,9 +101,9 @@ def _b(n: float) -> str:
 
 
 def write_doc(db: Path, doc: Path) -> None:
+    from commlens import store
     from commlens.backend.attribution import attribute_run
     from commlens.backend.compare import compare
-    from commlens import store
 
     con = store.connect(db)
     runs = [r[0] for r in con.execute("SELECT name FROM runs ORDER BY run_id").fetchall()]
@@ -102,9 +130,12 @@ def write_doc(db: Path, doc: Path) -> None:
     for name, _ in SCHEMES:
         c = comps[name]
         for s in c.schemes:
-            lines.append(f"| {name} | {s.scheme} | {_b(s.predicted_bytes_per_iter)} | {_b(s.measured_bytes_per_iter)} | "
-                         f"{s.ratio:.4f} | {'yes' if c.exact else 'no'} |" if s.ratio is not None else
-                         f"| {name} | {s.scheme} | - | {_b(s.measured_bytes_per_iter)} | - | {'yes' if c.exact else 'no'} |")
+            lines.append(
+                f"| {name} | {s.scheme} | {_b(s.predicted_bytes_per_iter)} | {_b(s.measured_bytes_per_iter)} | "
+                f"{s.ratio:.4f} | {'yes' if c.exact else 'no'} |"
+                if s.ratio is not None
+                else f"| {name} | {s.scheme} | - | {_b(s.measured_bytes_per_iter)} | - | {'yes' if c.exact else 'no'} |"
+            )
 
     def dp_volume(run: str, wire: bool) -> float:
         s = next(x for x in comps[run].schemes if x.scheme == "dp")
@@ -114,7 +145,7 @@ def write_doc(db: Path, doc: Path) -> None:
         "",
         "## ZeRO against DDP (dp group, per rank per iteration)",
         "",
-        "The paper's \"ZeRO-3 is about 1.5x DP\" is a statement about wire volume with one micro-batch: DDP moves "
+        'The paper\'s "ZeRO-3 is about 1.5x DP" is a statement about wire volume with one micro-batch: DDP moves '
         "2(d-1)/d x G (all-reduce), ZeRO-3 moves (d-1)/d x (2P + G) (two parameter all-gathers and one gradient "
         "reduce-scatter). The harness's root unit (embeddings, final LayerNorm, LM head) stays gathered between "
         "forward and backward, so it is gathered once per micro-batch, not twice; that keeps the measured ratio a "
@@ -126,8 +157,10 @@ def write_doc(db: Path, doc: Path) -> None:
     for m_suffix, runs_ in (("1", ["ddp", "zero1", "zero2", "zero3"]), ("4", ["ddp-m4", "zero2-m4", "zero3-m4"])):
         base = dp_volume(runs_[0], True)
         for run in runs_:
-            lines.append(f"| {m_suffix} | {run} | {_b(dp_volume(run, False))} | {_b(dp_volume(run, True))} | "
-                         f"{dp_volume(run, True) / base:.3f} |")
+            lines.append(
+                f"| {m_suffix} | {run} | {_b(dp_volume(run, False))} | {_b(dp_volume(run, True))} | "
+                f"{dp_volume(run, True) / base:.3f} |"
+            )
     lines += [
         "",
         "With gradient accumulation DDP (under `no_sync`) and ZeRO-1 reduce once per step, while ZeRO-2 reduces "
@@ -152,8 +185,13 @@ def write_doc(db: Path, doc: Path) -> None:
                 byts = sum((o.msg_bytes or 0) * o.measured_calls_per_iter for o in ops)
                 small_c = sum(o.measured_calls_per_iter for o in ops if (o.msg_bytes or 0) < SMALL)
                 small_b = sum((o.msg_bytes or 0) * o.measured_calls_per_iter for o in ops if (o.msg_bytes or 0) < SMALL)
-                sizes = ", ".join(f"{_b(o.msg_bytes or 0)}: {o.measured_calls_per_iter:g}" for o in sorted(ops, key=lambda o: o.msg_bytes or 0))
-                lines.append(f"| {name} | {s.scheme} | {op} | {sizes} | {small_c / calls:.0%} | {small_b / byts if byts else 0:.1%} |")
+                sizes = ", ".join(
+                    f"{_b(o.msg_bytes or 0)}: {o.measured_calls_per_iter:g}"
+                    for o in sorted(ops, key=lambda o: o.msg_bytes or 0)
+                )
+                lines.append(
+                    f"| {name} | {s.scheme} | {op} | {sizes} | {small_c / calls:.0%} | {small_b / byts if byts else 0:.1%} |"
+                )
     lines += [
         "",
         "## Volume against sequence length",

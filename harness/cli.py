@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -33,7 +32,7 @@ Outputs per run: trace.rank<R>.json.gz (Kineto), nccl.<host>.<pid>.log (cuda), r
 _DEFAULTS = HarnessConfig()
 
 
-def _device_defaults(device: Optional[str], dtype: Optional[str]) -> tuple[str, str, int | None]:
+def _device_defaults(device: str | None, dtype: str | None) -> tuple[str, str, int | None]:
     """cuda when a GPU is visible, else cpu; bfloat16 on cuda, float32 on cpu. Returns the GPU count too."""
     try:
         import torch
@@ -47,12 +46,14 @@ def _device_defaults(device: Optional[str], dtype: Optional[str]) -> tuple[str, 
 
 def harness(
     out: Path = typer.Option(..., "--out", help="Output directory (one sub-directory per value with --sweep)."),
-    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel degree [default: nproc/(tp*pp), or 1]."),
+    dp: int | None = typer.Option(None, "--dp", help="Data-parallel degree [default: nproc/(tp*pp), or 1]."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (Megatron column/row, vocab-parallel)."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree (stages)."),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage over dp: 0 DDP, 1, 2, 3 (FSDP2)."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism (needs --tp > 1)."),
-    micro_batches: int = typer.Option(_DEFAULTS.micro_batches, "--micro-batches", help="Micro-batches per step (gradient accumulation / pipeline)."),
+    micro_batches: int = typer.Option(
+        _DEFAULTS.micro_batches, "--micro-batches", help="Micro-batches per step (gradient accumulation / pipeline)."
+    ),
     schedule: str = typer.Option(_DEFAULTS.schedule, "--schedule", help="Pipeline schedule: gpipe or 1f1b."),
     layers: int = typer.Option(_DEFAULTS.layers, "--layers"),
     hidden: int = typer.Option(_DEFAULTS.hidden, "--hidden"),
@@ -62,20 +63,48 @@ def harness(
     micro_batch_size: int = typer.Option(_DEFAULTS.micro_batch_size, "--micro-batch-size"),
     steps: int = typer.Option(_DEFAULTS.steps, "--steps"),
     lr: float = typer.Option(_DEFAULTS.lr, "--lr", help="AdamW learning rate."),
-    device: Optional[str] = typer.Option(None, "--device", help="cuda (NCCL) or cpu (gloo) [default: cuda if available]."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32, bfloat16 [default: bfloat16 on cuda, float32 on cpu]."),
+    device: str | None = typer.Option(
+        None, "--device", help="cuda (NCCL) or cpu (gloo) [default: cuda if available]."
+    ),
+    dtype: str | None = typer.Option(
+        None, "--dtype", help="float32, bfloat16 [default: bfloat16 on cuda, float32 on cpu]."
+    ),
     seed: int = typer.Option(_DEFAULTS.seed, "--seed"),
-    profile_wait: int = typer.Option(_DEFAULTS.profile_wait, "--profile-wait", help="Profiler schedule: steps skipped."),
-    profile_warmup: int = typer.Option(_DEFAULTS.profile_warmup, "--profile-warmup", help="Profiler schedule: warm-up steps."),
-    profile_active: int = typer.Option(_DEFAULTS.profile_active, "--profile-active", help="Profiler schedule: recorded steps."),
-    timeout: float = typer.Option(_DEFAULTS.timeout_s, "--timeout", help="Process-group timeout in seconds (a dead peer ends the job)."),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help="Processes to start (= dp*tp*pp; derives --dp when it is omitted)."),
-    sweep: list[str] = typer.Option([], "--sweep", help="FLAG=V1,V2,...: one run per value (any numeric flag; repeat for a grid)."),
-    ingest: bool = typer.Option(False, "--ingest", help="Ingest each finished run into --db, named after its directory (DIR.VALUE in a sweep)."),
+    profile_wait: int = typer.Option(
+        _DEFAULTS.profile_wait, "--profile-wait", help="Profiler schedule: steps skipped."
+    ),
+    profile_warmup: int = typer.Option(
+        _DEFAULTS.profile_warmup, "--profile-warmup", help="Profiler schedule: warm-up steps."
+    ),
+    profile_active: int = typer.Option(
+        _DEFAULTS.profile_active, "--profile-active", help="Profiler schedule: recorded steps."
+    ),
+    timeout: float = typer.Option(
+        _DEFAULTS.timeout_s, "--timeout", help="Process-group timeout in seconds (a dead peer ends the job)."
+    ),
+    nproc: int | None = typer.Option(
+        None, "--nproc", help="Processes to start (= dp*tp*pp; derives --dp when it is omitted)."
+    ),
+    sweep: list[str] = typer.Option(
+        [], "--sweep", help="FLAG=V1,V2,...: one run per value (any numeric flag; repeat for a grid)."
+    ),
+    ingest: bool = typer.Option(
+        False, "--ingest", help="Ingest each finished run into --db, named after its directory (DIR.VALUE in a sweep)."
+    ),
     db: Path = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store for --ingest."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the outputs of an earlier run in --out (and, with --ingest, its data in --db)."),
-    delay: list[str] = typer.Option([], "--delay", help="RANK:MS[:PHASE]: that rank sleeps MS ms before PHASE (forward, backward, optimizer; default forward) of every step, in a 'commlens.delay' profiler range: a planted straggler (repeatable)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Validate, write the config and print the torchrun commands; start nothing."),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Replace the outputs of an earlier run in --out (and, with --ingest, its data in --db).",
+    ),
+    delay: list[str] = typer.Option(
+        [],
+        "--delay",
+        help="RANK:MS[:PHASE]: that rank sleeps MS ms before PHASE (forward, backward, optimizer; default forward) of every step, in a 'commlens.delay' profiler range: a planted straggler (repeatable).",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Validate, write the config and print the torchrun commands; start nothing."
+    ),
 ) -> None:
     """Train a small GPT under DDP, ZeRO-1/2/3, TP(+SP), PP and their combinations, with profiler traces."""
     from . import launch
@@ -85,10 +114,28 @@ def harness(
     else:
         dtype, gpus = dtype or ("bfloat16" if device == "cuda" else "float32"), None
     options: dict[str, object] = dict(
-        dp=dp, tp=tp, pp=pp, zero=zero, sp=sp, micro_batches=micro_batches, schedule=schedule, layers=layers,
-        hidden=hidden, heads=heads, vocab=vocab, seq_len=seq_len, micro_batch_size=micro_batch_size, steps=steps,
-        lr=lr, seed=seed, device=device, dtype=dtype, profile_wait=profile_wait, profile_warmup=profile_warmup,
-        profile_active=profile_active, timeout_s=timeout,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        zero=zero,
+        sp=sp,
+        micro_batches=micro_batches,
+        schedule=schedule,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        vocab=vocab,
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        steps=steps,
+        lr=lr,
+        seed=seed,
+        device=device,
+        dtype=dtype,
+        profile_wait=profile_wait,
+        profile_warmup=profile_warmup,
+        profile_active=profile_active,
+        timeout_s=timeout,
     )
     try:
         options["delays"] = parse_delays(delay)
@@ -96,43 +143,55 @@ def harness(
         for run in runs:
             old = launch.existing_outputs(run.out)
             if old and not overwrite:
-                raise ConfigError(f"{run.out} already holds harness outputs ({old[0].name}, ...); pass --overwrite or another --out")
+                raise ConfigError(
+                    f"{run.out} already holds harness outputs ({old[0].name}, ...); pass --overwrite or another --out"
+                )
         if ingest and not dry_run and not overwrite:
             taken = launch.runs_in_store(db, runs)
             if taken:
-                raise ConfigError(f"{db} already holds run(s) {', '.join(taken)}; pass --overwrite to replace their "
-                                  "data (review items and scheme overrides are kept) or choose another --out")
+                raise ConfigError(
+                    f"{db} already holds run(s) {', '.join(taken)}; pass --overwrite to replace their "
+                    "data (review items and scheme overrides are kept) or choose another --out"
+                )
     except ConfigError as exc:
         err.print("[red]invalid harness configuration:[/red]")
         for line in str(exc).splitlines():
             err.print(f"  - {line}", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    command = ["commlens", "harness", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "harness" else list(sys.argv)
+    command = (
+        ["commlens", "harness", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "harness" else list(sys.argv)
+    )
     for i, run in enumerate(runs, 1):
         launch.prepare(run, overwrite)
         header = f"run {i}/{len(runs)} {run.name}: {run.cfg.strategy}, world {run.cfg.world_size} ({run.cfg.device})"
         if dry_run:
             console.print(f"[bold]{header}[/bold] config {run.out / launch.CONFIG_NAME}")
-            console.print("  single node: " + " ".join(launch.torchrun_command(run, command)), markup=False, soft_wrap=True)
+            console.print(
+                "  single node: " + " ".join(launch.torchrun_command(run, command)), markup=False, soft_wrap=True
+            )
             console.print("  multi-node:  " + launch.multinode_command(run), markup=False, soft_wrap=True)
             continue
         console.print(f"[bold]{header}[/bold] -> {run.out}")
         code = launch.launch(run, command)
         if code != 0:
-            err.print(f"[red]run {run.name} failed[/red] (torchrun exit code {code}); the failing rank's traceback is above.")
+            err.print(
+                f"[red]run {run.name} failed[/red] (torchrun exit code {code}); the failing rank's traceback is above."
+            )
             raise typer.Exit(1)
         _list_outputs(run, launch.output_files(run.out))
         if ingest:
             summary = launch.ingest_run(db, run, replace=overwrite)
             failed = summary.failed
-            console.print(f"ingested {len(summary.files) - len(failed)}/{len(summary.files)} files into {db} as run {run.name!r}")
+            console.print(
+                f"ingested {len(summary.files) - len(failed)}/{len(summary.files)} files into {db} as run {run.name!r}"
+            )
             for f in failed:
                 err.print(f"[red]failed[/red] {f.error}", markup=False)
             if failed:
                 raise typer.Exit(1)
 
 
-def _list_outputs(run, files: list[Path]) -> None:  # noqa: ANN001 - launch.PlannedRun
+def _list_outputs(run, files: list[Path]) -> None:
     import json
 
     table = Table(title=f"{run.name}: output files")

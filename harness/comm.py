@@ -95,7 +95,7 @@ class Mesh:
     def coords(self) -> dict[str, int]:
         return self.cfg.coords(self.rank)
 
-    def submesh(self, dim: str):  # noqa: ANN201 - DeviceMesh
+    def submesh(self, dim: str):
         return None if self.device_mesh is None else self.device_mesh[dim]
 
 
@@ -116,6 +116,7 @@ def build_mesh(cfg: HarnessConfig, device_type: str) -> Mesh:
     for d in dims:
         pg = mesh.get_group(d)
         conf = _get_pg_config(pg)
-        groups[d] = Group(d, pg, dist.get_process_group_ranks(pg), pg.group_name, conf.get("pg_desc", ""),
-                          dist.get_rank(pg))
+        groups[d] = Group(
+            d, pg, dist.get_process_group_ranks(pg), pg.group_name, conf.get("pg_desc", ""), dist.get_rank(pg)
+        )
     return Mesh(cfg, rank, mesh, groups, dist.get_backend())

@@ -171,8 +171,20 @@ def validation_errors(cfg: HarnessConfig, cuda_devices: int | None = None) -> li
 
     `cuda_devices` is the local GPU count (None: not checked, e.g. for a multi-node dry run)."""
     errors: list[str] = []
-    positive = ("dp", "tp", "pp", "micro_batches", "layers", "hidden", "heads", "vocab", "seq_len",
-                "micro_batch_size", "steps", "profile_active")
+    positive = (
+        "dp",
+        "tp",
+        "pp",
+        "micro_batches",
+        "layers",
+        "hidden",
+        "heads",
+        "vocab",
+        "seq_len",
+        "micro_batch_size",
+        "steps",
+        "profile_active",
+    )
     for name in positive:
         if getattr(cfg, name) < 1:
             errors.append(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(cfg, name)})")
@@ -193,7 +205,9 @@ def validation_errors(cfg: HarnessConfig, cuda_devices: int | None = None) -> li
     if cfg.heads % cfg.tp:
         errors.append(f"--heads {cfg.heads} is not divisible by --tp {cfg.tp} (attention heads are split across tp)")
     if cfg.vocab % cfg.tp:
-        errors.append(f"--vocab {cfg.vocab} is not divisible by --tp {cfg.tp} (embedding and LM head are vocab-parallel)")
+        errors.append(
+            f"--vocab {cfg.vocab} is not divisible by --tp {cfg.tp} (embedding and LM head are vocab-parallel)"
+        )
     if cfg.sp and cfg.tp == 1:
         errors.append("--sp (sequence parallelism) needs --tp > 1")
     if cfg.sp and cfg.seq_len % cfg.tp:
@@ -228,8 +242,9 @@ def _delay_errors(cfg: HarnessConfig) -> list[str]:
     for d in cfg.delays:
         spec = f"--delay {d.rank}:{d.ms:g}:{d.phase}"
         if not 0 <= d.rank < cfg.world_size:
-            errors.append(f"{spec}: rank {d.rank} is not in the job (world size {cfg.world_size}, "
-                          f"ranks 0-{cfg.world_size - 1})")
+            errors.append(
+                f"{spec}: rank {d.rank} is not in the job (world size {cfg.world_size}, ranks 0-{cfg.world_size - 1})"
+            )
         if not (math.isfinite(d.ms) and d.ms > 0):
             errors.append(f"{spec}: the delay must be a finite number of milliseconds > 0")
         if d.phase not in DELAY_PHASES:

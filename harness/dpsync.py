@@ -98,11 +98,14 @@ class DDPSync(Sync):
         self.last_calls, self.calls = self.calls, []
 
     def describe(self) -> dict:
-        return {"ddp_bucket_bytes": self.last_calls, "ddp_bucket_cap_mb": 25.0,
-                "ddp_first_bucket_bytes": int(getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1 << 20))}
+        return {
+            "ddp_bucket_bytes": self.last_calls,
+            "ddp_bucket_cap_mb": 25.0,
+            "ddp_first_bucket_bytes": int(getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1 << 20)),
+        }
 
 
-def _labelled_allreduce_hook(state, bucket):  # noqa: ANN001, ANN202 - DDP rejects string annotations
+def _labelled_allreduce_hook(state, bucket):
     buf = bucket.buffer()
     state.calls.append(buf.numel() * buf.element_size())
     buf.div_(state.dp.size)
@@ -230,10 +233,10 @@ class _LabelledAllGather:
     def __init__(self, group: Group):
         self.group = group
 
-    def allocate(self, size, *, dtype, device):  # noqa: ANN001, ANN201
+    def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def __call__(self, output_tensor, input_tensor, group, async_op=False):  # noqa: ANN001, ANN204
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
         with record_function(self.group.tag):
             return all_gather_flat(output_tensor, input_tensor, group=group, async_op=async_op)
 
@@ -242,10 +245,10 @@ class _LabelledReduceScatter:
     def __init__(self, group: Group):
         self.group = group
 
-    def allocate(self, size, *, dtype, device):  # noqa: ANN001, ANN201
+    def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # noqa: ANN001, ANN204
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         with record_function(self.group.tag):
             return reduce_scatter_flat(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
 

@@ -21,13 +21,22 @@ from .schedule import StepRunner
 
 def reference_losses(cfg: HarnessConfig, steps: int | None = None) -> list[float]:
     """Per-step losses of the equivalent single-process run (float32, CPU, no process group)."""
-    single = dataclasses.replace(cfg, dp=1, tp=1, pp=1, zero=0, sp=False, micro_batches=cfg.dp * cfg.micro_batches,
-                                 device="cpu", dtype="float32")
+    single = dataclasses.replace(
+        cfg, dp=1, tp=1, pp=1, zero=0, sp=False, micro_batches=cfg.dp * cfg.micro_batches, device="cpu", dtype="float32"
+    )
     shape = GPTShape(cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq_len)
     stage = build_stage(shape, cfg.seed, TPInfo(), 0, 1)
     sync = Sync(stage, Mesh(single, 0, None, {}, "none"), cfg.lr)
-    runner = StepRunner(stage, sync, None, single.micro_batches, "gpipe", (cfg.micro_batch_size, cfg.seq_len, cfg.hidden),
-                        torch.float32, torch.device("cpu"))
+    runner = StepRunner(
+        stage,
+        sync,
+        None,
+        single.micro_batches,
+        "gpipe",
+        (cfg.micro_batch_size, cfg.seq_len, cfg.hidden),
+        torch.float32,
+        torch.device("cpu"),
+    )
     b, m = cfg.micro_batch_size, single.micro_batches
     losses = []
     for step in range(cfg.steps if steps is None else steps):

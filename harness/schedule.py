@@ -25,9 +25,18 @@ DELAY_RANGE = "commlens.delay"  # not "commlens:": that prefix labels collective
 
 
 class StepRunner:
-    def __init__(self, stage: Stage, sync: Sync, pp: Group | None, micro_batches: int, schedule: str,
-                 act_shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device,
-                 delays: dict[str, float] | None = None):
+    def __init__(
+        self,
+        stage: Stage,
+        sync: Sync,
+        pp: Group | None,
+        micro_batches: int,
+        schedule: str,
+        act_shape: tuple[int, int, int],
+        dtype: torch.dtype,
+        device: torch.device,
+        delays: dict[str, float] | None = None,
+    ):
         """`delays`: milliseconds this rank sleeps per step before each phase (forward, backward, optimizer)."""
         self.stage, self.sync, self.pp = stage, sync, pp
         self.delays = delays or {}
@@ -42,8 +51,13 @@ class StepRunner:
     def _buf(self) -> torch.Tensor:
         return torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
 
-    def _exchange(self, send_next: torch.Tensor | None = None, send_prev: torch.Tensor | None = None,
-                  recv_next: bool = False, recv_prev: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _exchange(
+        self,
+        send_next: torch.Tensor | None = None,
+        send_prev: torch.Tensor | None = None,
+        recv_next: bool = False,
+        recv_prev: bool = False,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """One batch: sends (to prev, then to next) and receives (from prev, then from next)."""
         sends, recvs = [], []
         from_prev = self._buf() if recv_prev and not self.first else None
@@ -156,4 +170,3 @@ class StepRunner:
         for k in range(steady, self.m):
             _, g = self._exchange(recv_next=True)
             self._exchange(send_prev=self._backward(k, g))
-

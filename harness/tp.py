@@ -17,12 +17,12 @@ class CopyToTP(Function):
     """f: identity forward; all_reduce of the input gradient in backward (enters a column-parallel region)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: Group) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx, x: torch.Tensor, group: Group) -> torch.Tensor:
         ctx.group = group
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor):  # noqa: ANN001, ANN205
+    def backward(ctx, g: torch.Tensor):
         g = g.contiguous().clone()
         ctx.group.all_reduce(g)
         return g, None
@@ -32,13 +32,13 @@ class ReduceFromTP(Function):
     """g: all_reduce of the partial sums forward (leaves a row-parallel region); identity backward."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: Group) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx, x: torch.Tensor, group: Group) -> torch.Tensor:
         x = x.contiguous().clone()
         group.all_reduce(x)
         return x
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor):  # noqa: ANN001, ANN205
+    def backward(ctx, g: torch.Tensor):
         return g, None
 
 
@@ -62,12 +62,12 @@ class GatherSeq(Function):
     """SP, entering a column-parallel region: all_gather along s forward, reduce_scatter backward."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: Group) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx, x: torch.Tensor, group: Group) -> torch.Tensor:
         ctx.group = group
         return _gather_seq(x, group)
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor):  # noqa: ANN001, ANN205
+    def backward(ctx, g: torch.Tensor):
         return _reduce_scatter_seq(g, ctx.group), None
 
 
@@ -75,12 +75,12 @@ class ReduceScatterSeq(Function):
     """SP, leaving a row-parallel region: reduce_scatter along s forward, all_gather backward."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: Group) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx, x: torch.Tensor, group: Group) -> torch.Tensor:
         ctx.group = group
         return _reduce_scatter_seq(x, group)
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor):  # noqa: ANN001, ANN205
+    def backward(ctx, g: torch.Tensor):
         return _gather_seq(g, ctx.group), None
 
 
@@ -105,7 +105,7 @@ class VocabParallelCrossEntropy(Function):
     the target's logit (SUM), the sum of exponentials (SUM). Backward is local."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, group: Group | None, vocab_start: int):  # noqa: ANN001, ANN205
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, group: Group | None, vocab_start: int):
         n_local = logits.shape[-1]
         lmax = logits.max(dim=-1).values
         if group is not None:
@@ -125,7 +125,7 @@ class VocabParallelCrossEntropy(Function):
         return loss
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor):  # noqa: ANN001, ANN205
+    def backward(ctx, g: torch.Tensor):
         softmax, local_target, outside = ctx.saved_tensors
         grad = softmax.clone()
         grad.scatter_add_(-1, local_target.unsqueeze(-1), (outside.to(grad.dtype) - 1.0).unsqueeze(-1))

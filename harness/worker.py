@@ -14,7 +14,7 @@ import os
 import socket
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import torch
@@ -65,8 +65,9 @@ def _profiler(cfg: HarnessConfig, out: Path, rank: int) -> torch.profiler.profil
     def on_ready(prof: torch.profiler.profile) -> None:
         prof.export_chrome_trace(str(trace_path(out, rank)))
 
-    sched = torch.profiler.schedule(wait=cfg.profile_wait, warmup=cfg.profile_warmup, active=cfg.profile_active,
-                                    repeat=1)
+    sched = torch.profiler.schedule(
+        wait=cfg.profile_wait, warmup=cfg.profile_warmup, active=cfg.profile_active, repeat=1
+    )
     return torch.profiler.profile(activities=activities, schedule=sched, record_shapes=True, on_trace_ready=on_ready)
 
 
@@ -86,8 +87,17 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
     for d in cfg.delays:
         if d.rank == rank:
             delays[d.phase] = delays.get(d.phase, 0.0) + d.ms
-    runner = StepRunner(stage, sync, mesh.group("pp"), cfg.micro_batches, cfg.schedule,
-                        (cfg.micro_batch_size, s_local, cfg.hidden), dtype, device, delays)
+    runner = StepRunner(
+        stage,
+        sync,
+        mesh.group("pp"),
+        cfg.micro_batches,
+        cfg.schedule,
+        (cfg.micro_batch_size, s_local, cfg.hidden),
+        dtype,
+        device,
+        delays,
+    )
     for group in mesh.groups.values():  # create every communicator now, not inside a step (NCCL is lazy)
         dist.barrier(group=group.pg)
     reporter = coords["pp"] == cfg.pp - 1 and coords["dp"] == 0 and coords["tp"] == 0
@@ -100,8 +110,10 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
             if step == 1 and fail_rank == str(rank):
                 raise RuntimeError(f"injected failure on rank {rank} ({FAIL_RANK_ENV})")
             tokens = global_batch(cfg.seed, step, samples, cfg.seq_len, cfg.vocab)
-            batches = [micro_batch(tokens, coords["dp"], cfg.dp, j, cfg.micro_batch_size).to(device)
-                       for j in range(cfg.micro_batches)]
+            batches = [
+                micro_batch(tokens, coords["dp"], cfg.dp, j, cfg.micro_batch_size).to(device)
+                for j in range(cfg.micro_batches)
+            ]
             t0 = time.perf_counter()
             loss = runner.step(batches)
             if cfg.device == "cuda":
@@ -112,11 +124,18 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
                 losses.append(loss)
             if reporter:
                 which = " (dp replica 0)" if cfg.dp > 1 else ""
-                print(f"{PROGRESS_PREFIX} step {step + 1}/{cfg.steps} loss{which} {loss:.4f} ({seconds[-1]:.2f}s)",
-                      flush=True)
+                print(
+                    f"{PROGRESS_PREFIX} step {step + 1}/{cfg.steps} loss{which} {loss:.4f} ({seconds[-1]:.2f}s)",
+                    flush=True,
+                )
     info = {
-        "rank": rank, "coords": coords, "host": socket.gethostname(), "param_count": local_params,
-        "sync": sync.describe(), "losses": losses if losses else None, "seconds": seconds,
+        "rank": rank,
+        "coords": coords,
+        "host": socket.gethostname(),
+        "param_count": local_params,
+        "sync": sync.describe(),
+        "losses": losses if losses else None,
+        "seconds": seconds,
         "groups": [g.info() for g in mesh.groups.values()],
     }
     gathered: list[dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
@@ -136,13 +155,22 @@ def _groups(infos: list[dict], mesh: Mesh) -> list[dict]:
     groups = sorted(seen.values(), key=lambda g: (order[g["dim"]], g["ranks"]))
     if not any(g["pg_name"] == "0" for g in groups):
         world = dist.distributed_c10d._get_default_group()
-        groups.insert(0, {"dim": "world", "ranks": list(range(dist.get_world_size())), "pg_name": world.group_name,
-                          "pg_desc": "default_pg", "backend": mesh.backend})
+        groups.insert(
+            0,
+            {
+                "dim": "world",
+                "ranks": list(range(dist.get_world_size())),
+                "pg_name": world.group_name,
+                "pg_desc": "default_pg",
+                "backend": mesh.backend,
+            },
+        )
     return groups
 
 
-def write_run_json(cfg: HarnessConfig, out: Path, infos: list[dict], mesh: Mesh, shape: GPTShape,
-                   command: list[str]) -> Path:
+def write_run_json(
+    cfg: HarnessConfig, out: Path, infos: list[dict], mesh: Mesh, shape: GPTShape, command: list[str]
+) -> Path:
     from commlens.run_json import RunConfig
 
     last = [i for i in infos if i["losses"] is not None and i["coords"]["tp"] == 0]
@@ -156,21 +184,44 @@ def write_run_json(cfg: HarnessConfig, out: Path, infos: list[dict], mesh: Mesh,
         "schema": "commlens.run/1",
         "strategy": cfg.strategy,
         "world_size": cfg.world_size,
-        "model": {"layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "vocab": cfg.vocab,
-                  "seq_len": cfg.seq_len, "ffn_hidden": shape.ffn, "tied_embeddings": False, "learned_pos": True,
-                  "param_count": sum(p.numel() for p in full_model(shape, cfg.seed).parameters())},
-        "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "zero": cfg.zero, "sp": cfg.sp,
-                     "micro_batches": cfg.micro_batches, "micro_batch_size": cfg.micro_batch_size,
-                     "schedule": cfg.schedule, "dp_sync": cfg.dp_sync, "ddp_no_sync": True},
+        "model": {
+            "layers": cfg.layers,
+            "hidden": cfg.hidden,
+            "heads": cfg.heads,
+            "vocab": cfg.vocab,
+            "seq_len": cfg.seq_len,
+            "ffn_hidden": shape.ffn,
+            "tied_embeddings": False,
+            "learned_pos": True,
+            "param_count": sum(p.numel() for p in full_model(shape, cfg.seed).parameters()),
+        },
+        "parallel": {
+            "dp": cfg.dp,
+            "tp": cfg.tp,
+            "pp": cfg.pp,
+            "zero": cfg.zero,
+            "sp": cfg.sp,
+            "micro_batches": cfg.micro_batches,
+            "micro_batch_size": cfg.micro_batch_size,
+            "schedule": cfg.schedule,
+            "dp_sync": cfg.dp_sync,
+            "ddp_no_sync": True,
+        },
         "mesh_dims": cfg.mesh_dims,
         "mesh_shape": cfg.mesh_shape,
         "groups": _groups(infos, mesh),
         "dtypes": {"param": cfg.dtype, "grad": cfg.dtype, "act": cfg.dtype},
-        "buckets": {"ddp_bucket_cap_mb": first_sync.get("ddp_bucket_cap_mb") if ddp else None,
-                    "ddp_first_bucket_bytes": first_sync.get("ddp_first_bucket_bytes") if ddp else None,
-                    "zero_bucket_bytes": None},
-        "profile": {"wait": cfg.profile_wait, "warmup": cfg.profile_warmup, "active": cfg.profile_active,
-                    "profiled_steps": cfg.profiled_steps},
+        "buckets": {
+            "ddp_bucket_cap_mb": first_sync.get("ddp_bucket_cap_mb") if ddp else None,
+            "ddp_first_bucket_bytes": first_sync.get("ddp_first_bucket_bytes") if ddp else None,
+            "zero_bucket_bytes": None,
+        },
+        "profile": {
+            "wait": cfg.profile_wait,
+            "warmup": cfg.profile_warmup,
+            "active": cfg.profile_active,
+            "profiled_steps": cfg.profiled_steps,
+        },
         "steps": cfg.steps,
         "seed": cfg.seed,
         "device": cfg.device,
@@ -179,12 +230,25 @@ def write_run_json(cfg: HarnessConfig, out: Path, infos: list[dict], mesh: Mesh,
         "nccl_version": nccl,
         "host": socket.gethostname(),
         "command": command,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "implementation": "harness",
-        "optimizer": {"name": "adamw", "lr": cfg.lr, "betas": list(ADAMW["betas"]), "eps": ADAMW["eps"],
-                      "weight_decay": ADAMW["weight_decay"]},
-        "ranks": [{"rank": i["rank"], "coords": i["coords"], "host": i["host"], "param_count": i["param_count"],
-                   "sync": i["sync"]} for i in infos],
+        "optimizer": {
+            "name": "adamw",
+            "lr": cfg.lr,
+            "betas": list(ADAMW["betas"]),
+            "eps": ADAMW["eps"],
+            "weight_decay": ADAMW["weight_decay"],
+        },
+        "ranks": [
+            {
+                "rank": i["rank"],
+                "coords": i["coords"],
+                "host": i["host"],
+                "param_count": i["param_count"],
+                "sync": i["sync"],
+            }
+            for i in infos
+        ],
         "results": {"losses": losses, "step_seconds": infos[0]["seconds"]},
         "step_wall_ms": {i["rank"]: [1000 * t for t in i["seconds"]] for i in infos},
         "delays": [dataclasses.asdict(d) for d in cfg.delays],
@@ -198,14 +262,18 @@ def write_run_json(cfg: HarnessConfig, out: Path, infos: list[dict], mesh: Mesh,
 @record
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m commlens.harness.worker", description=__doc__)
-    parser.add_argument("--config", type=Path, required=True, help="harness config JSON (commlens harness --dry-run writes one)")
+    parser.add_argument(
+        "--config", type=Path, required=True, help="harness config JSON (commlens harness --dry-run writes one)"
+    )
     parser.add_argument("--out", type=Path, required=True, help="output directory (shared by all ranks of a node)")
     parser.add_argument("--command", default=None, help="JSON list: the command line that launched the job")
     args = parser.parse_args(argv)
     cfg = HarnessConfig.load(args.config)
     validate(cfg)
     args.out.mkdir(parents=True, exist_ok=True)
-    command = json.loads(args.command) if args.command else [sys.executable, "-m", "commlens.harness.worker", *sys.argv[1:]]
+    command = (
+        json.loads(args.command) if args.command else [sys.executable, "-m", "commlens.harness.worker", *sys.argv[1:]]
+    )
     train(cfg, args.out, command)
     _shutdown()
 

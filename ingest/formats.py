@@ -110,8 +110,13 @@ def _mostly_binary(head: bytes) -> bool:
 FORMATS: tuple[Format, ...] = (
     Format("kineto", "a Kineto JSON trace", _claims_kineto, parse_kineto, Trait.PER_RANK_TIMED_TRACE),
     Format("run_config", "a commlens run.json", _claims_run_config, parse_run_config),
-    Format("nccl_log", "an NCCL debug log", _claims_nccl_log, parse_nccl_log,
-           Trait.SUPERSEDED_BY_TRACE | Trait.NCCL_COMMUNICATORS),
+    Format(
+        "nccl_log",
+        "an NCCL debug log",
+        _claims_nccl_log,
+        parse_nccl_log,
+        Trait.SUPERSEDED_BY_TRACE | Trait.NCCL_COMMUNICATORS,
+    ),
 )
 
 
@@ -140,8 +145,9 @@ def detect(stream: io.BufferedReader) -> Format:
             best, claim = fmt, c
     if best is None:
         names = [f.description for f in FORMATS]
-        raise ParseError(f"binary data, not {', '.join(names[:-1])} or {names[-1]} (first bytes {head[:8]!r})",
-                         "byte 0")
+        raise ParseError(
+            f"binary data, not {', '.join(names[:-1])} or {names[-1]} (first bytes {head[:8]!r})", "byte 0"
+        )
     return best
 
 

@@ -47,10 +47,34 @@ class InputFile:
 
 
 # Files a directory walk passes over: what sits next to traces in real job folders but is never one.
-NOT_TRACES = frozenset({
-    ".md", ".rst", ".py", ".sh", ".ipynb", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".html", ".css", ".js",
-    ".png", ".jpg", ".jpeg", ".svg", ".pdf", ".duckdb", ".wal", ".pt", ".pth", ".safetensors", ".ckpt",
-})
+NOT_TRACES = frozenset(
+    {
+        ".md",
+        ".rst",
+        ".py",
+        ".sh",
+        ".ipynb",
+        ".yaml",
+        ".yml",
+        ".toml",
+        ".ini",
+        ".cfg",
+        ".html",
+        ".css",
+        ".js",
+        ".png",
+        ".jpg",
+        ".jpeg",
+        ".svg",
+        ".pdf",
+        ".duckdb",
+        ".wal",
+        ".pt",
+        ".pth",
+        ".safetensors",
+        ".ckpt",
+    }
+)
 
 
 class TapReader(io.RawIOBase):
@@ -111,7 +135,9 @@ class BoundedGzipReader(io.RawIOBase):
                 self.compressed += len(chunk)
                 if not chunk:
                     if self._fed and not self._dec.eof:
-                        raise ParseError("truncated gzip data: the compressed stream ends early", f"byte {self.compressed}")
+                        raise ParseError(
+                            "truncated gzip data: the compressed stream ends early", f"byte {self.compressed}"
+                        )
                     self._eof = True
                     break
             self._fed = True
@@ -178,8 +204,12 @@ def iter_inputs(paths: list[Path], limits: Limits = DEFAULT_LIMITS) -> Iterator[
         if path.is_dir():
             for sub in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")):
                 if sub.suffix.lower() in NOT_TRACES:
-                    yield InputFile(str(sub), sub.stat().st_size, lambda: io.BytesIO(b""),
-                                    skip=f"not a trace ({sub.suffix} files are passed over in directories)")
+                    yield InputFile(
+                        str(sub),
+                        sub.stat().st_size,
+                        lambda: io.BytesIO(b""),
+                        skip=f"not a trace ({sub.suffix} files are passed over in directories)",
+                    )
                     continue
                 yield from _iter_file(sub, str(sub), limits)
         elif path.is_file():
@@ -223,11 +253,14 @@ class _Budget:
     def charge(self, n: int, limits: Limits) -> None:
         self.used += n
         if self.used > limits.max_decompressed_bytes:
-            raise ArchiveBombError(f"archive expands past the limit of {limits.max_decompressed_bytes} bytes "
-                              f"(decompression bomb?)")
+            raise ArchiveBombError(
+                f"archive expands past the limit of {limits.max_decompressed_bytes} bytes (decompression bomb?)"
+            )
         if self.used > limits.ratio_floor_bytes and self.used > limits.max_ratio * max(self.compressed, 1):
-            raise ArchiveBombError(f"archive expands more than {limits.max_ratio:.0f}:1 ({self.used} bytes out of "
-                              f"{self.compressed}; decompression bomb?)")
+            raise ArchiveBombError(
+                f"archive expands more than {limits.max_ratio:.0f}:1 ({self.used} bytes out of "
+                f"{self.compressed}; decompression bomb?)"
+            )
 
 
 def _spool(src: BinaryIO, budget: _Budget, limits: Limits) -> BinaryIO:
@@ -258,7 +291,9 @@ def _iter_tar(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
             for member in tar:
                 count += 1
                 if count > limits.max_members:
-                    yield InputFile(name, 0, lambda: io.BytesIO(b""), error=f"archive has more than {limits.max_members} members")
+                    yield InputFile(
+                        name, 0, lambda: io.BytesIO(b""), error=f"archive has more than {limits.max_members} members"
+                    )
                     return
                 label = f"{name}!{member.name}"
                 if member.isdir():
@@ -284,7 +319,9 @@ def _iter_tar(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
                     continue
                 yield InputFile(label, member.size, lambda s=spooled: _rewound(s))  # type: ignore[misc]
         except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-            yield InputFile(name, archive_size, lambda: io.BytesIO(b""), error=f"archive is truncated or corrupt: {exc}")
+            yield InputFile(
+                name, archive_size, lambda: io.BytesIO(b""), error=f"archive is truncated or corrupt: {exc}"
+            )
 
 
 def _rewound(f: BinaryIO) -> BinaryIO:
@@ -312,7 +349,9 @@ def _iter_zip(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
     with zf:
         infos = zf.infolist()
         if len(infos) > limits.max_members:
-            yield InputFile(name, 0, lambda: io.BytesIO(b""), error=f"archive has more than {limits.max_members} members")
+            yield InputFile(
+                name, 0, lambda: io.BytesIO(b""), error=f"archive has more than {limits.max_members} members"
+            )
             return
         for info in infos:
             if info.is_dir():
@@ -327,9 +366,15 @@ def _iter_zip(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
             if PurePosixPath(info.filename).name.startswith("."):
                 continue
             if info.file_size > limits.max_decompressed_bytes or (
-                info.file_size > limits.ratio_floor_bytes and info.file_size > limits.max_ratio * max(info.compress_size, 1)
+                info.file_size > limits.ratio_floor_bytes
+                and info.file_size > limits.max_ratio * max(info.compress_size, 1)
             ):
-                yield InputFile(label, info.file_size, lambda: io.BytesIO(b""), error="member too large or too compressed (decompression bomb?)")
+                yield InputFile(
+                    label,
+                    info.file_size,
+                    lambda: io.BytesIO(b""),
+                    error="member too large or too compressed (decompression bomb?)",
+                )
                 continue
             try:
                 with zf.open(info) as fobj:

@@ -68,7 +68,11 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
         "distributedInfo": top.get("distributedInfo"),
         "nccl_version": dist.get("nccl_version"),
         "pg_count": dist.get("pg_count"),
-        **{k: top[k] for k in ("schemaVersion", "displayTimeUnit", "baseTimeNanoseconds", "trace_id", "traceName") if k in top},
+        **{
+            k: top[k]
+            for k in ("schemaVersion", "displayTimeUnit", "baseTimeNanoseconds", "trace_id", "traceName")
+            if k in top
+        },
         "devices": len(top["deviceProperties"]) if isinstance(top.get("deviceProperties"), list) else None,
         "scan": {
             "events_total": scan.events_total,

@@ -23,26 +23,66 @@ from .kineto_model import EPS, Call, CpuEv, Kernel, Sizes, TraceContext, as_int
 from .records import ParseResult
 
 _KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)|nccl([A-Z][A-Za-z]+?)(?:Ring|Tree|CollNet)")
-_KERNEL_TYPE = re.compile(r"_(?:Sum|Prod|Max|Min|Avg|PreMulSum|SumPostDiv|sum|prod|max|min|avg)_([A-Za-z0-9_]+?)(?:_[A-Z]|\(|$)")
+_KERNEL_TYPE = re.compile(
+    r"_(?:Sum|Prod|Max|Min|Avg|PreMulSum|SumPostDiv|sum|prod|max|min|avg)_([A-Za-z0-9_]+?)(?:_[A-Z]|\(|$)"
+)
 _KERNEL_OPS = {
-    "AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
-    "Broadcast": "broadcast", "Reduce": "reduce", "AllToAll": "all_to_all", "AlltoAll": "all_to_all",
-    "Gather": "gather", "Scatter": "scatter", "Send": "send", "Recv": "recv",
+    "AllReduce": "all_reduce",
+    "AllGather": "all_gather",
+    "ReduceScatter": "reduce_scatter",
+    "Broadcast": "broadcast",
+    "Reduce": "reduce",
+    "AllToAll": "all_to_all",
+    "AlltoAll": "all_to_all",
+    "Gather": "gather",
+    "Scatter": "scatter",
+    "Send": "send",
+    "Recv": "recv",
 }
 _KERNEL_DTYPES = {
-    "f32": "float32", "float": "float32", "f16": "float16", "half": "float16", "bf16": "bfloat16",
-    "__nv_bfloat16": "bfloat16", "f64": "float64", "double": "float64", "i8": "int8", "int8_t": "int8",
-    "u8": "uint8", "uint8_t": "uint8", "i32": "int32", "int32_t": "int32", "int": "int32", "u32": "uint32",
-    "uint32_t": "uint32", "i64": "int64", "int64_t": "int64", "u64": "uint64", "uint64_t": "uint64",
-    "f8e4m3": "float8_e4m3fn", "__nv_fp8_e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2", "__nv_fp8_e5m2": "float8_e5m2",
+    "f32": "float32",
+    "float": "float32",
+    "f16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "__nv_bfloat16": "bfloat16",
+    "f64": "float64",
+    "double": "float64",
+    "i8": "int8",
+    "int8_t": "int8",
+    "u8": "uint8",
+    "uint8_t": "uint8",
+    "i32": "int32",
+    "int32_t": "int32",
+    "int": "int32",
+    "u32": "uint32",
+    "uint32_t": "uint32",
+    "i64": "int64",
+    "int64_t": "int64",
+    "u64": "uint64",
+    "uint64_t": "uint64",
+    "f8e4m3": "float8_e4m3fn",
+    "__nv_fp8_e4m3": "float8_e4m3fn",
+    "f8e5m2": "float8_e5m2",
+    "__nv_fp8_e5m2": "float8_e5m2",
 }
 _REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
 # c10d dispatcher ops whose first two arguments are (output, input); all others are in place (arg 0).
 _OUT_IN = {
-    "_allgather_base_", "allgather_", "allgather_coalesced_", "allgather_into_tensor_coalesced_",
-    "_reduce_scatter_base_", "reduce_scatter_", "reduce_scatter_tensor_coalesced_", "alltoall_base_",
-    "alltoall_", "gather_", "scatter_", "all_gather_into_tensor_out",
+    "_allgather_base_",
+    "allgather_",
+    "allgather_coalesced_",
+    "allgather_into_tensor_coalesced_",
+    "_reduce_scatter_base_",
+    "reduce_scatter_",
+    "reduce_scatter_tensor_coalesced_",
+    "alltoall_base_",
+    "alltoall_",
+    "gather_",
+    "scatter_",
+    "all_gather_into_tensor_out",
 }
+
 
 def call_op(call: Call) -> str | None:
     """The logical op: dispatcher op > record_param_comms metadata > annotation > kernel."""
@@ -112,8 +152,9 @@ def _meta_sizes(args: dict[str, Any]) -> Sizes | None:
     dtype = C10_DTYPES.get(dt) if isinstance(dt, str) else None
     if dtype is None and isinstance(dt, str) and dt.lower() in DTYPE_BYTES:
         dtype = dt.lower()
-    return Sizes(as_int(meta(args, "elems_in")), as_int(meta(args, "elems_out")), dtype,
-                 as_int(meta(args, "group_size")))
+    return Sizes(
+        as_int(meta(args, "elems_in")), as_int(meta(args, "elems_out")), dtype, as_int(meta(args, "group_size"))
+    )
 
 
 def container_sizes(call: Call) -> Sizes:
@@ -235,7 +276,9 @@ def _meta_group_name(args: dict[str, Any], ranks: list[int] | None, ctx: TraceCo
         return str(name)
     pgid = meta(args, "group_id")
     if pgid is not None:
-        by_uid = [pname for pname, info in ctx.groups.items() if info.get("uid") is not None and info.get("uid") == pgid]
+        by_uid = [
+            pname for pname, info in ctx.groups.items() if info.get("uid") is not None and info.get("uid") == pgid
+        ]
         if by_uid:
             return by_uid[0]
         if str(pgid) in ctx.groups and ctx.groups[str(pgid)].get("uid") is None:
@@ -315,16 +358,24 @@ def describe_call(call: Call, ctx: TraceContext) -> CallFacts | None:
     }
     group_row = None
     if group.key is not None:
-        group_row = {"group_key": group.key, "name": group.name, "description": group.desc, "ranks": group.ranks,
-                     "size": group.size or gsize, "origin": "event", "mesh_dim": group.mesh_dim}
+        group_row = {
+            "group_key": group.key,
+            "name": group.name,
+            "description": group.desc,
+            "ranks": group.ranks,
+            "size": group.size or gsize,
+            "origin": "event",
+            "mesh_dim": group.mesh_dim,
+        }
     return CallFacts(row, group_row, notes, tally)
 
 
 def _metadata(call: Call, op: str, ctx: TraceContext) -> tuple[list[tuple[str, Sizes]], GroupInfo, Counter[str]]:
     """Sizes from collective metadata (record_param_comms of this op, then kernels), the group the first
     telling one names, and how many carriers had metadata."""
-    carriers = [("record_param_comms", ev.args, ev.op in (op, None)) for ev in call.members
-                if ev.name == "record_param_comms"]
+    carriers = [
+        ("record_param_comms", ev.args, ev.op in (op, None)) for ev in call.members if ev.name == "record_param_comms"
+    ]
     carriers += [("kernel", k.args, True) for k in call.kernels]
     sources: list[tuple[str, Sizes]] = []
     group = GroupInfo()

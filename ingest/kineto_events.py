@@ -22,7 +22,6 @@ They are grouped into calls like this:
 What each call then is (op, sizes, group, duration) is kineto_calls' business.
 """
 
-
 from __future__ import annotations
 
 import bisect
@@ -157,7 +156,9 @@ class Collector:
                 self.skipped[f"annotation {name!r} (not a collective)"] += 1
                 return
             kind, backend = "annot", m.group(1)
-        self.cpu.append(CpuEv(kind, name, op, ev.get("pid"), ev.get("tid"), ts, dur, args.get("External id"), args, backend))
+        self.cpu.append(
+            CpuEv(kind, name, op, ev.get("pid"), ev.get("tid"), ts, dur, args.get("External id"), args, backend)
+        )
 
 
 # ------------------------------------------------------------------------------------ grouping
@@ -278,7 +279,8 @@ def _skip_not_collective(call: Call, root: CpuEv, result: ParseResult) -> list[K
     else:
         unused = call.kernels
     result.skip(
-        f"record_param_comms {coll!r} (not a collective)" if isinstance(coll, str)
+        f"record_param_comms {coll!r} (not a collective)"
+        if isinstance(coll, str)
         else "record_param_comms without collective metadata, outside any collective"
     )
     return unused
@@ -383,5 +385,3 @@ def _match_gloo(calls: list[Call], workers: list[Call]) -> list[Call]:
     for q in queues.values():
         unmatched.extend(q)
     return unmatched
-
-

@@ -13,8 +13,20 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Field = Literal[
-    "collective", "dtype", "elems_in", "elems_out", "group_size", "rank_start", "rank_stride",
-    "group_id", "group_ranks", "group_name", "group_desc", "rank", "src_rank", "dst_rank",
+    "collective",
+    "dtype",
+    "elems_in",
+    "elems_out",
+    "group_size",
+    "rank_start",
+    "rank_stride",
+    "group_id",
+    "group_ranks",
+    "group_name",
+    "group_desc",
+    "rank",
+    "src_rank",
+    "dst_rank",
 ]
 
 
@@ -26,22 +38,47 @@ class Generation:
 
 # Oldest first. Traces before the first entry carry no metadata (sizes come from Input Dims).
 GENERATIONS: tuple[Generation, ...] = (
-    Generation("kineto #821, Oct 2023: metadata on record_param_comms and kernels", {
-        "collective": "Collective name", "dtype": "dtype", "elems_in": "In msg size", "elems_out": "Out msg size",
-        "group_size": "Group size", "rank_start": "Global rank start", "rank_stride": "Global rank stride",
-    }),
-    Generation("kineto #849, Dec 2023: sizes renamed to element counts", {
-        "elems_in": "In msg nelems", "elems_out": "Out msg nelems",
-    }),
-    Generation("kineto #880, Mar 2024: process group id and ranks", {
-        "group_id": "Process Group ID", "group_ranks": "Process Group Ranks",
-    }),
-    Generation("kineto #906, Apr 2024: process group name and description", {
-        "group_name": "Process Group Name", "group_desc": "Process Group Description",
-    }),
-    Generation("kineto #963, Jul 2024: ranks of the caller and of the peer", {
-        "rank": "Rank", "src_rank": "Src Rank", "dst_rank": "Dst Rank",
-    }),
+    Generation(
+        "kineto #821, Oct 2023: metadata on record_param_comms and kernels",
+        {
+            "collective": "Collective name",
+            "dtype": "dtype",
+            "elems_in": "In msg size",
+            "elems_out": "Out msg size",
+            "group_size": "Group size",
+            "rank_start": "Global rank start",
+            "rank_stride": "Global rank stride",
+        },
+    ),
+    Generation(
+        "kineto #849, Dec 2023: sizes renamed to element counts",
+        {
+            "elems_in": "In msg nelems",
+            "elems_out": "Out msg nelems",
+        },
+    ),
+    Generation(
+        "kineto #880, Mar 2024: process group id and ranks",
+        {
+            "group_id": "Process Group ID",
+            "group_ranks": "Process Group Ranks",
+        },
+    ),
+    Generation(
+        "kineto #906, Apr 2024: process group name and description",
+        {
+            "group_name": "Process Group Name",
+            "group_desc": "Process Group Description",
+        },
+    ),
+    Generation(
+        "kineto #963, Jul 2024: ranks of the caller and of the peer",
+        {
+            "rank": "Rank",
+            "src_rank": "Src Rank",
+            "dst_rank": "Dst Rank",
+        },
+    ),
 )
 
 

@@ -532,7 +532,8 @@ class _Scanner:
                 if not c:
                     raise self._truncated("$.traceEvents")
                 raise ParseError(
-                    "invalid JSON: expected ',' or ']' after an event", f"{_path(['traceEvents', idx])} ({self.win.loc(self.pos)})"
+                    "invalid JSON: expected ',' or ']' after an event",
+                    f"{_path(['traceEvents', idx])} ({self.win.loc(self.pos)})",
                 )
             if count is not None:
                 count -= 1

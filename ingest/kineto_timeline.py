@@ -162,7 +162,12 @@ def _context(dist: dict[str, Any]) -> TraceContext:
         if isinstance(g, dict) and g.get("pg_name") is not None:
             ranks = parse_ranks(g.get("ranks"))
             size = as_int(g.get("pg_size")) or (len(ranks) if ranks else None)
-            ctx.groups[str(g["pg_name"])] = {"ranks": ranks, "size": size, "desc": g.get("pg_desc"), "uid": g.get("uid")}
+            ctx.groups[str(g["pg_name"])] = {
+                "ranks": ranks,
+                "size": size,
+                "desc": g.get("pg_desc"),
+                "uid": g.get("uid"),
+            }
     ctx.complete_groups = bool(ctx.groups)
     return ctx
 
@@ -176,8 +181,9 @@ def _pt_seq(call: Call) -> int | None:
     return None
 
 
-def read_timeline(stream: io.BufferedIOBase, name: str, hint: RankHint | None = None,
-                  limits: Limits = DEFAULT_LIMITS) -> RankTimeline:
+def read_timeline(
+    stream: io.BufferedIOBase, name: str, hint: RankHint | None = None, limits: Limits = DEFAULT_LIMITS
+) -> RankTimeline:
     """Read one Kineto trace (decompressed stream) into its RankTimeline; ParseError when not a trace."""
     col = Collector()
     act = _Activity(col)
@@ -202,7 +208,9 @@ def read_timeline(stream: io.BufferedIOBase, name: str, hint: RankHint | None = 
 
     result = ParseResult(kind="kineto")
     gen: Counter[str] = Counter()
-    step_index = sorted(zip(steps.start, [e - s for s, e in zip(steps.start, steps.end, strict=True)], steps.step, strict=True))
+    step_index = sorted(
+        zip(steps.start, [e - s for s, e in zip(steps.start, steps.end, strict=True)], steps.step, strict=True)
+    )
     calls = CallColumns()
     for call in build_calls(col, result):
         row = call_row(call, ctx, result, gen)
@@ -212,8 +220,10 @@ def read_timeline(stream: io.BufferedIOBase, name: str, hint: RankHint | None = 
 
     no_end = sum(e is None for e in calls.end)
     if no_end:
-        notes.append(f"{no_end} of {len(calls.seq)} calls have no measured duration (NCCL without its kernels "
-                     "records only the enqueue): no real time or end for them")
+        notes.append(
+            f"{no_end} of {len(calls.seq)} calls have no measured duration (NCCL without its kernels "
+            "records only the enqueue): no real time or end for them"
+        )
     has_device = bool(act.raw)
     intervals = IntervalColumns()
     if has_device:
@@ -223,12 +233,19 @@ def read_timeline(stream: io.BufferedIOBase, name: str, hint: RankHint | None = 
     else:
         notes.append("no device activity: communication is the collectives' CPU time (gloo), compute the other CPU ops")
         _cpu_intervals(intervals, act, calls, col)
-    return RankTimeline(name, rank, as_int(dist.get("world_size")) or hint.world_size, has_device,
-                        intervals, steps, calls, notes)
+    return RankTimeline(
+        name, rank, as_int(dist.get("world_size")) or hint.world_size, has_device, intervals, steps, calls, notes
+    )
 
 
-def _add_call(calls: CallColumns, seq: int, call: Call, row: dict[str, Any], result: ParseResult,
-              step_index: list[tuple[float, float, int]]) -> None:
+def _add_call(
+    calls: CallColumns,
+    seq: int,
+    call: Call,
+    row: dict[str, Any],
+    result: ParseResult,
+    step_index: list[tuple[float, float, int]],
+) -> None:
     group = next((g for g in result.groups if g["group_key"] == row["group_key"]), None) if row["group_key"] else None
     ranks = group.get("ranks") if group else None
     dev_start = min(k.ts for k in call.kernels) if call.kernels else None

@@ -14,8 +14,14 @@ ONE_SIDED = frozenset({"PutSignal", "Signal", "WaitSignal"})
 ALGOS = {0: "TREE", 1: "RING", 2: "COLLNET_DIRECT", 3: "COLLNET_CHAIN", 4: "NVLS", 5: "NVLS_TREE", 6: "PAT"}
 PROTOS = {0: "LL", 1: "LL128", 2: "SIMPLE"}
 ALGO_NAMES = {
-    "tree": "TREE", "ring": "RING", "collnet": "COLLNET_DIRECT", "collnetdirect": "COLLNET_DIRECT",
-    "collnetchain": "COLLNET_CHAIN", "nvls": "NVLS", "nvlstree": "NVLS_TREE", "pat": "PAT",
+    "tree": "TREE",
+    "ring": "RING",
+    "collnet": "COLLNET_DIRECT",
+    "collnetdirect": "COLLNET_DIRECT",
+    "collnetchain": "COLLNET_CHAIN",
+    "nvls": "NVLS",
+    "nvlstree": "NVLS_TREE",
+    "pat": "PAT",
 }
 PROTO_NAMES = {"ll": "LL", "ll128": "LL128", "simple": "SIMPLE"}
 
@@ -154,9 +160,15 @@ def _comm_id(v: str) -> str | None:
 
 # Init line fields after "nranks N": nccl_comms column and how the value reads (None: leave the column).
 INIT_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "cudaDev": ("cuda_dev", int), "nvmlDev": ("nvml_dev", int), "busId": ("bus_id", str.lower),
-    "commId": ("comm_id", _comm_id), "parent": ("parent_ptr", str), "color": ("color", int),
-    "key": ("split_key", int), "splitCount": ("_split_count", int), "childCount": ("_split_count", int),
+    "cudaDev": ("cuda_dev", int),
+    "nvmlDev": ("nvml_dev", int),
+    "busId": ("bus_id", str.lower),
+    "commId": ("comm_id", _comm_id),
+    "parent": ("parent_ptr", str),
+    "color": ("color", int),
+    "key": ("split_key", int),
+    "splitCount": ("_split_count", int),
+    "childCount": ("_split_count", int),
 }
 
 

@@ -90,29 +90,37 @@ def link_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
 
     nccl_sources = "SELECT source_id FROM sources WHERE run_id = $run AND list_contains($linked, kind)"
     tables: dict[str, pa.Table] = {
-        "_nl_revert": pa.table({
-            "group_key": pa.array([r[0] for r in revert], pa.string()),
-            "comm_rank": pa.array([r[1] for r in revert], pa.int32()),
-            "global_rank": pa.array([r[2] for r in revert], pa.int32()),
-        }),
-        "_nl_comms": pa.table({
-            "rid": pa.array([m.rid for m in members], pa.int64()),
-            "group_key": pa.array([m.key for m in members], pa.string()),
-            "global_rank": pa.array([world_rank.get(m.context) for m in members], pa.int32()),
-        }),
+        "_nl_revert": pa.table(
+            {
+                "group_key": pa.array([r[0] for r in revert], pa.string()),
+                "comm_rank": pa.array([r[1] for r in revert], pa.int32()),
+                "global_rank": pa.array([r[2] for r in revert], pa.int32()),
+            }
+        ),
+        "_nl_comms": pa.table(
+            {
+                "rid": pa.array([m.rid for m in members], pa.int64()),
+                "group_key": pa.array([m.key for m in members], pa.string()),
+                "global_rank": pa.array([world_rank.get(m.context) for m in members], pa.int32()),
+            }
+        ),
         "_nl_events": _event_map(members),
-        "_nl_peer": pa.table({
-            "group_key": pa.array([k for k, g in full.items() for _ in g], pa.string()),
-            "comm_rank": pa.array([r for g in full.values() for r in g], pa.int32()),
-            "global_rank": pa.array([world_rank[m.context] for g in full.values() for m in g.values()], pa.int32()),
-        }),
+        "_nl_peer": pa.table(
+            {
+                "group_key": pa.array([k for k, g in full.items() for _ in g], pa.string()),
+                "comm_rank": pa.array([r for g in full.values() for r in g], pa.int32()),
+                "global_rank": pa.array([world_rank[m.context] for g in full.values() for m in g.values()], pa.int32()),
+            }
+        ),
         "_nl_rank": _rank_map(members, world_rank),
-        "_nl_topo": pa.table({
-            "host": pa.array([m.host for m in distinct], pa.string()),
-            "pid": pa.array([m.pid for m in distinct], pa.int32()),
-            "comm_ptr": pa.array([m.ptr for m in distinct], pa.string()),
-            "group_key": pa.array([m.key for m in distinct], pa.string()),
-        }),
+        "_nl_topo": pa.table(
+            {
+                "host": pa.array([m.host for m in distinct], pa.string()),
+                "pid": pa.array([m.pid for m in distinct], pa.int32()),
+                "comm_ptr": pa.array([m.ptr for m in distinct], pa.string()),
+                "group_key": pa.array([m.key for m in distinct], pa.string()),
+            }
+        ),
     }
     for name, table in tables.items():
         con.register(name, table)
@@ -168,10 +176,14 @@ def count_each_call_once(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     """An NCCL log and a profiler trace of the same rank describe the same calls: the trace's count (its
     profiler steps are the iterations, its kernels the durations) and the log's calls of that rank are
     kept, for communicators and topology, with `counted = false`. Ranks without a trace count from the log."""
-    covered = [r for (r,) in con.execute(
-        """SELECT DISTINCT e.rank FROM comm_events e JOIN sources s ON s.source_id = e.source_id
+    covered = [
+        r
+        for (r,) in con.execute(
+            """SELECT DISTINCT e.rank FROM comm_events e JOIN sources s ON s.source_id = e.source_id
         WHERE e.run_id = ? AND list_contains(?, s.kind) AND e.rank IS NOT NULL""",
-        [run_id, formats.kinds_with(Trait.PER_RANK_TIMED_TRACE)]).fetchall()]
+            [run_id, formats.kinds_with(Trait.PER_RANK_TIMED_TRACE)],
+        ).fetchall()
+    ]
     con.execute(
         """UPDATE comm_events SET counted = NOT (rank IS NOT NULL AND list_contains($covered, rank))
         WHERE run_id = $run
@@ -293,10 +305,7 @@ def _split_collisions(members: list[_Member]) -> dict[tuple, int]:
     by_key: dict[str, list[_Member]] = defaultdict(list)
     for m in distinct:
         by_key[m.key].append(m)
-    collided = {
-        k for k, ms in by_key.items()
-        if k.startswith("nccl:n") and len({m.comm_rank for m in ms}) < len(ms)
-    }
+    collided = {k for k, ms in by_key.items() if k.startswith("nccl:n") and len({m.comm_rank for m in ms}) < len(ms)}
     if collided:
         provisional = _world_ranks(distinct, collided)
         for key in sorted(collided):
@@ -359,10 +368,13 @@ def _event_map(members: list[_Member]) -> pa.Table:
     proc = [k[0] for k in seen]
     ptr = [k[1] for k in seen]
     key = list(seen.values())
-    return pa.table({
-        "process": pa.array(proc, pa.string()), "comm_ptr": pa.array(ptr, pa.string()),
-        "group_key": pa.array(key, pa.string()),
-    })
+    return pa.table(
+        {
+            "process": pa.array(proc, pa.string()),
+            "comm_ptr": pa.array(ptr, pa.string()),
+            "group_key": pa.array(key, pa.string()),
+        }
+    )
 
 
 def _rank_map(members: list[_Member], world_rank: dict[tuple, int]) -> pa.Table:
@@ -379,14 +391,21 @@ def _rank_map(members: list[_Member], world_rank: dict[tuple, int]) -> pa.Table:
         labels[f"{host}:{pid}/cuda:{dev}"] = g
         if len(devs[(host, pid)]) == 1:
             labels[f"{host}:{pid}"] = g
-    return pa.table({
-        "process": pa.array(list(labels), pa.string()), "global_rank": pa.array(list(labels.values()), pa.int32()),
-    })
+    return pa.table(
+        {
+            "process": pa.array(list(labels), pa.string()),
+            "global_rank": pa.array(list(labels.values()), pa.int32()),
+        }
+    )
 
 
 def _write_groups(
-    con: duckdb.DuckDBPyConnection, run_id: int, groups: dict[str, dict[int | None, _Member]],
-    full: dict[str, dict[int | None, _Member]], world_rank: dict[tuple, int], members: list[_Member],
+    con: duckdb.DuckDBPyConnection,
+    run_id: int,
+    groups: dict[str, dict[int | None, _Member]],
+    full: dict[str, dict[int | None, _Member]],
+    world_rank: dict[tuple, int],
+    members: list[_Member],
 ) -> None:
     """Upsert process_groups for every communicator and provisional group; drop stale NCCL groups."""
     rows: list[tuple[Any, ...]] = []
@@ -403,8 +422,9 @@ def _write_groups(
         [run_id],
     ).fetchall():
         if key not in known:
-            rows.append((key, f"NCCL communicator of {size} ranks seen only in COLL lines of one process",
-                         None, size, "event"))
+            rows.append(
+                (key, f"NCCL communicator of {size} ranks seen only in COLL lines of one process", None, size, "event")
+            )
     for key, desc, ranks, size, origin in rows:
         con.execute(
             """INSERT INTO process_groups (run_id, group_key, description, backend, ranks, size, origin)

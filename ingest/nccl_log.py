@@ -116,9 +116,7 @@ class _Parser:
 
     # ------------------------------------------------------------------ COLL rows
 
-    def template(
-        self, p: Proc, dev: int, name: str, dt: int, root: int, ptr: str, nranks: int, line_no: int
-    ) -> tuple:
+    def template(self, p: Proc, dev: int, name: str, dt: int, root: int, ptr: str, nranks: int, line_no: int) -> tuple:
         """(row template, bytes per count, elems_in factor, elems_out factor, seq cell); a template
         without row (see `_skip_template`) makes lines skipped with its reason."""
         op = normalize_op(name)
@@ -339,8 +337,15 @@ class _Parser:
         return True
 
     def message(
-        self, msg: str, host: str | None, pid: str | None, tid: str | None, dev: int, level: str,
-        line_no: int, cut: bool,
+        self,
+        msg: str,
+        host: str | None,
+        pid: str | None,
+        tid: str | None,
+        dev: int,
+        level: str,
+        line_no: int,
+        cut: bool,
     ) -> None:
         self.nccl_lines += 1
         if host is not None and (host, pid) not in self.procs:
@@ -387,7 +392,13 @@ class _Parser:
         return True
 
     def topology_message(
-        self, kind: str, m: re.Match[str] | None, msg: str, host: str | None, pid: str | None, tid: str | None,
+        self,
+        kind: str,
+        m: re.Match[str] | None,
+        msg: str,
+        host: str | None,
+        pid: str | None,
+        tid: str | None,
         dev: int,
     ) -> None:
         """Trees, NVLS trees and heads, channel counts."""
@@ -426,10 +437,24 @@ class _Parser:
         p.instances[ptr] = n
         label = ptr if n == 1 else f"{ptr}#{n}"
         row = {
-            "group_key": None, "host": p.host, "pid": p.pid, "cuda_dev": None, "comm_ptr": label,
-            "comm_rank": None, "nranks": None, "global_rank": None, "comm_id": None, "parent_ptr": None,
-            "color": None, "split_key": None, "bus_id": None, "nvml_dev": None, "api": None,
-            "nccl_version": None, "_complete": False, "_proc": p.key,
+            "group_key": None,
+            "host": p.host,
+            "pid": p.pid,
+            "cuda_dev": None,
+            "comm_ptr": label,
+            "comm_rank": None,
+            "nranks": None,
+            "global_rank": None,
+            "comm_id": None,
+            "parent_ptr": None,
+            "color": None,
+            "split_key": None,
+            "bus_id": None,
+            "nvml_dev": None,
+            "api": None,
+            "nccl_version": None,
+            "_complete": False,
+            "_proc": p.key,
         }
         p.comms[ptr] = row
         self.res.nccl_comms.append(row)
@@ -486,9 +511,19 @@ class _Parser:
     # ------------------------------------------------------------------ topology and tuning
 
     def topo(
-        self, host: str | None, pid: str | None, tid: str | None, dev: int, kind: str, detail: str,
-        channel: int | None = None, ranks: list[int] | None = None, src: int | None = None,
-        dst: int | None = None, transport: str | None = None, comm: str | None = None,
+        self,
+        host: str | None,
+        pid: str | None,
+        tid: str | None,
+        dev: int,
+        kind: str,
+        detail: str,
+        channel: int | None = None,
+        ranks: list[int] | None = None,
+        src: int | None = None,
+        dst: int | None = None,
+        transport: str | None = None,
+        comm: str | None = None,
     ) -> None:
         p = self.state.proc(host, pid, dev)
         th = self.state.thread(host, pid, tid, dev)
@@ -498,7 +533,13 @@ class _Parser:
         self.res.topology.append(row)
 
     def channel(
-        self, kind: str, m: re.Match[str] | None, msg: str, host: str | None, pid: str | None, tid: str | None,
+        self,
+        kind: str,
+        m: re.Match[str] | None,
+        msg: str,
+        host: str | None,
+        pid: str | None,
+        tid: str | None,
         dev: int,
     ) -> None:
         """A ring ("Channel 00/02 : 0 1 2 3") or a connection ("Channel 00/0 : 0[0] -> 1[1] via P2P/IPC")."""
@@ -519,8 +560,17 @@ class _Parser:
             p = self.state.proc(host, pid, dev)
             comm = p.comms[cc.group(1)]["comm_ptr"] if cc.group(1) in p.comms else cc.group(1)
         self.topo(
-            host, pid, tid, dev, "connection", msg, channel=int(m.group(1)),
-            src=int(m.group(3)), dst=int(m.group(5)), transport=via, comm=comm,
+            host,
+            pid,
+            tid,
+            dev,
+            "connection",
+            msg,
+            channel=int(m.group(1)),
+            src=int(m.group(3)),
+            dst=int(m.group(5)),
+            transport=via,
+            comm=comm,
         )
 
     def nvls_trees(self, msg: str, host: str | None, pid: str | None, tid: str | None, dev: int) -> None:
@@ -536,12 +586,18 @@ class _Parser:
                 time_us = float(time_s)
             except ValueError:
                 time_us = None
-        self.res.tuning.append({
-            "host": host, "pid": int(pid) if pid is not None else None,
-            "op": normalize_op(name) if name else None, "bytes": int(nbytes),
-            "algo": algo_name(algo), "proto": proto_name(proto), "time_us": time_us,
-            "channels": f"{lo}..{hi}" if lo is not None else None,
-        })
+        self.res.tuning.append(
+            {
+                "host": host,
+                "pid": int(pid) if pid is not None else None,
+                "op": normalize_op(name) if name else None,
+                "bytes": int(nbytes),
+                "algo": algo_name(algo),
+                "proto": proto_name(proto),
+                "time_us": time_us,
+                "channels": f"{lo}..{hi}" if lo is not None else None,
+            }
+        )
 
     # ------------------------------------------------------------------ finish
 
@@ -550,8 +606,11 @@ class _Parser:
         res = self.res
         if self.nccl_lines == 0 and not self.versions:
             skipped = "".join(f"; skipped {n}: {reason}" for reason, n in res.skipped.items())
-            raise ParseError(f"not a Kineto JSON trace or an NCCL debug log: no NCCL INFO lines found "
-                             f"(not an NCCL_DEBUG=INFO log?){skipped}", "line 1")
+            raise ParseError(
+                f"not a Kineto JSON trace or an NCCL debug log: no NCCL INFO lines found "
+                f"(not an NCCL_DEBUG=INFO log?){skipped}",
+                "line 1",
+            )
         self._finish_comms()
         multi = self.state.multi_device()
         if multi:
@@ -626,13 +685,28 @@ def provisional_key(process_base: str, comm_label: str, nranks: int | None) -> s
 
 
 def _topo_row(
-    p: Proc, comm: str | None, kind: str, detail: str, channel: int | None = None,
-    ranks: list[int] | None = None, src_rank: int | None = None, dst_rank: int | None = None,
+    p: Proc,
+    comm: str | None,
+    kind: str,
+    detail: str,
+    channel: int | None = None,
+    ranks: list[int] | None = None,
+    src_rank: int | None = None,
+    dst_rank: int | None = None,
     transport: str | None = None,
 ) -> dict[str, Any]:
     return {
-        "group_key": None, "host": p.host, "pid": p.pid, "comm_ptr": comm, "kind": kind, "channel": channel,
-        "ranks": ranks, "src_rank": src_rank, "dst_rank": dst_rank, "transport": transport, "detail": detail,
+        "group_key": None,
+        "host": p.host,
+        "pid": p.pid,
+        "comm_ptr": comm,
+        "kind": kind,
+        "channel": channel,
+        "ranks": ranks,
+        "src_rank": src_rank,
+        "dst_rank": dst_rank,
+        "transport": transport,
+        "detail": detail,
     }
 
 

@@ -14,12 +14,24 @@ from .nccl_vector import counts_of
 from .records import ParseResult
 
 # The comm_events columns this parser fills, with their store types.
-EVENT_FIELDS = pa.schema([
-    ("rank", pa.int32()), ("process", pa.string()), ("seq", pa.int64()), ("op", pa.string()),
-    ("dtype", pa.string()), ("msg_bytes", pa.int64()), ("elems_in", pa.int64()), ("elems_out", pa.int64()),
-    ("group_size", pa.int32()), ("group_key", pa.string()), ("peer", pa.int32()), ("op_count", pa.int64()),
-    ("comm_ptr", pa.string()), ("raw_name", pa.string()),
-])
+EVENT_FIELDS = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("process", pa.string()),
+        ("seq", pa.int64()),
+        ("op", pa.string()),
+        ("dtype", pa.string()),
+        ("msg_bytes", pa.int64()),
+        ("elems_in", pa.int64()),
+        ("elems_out", pa.int64()),
+        ("group_size", pa.int32()),
+        ("group_key", pa.string()),
+        ("peer", pa.int32()),
+        ("op_count", pa.int64()),
+        ("comm_ptr", pa.string()),
+        ("raw_name", pa.string()),
+    ]
+)
 
 
 def events_table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -53,6 +65,7 @@ def relabel(res: ParseResult, procs: Processes, multi: set[tuple[Any, ...]], ara
             ev["seq"] = s
             seqs[label] = s + 1
 
+
 def _relabel_table(res: ParseResult, labels: dict[tuple[str, str], str], arange: Callable[[int], pa.Array]) -> pa.Table:
     """`_relabel` on the event tables, after the rows of the per-line path joined them: the new
     sequence of a label follows the old sequence of its process, the order in which its rows were made."""
@@ -83,5 +96,3 @@ def _relabel_table(res: ParseResult, labels: dict[tuple[str, str], str], arange:
     new_seq = pc.take(ranked, pc.sort_indices(order))
     t = t.set_column(t.schema.get_field_index("process"), "process", pc.coalesce(label, process))
     return t.set_column(t.schema.get_field_index("seq"), "seq", pc.replace_with_mask(seq, moved, new_seq))
-
-

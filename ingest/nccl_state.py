@@ -98,4 +98,3 @@ class Processes:
                 nranks: int | None = row["nranks"]
                 return nranks
         return None
-

@@ -98,8 +98,9 @@ def plan(lines: pa.Array, clean: CleanColl, arange: Counting) -> list[tuple[bool
     return parts
 
 
-def run_table(clean: CleanColl, p0: int, p1: int, first_line: int, templates: Templates,
-              arange: Counting) -> pa.Table | None:
+def run_table(
+    clean: CleanColl, p0: int, p1: int, first_line: int, templates: Templates, arange: Counting
+) -> pa.Table | None:
     """Rows of the clean COLL lines p0..p1-1 of `clean` as one Arrow table (None when every line is
     skipped), exactly as the per-line path would make them one by one."""
     n = p1 - p0
@@ -151,21 +152,23 @@ def _table(templates: list[Template], ind: pa.Array, opc: pa.Array, count: pa.Ar
     def col(values: list[Any], typ: pa.DataType) -> pa.Array:
         return pc.take(pa.array(values, typ), ind)
 
-    return pa.table({
-        "process": dict_col("process"),
-        "seq": seq,
-        "op": dict_col("op"),
-        "dtype": col([r.get("dtype") for r in rows], pa.string()),
-        "msg_bytes": pc.multiply_checked(count, col([t[1] if t[0] else None for t in templates], pa.int64())),
-        "elems_in": pc.multiply_checked(count, col([t[2] for t in templates], pa.int64())),
-        "elems_out": pc.multiply_checked(count, col([t[3] for t in templates], pa.int64())),
-        "group_size": col([r.get("group_size") for r in rows], pa.int32()),
-        "group_key": dict_col("group_key"),
-        "peer": col([r.get("peer") for r in rows], pa.int32()),
-        "op_count": opc,
-        "comm_ptr": dict_col("comm_ptr"),
-        "raw_name": dict_col("raw_name"),
-    })
+    return pa.table(
+        {
+            "process": dict_col("process"),
+            "seq": seq,
+            "op": dict_col("op"),
+            "dtype": col([r.get("dtype") for r in rows], pa.string()),
+            "msg_bytes": pc.multiply_checked(count, col([t[1] if t[0] else None for t in templates], pa.int64())),
+            "elems_in": pc.multiply_checked(count, col([t[2] for t in templates], pa.int64())),
+            "elems_out": pc.multiply_checked(count, col([t[3] for t in templates], pa.int64())),
+            "group_size": col([r.get("group_size") for r in rows], pa.int32()),
+            "group_key": dict_col("group_key"),
+            "peer": col([r.get("peer") for r in rows], pa.int32()),
+            "op_count": opc,
+            "comm_ptr": dict_col("comm_ptr"),
+            "raw_name": dict_col("raw_name"),
+        }
+    )
 
 
 def _sequence(cell: pa.Array, cells: list[list[int]], arange: Counting) -> pa.Array:
@@ -252,8 +255,9 @@ def clean_coll(lines: pa.Array, arange: pa.Array) -> CleanColl | None:
     except pa.ArrowInvalid:  # not UTF-8
         count_text = None
         count_ok = pc.match_substring_regex(count_piece, r"^[0-9]{1,18}$")
-    ok = pc.and_(pc.and_(pc.and_(pc.greater_equal(head_id, 0), pc.greater_equal(tail_id, 0)), buf_ok),
-                 pc.and_(opc_ok, count_ok))
+    ok = pc.and_(
+        pc.and_(pc.and_(pc.greater_equal(head_id, 0), pc.greater_equal(tail_id, 0)), buf_ok), pc.and_(opc_ok, count_ok)
+    )
     if idx is None:
         idx = pc.indices_nonzero(ok) if ok.false_count else None
     elif ok.false_count:
@@ -277,9 +281,7 @@ def clean_coll(lines: pa.Array, arange: pa.Array) -> CleanColl | None:
 
 
 # Nibble of each byte value; 16 for bytes that are not hex digits.
-HEX_NIBBLE = pa.array(
-    [int(chr(b), 16) if chr(b) in "0123456789abcdefABCDEF" else 16 for b in range(256)], pa.uint8()
-)
+HEX_NIBBLE = pa.array([int(chr(b), 16) if chr(b) in "0123456789abcdefABCDEF" else 16 for b in range(256)], pa.uint8())
 
 
 def hex_int64(text: pa.Array) -> tuple[pa.Array, pa.Array]:
@@ -305,5 +307,3 @@ def hex_int64(text: pa.Array) -> tuple[pa.Array, pa.Array]:
     packed = pc.bit_wise_or(pc.bit_wise_and(pairs, 0x0F), pc.bit_wise_and(pc.shift_right(pairs, 4), 0xF0))
     as_bytes = pc.cast(packed, pa.uint8())
     return pa.Array.from_buffers(pa.int64(), n, [None, as_bytes.buffers()[1]]), ok
-
-

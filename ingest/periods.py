@@ -93,7 +93,7 @@ def _lcp(rev: np.ndarray, p: int) -> int:
     i, chunk = 0, 256
     while i < n - p:
         j = min(n - p, i + chunk)
-        mismatch = np.flatnonzero(rev[i:j] != rev[p + i:p + j])
+        mismatch = np.flatnonzero(rev[i:j] != rev[p + i : p + j])
         if mismatch.size:
             return i + int(mismatch[0])
         i, chunk = j, chunk * 2
@@ -110,7 +110,7 @@ def _candidates(rev: np.ndarray) -> np.ndarray:
         return small
     ok = np.ones(max_p - k + 1, dtype=bool)  # p = k .. max_p; p + j <= max_p + k - 1 < n
     for j in range(k):
-        ok &= rev[k + j:max_p + 1 + j] == rev[j]
+        ok &= rev[k + j : max_p + 1 + j] == rev[j]
     return np.concatenate([small, np.flatnonzero(ok) + k])
 
 

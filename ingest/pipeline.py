@@ -79,7 +79,9 @@ def ingest_file(
         stream = open_content(io.BufferedReader(hashing, 1 << 20), item.name, limits)
         fmt = formats.detect(stream)
         kind = fmt.kind
-        file_hint = RankHint(rank=hint.rank if hint.rank is not None else file_rank_hint(item.name), world_size=hint.world_size)
+        file_hint = RankHint(
+            rank=hint.rank if hint.rank is not None else file_rank_hint(item.name), world_size=hint.world_size
+        )
         result = fmt.parse(stream, item.name, file_hint, limits)
         hashing.drain()
     except Exception as exc:  # one bad file never stops the others
@@ -93,12 +95,16 @@ def ingest_file(
     sha = digest.sha.hexdigest()
     existing = store.find_source(con, run_id, sha)
     if existing is not None:
-        return FileOutcome(item.name, "duplicate", kind=kind, error=f"same bytes as {existing[1]}, already ingested", size=digest.size)
+        return FileOutcome(
+            item.name, "duplicate", kind=kind, error=f"same bytes as {existing[1]}, already ingested", size=digest.size
+        )
     other = _same_rank_trace(con, run_id, result)
     if other is not None:
-        error = (f"{item.name}: rank {result.rank} already has a profiler trace in this run ({other}) whose "
-                 f"{'steps' if result.steps else 'time span'} overlap this one's; its calls would count twice. "
-                 "Ingest it into another run, or delete the run and ingest the files you mean")
+        error = (
+            f"{item.name}: rank {result.rank} already has a profiler trace in this run ({other}) whose "
+            f"{'steps' if result.steps else 'time span'} overlap this one's; its calls would count twice. "
+            "Ingest it into another run, or delete the run and ingest the files you mean"
+        )
         store.record_failure(con, run_id, item.name, kind, sha, digest.size, error)
         return FileOutcome(item.name, "failed", kind=kind, rank=result.rank, error=error, size=digest.size)
     try:
@@ -109,8 +115,14 @@ def ingest_file(
         store.record_failure(con, run_id, item.name, kind, sha, digest.size, error)
         return FileOutcome(item.name, "failed", kind=kind, error=error, size=digest.size)
     return FileOutcome(
-        item.name, "ok", kind=kind, rank=result.rank, events=result.n_events,
-        skipped=dict(result.skipped), warnings=list(result.warnings), size=digest.size,
+        item.name,
+        "ok",
+        kind=kind,
+        rank=result.rank,
+        events=result.n_events,
+        skipped=dict(result.skipped),
+        warnings=list(result.warnings),
+        size=digest.size,
     )
 
 
@@ -150,8 +162,10 @@ def _error_text(name: str, exc: Exception, kind: str | None) -> str:
     if isinstance(exc, ParseError):
         return f"{name}:{exc.where}: {exc.reason}" if exc.where else f"{name}: {exc.reason}"
     what = f"{kind} parser" if kind else "reading the file"
-    return (f"{name}: unexpected {type(exc).__name__} in the {what}: {_first_line(exc)} "
-            f"(the file is probably malformed; please report it with the file)")
+    return (
+        f"{name}: unexpected {type(exc).__name__} in the {what}: {_first_line(exc)} "
+        f"(the file is probably malformed; please report it with the file)"
+    )
 
 
 def ingest_paths(

@@ -21,8 +21,15 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
 # (file name, path, run the page needs or None, what to wait for)
 PAGES = [
     ("runs", "/", None, "#runs"),
@@ -61,8 +68,11 @@ def review_example(url: str) -> None:
 
 
 def serve(db: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "commlens.cli", "serve", "--db", str(db), "--port", "0"],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commlens.cli", "serve", "--db", str(db), "--port", "0"],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 60
     while True:
         m = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", log.read_text())
@@ -105,7 +115,9 @@ def main() -> None:
                 page.goto(url + path)
                 page.wait_for_selector(ready, timeout=60_000)
                 page.wait_for_load_state("networkidle")
-                page.wait_for_function("() => document.querySelectorAll('[data-dash-is-loading=\"true\"]').length === 0")
+                page.wait_for_function(
+                    "() => document.querySelectorAll('[data-dash-is-loading=\"true\"]').length === 0"
+                )
                 time.sleep(0.5)  # plotly's transitions
                 target = args.out / f"{name}.png"
                 page.screenshot(path=str(target))

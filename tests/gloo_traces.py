@@ -64,7 +64,7 @@ def expected_calls(world: int) -> list[Expected]:
     ]
 
 
-def _step(rank: int, world: int, sub) -> None:  # noqa: ANN001 - a ProcessGroup
+def _step(rank: int, world: int, sub) -> None:
     import torch
     import torch.distributed as dist
     import torch.distributed._functional_collectives as fc
@@ -138,7 +138,10 @@ def generate(out_dir: Path, world: int = 2, timeout: float = 120.0) -> list[Path
     """Run the ranks in a fresh interpreter; return the per-rank trace files."""
     proc = subprocess.run(
         [sys.executable, __file__, str(out_dir), "--world", str(world)],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     files = [out_dir / f"rank{r}.pt.trace.json.gz" for r in range(world)]
     if proc.returncode != 0 or not all(f.is_file() for f in files):

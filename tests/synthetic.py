@@ -9,8 +9,16 @@ from commlens import store
 from commlens.ingest.records import ParseResult
 
 
-def write_rows(con, run: str, events: list[dict], groups: list[dict] = (), steps: list[dict] = (),  # noqa: ANN001
-               kind: str = "kineto", rank: int | None = None, config: dict | None = None) -> None:
+def write_rows(
+    con,
+    run: str,
+    events: list[dict],
+    groups: list[dict] = (),
+    steps: list[dict] = (),
+    kind: str = "kineto",
+    rank: int | None = None,
+    config: dict | None = None,
+) -> None:
     """Store `events` (comm_events rows), `groups` and `steps` as one source of `run`; attach `config`."""
     run_id = store.ensure_run(con, run)
     result = ParseResult(kind=kind, rank=rank, events=events, groups=list(groups), steps=list(steps))

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from synthetic import write_rows as write
 
+from commlens import store
 from commlens.backend.attribution import attribute_run, attribution_summary, clear_override, set_override
 from commlens.backend.bandwidth import bandwidth
 from commlens.backend.compare import compare
@@ -16,19 +18,38 @@ from commlens.backend.findings import findings
 from commlens.backend.histograms import histogram
 from commlens.backend.iterations import assign_iterations
 from commlens.backend.ranks import rank_totals
-from commlens import store
 from commlens.store import aggregates
 from commlens.vocab import busbw_factor
-from synthetic import write_rows as write
 
 MiB = 1 << 20
 
 
-def ev(rank, seq: int, op: str, size, group: str | None, n: int = 2, dur=None, src="kernel", step=None,
-       process: str | None = None, dtype: str = "float32") -> dict:
-    return {"rank": rank, "process": process or f"r{rank}", "seq": seq, "op": op, "dtype": dtype, "msg_bytes": size,
-            "group_size": n, "group_key": group, "dur_us": dur, "dur_source": src if dur is not None else None,
-            "step": step}
+def ev(
+    rank,
+    seq: int,
+    op: str,
+    size,
+    group: str | None,
+    n: int = 2,
+    dur=None,
+    src="kernel",
+    step=None,
+    process: str | None = None,
+    dtype: str = "float32",
+) -> dict:
+    return {
+        "rank": rank,
+        "process": process or f"r{rank}",
+        "seq": seq,
+        "op": op,
+        "dtype": dtype,
+        "msg_bytes": size,
+        "group_size": n,
+        "group_key": group,
+        "dur_us": dur,
+        "dur_source": src if dur is not None else None,
+        "step": step,
+    }
 
 
 def group(key: str, ranks: list[int], backend: str = "cuda:nccl") -> dict:
@@ -38,8 +59,13 @@ def group(key: str, ranks: list[int], backend: str = "cuda:nccl") -> dict:
 def grid_run(con, run: str = "grid", extra_small: int = 0) -> None:
     """4 ranks x 3 profiler steps: tp {0,1},{2,3} many small all_reduces, dp {0,2},{1,3} big ones, pp
     sends; kernel durations that differ per rank; a setup call outside the steps and one without a group."""
-    groups = [group("pg:tpA", [0, 1]), group("pg:tpB", [2, 3]), group("pg:dpA", [0, 2]), group("pg:dpB", [1, 3]),
-              group("pg:pp", [0, 1, 2, 3])]
+    groups = [
+        group("pg:tpA", [0, 1]),
+        group("pg:tpB", [2, 3]),
+        group("pg:dpA", [0, 2]),
+        group("pg:dpB", [1, 3]),
+        group("pg:pp", [0, 1, 2, 3]),
+    ]
     for rank in range(4):
         tp, dp = ("pg:tpA" if rank < 2 else "pg:tpB"), ("pg:dpA" if rank % 2 == 0 else "pg:dpB")
         events, seq = [ev(rank, 0, "broadcast", 4096, "pg:pp", n=4, dur=5.0)], 1
@@ -50,8 +76,9 @@ def grid_run(con, run: str = "grid", extra_small: int = 0) -> None:
             for i in range(2):
                 events.append(ev(rank, seq, "all_reduce", 16 * MiB, dp, dur=900.0 + 10 * rank + i, step=step))
                 seq += 1
-            events.append(ev(rank, seq, "send" if rank % 2 == 0 else "recv", 2 * MiB, "pg:pp", n=4, dur=80.0 + rank,
-                             step=step))
+            events.append(
+                ev(rank, seq, "send" if rank % 2 == 0 else "recv", 2 * MiB, "pg:pp", n=4, dur=80.0 + rank, step=step)
+            )
             seq += 1
         events.append(ev(rank, seq, "all_reduce", 8, None, dur=3.0, step=2))
         steps = [{"rank": rank, "step": s, "ts_us": float(s), "dur_us": 1.0} for s in range(3)]
@@ -160,8 +187,13 @@ def test_after_ingest_and_write(con):
     assert inside == stepped[0][0]
     assert h.excluded == {"outside profiler steps": 4}
     # A new file of the run makes the aggregates stale; the next read sees it.
-    write(con, "grid", [ev(4, 0, "all_reduce", 16 * MiB, "pg:dpA", dur=1000.0, step=0)],
-          steps=[{"rank": 4, "step": 0}], rank=4)
+    write(
+        con,
+        "grid",
+        [ev(4, 0, "all_reduce", 16 * MiB, "pg:dpA", dur=1000.0, step=0)],
+        steps=[{"rank": 4, "step": 0}],
+        rank=4,
+    )
     assert not aggregates.is_fresh(con, run_id(con, "grid"))
     assert rank_totals(con, "grid").rows[-1].rank == "4"
     assert_calls_equal(con, "grid")
@@ -184,12 +216,17 @@ def test_after_attribution_and_override(con):
     assert_bandwidth_equal(con, "grid")
     assert ("other", "all_reduce") in report_scheme_bandwidth(con, "grid")
     # Scheme totals follow the override at query time.
-    direct = dict(con.execute("SELECT coalesce(scheme, 'unattributed'), count(*) FROM comms WHERE run = 'grid' "
-                              "GROUP BY ALL").fetchall())
+    direct = dict(
+        con.execute(
+            "SELECT coalesce(scheme, 'unattributed'), count(*) FROM comms WHERE run = 'grid' GROUP BY ALL"
+        ).fetchall()
+    )
     assert attribution_summary(con, "grid").events_by_scheme == direct
     per_rank = {(r.rank, r.scheme): r.calls for r in rank_totals(con, "grid").rows}
-    assert per_rank == {(str(k[0]), k[1]): k[2] for k in con.execute(
-        "SELECT rank, scheme, count(*) FROM comms WHERE run = 'grid' GROUP BY ALL").fetchall()}
+    assert per_rank == {
+        (str(k[0]), k[1]): k[2]
+        for k in con.execute("SELECT rank, scheme, count(*) FROM comms WHERE run = 'grid' GROUP BY ALL").fetchall()
+    }
     clear_override(con, "grid", "pg:tpA")
     assert ("other", "all_reduce") not in report_scheme_bandwidth(con, "grid")
     assert_bandwidth_equal(con, "grid")
@@ -201,7 +238,8 @@ def test_detected_iterations_are_stored(con):
     assert h.iterations.mode == "detected" and h.iterations.iterations == {"host:17": 3}
     rid = run_id(con, "log")
     rows = con.execute(
-        "SELECT i.seq, i.iteration, i.reason FROM comm_iterations i WHERE run_id = ? ORDER BY seq", [rid]).fetchall()
+        "SELECT i.seq, i.iteration, i.reason FROM comm_iterations i WHERE run_id = ? ORDER BY seq", [rid]
+    ).fetchall()
     assert len(rows) == con.execute("SELECT count(*) FROM comm_events WHERE run_id = ?", [rid]).fetchall()[0][0]
     by_seq = {seq: (it, reason) for seq, it, reason in rows}
     assert by_seq[0] == (None, "before the repeating pattern (setup)")
@@ -244,7 +282,9 @@ def _make_v1(path: Path) -> None:
     v1 = store.schema_sql()
     for ddl in store.MIGRATIONS[1]:
         v1 = v1.replace(ddl, "")
-    counted = v1[v1.index("raw_name   VARCHAR,"):v1.index("-- same run describes the same calls (they count there, once)")]
+    counted = v1[
+        v1.index("raw_name   VARCHAR,") : v1.index("-- same run describes the same calls (they count there, once)")
+    ]
     v1 = v1.replace(counted, "raw_name   VARCHAR -- ").replace("\nWHERE e.counted;", ";")  # schema 3's column
     assert "counted" not in v1
     con.execute(v1)
@@ -263,8 +303,12 @@ def test_v1_store_upgrade(tmp_path: Path):
         store.connect(old, read_only=True)
     con = store.connect(old)  # upgrades: tables created, filled by each run's first refresh
     try:
-        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [(str(store.SCHEMA_VERSION),)]
-        assert con.execute("SELECT count(*) FROM comm_events WHERE counted").fetchone()[0] > 0  # schema 3: every call counts
+        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [
+            (str(store.SCHEMA_VERSION),)
+        ]
+        assert (
+            con.execute("SELECT count(*) FROM comm_events WHERE counted").fetchone()[0] > 0
+        )  # schema 3: every call counts
         assert con.execute("SELECT count(*) FROM agg_runs").fetchall() == [(0,)]
         assert aggregates.refresh_all(con) == 2
         assert aggregates.refresh_all(con) == 0  # fresh now
@@ -288,15 +332,17 @@ def test_v1_store_upgrade(tmp_path: Path):
 def test_ingest_refreshes_real_runs(con, data_dir):
     from commlens.ingest.pipeline import ingest_paths
 
-    ingest_paths(con, [data_dir / "kineto-hta" / "nccl_parser_config", data_dir / "nccl-logs" / "nvidia-nccl-1238.log"],
-                 "mixed")
+    ingest_paths(
+        con, [data_dir / "kineto-hta" / "nccl_parser_config", data_dir / "nccl-logs" / "nvidia-nccl-1238.log"], "mixed"
+    )
     rid = run_id(con, "mixed")
     assert aggregates.is_fresh(con, rid)  # finalize_run refreshed
     assert_calls_equal(con, "mixed")
     info = assign_iterations(con, "mixed").info
     assert info.mode == "mixed"
-    steps = con.execute("SELECT count(DISTINCT step) FROM comm_events WHERE run_id = ? AND step IS NOT NULL",
-                        [rid]).fetchall()[0][0]
+    steps = con.execute(
+        "SELECT count(DISTINCT step) FROM comm_events WHERE run_id = ? AND step IS NOT NULL", [rid]
+    ).fetchall()[0][0]
     assert steps in info.iterations.values()
     attribute_run(con, "mixed")
     assert_bandwidth_equal(con, "mixed")

@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from commlens.backend.api import Settings, StartupRefused, create_app
-from commlens.service.users import add_user
-from commlens.backend.api.testing import ServerThread
 from commlens import store
+from commlens.backend.api import Settings, StartupRefused, create_app
+from commlens.backend.api.testing import ServerThread
+from commlens.service.users import add_user
 
 
 def _users(db: Path) -> dict[str, str]:
@@ -25,8 +25,23 @@ def _users(db: Path) -> dict[str, str]:
 def test_network_bind_without_users_refuses_to_start(tmp_path: Path) -> None:
     with pytest.raises(StartupRefused, match="no users"):
         create_app(Settings(db=tmp_path / "s.duckdb", host="0.0.0.0"))
-    proc = subprocess.run([sys.executable, "-m", "commlens.cli", "serve", "--db", str(tmp_path / "s.duckdb"),
-                           "--host", "0.0.0.0", "--port", "1"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "commlens.cli",
+            "serve",
+            "--db",
+            str(tmp_path / "s.duckdb"),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "no users" in proc.stderr and "--insecure" in proc.stderr
 
@@ -36,7 +51,12 @@ def test_network_bind_with_users_needs_tokens_to_write(tmp_path: Path) -> None:
     tokens = _users(db)
     root, bob = ({"Authorization": f"Bearer {tokens[n]}"} for n in ("root", "bob"))
     with ServerThread(Settings(db=db, host="0.0.0.0")) as srv, httpx.Client(base_url=srv.url) as c:
-        assert c.get("/api/me").json() == {"name": "anonymous", "is_admin": False, "can_write": False, "via": "anonymous"}
+        assert c.get("/api/me").json() == {
+            "name": "anonymous",
+            "is_admin": False,
+            "can_write": False,
+            "via": "anonymous",
+        }
         assert c.get("/api/runs").status_code == 200  # reads stay open
         r = c.post("/api/runs", json={"name": "anon"})
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer" and "token" in r.json()["detail"]
@@ -55,8 +75,10 @@ def test_network_bind_with_users_needs_tokens_to_write(tmp_path: Path) -> None:
 
 
 def test_network_bind_insecure_allows_tokenless_writes_but_not_admin(tmp_path: Path) -> None:
-    with ServerThread(Settings(db=tmp_path / "s.duckdb", host="0.0.0.0", insecure=True)) as srv, \
-            httpx.Client(base_url=srv.url) as c:
+    with (
+        ServerThread(Settings(db=tmp_path / "s.duckdb", host="0.0.0.0", insecure=True)) as srv,
+        httpx.Client(base_url=srv.url) as c,
+    ):
         assert c.get("/api/health").json()["auth"] == {"loopback_bind": False, "insecure": True, "users": 0}
         assert c.post("/api/runs", json={"name": "open"}).status_code == 201
         assert c.delete("/api/runs/open").status_code == 403
@@ -83,12 +105,17 @@ def test_a_deployments_admin_token(tmp_path: Path) -> None:
         assert ensure_admin(con, "admin", "a" * MIN_ADMIN_TOKEN_CHARS) is True
         assert ensure_admin(con, "admin", "b" * MIN_ADMIN_TOKEN_CHARS) is False  # rotated at the next start
         assert con.execute("SELECT name, is_admin, token_hash FROM users").fetchall() == [
-            ("admin", True, hash_token("b" * MIN_ADMIN_TOKEN_CHARS))]
+            ("admin", True, hash_token("b" * MIN_ADMIN_TOKEN_CHARS))
+        ]
         with pytest.raises(ValueError, match=f"at least {MIN_ADMIN_TOKEN_CHARS} characters"):
             ensure_admin(con, "admin", "short")
     finally:
         con.close()
-    done = subprocess.run([sys.executable, "-m", "commlens.cli", "serve", "--db", str(db), "--host", "0.0.0.0",
-                           "--port", "0"], env={"COMMLENS_ADMIN_TOKEN": "short", "PATH": ""}, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "commlens.cli", "serve", "--db", str(db), "--host", "0.0.0.0", "--port", "0"],
+        env={"COMMLENS_ADMIN_TOKEN": "short", "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "COMMLENS_ADMIN_TOKEN" in done.stderr and "at least" in done.stderr

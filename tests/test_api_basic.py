@@ -13,51 +13,102 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
+from commlens import store
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread
-from commlens.frontend.client import ApiClient, ApiProblem, _problem
-from commlens.frontend.safe_html import safe_href, to_components
 from commlens.backend.attribution import attribute_run, attribution_summary
 from commlens.backend.compare import compare
 from commlens.backend.findings import findings
 from commlens.backend.predict import predict, predict_input_from_config
 from commlens.contract.predict import PredictInput
-from commlens import store
+from commlens.frontend.client import ApiClient, ApiProblem, _problem
+from commlens.frontend.safe_html import safe_href, to_components
 from commlens.ingest.records import ParseResult
 
 MiB = 1 << 20
 RUN_JSON = {
-    "schema": "commlens.run/1", "strategy": "dp2-tp2", "world_size": 4,
+    "schema": "commlens.run/1",
+    "strategy": "dp2-tp2",
+    "world_size": 4,
     "model": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},
     "parallel": {"dp": 2, "tp": 2},
-    "groups": [{"dim": "tp", "ranks": [0, 1]}, {"dim": "tp", "ranks": [2, 3]},
-               {"dim": "dp", "ranks": [0, 2]}, {"dim": "dp", "ranks": [1, 3]}],
+    "groups": [
+        {"dim": "tp", "ranks": [0, 1]},
+        {"dim": "tp", "ranks": [2, 3]},
+        {"dim": "dp", "ranks": [0, 2]},
+        {"dim": "dp", "ranks": [1, 3]},
+    ],
 }
-PREDICT_INPUT = {"model": {"layers": 4, "hidden": 256, "heads": 8, "vocab": 1000, "seq_len": 128},
-                 "parallel": {"dp": 2, "tp": 2}, "implementation": "paper"}
+PREDICT_INPUT = {
+    "model": {"layers": 4, "hidden": 256, "heads": 8, "vocab": 1000, "seq_len": 128},
+    "parallel": {"dp": 2, "tp": 2},
+    "implementation": "paper",
+}
 
 
 def seed(db: Path, run: str = "seeded") -> None:
     """A 2x2 (tp x dp) run written through the store: 4 ranks, 2 steps, plus NCCL communicator rows."""
     con = store.connect(db)
     run_id = store.ensure_run(con, run, description="synthetic 2x2 grid", tags=["synthetic", "grid"])
-    groups = [{"group_key": f"pg:{k}", "ranks": r, "size": 2, "origin": "pg_config"}
-              for k, r in (("tpA", [0, 1]), ("tpB", [2, 3]), ("dpA", [0, 2]), ("dpB", [1, 3]))]
+    groups = [
+        {"group_key": f"pg:{k}", "ranks": r, "size": 2, "origin": "pg_config"}
+        for k, r in (("tpA", [0, 1]), ("tpB", [2, 3]), ("dpA", [0, 2]), ("dpB", [1, 3]))
+    ]
     for rank in range(4):
         tp, dp = ("pg:tpA" if rank < 2 else "pg:tpB"), ("pg:dpA" if rank % 2 == 0 else "pg:dpB")
         events = []
         for step in range(2):
             base = step * 10
-            events += [{"rank": rank, "process": f"r{rank}", "seq": base + i, "op": "all_reduce", "dtype": "bfloat16",
-                        "msg_bytes": 64 * 1024, "group_size": 2, "group_key": tp, "step": step,
-                        "ts_us": float(base + i), "dur_us": 20.0, "dur_source": "kernel"} for i in range(8)]
-            events += [{"rank": rank, "process": f"r{rank}", "seq": base + 8 + i, "op": "all_reduce", "dtype": "float32",
-                        "msg_bytes": 25 * MiB, "group_size": 2, "group_key": dp, "step": step,
-                        "ts_us": float(base + 8 + i), "dur_us": 2000.0, "dur_source": "kernel"} for i in range(2)]
-        nccl = [{"group_key": tp, "host": "node0", "pid": 100 + rank, "comm_rank": rank % 2, "nranks": 2, "global_rank": rank}]
-        result = ParseResult(kind="kineto", rank=rank, world_size=4, events=events, groups=groups if rank == 0 else [],
-                             nccl_comms=nccl)
-        store.write_result(con, run_id, f"rank{rank}.json", hashlib.sha256(f"{run}{rank}".encode()).hexdigest(), 100, result)
+            events += [
+                {
+                    "rank": rank,
+                    "process": f"r{rank}",
+                    "seq": base + i,
+                    "op": "all_reduce",
+                    "dtype": "bfloat16",
+                    "msg_bytes": 64 * 1024,
+                    "group_size": 2,
+                    "group_key": tp,
+                    "step": step,
+                    "ts_us": float(base + i),
+                    "dur_us": 20.0,
+                    "dur_source": "kernel",
+                }
+                for i in range(8)
+            ]
+            events += [
+                {
+                    "rank": rank,
+                    "process": f"r{rank}",
+                    "seq": base + 8 + i,
+                    "op": "all_reduce",
+                    "dtype": "float32",
+                    "msg_bytes": 25 * MiB,
+                    "group_size": 2,
+                    "group_key": dp,
+                    "step": step,
+                    "ts_us": float(base + 8 + i),
+                    "dur_us": 2000.0,
+                    "dur_source": "kernel",
+                }
+                for i in range(2)
+            ]
+        nccl = [
+            {
+                "group_key": tp,
+                "host": "node0",
+                "pid": 100 + rank,
+                "comm_rank": rank % 2,
+                "nranks": 2,
+                "global_rank": rank,
+            }
+        ]
+        result = ParseResult(
+            kind="kineto", rank=rank, world_size=4, events=events, groups=groups if rank == 0 else [], nccl_comms=nccl
+        )
+        store.write_result(
+            con, run_id, f"rank{rank}.json", hashlib.sha256(f"{run}{rank}".encode()).hexdigest(), 100, result
+        )
     store.set_run_config(con, run_id, RUN_JSON)
     attribute_run(con, run)
     con.close()
@@ -119,7 +170,12 @@ def test_create_run_with_run_json_fills_strategy_and_world_size(client: httpx.Cl
     assert r.status_code == 201, r.text
     run = r.json()
     assert r.headers["location"] == "/api/runs/cfg-run"
-    assert (run["strategy"], run["world_size"], run["config_kind"], run["tags"]) == ("dp2-tp2", 4, "run_config", ["a", "b"])
+    assert (run["strategy"], run["world_size"], run["config_kind"], run["tags"]) == (
+        "dp2-tp2",
+        4,
+        "run_config",
+        ["a", "b"],
+    )
     assert run["config"]["parallel"]["tp"] == 2
     r = client.post("/api/runs", json={"name": "whatif", "config": PREDICT_INPUT})
     assert (r.json()["config_kind"], r.json()["world_size"]) == ("predict_input", 4)
@@ -141,10 +197,16 @@ def test_create_run_refusals(client: httpx.Client) -> None:
 
 def test_list_runs_paginates_and_searches(client: httpx.Client) -> None:
     for i in range(5):
-        client.post("/api/runs", json={"name": f"page-{i}", "tags": ["paged", f"n{i}"], "description": f"pagination {i}"})
+        client.post(
+            "/api/runs", json={"name": f"page-{i}", "tags": ["paged", f"n{i}"], "description": f"pagination {i}"}
+        )
     first = client.get("/api/runs", params={"tag": "paged", "limit": 2}).json()
     assert (first["total"], len(first["items"]), first["next_offset"]) == (5, 2, 2)
-    names = [r["name"] for off in (0, 2, 4) for r in client.get("/api/runs", params={"tag": "paged", "limit": 2, "offset": off}).json()["items"]]
+    names = [
+        r["name"]
+        for off in (0, 2, 4)
+        for r in client.get("/api/runs", params={"tag": "paged", "limit": 2, "offset": off}).json()["items"]
+    ]
     assert sorted(names) == [f"page-{i}" for i in range(5)]
     last = client.get("/api/runs", params={"tag": "paged", "limit": 2, "offset": 4}).json()
     assert last["next_offset"] is None
@@ -167,9 +229,16 @@ def test_run_detail_and_sources(client: httpx.Client) -> None:
 
 def test_update_and_delete_run(client: httpx.Client) -> None:
     client.post("/api/runs", json={"name": "to-edit", "description": "old", "tags": ["x"]})
-    r = client.patch("/api/runs/to-edit", json={"name": "edited", "description": None, "tags": ["y"], "config": PREDICT_INPUT})
+    r = client.patch(
+        "/api/runs/to-edit", json={"name": "edited", "description": None, "tags": ["y"], "config": PREDICT_INPUT}
+    )
     assert r.status_code == 200, r.text
-    assert (r.json()["name"], r.json()["description"], r.json()["tags"], r.json()["world_size"]) == ("edited", None, ["y"], 4)
+    assert (r.json()["name"], r.json()["description"], r.json()["tags"], r.json()["world_size"]) == (
+        "edited",
+        None,
+        ["y"],
+        4,
+    )
     problem(client.get("/api/runs/to-edit"), 404)
     assert "exists" in problem(client.patch("/api/runs/edited", json={"name": "seeded"}), 409)["detail"]
     assert client.delete("/api/runs/edited").status_code == 204
@@ -183,8 +252,10 @@ def test_rename_while_ingest_jobs_are_active_is_409(client: httpx.Client, server
     client.post("/api/runs", json={"name": "busy"})
     cur = direct(server)
     run_id = cur.execute("SELECT run_id FROM runs WHERE name = 'busy'").fetchone()[0]
-    cur.execute("INSERT INTO jobs (job_id, run_id, state, files_total, bytes_total, results) VALUES (?, ?, ?, 1, 1, '[]')",
-                [f"job-{state}", run_id, state])
+    cur.execute(
+        "INSERT INTO jobs (job_id, run_id, state, files_total, bytes_total, results) VALUES (?, ?, ?, 1, 1, '[]')",
+        [f"job-{state}", run_id, state],
+    )
     try:
         body = problem(client.patch("/api/runs/busy", json={"name": "busy2"}), 409)
         assert body["type"].endswith("/run-busy") and f"job-{state}" in body["detail"] and "rename" in body["detail"]
@@ -208,8 +279,10 @@ def test_client_shows_the_fields_of_a_validation_problem(server: ServerThread) -
     assert p.status == 422 and "query.rank: Input should be greater than or equal to 0" in p.detail
     assert "None" not in p.detail and "(: " not in p.detail and p.detail.count("query.rank") == 1
     # more bad fields than the detail names: the client adds the others
-    r = httpx.post(server.url + "/api/runs", json={"name": "!", "description": 1, "tags": "x", "world_size": 0,
-                                                    "strategy": 5, "x1": 1, "x2": 2})
+    r = httpx.post(
+        server.url + "/api/runs",
+        json={"name": "!", "description": 1, "tags": "x", "world_size": 0, "strategy": 5, "x1": 1, "x2": 2},
+    )
     body = r.json()
     assert r.status_code == 422 and len(body["errors"]) == 7
     detail = _problem(r).detail
@@ -224,9 +297,22 @@ def test_groups_match_attribution_and_override_roundtrip(client: httpx.Client, s
     got = client.get("/api/runs/seeded/groups").json()
     cur = direct(server)
     summary = json.loads(attribution_summary(cur, "seeded").model_dump_json())
-    assert got == {"run": "seeded", "items": summary["groups"], "total": 4, "limit": 100, "offset": 0, "next_offset": None,
-                   "unattributed_events": summary["unattributed_events"], "events_by_scheme": summary["events_by_scheme"]}
-    assert {g["group_key"]: g["scheme"] for g in got["items"]} == {"pg:dpA": "dp", "pg:dpB": "dp", "pg:tpA": "tp", "pg:tpB": "tp"}
+    assert got == {
+        "run": "seeded",
+        "items": summary["groups"],
+        "total": 4,
+        "limit": 100,
+        "offset": 0,
+        "next_offset": None,
+        "unattributed_events": summary["unattributed_events"],
+        "events_by_scheme": summary["events_by_scheme"],
+    }
+    assert {g["group_key"]: g["scheme"] for g in got["items"]} == {
+        "pg:dpA": "dp",
+        "pg:dpB": "dp",
+        "pg:tpA": "tp",
+        "pg:tpB": "tp",
+    }
     pages = [client.get("/api/runs/seeded/groups", params={"limit": 3, "offset": o}).json() for o in (0, 3)]
     assert [(p["total"], p["next_offset"], len(p["items"])) for p in pages] == [(4, 3, 3), (4, None, 1)]
     assert pages[0]["items"] + pages[1]["items"] == got["items"]
@@ -265,13 +351,18 @@ def test_prediction_and_comparison_of_the_runs_config(client: httpx.Client, serv
         assert own.config_source == "run" and own.schemes
         assert client.get("/api/runs/seeded/comparison").json() == json.loads(own.model_dump_json())
         what_if = client.post("/api/runs/seeded/comparison", json=PREDICT_INPUT).json()
-        assert what_if == json.loads(compare(cur, "seeded", PredictInput.model_validate(PREDICT_INPUT)).model_dump_json())
+        assert what_if == json.loads(
+            compare(cur, "seeded", PredictInput.model_validate(PREDICT_INPUT)).model_dump_json()
+        )
         assert what_if["config_source"] == "supplied"
         page = client.get("/api/runs/seeded/findings").json()
         assert page["items"] == [json.loads(f.model_dump_json()) for f in findings(cur, "seeded", own.findings_input())]
         client.post("/api/runs", json={"name": "bare"})
         both = client.get("/api/compare", params={"runs": "seeded,bare"}).json()["runs"]
-        assert [(x["run"], x["strategy"], x["world_size"]) for x in both] == [("seeded", "dp2-tp2", 4), ("bare", None, None)]
+        assert [(x["run"], x["strategy"], x["world_size"]) for x in both] == [
+            ("seeded", "dp2-tp2", 4),
+            ("bare", None, None),
+        ]
         assert both[0]["comparison"] == json.loads(own.model_dump_json())
         assert both[1]["comparison"]["config_source"] == "none"
     finally:
@@ -289,7 +380,11 @@ def test_promote_a_finding_to_review(client: httpx.Client) -> None:
     assert r.status_code == 201, r.text
     item = r.json()
     assert item["finding"] == f["id"] and f["title"] in item["body"] and f["suggestion"] in item["body"]
-    assert {k: v for k, v in item["anchor"].items() if v is not None} == {"view": "histograms", "scheme": "tp", "op": "all_reduce"}
+    assert {k: v for k, v in item["anchor"].items() if v is not None} == {
+        "view": "histograms",
+        "scheme": "tp",
+        "op": "all_reduce",
+    }
     assert "<table>" in item["body_html"]
     problem(client.post(f"/api/runs/seeded/findings/{f['id']}/review"), 409)
     assert client.get("/api/runs/seeded/review", params={"finding": f["id"]}).json()["total"] == 1
@@ -300,7 +395,10 @@ def test_topology_rows(client: httpx.Client) -> None:
     page = client.get("/api/runs/seeded/topology/comms", params={"group_key": "pg:tpB"}).json()
     assert page["total"] == 2
     rows = [dict(zip(page["columns"], row)) for row in page["rows"]]
-    assert sorted((r["global_rank"], r["comm_rank"], r["file"]) for r in rows) == [(2, 0, "rank2.json"), (3, 1, "rank3.json")]
+    assert sorted((r["global_rank"], r["comm_rank"], r["file"]) for r in rows) == [
+        (2, 0, "rank2.json"),
+        (3, 1, "rank3.json"),
+    ]
     problem(client.get("/api/runs/seeded/topology/bogus"), 422)
 
 
@@ -319,13 +417,31 @@ def test_export_matches_comms_view(client: httpx.Client, server: ServerThread, f
     else:
         rows = pq.read_table(io.BytesIO(r.content)).to_pylist()
     cur = direct(server)
-    expected = cur.execute("SELECT msg_bytes, step, group_key FROM comms WHERE run = 'seeded' AND scheme = 'dp' AND rank = 1 "
-                           "ORDER BY ts_us").fetchall()
+    expected = cur.execute(
+        "SELECT msg_bytes, step, group_key FROM comms WHERE run = 'seeded' AND scheme = 'dp' AND rank = 1 "
+        "ORDER BY ts_us"
+    ).fetchall()
     cur.close()
     assert len(rows) == len(expected) == 4
     assert sorted((int(x["msg_bytes"]), int(x["step"]), x["group_key"]) for x in rows) == sorted(expected)
-    assert set(rows[0]) == {"run", "rank", "op", "dtype", "msg_bytes", "elems_in", "elems_out", "group_size", "group_key",
-                            "scheme", "peer", "step", "ts_us", "dur_us", "source_kind", "file"}
+    assert set(rows[0]) == {
+        "run",
+        "rank",
+        "op",
+        "dtype",
+        "msg_bytes",
+        "elems_in",
+        "elems_out",
+        "group_size",
+        "group_key",
+        "scheme",
+        "peer",
+        "step",
+        "ts_us",
+        "dur_us",
+        "source_kind",
+        "file",
+    }
 
 
 def test_export_empty_and_bad_filters(client: httpx.Client) -> None:
@@ -340,8 +456,10 @@ def test_export_empty_and_bad_filters(client: httpx.Client) -> None:
 
 # ------------------------------------------------------------------------------------ review
 
-HOSTILE_MD = ("# Finding\n\n<script>alert('x')</script>\n\n<img src=x onerror=alert(1)>\n\n"
-              "[click](javascript:alert(1)) and **bold**\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+HOSTILE_MD = (
+    "# Finding\n\n<script>alert('x')</script>\n\n<img src=x onerror=alert(1)>\n\n"
+    "[click](javascript:alert(1)) and **bold**\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
+)
 
 
 def test_review_markdown_is_stored_verbatim_and_rendered_safely(client: httpx.Client) -> None:
@@ -352,7 +470,7 @@ def test_review_markdown_is_stored_verbatim_and_rendered_safely(client: httpx.Cl
     assert item["body"] == HOSTILE_MD and item["author"] == "local" and item["status"] == "open"
     assert item["anchor"] == anchor
     html = item["body_html"]
-    assert "<script" not in html and "<img" not in html and "href=\"javascript" not in html
+    assert "<script" not in html and "<img" not in html and 'href="javascript' not in html
     assert "&lt;script&gt;" in html and "<strong>bold</strong>" in html and "<table>" in html
     reply = client.post("/api/runs/seeded/review", json={"body": "agreed", "parent_id": item["item_id"]}).json()
     nested = client.post("/api/runs/seeded/review", json={"body": "me too", "parent_id": reply["item_id"]}).json()
@@ -387,7 +505,7 @@ def test_long_threads_are_paginated(client: httpx.Client) -> None:
     problem(client.get(f"/api/review/{top['item_id']}/replies"), 404)
 
 
-def _hrefs(node) -> list[str]:  # noqa: ANN001 - a Dash component tree
+def _hrefs(node) -> list[str]:
     out = [node.href] if getattr(node, "href", None) else []
     children = getattr(node, "children", None)
     for child in children if isinstance(children, list) else [children] if children is not None else []:
@@ -396,11 +514,22 @@ def _hrefs(node) -> list[str]:  # noqa: ANN001 - a Dash component tree
     return out
 
 
-@pytest.mark.parametrize("href, ok", [
-    ("/runs/seeded/histograms?scheme=dp", True), ("#item-3", True), ("https://example.org/a", True),
-    ("mailto:a@example.org", True), ("//evil.host/x", False), ("/\\evil.host", False), ("/\t/evil.host", False),
-    ("/\n/evil.host", False), ("javascript:alert(1)", False), ("data:text/html,x", False), ("evil.host", False),
-])
+@pytest.mark.parametrize(
+    "href, ok",
+    [
+        ("/runs/seeded/histograms?scheme=dp", True),
+        ("#item-3", True),
+        ("https://example.org/a", True),
+        ("mailto:a@example.org", True),
+        ("//evil.host/x", False),
+        ("/\\evil.host", False),
+        ("/\t/evil.host", False),
+        ("/\n/evil.host", False),
+        ("javascript:alert(1)", False),
+        ("data:text/html,x", False),
+        ("evil.host", False),
+    ],
+)
 def test_safe_html_links(href: str, ok: bool) -> None:
     assert safe_href(href) is ok
     assert _hrefs(to_components(f'<p><a href="{href}">x</a></p>')) == ([href] if ok else [])
@@ -434,13 +563,21 @@ def test_users_tokens_and_authorship(client: httpx.Client, server: ServerThread)
     cur.close()
     assert stored == hashlib.sha256(token.encode()).hexdigest() and token not in stored
     ana = {"Authorization": f"Bearer {token}"}
-    assert client.get("/api/me", headers=ana).json() == {"name": "ana", "is_admin": False, "can_write": True, "via": "token"}
+    assert client.get("/api/me", headers=ana).json() == {
+        "name": "ana",
+        "is_admin": False,
+        "can_write": True,
+        "via": "token",
+    }
     problem(client.get("/api/me", headers={"Authorization": "Bearer nope"}), 401)
     problem(client.get("/api/me", headers={"Authorization": "Basic abc"}), 401)
     mine = client.post("/api/runs/seeded/review", json={"body": "by ana"}, headers=ana).json()
     assert mine["author"] == "ana"
     local = client.post("/api/runs/seeded/review", json={"body": "by local"}).json()
-    assert "author" in problem(client.patch(f"/api/review/{local['item_id']}", json={"body": "hijack"}, headers=ana), 403)["detail"]
+    assert (
+        "author"
+        in problem(client.patch(f"/api/review/{local['item_id']}", json={"body": "hijack"}, headers=ana), 403)["detail"]
+    )
     assert client.patch(f"/api/review/{local['item_id']}", json={"status": "resolved"}, headers=ana).status_code == 200
     problem(client.delete("/api/runs/seeded", headers=ana), 403)
     problem(client.get("/api/users", headers=ana), 403)

@@ -8,16 +8,20 @@ from pathlib import Path
 
 import httpx
 import pytest
+from test_api_ingest import module_data_dir
 
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread, wait_job
-from test_api_ingest import module_data_dir
 
 MiB = 1 << 20
 RUNS = {
     # NCCL logs: iterations detected in nvidia-nccl-1238 (4 repeats of one all_reduce), none in the others
-    "logs": ["nccl-logs/nvidia-nccl-1238.log", "nccl-logs/nvidia-nccl-1193.log", "nccl-logs/nvidia-nccl-584.log",
-             "nccl-logs/rocm-rccl-429.log"],
+    "logs": [
+        "nccl-logs/nvidia-nccl-1238.log",
+        "nccl-logs/nvidia-nccl-1193.log",
+        "nccl-logs/nvidia-nccl-584.log",
+        "nccl-logs/rocm-rccl-429.log",
+    ],
     "hta": ["kineto-hta/nccl_parser_config/nccl_data.json.gz"],  # profiler steps
 }
 
@@ -34,8 +38,10 @@ def synthetic_log() -> bytes:
             calls += [("AllGather", 65536, 7), ("ReduceScatter", 65536, 7)] * 2 + [("AllReduce", 2 * MiB, 7)]
         calls += [("AllGather", 65536, 7)]
         for n, (name, count, dtype) in enumerate(calls):
-            lines.append(f"{pre} {name}: opCount {n:x} sendbuff 0x1000 recvbuff 0x2000 count {count} datatype {dtype} "
-                         f"op 0 root 0 comm 0xc{rank} [nranks=2] stream 0x9")
+            lines.append(
+                f"{pre} {name}: opCount {n:x} sendbuff 0x1000 recvbuff 0x2000 count {count} datatype {dtype} "
+                f"op 0 root 0 comm 0xc{rank} [nranks=2] stream 0x9"
+            )
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -90,7 +96,9 @@ def test_every_bar_lists_exactly_the_calls_it_counts(client: httpx.Client, run: 
                     page = calls_of(client, run, **scope, **bar_params(s, b))
                     assert page["total"] == len(page["items"]) == round(s["calls"][i] * factor), (s, b, scope)
                     assert page["total"] == pytest.approx(s["calls"][i] * factor)
-                    assert page["bin"] == b and page["iterations_only"] == (h["normalization"] == "per_rank_per_iteration")
+                    assert page["bin"] == b and page["iterations_only"] == (
+                        h["normalization"] == "per_rank_per_iteration"
+                    )
                     for c in page["items"]:
                         assert (c["scheme"], c["op"], c["dtype"]) == (s["scheme"], s["op"], s["dtype"])
                         assert b["lo"] <= c["msg_bytes"] < b["hi"]
@@ -109,7 +117,12 @@ def test_a_step_of_an_nccl_log_is_its_detected_iteration(client: httpx.Client) -
     b = h["bins"][s["calls"].index(1)]
     page = calls_of(client, "logs", step=1, normalize="false", **bar_params(s, b))
     [call] = page["items"]
-    assert (call["file"], call["msg_bytes"], call["iteration"], call["step"]) == ("nvidia-nccl-1238.log", 128 * MiB, 1, None)
+    assert (call["file"], call["msg_bytes"], call["iteration"], call["step"]) == (
+        "nvidia-nccl-1238.log",
+        128 * MiB,
+        1,
+        None,
+    )
     assert client.get("/api/runs/logs/export", params={"format": "jsonl", "step": 1}).text == ""
 
 
@@ -129,14 +142,21 @@ def test_pages_and_refusals(client: httpx.Client) -> None:
     whole = calls_of(client, "synthetic", normalize="false")
     pages, offset = [], 0
     while offset is not None:
-        page = client.get("/api/runs/synthetic/calls", params={"normalize": "false", "limit": 7, "offset": offset}).json()
+        page = client.get(
+            "/api/runs/synthetic/calls", params={"normalize": "false", "limit": 7, "offset": offset}
+        ).json()
         assert page["total"] == whole["total"] == 34 and page["limit"] == 7
         pages += page["items"]
         offset = page["next_offset"]
     assert pages == whole["items"]
     assert [(c["file"], c["rank"]) for c in pages] == sorted((c["file"], c["rank"]) for c in pages)
-    for params, words in (({"bin": "2^63"}, "0 <= k <= 62"), ({"bin": "2^x"}, "bin"), ({"scheme": "nope"}, "scheme"),
-                          ({"rank": -1}, "rank"), ({"limit": 0}, "limit")):
+    for params, words in (
+        ({"bin": "2^63"}, "0 <= k <= 62"),
+        ({"bin": "2^x"}, "bin"),
+        ({"scheme": "nope"}, "scheme"),
+        ({"rank": -1}, "rank"),
+        ({"limit": 0}, "limit"),
+    ):
         r = client.get("/api/runs/synthetic/calls", params=params)
         assert r.status_code == 422 and r.headers["content-type"].startswith("application/problem+json"), r.text
         assert words in r.json()["detail"], r.json()

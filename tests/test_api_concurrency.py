@@ -16,13 +16,21 @@ from pathlib import Path
 import duckdb
 import httpx
 
+from commlens import store
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread, wait_job
-from commlens import store
 from commlens.ingest import pipeline
 
-LOGS = ["nvidia-nccl-1193.log", "nvidia-nccl-584.log", "nvidia-nccl-203.log", "nvidia-nccl-1238.log",
-        "rocm-rccl-429.log", "nvidia-nccl-1595.log", "nvidia-nccl-629.log", "pytorch-pytorch-54232.log"]
+LOGS = [
+    "nvidia-nccl-1193.log",
+    "nvidia-nccl-584.log",
+    "nvidia-nccl-203.log",
+    "nvidia-nccl-1238.log",
+    "rocm-rccl-429.log",
+    "nvidia-nccl-1595.log",
+    "nvidia-nccl-629.log",
+    "pytorch-pytorch-54232.log",
+]
 
 
 def dlrm_members(data: Path) -> list[tuple[str, bytes]]:
@@ -48,8 +56,9 @@ def test_eight_uploaders_and_eight_readers(tmp_path: Path, data_dir: Path) -> No
     scratch.mkdir()
     for name, data in members:
         (scratch / name).write_bytes(data)
-    expected = expected_counts(tmp_path, {
-        "conc": sorted(scratch.iterdir()), "logs": [data_dir / "nccl-logs" / n for n in LOGS]})
+    expected = expected_counts(
+        tmp_path, {"conc": sorted(scratch.iterdir()), "logs": [data_dir / "nccl-logs" / n for n in LOGS]}
+    )
     errors: list[str] = []
     stop = threading.Event()
     with ServerThread(Settings(db=tmp_path / "store.duckdb")) as srv:
@@ -67,8 +76,16 @@ def test_eight_uploaders_and_eight_readers(tmp_path: Path, data_dir: Path) -> No
                 return [a.json()["job_id"], b.json()["job_id"]]
 
         def reader(i: int) -> int:
-            paths = ["/api/runs", "/api/runs/conc", "/api/runs/conc/histograms", "/api/runs/logs/groups",
-                     "/api/runs/conc/export?format=csv", "/api/jobs", "/api/runs/logs/ranks", "/api/health"]
+            paths = [
+                "/api/runs",
+                "/api/runs/conc",
+                "/api/runs/conc/histograms",
+                "/api/runs/logs/groups",
+                "/api/runs/conc/export?format=csv",
+                "/api/jobs",
+                "/api/runs/logs/ranks",
+                "/api/health",
+            ]
             n = 0
             with httpx.Client(base_url=srv.url, timeout=60) as c:
                 while not stop.is_set() or n < 8:
@@ -106,8 +123,9 @@ def _free_port() -> int:
 
 def _start(db: Path, port: int) -> subprocess.Popen:
     log = open(db.with_suffix(".log"), "ab")  # noqa: SIM115 - a file, not a pipe that could fill up
-    proc = subprocess.Popen([sys.executable, "-m", "commlens.cli", "serve", "--db", str(db), "--port", str(port)],
-                            stdout=log, stderr=log)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commlens.cli", "serve", "--db", str(db), "--port", str(port)], stdout=log, stderr=log
+    )
     log.close()
     deadline = time.monotonic() + 60
     while True:
@@ -131,7 +149,9 @@ def _consistent(db: Path) -> None:
             WHERE s.status = 'ok' GROUP BY ALL HAVING s.n_events <> count(e.source_id)""").fetchall()
         assert bad == []
         for table in ("comm_events", "steps", "nccl_comms", "nccl_topology", "nccl_tuning"):
-            orphans = con.execute(f"SELECT count(*) FROM {table} WHERE source_id NOT IN (SELECT source_id FROM sources)").fetchone()[0]
+            orphans = con.execute(
+                f"SELECT count(*) FROM {table} WHERE source_id NOT IN (SELECT source_id FROM sources)"
+            ).fetchone()[0]
             assert orphans == 0, table
     finally:
         con.close()
@@ -147,8 +167,12 @@ def test_sigkill_during_ingest_then_restart(tmp_path: Path, data_dir: Path) -> N
         with httpx.Client(base_url=url, timeout=60) as c:
             c.post("/api/runs", json={"name": "killed"})
             # While the server holds the store, the CLI says so instead of corrupting it.
-            cli = subprocess.run([sys.executable, "-m", "commlens.cli", "ingest", str(first), "--db", str(db), "--run", "x"],
-                                 capture_output=True, text=True, timeout=60)
+            cli = subprocess.run(
+                [sys.executable, "-m", "commlens.cli", "ingest", str(first), "--db", str(db), "--run", "x"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert cli.returncode == 2 and "held by another process" in cli.stderr and "commlens serve" in cli.stderr
             files = [("files", (p.name, p.read_bytes())) for p in (first, slow, slow)]
             job_id = c.post("/api/runs/killed/files", files=files).json()["job_id"]

@@ -19,13 +19,24 @@ from commlens.backend.api.testing import ServerThread, wait_job
 from commlens.ingest.inputs import Limits
 
 KiB, MiB = 1 << 10, 1 << 20
-RUN_JSON = json.dumps({
-    "schema": "commlens.run/1", "strategy": "ddp", "world_size": 2,
-    "model": {"layers": 2, "hidden": 32, "heads": 4, "vocab": 128, "seq_len": 16}, "parallel": {"dp": 2},
-}).encode()
-SETTINGS = dict(max_file_bytes=2 * MiB, max_request_bytes=6 * MiB, max_files_per_request=5, max_json_body_bytes=64 * KiB,
-                ingest_limits=Limits(max_members=20, ratio_floor_bytes=1 * MiB, max_ratio=50, max_line_bytes=256 * KiB,
-                                     max_json_depth=64))
+RUN_JSON = json.dumps(
+    {
+        "schema": "commlens.run/1",
+        "strategy": "ddp",
+        "world_size": 2,
+        "model": {"layers": 2, "hidden": 32, "heads": 4, "vocab": 128, "seq_len": 16},
+        "parallel": {"dp": 2},
+    }
+).encode()
+SETTINGS = dict(
+    max_file_bytes=2 * MiB,
+    max_request_bytes=6 * MiB,
+    max_files_per_request=5,
+    max_json_body_bytes=64 * KiB,
+    ingest_limits=Limits(
+        max_members=20, ratio_floor_bytes=1 * MiB, max_ratio=50, max_line_bytes=256 * KiB, max_json_depth=64
+    ),
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +60,10 @@ def client(server: ServerThread):
         ok = c.get("/api/runs/victim/sources", params={"status": "ok"}).json()["items"]
         assert victim["strategy"] == "ddp" and ok[0]["path"] == "run.json"
         deadline = time.monotonic() + 30
-        while c.get("/api/jobs", params={"state": "running"}).json()["total"] or \
-                c.get("/api/jobs", params={"state": "queued"}).json()["total"]:
+        while (
+            c.get("/api/jobs", params={"state": "running"}).json()["total"]
+            or c.get("/api/jobs", params={"state": "queued"}).json()["total"]
+        ):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert os.listdir(server.settings.spool) == []
@@ -82,8 +95,9 @@ def results(c: httpx.Client, files: list[tuple[str, bytes]]) -> dict[str, dict]:
 
 
 def nccl_lines(n: int) -> bytes:
-    return b"".join(b"node0:100:100 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
-                    for _ in range(n))
+    return b"".join(
+        b"node0:100:100 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n" for _ in range(n)
+    )
 
 
 # ----------------------------------------------------------------------------------- sizes
@@ -107,9 +121,14 @@ def test_too_many_files_is_413(client: httpx.Client) -> None:
 def test_json_bodies_too_large_or_too_deep(client: httpx.Client) -> None:
     problem(client.post("/api/runs", json={"name": "big", "description": "x" * (70 * KiB)}), 413, "limit")
     deep = '{"name": "deep", "config": ' + "[" * 5000 + "]" * 5000 + "}"
-    problem(client.post("/api/runs", content=deep, headers={"content-type": "application/json"}), 422, "nests 5001 levels")
-    problem(client.post("/api/predict", content=b'{"model": "\xff\xfe"}', headers={"content-type": "application/json"}), 422,
-            "UTF-8")
+    problem(
+        client.post("/api/runs", content=deep, headers={"content-type": "application/json"}), 422, "nests 5001 levels"
+    )
+    problem(
+        client.post("/api/predict", content=b'{"model": "\xff\xfe"}', headers={"content-type": "application/json"}),
+        422,
+        "UTF-8",
+    )
     problem(client.post("/api/runs", content=b"{not json", headers={"content-type": "application/json"}), 422)
 
 
@@ -119,9 +138,22 @@ def test_json_bodies_too_large_or_too_deep(client: httpx.Client) -> None:
 def test_unknown_formats_are_415_and_nothing_is_queued(client: httpx.Client) -> None:
     before = jobs_total(client)
     png = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
-    detail = problem(upload(client, [("ok.json", RUN_JSON), ("pic.png", png), ("empty.log", b""),
-                                     ("noise.gz", gzip.compress(os.urandom(4096)))]),
-                     415, "pic.png: binary", "empty.log: empty file", "noise.gz", "Nothing")
+    detail = problem(
+        upload(
+            client,
+            [
+                ("ok.json", RUN_JSON),
+                ("pic.png", png),
+                ("empty.log", b""),
+                ("noise.gz", gzip.compress(os.urandom(4096))),
+            ],
+        ),
+        415,
+        "pic.png: binary",
+        "empty.log: empty file",
+        "noise.gz",
+        "Nothing",
+    )
     assert "ok.json" not in detail
     assert jobs_total(client) == before
 
@@ -129,17 +161,33 @@ def test_unknown_formats_are_415_and_nothing_is_queued(client: httpx.Client) -> 
 def test_text_without_nccl_lines_fails_in_its_job(client: httpx.Client) -> None:
     """Plain text may be a launcher's stdout before NCCL starts, so it is queued; the NCCL parser fails it."""
     out = results(client, [("notes.txt", b"hello world\n")])["notes.txt"]
-    assert out["status"] == "failed" and "notes.txt:line 1: not a Kineto JSON trace or an NCCL debug log" in out["error"]
+    assert (
+        out["status"] == "failed" and "notes.txt:line 1: not a Kineto JSON trace or an NCCL debug log" in out["error"]
+    )
 
 
 def test_not_multipart_is_415_and_malformed_multipart_is_422(client: httpx.Client) -> None:
-    problem(client.post("/api/runs/victim/files", content=RUN_JSON, headers={"content-type": "application/json"}), 415,
-            "multipart/form-data")
-    body = b"--XYZ\r\nContent-Disposition: form-data; name=\"files\"; filename=\"a.json\"\r\n\r\n" + RUN_JSON  # no end
-    problem(client.post("/api/runs/victim/files", content=body, headers={"content-type": "multipart/form-data; boundary=XYZ"}),
-            422)
-    problem(client.post("/api/runs/victim/files", content=b"--XYZ--\r\n",
-                        headers={"content-type": "multipart/form-data; boundary=XYZ"}), 422, "no file parts")
+    problem(
+        client.post("/api/runs/victim/files", content=RUN_JSON, headers={"content-type": "application/json"}),
+        415,
+        "multipart/form-data",
+    )
+    body = b'--XYZ\r\nContent-Disposition: form-data; name="files"; filename="a.json"\r\n\r\n' + RUN_JSON  # no end
+    problem(
+        client.post(
+            "/api/runs/victim/files", content=body, headers={"content-type": "multipart/form-data; boundary=XYZ"}
+        ),
+        422,
+    )
+    problem(
+        client.post(
+            "/api/runs/victim/files",
+            content=b"--XYZ--\r\n",
+            headers={"content-type": "multipart/form-data; boundary=XYZ"},
+        ),
+        422,
+        "no file parts",
+    )
     problem(upload(client, [("x.json", RUN_JSON)], run="nope"), 404, "create it first")
 
 
@@ -162,8 +210,14 @@ def _tar(members: list[tuple[str, bytes | None, str | None]]) -> bytes:
 
 
 def test_hostile_archive_members_fail_alone(client: httpx.Client) -> None:
-    tgz = _tar([("../escape.json", RUN_JSON, None), ("/abs/root.json", RUN_JSON, None), ("link.json", None, "/etc/passwd"),
-                ("good/run.json", RUN_JSON, None)])
+    tgz = _tar(
+        [
+            ("../escape.json", RUN_JSON, None),
+            ("/abs/root.json", RUN_JSON, None),
+            ("link.json", None, "/etc/passwd"),
+            ("good/run.json", RUN_JSON, None),
+        ]
+    )
     zbuf = io.BytesIO()
     with zipfile.ZipFile(zbuf, "w") as z:
         z.writestr("../../zip-escape.json", RUN_JSON)
@@ -191,17 +245,22 @@ def test_deeply_nested_trace_fails_with_its_reason(client: httpx.Client) -> None
     assert out["deep.json"]["status"] == "failed" and "nested" in out["deep.json"]["error"], out
 
 
-COLL = ("node0:100:100 [0] NCCL INFO AllReduce: opCount {n} sendbuff 0x7f00 recvbuff 0x7f10 count {count} datatype 7 "
-        "op 0 root 0 comm 0x1 [nranks=2] stream 0x99\n")
+COLL = (
+    "node0:100:100 [0] NCCL INFO AllReduce: opCount {n} sendbuff 0x7f00 recvbuff 0x7f10 count {count} datatype 7 "
+    "op 0 root 0 comm 0x1 [nranks=2] stream 0x99\n"
+)
 
 
 def test_overlong_lines_and_invalid_utf8_are_skipped_not_fatal(client: httpx.Client) -> None:
-    lines = [b"node0:100:100 [0] NCCL INFO NCCL version 2.18.1+cuda12.1\n", nccl_lines(1),
-             COLL.format(n=0, count=1024).encode(),
-             b"node0:100:100 [0] NCCL INFO " + b"x" * MiB + b"\n",  # line 4
-             b"node0:100:100 [0] NCCL INFO \xff\xfe\xfd broken bytes\n",  # line 5: an INFO line of no interest
-             COLL.format(n=1, count="10\xff24").encode("latin-1"),  # line 6: a call whose count is not text
-             COLL.format(n=2, count=1024).encode()]
+    lines = [
+        b"node0:100:100 [0] NCCL INFO NCCL version 2.18.1+cuda12.1\n",
+        nccl_lines(1),
+        COLL.format(n=0, count=1024).encode(),
+        b"node0:100:100 [0] NCCL INFO " + b"x" * MiB + b"\n",  # line 4
+        b"node0:100:100 [0] NCCL INFO \xff\xfe\xfd broken bytes\n",  # line 5: an INFO line of no interest
+        COLL.format(n=1, count="10\xff24").encode("latin-1"),  # line 6: a call whose count is not text
+        COLL.format(n=2, count=1024).encode(),
+    ]
     out = results(client, [("long.log", b"".join(lines))])["long.log"]
     assert out["status"] == "ok" and out["events"] == 2, out  # the two intact calls
     assert out["skipped"] == {f"line longer than {256 * KiB} bytes": 1, "COLL line cut or garbled": 1}, out
@@ -212,8 +271,10 @@ def test_overlong_lines_and_invalid_utf8_are_skipped_not_fatal(client: httpx.Cli
 
 def test_kineto_trace_with_invalid_utf8_fails_alone_naming_the_file(client: httpx.Client) -> None:
     before = client.get("/api/runs/victim").json()["events"]
-    trace = (b'{"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": ['
-             b'{"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce_\xff\xfe", "pid": 0, "tid": 7, "ts": 1, "dur": 2}]}')
+    trace = (
+        b'{"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": ['
+        b'{"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce_\xff\xfe", "pid": 0, "tid": 7, "ts": 1, "dur": 2}]}'
+    )
     log = b"node0:100:100 [0] NCCL INFO NCCL version 2.18.1+cuda12.1\n" + COLL.format(n=0, count=2048).encode()
     out = results(client, [("bad-utf8.json", trace), ("other.log", log)])
     bad = out["bad-utf8.json"]
@@ -228,8 +289,9 @@ def test_kineto_trace_with_invalid_utf8_fails_alone_naming_the_file(client: http
 # ----------------------------------------------------------------------------------- review
 
 
-def test_review_anchor_rank_is_bounded_and_stored_items_never_break_the_list(client: httpx.Client,
-                                                                              server: ServerThread) -> None:
+def test_review_anchor_rank_is_bounded_and_stored_items_never_break_the_list(
+    client: httpx.Client, server: ServerThread
+) -> None:
     problem(client.post("/api/runs/victim/review", json={"body": "x", "anchor": {"rank": 10**20}}), 422, "anchor.rank")
     problem(client.post("/api/runs/victim/review", json={"body": "x", "anchor": {"rank": 2**31}}), 422, "anchor.rank")
     top = client.post("/api/runs/victim/review", json={"body": "top rank", "anchor": {"rank": 2**31 - 1}})
@@ -239,8 +301,11 @@ def test_review_anchor_rank_is_bounded_and_stored_items_never_break_the_list(cli
     # an item stored before the bound existed (or by other means) with a rank no BIGINT holds
     cur = server.app.state.ctx.db.cursor()
     try:
-        cur.execute("INSERT INTO review_items (run_id, author, body, anchor) SELECT run_id, 'old', 'legacy', ? "
-                    "FROM runs WHERE name = 'victim'", ['{"view": "ranks", "rank": 100000000000000000000}'])
+        cur.execute(
+            "INSERT INTO review_items (run_id, author, body, anchor) SELECT run_id, 'old', 'legacy', ? "
+            "FROM runs WHERE name = 'victim'",
+            ['{"view": "ranks", "rank": 100000000000000000000}'],
+        )
     finally:
         cur.close()
     r = client.get("/api/runs/victim/review", params={"rank": 1})
@@ -248,8 +313,14 @@ def test_review_anchor_rank_is_bounded_and_stored_items_never_break_the_list(cli
     r = client.get("/api/runs/victim/review", params={"rank": 2**31 - 1})
     assert [i["body"] for i in r.json()["items"]] == ["top rank"]
     listed = {i["body"]: i for i in client.get("/api/runs/victim/review").json()["items"]}
-    assert listed["legacy"]["anchor"] == {"view": "ranks", "scheme": None, "op": None, "bin": None, "rank": None,
-                                          "free": None}  # the rank that no longer validates is dropped, not a 500
+    assert listed["legacy"]["anchor"] == {
+        "view": "ranks",
+        "scheme": None,
+        "op": None,
+        "bin": None,
+        "rank": None,
+        "free": None,
+    }  # the rank that no longer validates is dropped, not a 500
     for item in listed.values():
         assert client.delete(f"/api/review/{item['item_id']}").status_code == 204
 

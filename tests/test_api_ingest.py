@@ -30,7 +30,9 @@ RUNS = {
 def module_data_dir(config: pytest.Config) -> Path:
     """conftest's shared_data() (skip when absent, fail under CI) for module-scoped fixtures."""
     for plugin in config.pluginmanager.get_plugins():
-        if str(getattr(plugin, "__file__", "")).endswith("conftest.py") and callable(getattr(plugin, "shared_data", None)):
+        if str(getattr(plugin, "__file__", "")).endswith("conftest.py") and callable(
+            getattr(plugin, "shared_data", None)
+        ):
             return plugin.shared_data()
     raise RuntimeError("tests/conftest.py with shared_data() not loaded")
 
@@ -43,7 +45,9 @@ def ingested(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
         jobs = {}
         for run, files in RUNS.items():
             assert c.post("/api/runs", json={"name": run}).status_code == 201
-            r = c.post(f"/api/runs/{run}/files", files=[("files", (Path(f).name, (data_dir / f).read_bytes())) for f in files])
+            r = c.post(
+                f"/api/runs/{run}/files", files=[("files", (Path(f).name, (data_dir / f).read_bytes())) for f in files]
+            )
             assert r.status_code == 202 and r.headers["location"] == f"/api/jobs/{r.json()['job_id']}"
             jobs[run] = r.json()["job_id"]
         done = {run: wait_job(c, job_id, timeout=120) for run, job_id in jobs.items()}
@@ -56,7 +60,7 @@ def client(ingested):
         yield c
 
 
-def same(api_json: dict, model) -> None:  # noqa: ANN001
+def same(api_json: dict, model) -> None:
     assert api_json == json.loads(model.model_dump_json())
 
 
@@ -67,7 +71,9 @@ def test_jobs_account_for_every_file(ingested, client: httpx.Client) -> None:
     size = (data / RUNS["dlrm"][0]).stat().st_size
     assert (dlrm["files_total"], dlrm["files_done"], dlrm["bytes_total"], dlrm["bytes_done"]) == (1, 1, size, size)
     assert sorted(r["rank"] for r in dlrm["results"]) == list(range(8))
-    assert all(r["status"] == "ok" and r["upload"] == "dlrm_kineto.tar.gz" and "!" in r["path"] for r in dlrm["results"])
+    assert all(
+        r["status"] == "ok" and r["upload"] == "dlrm_kineto.tar.gz" and "!" in r["path"] for r in dlrm["results"]
+    )
     for run, job in done.items():
         assert job["state"] == "done", job
         detail = client.get(f"/api/runs/{run}").json()
@@ -89,18 +95,31 @@ def test_resnet50_gradients_per_iteration(client: httpx.Client) -> None:
 def test_analysis_endpoints_equal_direct_calls(ingested, client: httpx.Client, run: str) -> None:
     cur = ingested[0].app.state.ctx.db.cursor()
     try:
-        groups, summary = client.get(f"/api/runs/{run}/groups", params={"limit": 1000}).json(), attribution_summary(cur, run)
+        groups, summary = (
+            client.get(f"/api/runs/{run}/groups", params={"limit": 1000}).json(),
+            attribution_summary(cur, run),
+        )
         assert groups["items"] == [json.loads(g.model_dump_json()) for g in summary.groups]
         assert (groups["total"], groups["unattributed_events"], groups["events_by_scheme"]) == (
-            len(summary.groups), summary.unattributed_events, summary.events_by_scheme)
+            len(summary.groups),
+            summary.unattributed_events,
+            summary.events_by_scheme,
+        )
         same(client.get(f"/api/runs/{run}/iterations").json(), assign_iterations(cur, run).info)
         same(client.get(f"/api/runs/{run}/bandwidth").json(), bandwidth(cur, run))
         same(client.get(f"/api/runs/{run}/ranks").json(), rank_totals(cur, run))
         same(client.get(f"/api/runs/{run}/comparison").json(), compare(cur, run))
         page = client.get(f"/api/runs/{run}/findings").json()
         assert page["items"] == [json.loads(f.model_dump_json()) for f in findings(cur, run)]
-        for params in ({}, {"weight": "bytes"}, {"normalize": "false"}, {"op": "all_reduce"}, {"rank": 0},
-                       {"scheme": "dp", "weight": "bytes"}, {"step": 0}):
+        for params in (
+            {},
+            {"weight": "bytes"},
+            {"normalize": "false"},
+            {"op": "all_reduce"},
+            {"rank": 0},
+            {"scheme": "dp", "weight": "bytes"},
+            {"step": 0},
+        ):
             kwargs = {k: (v == "true" if k == "normalize" else v) for k, v in params.items()}
             same(client.get(f"/api/runs/{run}/histograms", params=params).json(), histogram(cur, run, **kwargs))
     finally:
@@ -113,7 +132,9 @@ def test_reupload_is_a_duplicate_and_changes_nothing(ingested, client: httpx.Cli
     path = data / RUNS["hta-ddp"][0]
     r = client.post("/api/runs/hta-ddp/files", files={"files": ("again.json.gz", path.read_bytes())})
     job = wait_job(client, r.json()["job_id"])
-    assert [(x["status"], x["error"]) for x in job["results"]] == [("duplicate", "same bytes as nccl_data.json.gz, already ingested")]
+    assert [(x["status"], x["error"]) for x in job["results"]] == [
+        ("duplicate", "same bytes as nccl_data.json.gz, already ingested")
+    ]
     after = client.get("/api/runs/hta-ddp").json()
     assert (after["events"], after["sources"]) == (before["events"], before["sources"])
 
@@ -137,8 +158,12 @@ def test_topology_rows_of_nccl_logs(ingested, client: httpx.Client) -> None:
     try:
         for table, sql_table in (("comms", "nccl_comms"), ("topology", "nccl_topology"), ("tuning", "nccl_tuning")):
             page = client.get(f"/api/runs/nccl-logs/topology/{table}", params={"limit": 1000}).json()
-            n = cur.execute(f"SELECT count(*) FROM {sql_table} t JOIN runs r USING (run_id) WHERE r.name = 'nccl-logs'").fetchone()[0]
+            n = cur.execute(
+                f"SELECT count(*) FROM {sql_table} t JOIN runs r USING (run_id) WHERE r.name = 'nccl-logs'"
+            ).fetchone()[0]
             assert page["total"] == len(page["rows"]) == n
-        assert client.get("/api/runs/nccl-logs/topology/tuning").json()["total"] > 0  # nvidia-nccl-1595 has TUNING lines
+        assert (
+            client.get("/api/runs/nccl-logs/topology/tuning").json()["total"] > 0
+        )  # nvidia-nccl-1595 has TUNING lines
     finally:
         cur.close()

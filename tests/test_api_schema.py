@@ -14,8 +14,13 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from commlens.backend.api import Settings  # noqa: E402
 from commlens.backend.api.testing import ServerThread, wait_job  # noqa: E402
 
-RUN_JSON = {"schema": "commlens.run/1", "strategy": "ddp", "world_size": 2,
-            "model": {"layers": 2, "hidden": 32, "heads": 4, "vocab": 128, "seq_len": 16}, "parallel": {"dp": 2}}
+RUN_JSON = {
+    "schema": "commlens.run/1",
+    "strategy": "ddp",
+    "world_size": 2,
+    "model": {"layers": 2, "hidden": 32, "heads": 4, "vocab": 128, "seq_len": 16},
+    "parallel": {"dp": 2},
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +45,15 @@ def test_no_server_errors(server: ServerThread) -> None:
             operations += 1
 
             @given(case=op.as_strategy())
-            @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
-                      database=None)
-            def check(case) -> None:  # noqa: ANN001
+            @settings(
+                max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None
+            )
+            def check(case) -> None:
                 response = case.call(base_url=server.url, session=session, timeout=30)
                 if response.status_code >= 500:
-                    failures.append(f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:300]}")
+                    failures.append(
+                        f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:300]}"
+                    )
 
             check()
     assert operations >= 20

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from synthetic import write_rows as write
 
+from commlens import store
 from commlens.backend.attribution import (
     attribute_run,
     attribution_summary,
@@ -14,15 +16,22 @@ from commlens.backend.attribution import (
     layout_stride,
     set_override,
 )
-from commlens import store
-from synthetic import write_rows as write
 
 MiB = 1 << 20
 
 
 def ev(rank: int, seq: int, op: str, size: int | None, group: str | None, n: int, **kw) -> dict:
-    return {"rank": rank, "process": f"r{rank}", "seq": seq, "op": op, "dtype": "float32", "msg_bytes": size,
-            "group_size": n, "group_key": group, **kw}
+    return {
+        "rank": rank,
+        "process": f"r{rank}",
+        "seq": seq,
+        "op": op,
+        "dtype": "float32",
+        "msg_bytes": size,
+        "group_size": n,
+        "group_key": group,
+        **kw,
+    }
 
 
 def grid_2x2(con, run: str, descs: dict[str, str] | None = None, mesh_dims: dict[str, str] | None = None) -> None:
@@ -30,10 +39,20 @@ def grid_2x2(con, run: str, descs: dict[str, str] | None = None, mesh_dims: dict
     descs = descs or {}
     mesh_dims = mesh_dims or {}
     layout = {"tpA": [0, 1], "tpB": [2, 3], "dpA": [0, 2], "dpB": [1, 3]}
-    groups = [{"group_key": f"pg:{k}", "ranks": ranks, "size": 2, "origin": "pg_config", "description": descs.get(k),
-               "mesh_dim": mesh_dims.get(k)} for k, ranks in layout.items()]
-    groups.append({"group_key": "pg:0", "ranks": [0, 1, 2, 3], "size": 4, "origin": "pg_config",
-                   "description": "default_pg"})
+    groups = [
+        {
+            "group_key": f"pg:{k}",
+            "ranks": ranks,
+            "size": 2,
+            "origin": "pg_config",
+            "description": descs.get(k),
+            "mesh_dim": mesh_dims.get(k),
+        }
+        for k, ranks in layout.items()
+    ]
+    groups.append(
+        {"group_key": "pg:0", "ranks": [0, 1, 2, 3], "size": 4, "origin": "pg_config", "description": "default_pg"}
+    )
     for rank in range(4):
         tp = "pg:tpA" if rank < 2 else "pg:tpB"
         dp = "pg:dpA" if rank % 2 == 0 else "pg:dpB"
@@ -51,8 +70,10 @@ def test_2x2_by_structure_alone(con):
     grid_2x2(con, "grid")
     result = {a.group_key: a for a in attribute_run(con, "grid")}
     assert {k: (a.scheme, a.source) for k, a in result.items()} == {
-        "pg:tpA": ("tp", "structure"), "pg:tpB": ("tp", "structure"),
-        "pg:dpA": ("dp", "structure"), "pg:dpB": ("dp", "structure"),
+        "pg:tpA": ("tp", "structure"),
+        "pg:tpB": ("tp", "structure"),
+        "pg:dpA": ("dp", "structure"),
+        "pg:dpB": ("dp", "structure"),
         "pg:0": ("other", "structure"),
     }
     # Structure is a convention, and the reason and confidence say so.
@@ -65,8 +86,12 @@ def test_2x2_by_structure_alone(con):
 
 def test_2x2_labels_win_over_structure(con):
     # Labels that contradict the layout convention: the labels are what the user's code said.
-    grid_2x2(con, "labelled", descs={"tpA": "mesh_dp", "tpB": "mesh_dp", "dpA": "TENSOR_MODEL_PARALLEL_GROUP"},
-             mesh_dims={"dpB": "tp"})
+    grid_2x2(
+        con,
+        "labelled",
+        descs={"tpA": "mesh_dp", "tpB": "mesh_dp", "dpA": "TENSOR_MODEL_PARALLEL_GROUP"},
+        mesh_dims={"dpB": "tp"},
+    )
     result = {a.group_key: a for a in attribute_run(con, "labelled")}
     assert (result["pg:tpA"].scheme, result["pg:tpA"].source) == ("dp", "label")
     assert "mesh_dp" in result["pg:tpA"].reason
@@ -77,9 +102,14 @@ def test_2x2_labels_win_over_structure(con):
 
 def test_run_config_groups_and_mesh_label_by_ranks(con):
     grid_2x2(con, "cfg")
-    config = {"strategy": "dp2-tp2", "world_size": 4, "parallel": {"dp": 2, "tp": 2},
-              "mesh_dims": ["dp", "tp"], "mesh_shape": [2, 2],
-              "groups": [{"dim": "tp", "ranks": [2, 3]}]}
+    config = {
+        "strategy": "dp2-tp2",
+        "world_size": 4,
+        "parallel": {"dp": 2, "tp": 2},
+        "mesh_dims": ["dp", "tp"],
+        "mesh_shape": [2, 2],
+        "groups": [{"dim": "tp", "ranks": [2, 3]}],
+    }
     store.set_run_config(con, store.get_run_id(con, "cfg"), config)
     result = {a.group_key: a for a in attribute_run(con, "cfg")}
     assert result["pg:tpB"].scheme == "tp" and "run.json group" in result["pg:tpB"].reason
@@ -108,8 +138,10 @@ def test_override_is_kept_and_can_be_cleared(con):
 
 
 def test_world_group_alone_with_gradient_all_reduce_is_dp(con):
-    groups = [{"group_key": "pg:0", "ranks": [0, 1], "size": 2, "origin": "pg_config", "description": "default_pg"},
-              {"group_key": "pg:1", "ranks": [0, 1], "size": 2, "origin": "pg_config", "description": "undefined"}]
+    groups = [
+        {"group_key": "pg:0", "ranks": [0, 1], "size": 2, "origin": "pg_config", "description": "default_pg"},
+        {"group_key": "pg:1", "ranks": [0, 1], "size": 2, "origin": "pg_config", "description": "undefined"},
+    ]
     events = [ev(0, 0, "broadcast", 4096, "pg:0", 2)]
     events += [ev(0, i, "all_reduce", 24 * MiB, "pg:0", 2) for i in range(1, 4)]
     write(con, "ddp", events, groups, rank=0)
@@ -136,8 +168,10 @@ def test_world_group_mixing_all_to_all_and_all_reduce_is_other(con):
 
 
 def test_pipeline_neighbours_pp_and_ring_cp_and_unattributed_count(con):
-    groups = [{"group_key": "nccl:pp", "ranks": [0, 2, 4, 6], "size": 4, "origin": "nccl_init"},
-              {"group_key": "nccl:ring", "ranks": [1, 3, 5, 7], "size": 4, "origin": "nccl_init"}]
+    groups = [
+        {"group_key": "nccl:pp", "ranks": [0, 2, 4, 6], "size": 4, "origin": "nccl_init"},
+        {"group_key": "nccl:ring", "ranks": [1, 3, 5, 7], "size": 4, "origin": "nccl_init"},
+    ]
     events = []
     for i, r in enumerate([0, 2, 4]):
         events.append(ev(r, i, "send", 8 * MiB, "nccl:pp", 4, peer=[2, 4, 6][i]))
@@ -221,11 +255,41 @@ def harness_run(tmp_path_factory):
 
     pytest.importorskip("torch")
     out = tmp_path_factory.mktemp("h") / "dp2tp2"
-    cmd = [sys.executable, "-m", "commlens.cli", "harness", "--out", str(out), "--device", "cpu", "--dp", "2",
-           "--tp", "2", "--layers", "2", "--hidden", "32", "--heads", "2", "--vocab", "64", "--seq-len", "16",
-           "--micro-batches", "2", "--steps", "4"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "commlens.cli",
+        "harness",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--dp",
+        "2",
+        "--tp",
+        "2",
+        "--layers",
+        "2",
+        "--hidden",
+        "32",
+        "--heads",
+        "2",
+        "--vocab",
+        "64",
+        "--seq-len",
+        "16",
+        "--micro-batches",
+        "2",
+        "--steps",
+        "4",
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     con = store.connect(out.parent / "store.duckdb")
     ingest_real(con, out, "dp2tp2")
@@ -248,8 +312,11 @@ def test_harness_run_groups_take_run_json_labels(harness_run):
     con = harness_run
     groups = {g.group_key: g for g in attribution_summary(con, "dp2tp2").groups}
     assert {k: (g.scheme, g.source) for k, g in groups.items()} == {
-        "pg:0": ("other", "label"), "pg:1": ("dp", "label"), "pg:2": ("dp", "label"),
-        "pg:3": ("tp", "label"), "pg:4": ("tp", "label"),
+        "pg:0": ("other", "label"),
+        "pg:1": ("dp", "label"),
+        "pg:2": ("dp", "label"),
+        "pg:3": ("tp", "label"),
+        "pg:4": ("tp", "label"),
     }
     assert groups["pg:1"].ranks == [0, 2] and groups["pg:3"].ranks == [0, 1]
     # Profiled steps 2 and 3 on every rank; calls per rank per step equal the harness predictor's.

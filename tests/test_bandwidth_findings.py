@@ -6,25 +6,42 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from synthetic import write_rows as write
 
 from commlens.backend.attribution import attribute_run
 from commlens.backend.bandwidth import bandwidth, call_bandwidth
 from commlens.backend.findings import findings
-from commlens.contract.analysis import ComparisonInput
 from commlens.backend.ranks import rank_totals
-from synthetic import write_rows as write
+from commlens.contract.analysis import ComparisonInput
 
 MiB = 1 << 20
 
 
 def ev(rank: int, seq: int, op: str, size, group: str, n: int, dur=None, src="kernel", **kw) -> dict:
-    return {"rank": rank, "process": f"r{rank}", "seq": seq, "op": op, "dtype": "float32", "msg_bytes": size,
-            "group_size": n, "group_key": group, "dur_us": dur, "dur_source": src if dur is not None else None, **kw}
+    return {
+        "rank": rank,
+        "process": f"r{rank}",
+        "seq": seq,
+        "op": op,
+        "dtype": "float32",
+        "msg_bytes": size,
+        "group_size": n,
+        "group_key": group,
+        "dur_us": dur,
+        "dur_source": src if dur is not None else None,
+        **kw,
+    }
 
 
 def group(key: str, ranks: list[int], desc: str | None = None, backend: str = "cuda:nccl") -> dict:
-    return {"group_key": key, "ranks": ranks, "size": len(ranks), "origin": "pg_config", "description": desc,
-            "backend": backend}
+    return {
+        "group_key": key,
+        "ranks": ranks,
+        "size": len(ranks),
+        "origin": "pg_config",
+        "description": desc,
+        "backend": backend,
+    }
 
 
 # -------------------------------------------------------------------------------- bandwidth
@@ -50,8 +67,12 @@ def bw_run(con) -> None:
         # gloo: the CPU op time is the transfer time.
         ev(0, 14, "all_reduce", MiB, "pg:gloo", 2, dur=100.0, src="cpu_op"),
     ]
-    groups = [group("pg:w", [0, 1, 2, 3], "default_pg"), group("pg:pair", [0, 1]), group("pg:self", [0]),
-              group("pg:gloo", [0, 1], backend="cpu:gloo")]
+    groups = [
+        group("pg:w", [0, 1, 2, 3], "default_pg"),
+        group("pg:pair", [0, 1]),
+        group("pg:self", [0]),
+        group("pg:gloo", [0, 1], backend="cpu:gloo"),
+    ]
     write(con, "bw", events, groups, rank=0)
 
 
@@ -60,9 +81,13 @@ def test_bandwidth_factors_bins_and_half_size(con):
     report = bandwidth(con, "bw")
     assert report.calls_with_duration == 8
     assert report.excluded == {
-        "CPU enqueue time of an NCCL call is not its transfer time": 1, "no measured duration": 1,
-        "barrier moves no payload": 1, "zero-byte call": 1, "single-rank group": 1,
-        "duration of unknown origin": 1, "no message size": 1,
+        "CPU enqueue time of an NCCL call is not its transfer time": 1,
+        "no measured duration": 1,
+        "barrier moves no payload": 1,
+        "zero-byte call": 1,
+        "single-rank group": 1,
+        "duration of unknown origin": 1,
+        "no message size": 1,
     }
     bins = {(b.op, b.bin.label): b for b in report.bins}
     big = bins[("all_reduce", "64 MiB-128 MiB")]
@@ -125,16 +150,26 @@ def test_rank_totals_and_imbalance(con):
 def test_balanced_ranks_and_pipeline_ends_do_not_fire(con):
     groups = [group("pg:dp", [0, 1], "mesh_dp")]
     for rank in (0, 1):
-        write(con, "bal", [ev(rank, i, "all_reduce", 64 * MiB, "pg:dp", 2, dur=1000.0) for i in range(4)],
-              groups if rank == 0 else [], rank=rank)
+        write(
+            con,
+            "bal",
+            [ev(rank, i, "all_reduce", 64 * MiB, "pg:dp", 2, dur=1000.0) for i in range(4)],
+            groups if rank == 0 else [],
+            rank=rank,
+        )
     attribute_run(con, "bal")
     assert not [f for f in findings(con, "bal") if f.id.startswith("imbalance")]
     # A 4-stage chain: end stages move half the bytes of interior stages, as expected (ratio 4/3).
     pp = [group("pg:pp", [0, 1, 2, 3], "mesh_pp")]
     seqs = {0: [("send", 1)], 1: [("recv", 0), ("send", 2)], 2: [("recv", 1), ("send", 3)], 3: [("recv", 2)]}
     for rank, calls in seqs.items():
-        write(con, "chain", [ev(rank, i, op, 64 * MiB, "pg:pp", 4, peer=p) for i, (op, p) in enumerate(calls)],
-              pp if rank == 0 else [], rank=rank)
+        write(
+            con,
+            "chain",
+            [ev(rank, i, op, 64 * MiB, "pg:pp", 4, peer=p) for i, (op, p) in enumerate(calls)],
+            pp if rank == 0 else [],
+            rank=rank,
+        )
     attribute_run(con, "chain")
     totals = rank_totals(con, "chain")
     assert {(i.scheme, i.metric): i.max_over_mean for i in totals.imbalance}[("pp", "bytes")] == pytest.approx(4 / 3)
@@ -170,8 +205,13 @@ def test_small_messages_silent_when_few(con):
     assert not [f for f in findings(con, "pipe0") if f.id.startswith("small-messages")]
     # Without durations the default threshold applies and the evidence says so.
     groups = [group("pg:tp", [0, 1], "mesh_tp")]
-    write(con, "nodur", [ev(0, i, "all_reduce", 8192, "pg:tp", 2) for i in range(3)]
-          + [ev(0, 3, "all_reduce", 8 * MiB, "pg:tp", 2)], groups, rank=0)
+    write(
+        con,
+        "nodur",
+        [ev(0, i, "all_reduce", 8192, "pg:tp", 2) for i in range(3)] + [ev(0, 3, "all_reduce", 8 * MiB, "pg:tp", 2)],
+        groups,
+        rank=0,
+    )
     attribute_run(con, "nodur")
     [f] = findings(con, "nodur")
     assert f.id == "small-messages:tp" and f.severity == "medium" and f.evidence["small_time_share"] is None
@@ -209,8 +249,14 @@ def test_zero_accumulation_from_config(con):
         return {"strategy": "zero", "world_size": 2, "parallel": {"dp": 2, "zero": zero, "micro_batches": m}}
 
     for name, zero, m in (("z3m4", 3, 4), ("z2m3", 2, 3), ("z1m4", 1, 4), ("z3m1", 3, 1)):
-        write(con, name, [ev(0, 0, "reduce_scatter", 64 * MiB, "pg:dp", 2)], [group("pg:dp", [0, 1], "mesh_dp")],
-              config=cfg(zero, m), rank=0)
+        write(
+            con,
+            name,
+            [ev(0, 0, "reduce_scatter", 64 * MiB, "pg:dp", 2)],
+            [group("pg:dp", [0, 1], "mesh_dp")],
+            config=cfg(zero, m),
+            rank=0,
+        )
         attribute_run(con, name)
     [z3] = [f for f in findings(con, "z3m4") if f.id == "zero-accumulation"]
     assert z3.severity == "high" and z3.evidence["predicted_ratio"] == 6.0 and z3.evidence["micro_batches"] == 4
@@ -223,12 +269,19 @@ def test_zero_accumulation_from_config(con):
 def test_comparison_findings_and_ranking(con):
     write(con, "cmp", [ev(0, 0, "all_reduce", 64 * MiB, "pg:dp", 2)], [group("pg:dp", [0, 1], "mesh_dp")], rank=0)
     attribute_run(con, "cmp")
-    comparison = {"per_scheme": [
-        {"scheme": "dp", "predicted_bytes": 100.0, "measured_bytes": 160.0, "unexplained_calls": 3,
-         "unexplained_bytes": 1.0},
-        {"scheme": "tp", "predicted_bytes": 100.0, "measured_bytes": 104.0},
-        {"scheme": "pp", "predicted_bytes": 100.0, "measured_bytes": 110.0},
-    ]}
+    comparison = {
+        "per_scheme": [
+            {
+                "scheme": "dp",
+                "predicted_bytes": 100.0,
+                "measured_bytes": 160.0,
+                "unexplained_calls": 3,
+                "unexplained_bytes": 1.0,
+            },
+            {"scheme": "tp", "predicted_bytes": 100.0, "measured_bytes": 104.0},
+            {"scheme": "pp", "predicted_bytes": 100.0, "measured_bytes": 110.0},
+        ]
+    }
     found = findings(con, "cmp", comparison)
     ids = [f.id for f in found]
     assert ids == ["above-prediction:dp", "above-prediction:pp", "unexplained-calls:dp"]
@@ -237,9 +290,15 @@ def test_comparison_findings_and_ranking(con):
     assert found[1].severity == "low" and found[1].evidence["excess"] == pytest.approx(0.1)
     assert found[2].severity == "low" and found[2].evidence["unexplained_calls"] == 3
     # Any object with the same attributes works; so does the model itself.
-    obj = SimpleNamespace(per_scheme=[SimpleNamespace(scheme="dp", predicted_bytes=100.0, measured_bytes=100.0,
-                                                      unexplained_calls=0, unexplained_bytes=0.0)],
-                          basis="per rank per iteration", tolerance=0.05)
+    obj = SimpleNamespace(
+        per_scheme=[
+            SimpleNamespace(
+                scheme="dp", predicted_bytes=100.0, measured_bytes=100.0, unexplained_calls=0, unexplained_bytes=0.0
+            )
+        ],
+        basis="per rank per iteration",
+        tolerance=0.05,
+    )
     assert findings(con, "cmp", obj) == []
     assert findings(con, "cmp", ComparisonInput.model_validate(comparison))[0].id == "above-prediction:dp"
 
@@ -274,7 +333,8 @@ def test_real_kineto_ddp_bandwidth_from_kernel_durations(con, data_dir):
     for op, size, dur, _ in rows:
         by_bin.setdefault((op, size.bit_length() - 1), []).append(size / dur / 1e3)
     assert {(b.op, b.bin.k): b.median_busbw_gbps for b in report.bins} == pytest.approx(
-        {key: median(v) for key, v in by_bin.items()})
+        {key: median(v) for key, v in by_bin.items()}
+    )
     for call in call_bandwidth(con, "resnet"):
         assert call.busbw_gbps == pytest.approx(call.algbw_gbps) and call.busbw_factor == 1.0
     ar = next(o for o in report.ops if o.op == "all_reduce")

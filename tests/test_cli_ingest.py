@@ -15,12 +15,16 @@ def _commlens(*args: str) -> subprocess.CompletedProcess:
 
 
 def _run_json() -> str:
-    return json.dumps({
-        "schema": "commlens.run/1", "strategy": "ddp", "world_size": 2,
-        "model": {"layers": 2, "hidden": 32, "heads": 4, "vocab": 128, "seq_len": 16},
-        "parallel": {"dp": 2},
-        "groups": [{"dim": "dp", "ranks": [0, 1], "pg_name": "0"}],
-    })
+    return json.dumps(
+        {
+            "schema": "commlens.run/1",
+            "strategy": "ddp",
+            "world_size": 2,
+            "model": {"layers": 2, "hidden": 32, "heads": 4, "vocab": 128, "seq_len": 16},
+            "parallel": {"dp": 2},
+            "groups": [{"dim": "dp", "ranks": [0, 1], "pg_name": "0"}],
+        }
+    )
 
 
 def test_ingest_exit_status_and_summary(tmp_path: Path) -> None:
@@ -42,8 +46,13 @@ def test_ingest_exit_status_and_summary(tmp_path: Path) -> None:
 def test_ingest_into_a_locked_store_says_who_holds_it(tmp_path: Path) -> None:
     db = tmp_path / "held.duckdb"
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"import duckdb,sys,time; c=duckdb.connect({str(db)!r}); print('ok', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            f"import duckdb,sys,time; c=duckdb.connect({str(db)!r}); print('ok', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "ok"  # type: ignore[union-attr]

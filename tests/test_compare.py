@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-
-
 from commlens.backend.compare import compare
-from commlens.contract.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
 from commlens.backend.report import build_report, render_markdown
+from commlens.contract.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
 
 RESNET50_PARAMS = 25_557_032
 
@@ -66,7 +64,9 @@ def test_a_stored_predictor_input_is_the_runs_config(resnet) -> None:
     """A config a user attached to a third-party run (a predictor input, not a run.json) is read by compare itself."""
     import json
 
-    resnet.execute("UPDATE runs SET config = ? WHERE name = 'resnet'", [json.dumps(_resnet_ddp().model_dump(mode="json"))])
+    resnet.execute(
+        "UPDATE runs SET config = ? WHERE name = 'resnet'", [json.dumps(_resnet_ddp().model_dump(mode="json"))]
+    )
     c = compare(resnet, "resnet")
     assert c.config_source == "run" and c.implementation == "fsdp"
     assert c.schemes[0].predicted_bytes_per_iter == RESNET50_PARAMS * 4

@@ -36,8 +36,14 @@ ADMIN_TOKEN = "test-admin-token-" + "x" * 24  # what a deployment exports as COM
 
 def compose_config(**env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k != "COMMLENS_ADMIN_TOKEN"}
-    return subprocess.run([compose_exe(), "-f", str(COMPOSE), "config"], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT, env={**base, "COMPOSE_PROJECT_NAME": "commlens-test", **env})
+    return subprocess.run(
+        [compose_exe(), "-f", str(COMPOSE), "config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**base, "COMPOSE_PROJECT_NAME": "commlens-test", **env},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +124,13 @@ def test_dockerfile_copies_every_package_folder() -> None:
 
 def _start(cmd: list[str], tmp: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, Path]:
     log = tmp / f"{cmd[1]}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "commlens.cli", *cmd[1:]], stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, cwd=tmp, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commlens.cli", *cmd[1:]],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        cwd=tmp,
+        env={**os.environ, **(env or {})},
+    )
     deadline = time.monotonic() + 60
     while True:
         m = re.search(r"Uvicorn running on http://[^:]+:(\d+)", log.read_text())
@@ -144,7 +155,9 @@ def test_the_services_commands_start(config: dict[str, Any], tmp_path: Path) -> 
     serve = [str(c) for c in config["services"]["commlens"]["command"]]
     serve[serve.index("--db") + 1] = str(tmp_path / "store.duckdb")
     serve[serve.index("--port") + 1] = "0"
-    proc, url, _ = _start(serve, tmp_path, {k: str(v) for k, v in config["services"]["commlens"]["environment"].items()})
+    proc, url, _ = _start(
+        serve, tmp_path, {k: str(v) for k, v in config["services"]["commlens"]["environment"].items()}
+    )
     try:
         assert httpx.get(url + "/api/health", timeout=30).json()["auth"]["insecure"] is False
         run = {"name": "composed"}
@@ -159,8 +172,13 @@ def test_the_services_commands_start(config: dict[str, Any], tmp_path: Path) -> 
         ui = [str(c) for c in config["services"]["ui"]["command"]]
         ui[ui.index("--port") + 1] = "0"
         # in front of this loopback-bound API, a UI on 0.0.0.0 would make every visitor the local admin
-        refused = subprocess.run([sys.executable, "-m", "commlens.cli", *ui[1:3], url, *ui[4:]], capture_output=True,
-                                 text=True, timeout=60, cwd=tmp_path)
+        refused = subprocess.run(
+            [sys.executable, "-m", "commlens.cli", *ui[1:3], url, *ui[4:]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
         assert refused.returncode == 2 and "local admin" in refused.stderr.replace("\n", " ")
         uproc, uurl, _ = _start(ui, tmp_path)  # as composed: the API at http://commlens:8050
         try:

@@ -16,9 +16,11 @@ from commlens.ingest.inputs import DEFAULT_LIMITS, open_content
 from commlens.ingest.pipeline import ingest_paths
 from commlens.ingest.records import ParseError, ParseResult, RankHint
 
-RUN_JSON = (b'{"schema": "commlens.run/1", "strategy": "ddp", "world_size": 2, '
-            b'"model": {"layers": 2, "hidden": 32, "heads": 4, "vocab": 128, "seq_len": 16}, "parallel": {"dp": 2}, '
-            b'"groups": [{"dim": "dp", "ranks": [0, 1], "pg_name": "0", "backend": "gloo"}]}')
+RUN_JSON = (
+    b'{"schema": "commlens.run/1", "strategy": "ddp", "world_size": 2, '
+    b'"model": {"layers": 2, "hidden": 32, "heads": 4, "vocab": 128, "seq_len": 16}, "parallel": {"dp": 2}, '
+    b'"groups": [{"dim": "dp", "ranks": [0, 1], "pg_name": "0", "backend": "gloo"}]}'
+)
 
 
 def _detect(raw: bytes) -> str:
@@ -53,14 +55,17 @@ def test_every_real_file_is_detected_as_its_kind_and_parsed_as_that_kind(data_di
     assert _detect(gzip.compress(RUN_JSON)) == "run_config"
 
 
-@pytest.mark.parametrize(("head", "kind"), [
-    (b'\xef\xbb\xbf  {"traceEvents": []}', "kineto"),
-    (b'[{"name": "x"}]', "kineto"),  # some JSON: the Kineto parser says why it is not a trace
-    (b'{"x": "NCCL INFO in a string"}', "kineto"),  # JSON first: an NCCL marker inside JSON is not a log
-    (b'{"traceEvents": [], "schema": "commlens.run/1"}', "kineto"),  # both SURE: the earlier entry wins
-    (b"epoch 0 loss 3.2\n", "nccl_log"),  # text: a launcher's stdout before NCCL starts
-    (b"h:1:2 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n", "nccl_log"),
-])
+@pytest.mark.parametrize(
+    ("head", "kind"),
+    [
+        (b'\xef\xbb\xbf  {"traceEvents": []}', "kineto"),
+        (b'[{"name": "x"}]', "kineto"),  # some JSON: the Kineto parser says why it is not a trace
+        (b'{"x": "NCCL INFO in a string"}', "kineto"),  # JSON first: an NCCL marker inside JSON is not a log
+        (b'{"traceEvents": [], "schema": "commlens.run/1"}', "kineto"),  # both SURE: the earlier entry wins
+        (b"epoch 0 loss 3.2\n", "nccl_log"),  # text: a launcher's stdout before NCCL starts
+        (b"h:1:2 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n", "nccl_log"),
+    ],
+)
 def test_detection_by_claims(head: bytes, kind: str) -> None:
     assert _detect(head) == kind
 
@@ -93,32 +98,66 @@ def test_upload_sniffing_tells_archives_from_formats(tmp_path: Path) -> None:
 def _fake_trace(stream: io.BufferedReader, name: str, hint: RankHint, limits: object) -> ParseResult:
     """A per-rank timed trace of another format: `FAKE <rank> <first ts> <calls>`."""
     _, rank, ts, calls = stream.read().split()
-    events = [{"rank": int(rank), "process": "p", "seq": i, "op": "all_reduce", "dtype": "float32", "msg_bytes": 4096,
-               "group_size": 2, "group_key": "g", "ts_us": float(ts) + i, "dur_us": 1.0} for i in range(int(calls))]
+    events = [
+        {
+            "rank": int(rank),
+            "process": "p",
+            "seq": i,
+            "op": "all_reduce",
+            "dtype": "float32",
+            "msg_bytes": 4096,
+            "group_size": 2,
+            "group_key": "g",
+            "ts_us": float(ts) + i,
+            "dur_us": 1.0,
+        }
+        for i in range(int(calls))
+    ]
     return ParseResult(kind="fake_trace", rank=int(rank), world_size=2, events=events)
 
 
 def test_the_rules_follow_traits_not_kind_names(tmp_path: Path, con, monkeypatch: pytest.MonkeyPatch) -> None:
     """A new per-rank timed trace format, declared with its trait alone, supersedes the NCCL log of its rank
     and refuses a second trace of that rank over the same time span, as Kineto traces do."""
-    fake = Format("fake_trace", "a fake trace", lambda head: Claim.SURE if head.startswith(b"FAKE ") else Claim.NONE,
-                  _fake_trace, Trait.PER_RANK_TIMED_TRACE)
+    fake = Format(
+        "fake_trace",
+        "a fake trace",
+        lambda head: Claim.SURE if head.startswith(b"FAKE ") else Claim.NONE,
+        _fake_trace,
+        Trait.PER_RANK_TIMED_TRACE,
+    )
     monkeypatch.setattr(formats, "FORMATS", (fake, *formats.FORMATS))
     log = tmp_path / "nccl.log"
-    log.write_text("".join(
-        [f"node1:{100 + r}:{200 + r} [{r}] NCCL INFO comm 0x5{r} rank {r} nranks 2 cudaDev {r} commId 0xfeed"
-         " - Init COMPLETE\n" for r in range(2)]
-        + [f"node1:{100 + r}:{200 + r} [{r}] NCCL INFO AllReduce: opCount {i:x} sendbuff 0x1 recvbuff 0x2 count 1024 "
-           f"datatype 7 op 0 root 0 comm 0x5{r} [nranks=2] stream 0x3\n" for i in range(6) for r in range(2)]))
+    log.write_text(
+        "".join(
+            [
+                f"node1:{100 + r}:{200 + r} [{r}] NCCL INFO comm 0x5{r} rank {r} nranks 2 cudaDev {r} commId 0xfeed"
+                " - Init COMPLETE\n"
+                for r in range(2)
+            ]
+            + [
+                f"node1:{100 + r}:{200 + r} [{r}] NCCL INFO AllReduce: opCount {i:x} sendbuff 0x1 recvbuff 0x2 count 1024 "
+                f"datatype 7 op 0 root 0 comm 0x5{r} [nranks=2] stream 0x3\n"
+                for i in range(6)
+                for r in range(2)
+            ]
+        )
+    )
     (tmp_path / "t0.fake").write_text("FAKE 0 100 4")
     (tmp_path / "t0-again.fake").write_text("FAKE 0 102 4")
     (tmp_path / "t0-later.fake").write_text("FAKE 0 500 4")
-    summary = ingest_paths(con, [log, tmp_path / "t0.fake", tmp_path / "t0-again.fake", tmp_path / "t0-later.fake"],
-                           "fake")
+    summary = ingest_paths(
+        con, [log, tmp_path / "t0.fake", tmp_path / "t0-again.fake", tmp_path / "t0-later.fake"], "fake"
+    )
     status = {Path(f.path).name: (f.status, f.kind) for f in summary.files}
-    assert status == {"nccl.log": ("ok", "nccl_log"), "t0.fake": ("ok", "fake_trace"),
-                      "t0-again.fake": ("failed", "fake_trace"), "t0-later.fake": ("ok", "fake_trace")}
+    assert status == {
+        "nccl.log": ("ok", "nccl_log"),
+        "t0.fake": ("ok", "fake_trace"),
+        "t0-again.fake": ("failed", "fake_trace"),
+        "t0-later.fake": ("ok", "fake_trace"),
+    }
     assert "rank 0 already has a profiler trace" in summary.failed[0].error  # type: ignore[operator]
-    per_rank = con.execute("SELECT rank, source_kind, count(*) FROM comms WHERE run = 'fake' GROUP BY ALL ORDER BY ALL"
-                           ).fetchall()
+    per_rank = con.execute(
+        "SELECT rank, source_kind, count(*) FROM comms WHERE run = 'fake' GROUP BY ALL ORDER BY ALL"
+    ).fetchall()
     assert per_rank == [(0, "fake_trace", 8), (1, "nccl_log", 6)]

@@ -22,8 +22,21 @@ from commlens.harness import launch
 from commlens.harness.config import ConfigError, HarnessConfig, resolve_world, validation_errors
 
 # Profiled steps 2 and 3: step 1 holds DDP's one-time bucket rebuild (README), outside the window.
-TINY = dict(layers=2, hidden=32, heads=4, vocab=64, seq_len=16, micro_batch_size=2, steps=4, profile_wait=1,
-            profile_warmup=1, profile_active=2, device="cpu", dtype="float32", timeout_s=120.0)
+TINY = dict(
+    layers=2,
+    hidden=32,
+    heads=4,
+    vocab=64,
+    seq_len=16,
+    micro_batch_size=2,
+    steps=4,
+    profile_wait=1,
+    profile_warmup=1,
+    profile_active=2,
+    device="cpu",
+    dtype="float32",
+    timeout_s=120.0,
+)
 
 SCHEMES: dict[str, dict] = {
     "ddp": dict(dp=2, micro_batches=2),
@@ -48,9 +61,14 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 def test_validation_lists_every_problem():
     cfg = HarnessConfig(tp=3, pp=2, layers=3, heads=4, vocab=64, sp=True, seq_len=16, zero=2, steps=1)
     errors = "\n".join(validation_errors(cfg))
-    for needle in ("--layers 3 is not divisible by --pp 2", "--heads 4 is not divisible by --tp 3",
-                   "--vocab 64 is not divisible by --tp 3", "--seq-len 16 is not divisible by --tp 3",
-                   "--zero 2 shards over the dp group", "--steps 1 is shorter than the profiler schedule"):
+    for needle in (
+        "--layers 3 is not divisible by --pp 2",
+        "--heads 4 is not divisible by --tp 3",
+        "--vocab 64 is not divisible by --tp 3",
+        "--seq-len 16 is not divisible by --tp 3",
+        "--zero 2 shards over the dp group",
+        "--steps 1 is shorter than the profiler schedule",
+    ):
         assert needle in errors
     assert validation_errors(HarnessConfig(sp=True)) == ["--sp (sequence parallelism) needs --tp > 1"]
     assert validation_errors(HarnessConfig(dp=2, tp=2, pp=2, layers=4, sp=True, zero=1)) == []
@@ -70,7 +88,9 @@ def test_world_size_resolution():
 def test_sweep_plans_one_validated_run_per_value(tmp_path):
     runs = launch.plan_runs(tmp_path, dict(TINY, dp=None, tp=2, pp=1), 2, ["seq-len=16,32", "lr=0.01"], None)
     assert [(r.name, r.cfg.seq_len, r.cfg.lr, r.cfg.dp) for r in runs] == [
-        (f"{tmp_path.name}.seq-len-16_lr-0.01", 16, 0.01, 1), (f"{tmp_path.name}.seq-len-32_lr-0.01", 32, 0.01, 1)]
+        (f"{tmp_path.name}.seq-len-16_lr-0.01", 16, 0.01, 1),
+        (f"{tmp_path.name}.seq-len-32_lr-0.01", 32, 0.01, 1),
+    ]
     assert runs[0].out == tmp_path / "seq-len-16_lr-0.01"
     with pytest.raises(ConfigError, match="not a numeric harness flag"):
         launch.parse_sweep("schedule=gpipe,1f1b")
@@ -80,9 +100,30 @@ def test_sweep_plans_one_validated_run_per_value(tmp_path):
 
 def test_cli_refuses_impossible_config_before_starting(tmp_path):
     out = tmp_path / "never"
-    proc = subprocess.run([sys.executable, "-m", "commlens.cli", "harness", "--out", str(out), "--device", "cpu",
-                           "--nproc", "3", "--tp", "2", "--layers", "3", "--pp", "2"],
-                          capture_output=True, text=True, env=ENV, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "commlens.cli",
+            "harness",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--nproc",
+            "3",
+            "--tp",
+            "2",
+            "--layers",
+            "3",
+            "--pp",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "world size 3 (--nproc) is not divisible by tp*pp = 2*2 = 4" in proc.stderr
     assert "--layers 3 is not divisible by --pp 2" in proc.stderr
@@ -140,11 +181,16 @@ def _fsdp_units(cfg: HarnessConfig, rank: int) -> tuple[list[int], int]:
     from commlens.harness.model import GPTShape, TPInfo, build_stage
 
     co = cfg.coords(rank)
-    stage = build_stage(GPTShape(cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq_len), cfg.seed,
-                        TPInfo(cfg.tp, co["tp"]), co["pp"], cfg.pp)
+    stage = build_stage(
+        GPTShape(cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq_len),
+        cfg.seed,
+        TPInfo(cfg.tp, co["tp"]),
+        co["pp"],
+        cfg.pp,
+    )
     d = cfg.dp
 
-    def unit(params) -> int:  # noqa: ANN001
+    def unit(params) -> int:
         return d * sum(math.ceil(q.shape[0] / d) * (q.numel() // q.shape[0]) for q in params)
 
     blocks = [unit(b.parameters()) for b in stage.blocks]
@@ -205,11 +251,16 @@ def expected_calls(cfg: HarnessConfig, rank: int, run: dict) -> Counter:
 
 # ----------------------------------------------------------------------------- raw traces
 
-_C10D = {"c10d::allreduce_": "all_reduce", "c10d::_allgather_base_": "all_gather",
-         "c10d::_reduce_scatter_base_": "reduce_scatter", "c10d::send": "send", "c10d::recv_": "recv"}
+_C10D = {
+    "c10d::allreduce_": "all_reduce",
+    "c10d::_allgather_base_": "all_gather",
+    "c10d::_reduce_scatter_base_": "reduce_scatter",
+    "c10d::send": "send",
+    "c10d::recv_": "recv",
+}
 
 
-def _numel(dims) -> int:  # noqa: ANN001 - nested lists from "Input Dims"
+def _numel(dims) -> int:
     while dims and isinstance(dims[0], list):
         dims = dims[0]
     return math.prod(dims)
@@ -219,8 +270,11 @@ def trace_calls(path: Path) -> tuple[dict, dict[int, Counter]]:
     """distributedInfo and, per ProfilerStep, (dim, op, S bytes) -> calls of the labelled c10d ops."""
     data = json.loads(gzip.open(path).read())
     events = data["traceEvents"]
-    steps = [(int(e["name"].split("#")[1]), e["ts"], e["ts"] + e["dur"]) for e in events
-             if e.get("name", "").startswith("ProfilerStep#")]
+    steps = [
+        (int(e["name"].split("#")[1]), e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("name", "").startswith("ProfilerStep#")
+    ]
     labels = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("commlens:")]
     out: dict[int, Counter] = {n: Counter() for n, _, _ in steps}
     for e in events:
@@ -228,8 +282,11 @@ def trace_calls(path: Path) -> tuple[dict, dict[int, Counter]]:
             continue
         op = _C10D.get(e["name"])
         assert op is not None, f"unexpected {e['name']} in {path.name}"
-        around = [lab for lab in labels if lab["tid"] == e["tid"] and lab["ts"] <= e["ts"]
-                  and e["ts"] + e["dur"] <= lab["ts"] + lab["dur"]]
+        around = [
+            lab
+            for lab in labels
+            if lab["tid"] == e["tid"] and lab["ts"] <= e["ts"] and e["ts"] + e["dur"] <= lab["ts"] + lab["dur"]
+        ]
         assert around, f"{e['name']} at {e['ts']} in {path.name} has no commlens label"
         dims = e["args"]["Input Dims"]
         numel = _numel(dims[1]) if op == "reduce_scatter" else _numel(dims[0])  # S: gather output, scatter input
@@ -240,6 +297,7 @@ def trace_calls(path: Path) -> tuple[dict, dict[int, Counter]]:
 
 
 # ----------------------------------------------------------------------------- real runs
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
@@ -254,8 +312,9 @@ def runs(tmp_path_factory):
         if scheme not in done:
             (run,) = launch.plan_runs(root / scheme, dict(TINY, **SCHEMES[scheme]), None, [], None)
             launch.prepare(run, overwrite=False)
-            proc = subprocess.run(launch.torchrun_command(run, ["pytest", scheme]), env=ENV, capture_output=True,
-                                  text=True, timeout=600)
+            proc = subprocess.run(
+                launch.torchrun_command(run, ["pytest", scheme]), env=ENV, capture_output=True, text=True, timeout=600
+            )
             if proc.returncode != 0:
                 failed[scheme] = proc.stdout[-3000:] + proc.stderr[-6000:]
                 pytest.fail(f"torchrun exited {proc.returncode}:\n{failed[scheme]}")
@@ -286,7 +345,9 @@ def test_scheme_run(scheme, runs):
     assert rc.torch_version and rc.backend == "gloo" and rc.command == ["pytest", scheme]
     for info in rc.ranks:
         assert info.coords == cfg.coords(info.rank)
-        assert info.param_count == psi_r(cfg.layers, cfg.hidden, cfg.vocab, cfg.seq_len, cfg.tp, cfg.pp, info.coords["pp"])
+        assert info.param_count == psi_r(
+            cfg.layers, cfg.hidden, cfg.vocab, cfg.seq_len, cfg.tp, cfg.pp, info.coords["pp"]
+        )
     # every rank is in exactly one group per mesh dim, holding the ranks that differ only along that dim
     for dim in cfg.mesh_dims:
         groups = [g for g in rc.groups if g.dim == dim]
@@ -330,7 +391,9 @@ def test_harness_predictor_matches_the_traces(scheme, runs):
             covered.append(r)
             _, per_step = trace_calls(run.out / f"trace.rank{r}.json.gz")
             for step, calls in per_step.items():
-                assert calls == expected, f"rank {r} step {step}: trace {sorted(calls.items())} != prediction {sorted(expected.items())}"
+                assert calls == expected, (
+                    f"rank {r} step {step}: trace {sorted(calls.items())} != prediction {sorted(expected.items())}"
+                )
     assert sorted(covered) == list(range(run.cfg.world_size))
 
 
@@ -338,10 +401,39 @@ def test_harness_predictor_matches_the_traces(scheme, runs):
 def test_crashing_rank_ends_the_job_with_its_traceback(tmp_path):
     out = tmp_path / "crash"
     proc = subprocess.run(
-        [sys.executable, "-m", "commlens.cli", "harness", "--out", str(out), "--device", "cpu", "--dp", "2",
-         "--layers", "2", "--hidden", "32", "--vocab", "64", "--seq-len", "16", "--steps", "3", "--profile-wait", "1",
-         "--profile-warmup", "0", "--timeout", "60"],
-        capture_output=True, text=True, env=dict(ENV, COMMLENS_HARNESS_FAIL_RANK="1"), timeout=240)
+        [
+            sys.executable,
+            "-m",
+            "commlens.cli",
+            "harness",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--dp",
+            "2",
+            "--layers",
+            "2",
+            "--hidden",
+            "32",
+            "--vocab",
+            "64",
+            "--seq-len",
+            "16",
+            "--steps",
+            "3",
+            "--profile-wait",
+            "1",
+            "--profile-warmup",
+            "0",
+            "--timeout",
+            "60",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(ENV, COMMLENS_HARNESS_FAIL_RANK="1"),
+        timeout=240,
+    )
     assert proc.returncode == 1
     both = proc.stdout + proc.stderr
     assert "injected failure on rank 1" in both and "Traceback" in both
@@ -353,10 +445,36 @@ def test_crashing_rank_ends_the_job_with_its_traceback(tmp_path):
 def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path):
     out, db = tmp_path / "sweep", tmp_path / "store.duckdb"
     proc = subprocess.run(
-        [sys.executable, "-m", "commlens.cli", "harness", "--out", str(out), "--device", "cpu", "--tp", "2",
-         "--layers", "2", "--hidden", "32", "--vocab", "64", "--steps", "4", "--sweep", "seq-len=8,16",
-         "--ingest", "--db", str(db)],
-        capture_output=True, text=True, env=ENV, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "commlens.cli",
+            "harness",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--tp",
+            "2",
+            "--layers",
+            "2",
+            "--hidden",
+            "32",
+            "--vocab",
+            "64",
+            "--steps",
+            "4",
+            "--sweep",
+            "seq-len=8,16",
+            "--ingest",
+            "--db",
+            str(db),
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "trace.rank1.json.gz" in proc.stdout and "loss per step" in proc.stdout
     tp_bytes = {}
@@ -373,9 +491,11 @@ def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path)
     try:
         names = {r[0] for r in con.execute("SELECT DISTINCT run FROM comms").fetchall()}
         assert names == {"sweep.seq-len-8", "sweep.seq-len-16"}
-        per_run = dict(con.execute(
-            "SELECT run, sum(msg_bytes) FROM comms WHERE rank = 0 AND step = 2 AND op = 'all_reduce' GROUP BY run"
-        ).fetchall())
+        per_run = dict(
+            con.execute(
+                "SELECT run, sum(msg_bytes) FROM comms WHERE rank = 0 AND step = 2 AND op = 'all_reduce' GROUP BY run"
+            ).fetchall()
+        )
         assert per_run == {"sweep.seq-len-8": tp_bytes[8], "sweep.seq-len-16": tp_bytes[16]}
         calls = con.execute("SELECT count(*) FROM comms WHERE run = 'sweep.seq-len-8'").fetchone()[0]
     finally:
@@ -383,9 +503,37 @@ def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path)
 
     def again(out_dir: Path, *extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "commlens.cli", "harness", "--out", str(out_dir), "--device", "cpu", "--tp", "2",
-             "--layers", "2", "--hidden", "32", "--vocab", "64", "--steps", "4", "--sweep", "seq-len=8",
-             "--ingest", "--db", str(db), *extra], capture_output=True, text=True, env=ENV, timeout=600)
+            [
+                sys.executable,
+                "-m",
+                "commlens.cli",
+                "harness",
+                "--out",
+                str(out_dir),
+                "--device",
+                "cpu",
+                "--tp",
+                "2",
+                "--layers",
+                "2",
+                "--hidden",
+                "32",
+                "--vocab",
+                "64",
+                "--steps",
+                "4",
+                "--sweep",
+                "seq-len=8",
+                "--ingest",
+                "--db",
+                str(db),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=600,
+        )
 
     # The same sweep again is refused before anything starts: its outputs exist, and (from another
     # directory of the same name) the store holds its run ...
@@ -400,8 +548,12 @@ def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path)
     con = store.connect(db)
     try:
         assert con.execute("SELECT count(*) FROM comms WHERE run = 'sweep.seq-len-8'").fetchone()[0] == calls
-        assert con.execute("SELECT count(*) FROM sources s JOIN runs r USING (run_id) WHERE r.name = 'sweep.seq-len-8'"
-                           ).fetchone()[0] == 3  # run.json and two traces, once
+        assert (
+            con.execute(
+                "SELECT count(*) FROM sources s JOIN runs r USING (run_id) WHERE r.name = 'sweep.seq-len-8'"
+            ).fetchone()[0]
+            == 3
+        )  # run.json and two traces, once
     finally:
         con.close()
 
@@ -412,8 +564,8 @@ def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path)
 @pytest.mark.slow
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 def test_ingested_run_shows_the_scheme_in_the_right_groups(scheme, runs, tmp_path):
-    from commlens.backend.attribution import attribute_run
     from commlens import store
+    from commlens.backend.attribution import attribute_run
     from commlens.ingest import pipeline
 
     run = runs(scheme)
@@ -425,8 +577,9 @@ def test_ingested_run_shows_the_scheme_in_the_right_groups(scheme, runs, tmp_pat
         assert not summary.failed, [f.error for f in summary.failed]
         attribute_run(con, scheme)
         rows = con.execute(
-            "SELECT rank, step, scheme, group_key, op, msg_bytes, count(*) FROM comms WHERE run = ? "
-            "GROUP BY ALL", [scheme]).fetchall()
+            "SELECT rank, step, scheme, group_key, op, msg_bytes, count(*) FROM comms WHERE run = ? GROUP BY ALL",
+            [scheme],
+        ).fetchall()
     finally:
         con.close()
     pg_of = {(g["dim"], r): g["pg_name"] for g in data["groups"] for r in g["ranks"]}
@@ -436,7 +589,8 @@ def test_ingested_run_shows_the_scheme_in_the_right_groups(scheme, runs, tmp_pat
             continue
         # the rank's own group of that dim (gloo traces name it only through the commlens:<dim>:<pg> labels)
         assert (sch, rank) in pg_of and key == f"pg:{pg_of[sch, rank]}", (
-            f"rank {rank} step {step}: {n} x {op} of {size} B landed in group {key} with scheme {sch}")
+            f"rank {rank} step {step}: {n} x {op} of {size} B landed in group {key} with scheme {sch}"
+        )
         measured.setdefault((rank, step), Counter())[sch, op, size] += n
     for r in range(cfg.world_size):
         expected = expected_calls(cfg, r, data)
@@ -451,9 +605,9 @@ def test_ingested_run_shows_the_scheme_in_the_right_groups(scheme, runs, tmp_pat
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 def test_report_shows_predicted_equal_to_measured(scheme, runs, tmp_path):
     """The whole analysis chain on a harness run: ingest -> attribution -> compare is exact for every scheme."""
+    from commlens import store
     from commlens.backend.attribution import attribute_run
     from commlens.backend.compare import compare
-    from commlens import store
     from commlens.ingest import pipeline
 
     run = runs(scheme)

@@ -33,8 +33,19 @@ from commlens.harness.config import ConfigError, Delay, HarnessConfig, parse_del
 DELAY_MS = 60.0
 # One block, a few profiled steps: the mean over steps damps the scheduling noise of a busy machine.
 TINY: dict[str, Any] = {
-    "layers": 1, "hidden": 32, "heads": 4, "vocab": 64, "seq_len": 16, "micro_batch_size": 2, "micro_batches": 1,
-    "steps": 6, "profile_wait": 1, "profile_warmup": 1, "profile_active": 4, "device": "cpu", "dtype": "float32",
+    "layers": 1,
+    "hidden": 32,
+    "heads": 4,
+    "vocab": 64,
+    "seq_len": 16,
+    "micro_batch_size": 2,
+    "micro_batches": 1,
+    "steps": 6,
+    "profile_wait": 1,
+    "profile_warmup": 1,
+    "profile_active": 4,
+    "device": "cpu",
+    "dtype": "float32",
     "timeout_s": 120.0,
 }
 PROFILED = range(2, 6)
@@ -71,9 +82,29 @@ def test_delay_specs_parse_and_impossible_ones_are_refused():
 
 def test_cli_refuses_a_delay_outside_the_job_before_starting(tmp_path):
     out = tmp_path / "never"
-    proc = subprocess.run([sys.executable, "-m", "commlens.cli", "harness", "--out", str(out), "--device", "cpu",
-                           "--dp", "2", "--delay", "1:60", "--delay", "4:60:optimizer"],
-                          capture_output=True, text=True, env=ENV, timeout=120, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "commlens.cli",
+            "harness",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--dp",
+            "2",
+            "--delay",
+            "1:60",
+            "--delay",
+            "4:60:optimizer",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "rank 4 is not in the job" in proc.stderr and "rank 1" not in proc.stderr
     assert not out.exists()
@@ -92,8 +123,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory):
         if name not in done:
             (run,) = launch.plan_runs(root / name, dict(TINY, **RUNS[name]), None, [], None)
             launch.prepare(run, overwrite=False)
-            proc = subprocess.run(launch.torchrun_command(run, ["pytest", name]), env=ENV, capture_output=True,
-                                  text=True, timeout=600, check=False)
+            proc = subprocess.run(
+                launch.torchrun_command(run, ["pytest", name]),
+                env=ENV,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
             done[name] = run.out
         return done[name]
@@ -172,8 +209,7 @@ def test_delay_is_recorded_and_visible_in_the_traces(delayed, base, runs):
     # over the run without delay falls short of the delay by that much. The control that shares the
     # contention is the run's other tp group: rank 2 holds rank 0's place in it and nobody there sleeps.
     control = allreduce_ms_per_step(out, 2, dim)
-    assert mean(with_delay.values()) - mean(control.values()) == pytest.approx(DELAY_MS, rel=0.2), (
-        with_delay, control)
+    assert mean(with_delay.values()) - mean(control.values()) == pytest.approx(DELAY_MS, rel=0.2), (with_delay, control)
     assert extra >= 0.6 * DELAY_MS, (with_delay, without)
 
 
@@ -183,7 +219,9 @@ def test_backward_and_optimizer_delays_sit_before_their_phase(runs):
 
     out = runs("phases")
     assert [(d.rank, d.ms, d.phase) for d in RunConfig.model_validate(_run_json(out)).delays] == [
-        (0, 30.0, "backward"), (1, 20.0, "optimizer")]
+        (0, 30.0, "backward"),
+        (1, 20.0, "optimizer"),
+    ]
     for rank, ms in ((0, 30.0), (1, 20.0)):
         events = _events(out, rank)
         for step in _steps(events).values():

@@ -2,25 +2,34 @@
 
 from __future__ import annotations
 
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from synthetic import write_rows as write
 
 from commlens.backend.attribution import attribute_run
 from commlens.backend.histograms import bin_key, histogram
 from commlens.backend.iterations import Period, UnknownRunError, detect_period, find_period
 from commlens.contract.analysis import bin_spec
 from commlens.vocab import format_bytes
-from synthetic import write_rows as write
 
 MiB = 1 << 20
 
 
-def ev(rank, seq: int, op: str, size: int | None, group: str | None = "pg:0", n: int = 2, process: str | None = None,
-       **kw) -> dict:
-    return {"rank": rank, "process": process or f"r{rank}", "seq": seq, "op": op, "dtype": "float32",
-            "msg_bytes": size, "group_size": n, "group_key": group, **kw}
+def ev(
+    rank, seq: int, op: str, size: int | None, group: str | None = "pg:0", n: int = 2, process: str | None = None, **kw
+) -> dict:
+    return {
+        "rank": rank,
+        "process": process or f"r{rank}",
+        "seq": seq,
+        "op": op,
+        "dtype": "float32",
+        "msg_bytes": size,
+        "group_size": n,
+        "group_key": group,
+        **kw,
+    }
 
 
 def series(h, op: str, scheme=...) -> dict[str, float]:
@@ -31,18 +40,21 @@ def series(h, op: str, scheme=...) -> dict[str, float]:
 # ---------------------------------------------------------------------------------- bins
 
 
-@pytest.mark.parametrize("size, key, label", [
-    (0, "zero", "0 B"),
-    (None, "unknown", "unknown size"),
-    (1, "2^0", "1 B-2 B"),
-    (1023, "2^9", "512 B-1 KiB"),
-    (1024, "2^10", "1 KiB-2 KiB"),
-    (2047, "2^10", "1 KiB-2 KiB"),
-    (2048, "2^11", "2 KiB-4 KiB"),
-    (25 * MiB, "2^24", "16 MiB-32 MiB"),
-    (2**62 + 5, "2^62", "4 EiB-8 EiB"),
-    (2**63 - 1, "2^62", "4 EiB-8 EiB"),
-])
+@pytest.mark.parametrize(
+    "size, key, label",
+    [
+        (0, "zero", "0 B"),
+        (None, "unknown", "unknown size"),
+        (1, "2^0", "1 B-2 B"),
+        (1023, "2^9", "512 B-1 KiB"),
+        (1024, "2^10", "1 KiB-2 KiB"),
+        (2047, "2^10", "1 KiB-2 KiB"),
+        (2048, "2^11", "2 KiB-4 KiB"),
+        (25 * MiB, "2^24", "16 MiB-32 MiB"),
+        (2**62 + 5, "2^62", "4 EiB-8 EiB"),
+        (2**63 - 1, "2^62", "4 EiB-8 EiB"),
+    ],
+)
 def test_bin_edges(size, key, label):
     assert bin_key(size) == key
     assert bin_spec(key).label == label
@@ -64,11 +76,23 @@ def test_raw_counts_weights_and_contiguous_axis(con):
     labels = [b.label for b in h.bins]
     assert labels[0] == "0 B" and labels[1] == "512 B-1 KiB" and labels[-1] == "unknown size"
     assert labels[-2] == "4 EiB-8 EiB" and len(labels) == 2 + (62 - 9 + 1)  # every bin from 2^9 to 2^62
-    assert series(h, "all_reduce") == {"0 B": 1, "unknown size": 1, "512 B-1 KiB": 1, "1 KiB-2 KiB": 2,
-                                       "2 KiB-4 KiB": 1, "1 MiB-2 MiB": 1, "4 EiB-8 EiB": 1}
+    assert series(h, "all_reduce") == {
+        "0 B": 1,
+        "unknown size": 1,
+        "512 B-1 KiB": 1,
+        "1 KiB-2 KiB": 2,
+        "2 KiB-4 KiB": 1,
+        "1 MiB-2 MiB": 1,
+        "4 EiB-8 EiB": 1,
+    }
     hb = histogram(con, "raw", weight="bytes", normalize=False)
-    assert series(hb, "all_reduce") == {"512 B-1 KiB": 1023, "1 KiB-2 KiB": 1024 + 2047, "2 KiB-4 KiB": 2048,
-                                        "1 MiB-2 MiB": 1 << 20, "4 EiB-8 EiB": float(2**62 + 5)}
+    assert series(hb, "all_reduce") == {
+        "512 B-1 KiB": 1023,
+        "1 KiB-2 KiB": 1024 + 2047,
+        "2 KiB-4 KiB": 2048,
+        "1 MiB-2 MiB": 1 << 20,
+        "4 EiB-8 EiB": float(2**62 + 5),
+    }
     # Without steps or a repeat the normalised histogram is per rank only, and says why.
     hn = histogram(con, "raw")
     assert hn.normalization == "per_rank" and hn.n_ranks == 1 and hn.notes
@@ -210,8 +234,13 @@ def test_find_period_equals_its_definition_on_short_sequences(seq):
 
 
 @settings(max_examples=60, deadline=None)
-@given(setup=st.lists(st.integers(0, 4), max_size=40), unit=st.lists(st.integers(0, 4), min_size=1, max_size=50),
-       repeats=st.integers(2, 12), partial=st.integers(0, 49), noise=st.integers(0, 2))
+@given(
+    setup=st.lists(st.integers(0, 4), max_size=40),
+    unit=st.lists(st.integers(0, 4), min_size=1, max_size=50),
+    repeats=st.integers(2, 12),
+    partial=st.integers(0, 49),
+    noise=st.integers(0, 2),
+)
 def test_find_period_equals_its_definition_on_planted_periods(setup, unit, repeats, partial, noise):
     """Long, strongly periodic sequences: the candidate filter and the skipped multiples must not change the answer."""
     seq = setup + unit * repeats + unit[: partial % len(unit)]  # an incomplete last repeat
@@ -281,8 +310,12 @@ def test_real_kineto_dlrm_eight_ranks(con, data_dir):
     h = histogram(con, "dlrm")
     assert h.n_ranks == 8 and h.iterations.iterations == {str(r): 1 for r in range(8)}
     totals = {(s.op, s.dtype): s.total_calls for s in h.series}
-    assert totals == {("all_reduce", "float32"): 3.0, ("all_to_all", "float32"): 2.0, ("all_to_all", "int32"): 2.0,
-                      ("all_to_all", "int64"): 1.0}
+    assert totals == {
+        ("all_reduce", "float32"): 3.0,
+        ("all_to_all", "float32"): 2.0,
+        ("all_to_all", "int32"): 2.0,
+        ("all_to_all", "int64"): 1.0,
+    }
     assert h.unattributed_events == 64 and {s.scheme for s in h.series} == {None}
     # Every rank issues the same calls: rank 5 alone gives the same histogram.
     assert {(s.op, s.dtype): s.total_calls for s in histogram(con, "dlrm", rank=5).series} == totals

@@ -43,7 +43,11 @@ def test_empty_binary_and_unknown_files_fail_with_file_and_place(tmp_path: Path,
     summary = ingest_paths(con, [tmp_path], "bad")
     out = _outcomes(summary)
     assert out["empty.json"][0] == "failed" and "empty.json:line 1: empty file" in out["empty.json"][1]
-    assert out["junk.bin"][0] == "failed" and "binary data" in out["junk.bin"][1] and "junk.bin:byte 0" in out["junk.bin"][1]
+    assert (
+        out["junk.bin"][0] == "failed"
+        and "binary data" in out["junk.bin"][1]
+        and "junk.bin:byte 0" in out["junk.bin"][1]
+    )
     assert out["notes.txt"][0] == "failed" and "not a Kineto JSON trace or an NCCL debug log" in out["notes.txt"][1]
     rows = con.execute("SELECT path, status, error FROM sources ORDER BY path").fetchall()
     assert [r[1] for r in rows] == ["failed"] * 3 and all(r[2] for r in rows)
@@ -72,7 +76,11 @@ def test_gzip_decompression_bomb_is_refused(tmp_path: Path, con) -> None:
 def test_archive_traversal_links_and_bombs_are_refused_member_by_member(tmp_path: Path, con) -> None:
     archive = tmp_path / "evil.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
-        for name, data in (("../escape.json", _run_json()), ("/abs/run.json", _run_json()), ("ok/run.json", _run_json())):
+        for name, data in (
+            ("../escape.json", _run_json()),
+            ("/abs/run.json", _run_json()),
+            ("ok/run.json", _run_json()),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -163,15 +171,34 @@ def test_store_refuses_foreign_db_and_newer_schema(tmp_path: Path) -> None:
 def test_comms_view_has_exactly_the_contract_columns(con) -> None:
     cols = [r[0] for r in con.execute("DESCRIBE comms").fetchall()]
     assert cols == [
-        "run", "rank", "op", "dtype", "msg_bytes", "elems_in", "elems_out", "group_size", "group_key",
-        "scheme", "peer", "step", "ts_us", "dur_us", "source_kind", "file",
+        "run",
+        "rank",
+        "op",
+        "dtype",
+        "msg_bytes",
+        "elems_in",
+        "elems_out",
+        "group_size",
+        "group_key",
+        "scheme",
+        "peer",
+        "step",
+        "ts_us",
+        "dur_us",
+        "source_kind",
+        "file",
     ]
 
 
 @pytest.mark.parametrize(
     ("name", "rank"),
-    [("rank-3.json.gz", 3), ("trace_rank_12.json", 12), ("worker5_step_12.1694.pt.trace.json", 5),
-     ("a.tar.gz!dir/rank0.json", 0), ("host_1234.1700.pt.trace.json", None)],
+    [
+        ("rank-3.json.gz", 3),
+        ("trace_rank_12.json", 12),
+        ("worker5_step_12.1694.pt.trace.json", 5),
+        ("a.tar.gz!dir/rank0.json", 0),
+        ("host_1234.1700.pt.trace.json", None),
+    ],
 )
 def test_rank_from_file_name(name: str, rank: int | None) -> None:
     assert file_rank_hint(name) == rank
@@ -198,27 +225,73 @@ def _kineto_with(distributed: dict, events: list[dict]) -> bytes:
     return json.dumps({"schemaVersion": 1, "distributedInfo": distributed, "traceEvents": events}).encode()
 
 
-_ALLREDUCE = {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
-              "args": {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 4, "Out msg nelems": 4,
-                       "Group size": 2, "Process Group Name": "0", "Rank": 0}}
+_ALLREDUCE = {
+    "ph": "X",
+    "cat": "cpu_op",
+    "name": "record_param_comms",
+    "pid": 1,
+    "tid": 1,
+    "ts": 10,
+    "dur": 5,
+    "args": {
+        "Collective name": "allreduce",
+        "dtype": "Float",
+        "In msg nelems": 4,
+        "Out msg nelems": 4,
+        "Group size": 2,
+        "Process Group Name": "0",
+        "Rank": 0,
+    },
+}
 
 
-@pytest.mark.parametrize("name, content, needle", [
-    ("huge-rank.json", _kineto_with({"rank": 10**12, "world_size": 2, "backend": "nccl"}, [_ALLREDUCE]),
-     "a value does not fit the store (ConversionException"),
-    ("list-ext.json", _kineto_with({"rank": 0, "world_size": 2, "backend": "nccl"}, [
-        dict(_ALLREDUCE, args=dict(_ALLREDUCE["args"], **{"External id": 7})),
-        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "pid": 0, "tid": 7, "ts": 11,
-         "dur": 2, "args": {"External id": [7]}}]), "unexpected TypeError in the kineto parser"),
-    ("huge-nelems.json", _kineto_with({"rank": 0, "world_size": 2, "backend": "nccl"}, [
-        dict(_ALLREDUCE, args=dict(_ALLREDUCE["args"], **{"In msg nelems": 1e30, "Out msg nelems": 1e30}))]),
-     "a value does not fit the store (OverflowError"),
-    ("huge-count.log", b"host:1:2 [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x1 recvbuff 0x2 count "
-     b"99999999999999999999999 datatype 7 op 0 root 0 comm 0xab [nranks=2] stream 0x3\n",
-     "a value does not fit the store (OverflowError"),
-])
-def test_a_file_that_breaks_the_parser_or_the_store_fails_alone(tmp_path: Path, con, data_dir, name, content,
-                                                                needle) -> None:
+@pytest.mark.parametrize(
+    "name, content, needle",
+    [
+        (
+            "huge-rank.json",
+            _kineto_with({"rank": 10**12, "world_size": 2, "backend": "nccl"}, [_ALLREDUCE]),
+            "a value does not fit the store (ConversionException",
+        ),
+        (
+            "list-ext.json",
+            _kineto_with(
+                {"rank": 0, "world_size": 2, "backend": "nccl"},
+                [
+                    dict(_ALLREDUCE, args=dict(_ALLREDUCE["args"], **{"External id": 7})),
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                        "pid": 0,
+                        "tid": 7,
+                        "ts": 11,
+                        "dur": 2,
+                        "args": {"External id": [7]},
+                    },
+                ],
+            ),
+            "unexpected TypeError in the kineto parser",
+        ),
+        (
+            "huge-nelems.json",
+            _kineto_with(
+                {"rank": 0, "world_size": 2, "backend": "nccl"},
+                [dict(_ALLREDUCE, args=dict(_ALLREDUCE["args"], **{"In msg nelems": 1e30, "Out msg nelems": 1e30}))],
+            ),
+            "a value does not fit the store (OverflowError",
+        ),
+        (
+            "huge-count.log",
+            b"host:1:2 [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x1 recvbuff 0x2 count "
+            b"99999999999999999999999 datatype 7 op 0 root 0 comm 0xab [nranks=2] stream 0x3\n",
+            "a value does not fit the store (OverflowError",
+        ),
+    ],
+)
+def test_a_file_that_breaks_the_parser_or_the_store_fails_alone(
+    tmp_path: Path, con, data_dir, name, content, needle
+) -> None:
     """Whatever a malformed file raises, it is that file's error; the files after it are ingested and linked."""
     bad = tmp_path / name
     bad.write_bytes(content)

@@ -48,7 +48,7 @@ gloo = _gloo_module()
 
 
 def _raw(path: Path) -> dict:
-    with (gzip.open(path) if path.suffix == ".gz" else open(path, "rb")) as f:
+    with gzip.open(path) if path.suffix == ".gz" else open(path, "rb") as f:
         return json.load(f)
 
 
@@ -105,12 +105,22 @@ def test_nccl_parser_config_resnet50_buckets(data_dir: Path, con) -> None:
     assert con.execute("SELECT DISTINCT dur_source FROM comm_events").fetchall() == [("kernel",)]
     # steps: ProfilerStep#4..6, 7 calls each
     steps = _rows(con, "SELECT step, ts_us, dur_us FROM steps ORDER BY step")
-    raw_steps = sorted((int(e["name"].split("#")[1]), e["ts"], e["dur"]) for e in raw if e.get("name", "").startswith("ProfilerStep#"))
+    raw_steps = sorted(
+        (int(e["name"].split("#")[1]), e["ts"], e["dur"]) for e in raw if e.get("name", "").startswith("ProfilerStep#")
+    )
     assert [(s["step"], s["ts_us"], s["dur_us"]) for s in steps] == raw_steps
     assert Counter(r["step"] for r in rows) == {4: 7, 5: 7, 6: 7}
     groups = _rows(con, "SELECT group_key, ranks, size, origin, description, backend FROM process_groups")
-    assert groups == [{"group_key": "pg:0", "ranks": [0, 1], "size": 2, "origin": "pg_config",
-                       "description": "default_pg", "backend": "cuda:nccl"}]
+    assert groups == [
+        {
+            "group_key": "pg:0",
+            "ranks": [0, 1],
+            "size": 2,
+            "origin": "pg_config",
+            "description": "default_pg",
+            "backend": "cuda:nccl",
+        }
+    ]
     meta = json.loads(con.execute("SELECT meta FROM sources").fetchone()[0])
     assert meta["generation"]["distributed_info"] == "3"
     assert meta["generation"]["comm_metadata"] == "record_param_comms+kernel"
@@ -137,12 +147,13 @@ def test_dlrm_all_eight_ranks(data_dir: Path, con, tmp_path: Path) -> None:
                 if e.get("name") == "nccl:all_reduce":  # c10d::allreduce_ has empty TensorList dims
                     expected[("all_reduce", _prod(a["Input Dims"][0]) * CPP_SIZE[a["Input type"][0]])] += 1
             got = Counter(
-                (r["op"], r["msg_bytes"])
-                for r in _rows(con, "SELECT op, msg_bytes FROM comms WHERE rank = ?", [rank])
+                (r["op"], r["msg_bytes"]) for r in _rows(con, "SELECT op, msg_bytes FROM comms WHERE rank = ?", [rank])
             )
             assert got == expected, rank
             kdur = sum(e["dur"] for e in evs if e.get("cat") == "kernel" and e["name"].startswith("nccl"))
-            assert con.execute("SELECT sum(dur_us) FROM comms WHERE rank = ?", [rank]).fetchone()[0] == pytest.approx(kdur)
+            assert con.execute("SELECT sum(dur_us) FROM comms WHERE rank = ?", [rank]).fetchone()[0] == pytest.approx(
+                kdur
+            )
     counts = dict(con.execute("SELECT op, count(*) FROM comms GROUP BY op").fetchall())
     assert counts == {"all_reduce": 8 * 3, "all_to_all": 8 * 5}
 
@@ -170,8 +181,11 @@ def test_c10d_input_dims_and_annotations(data_dir: Path, con) -> None:
 def test_control_all_to_all_from_annotations(data_dir: Path, con) -> None:
     _ingest(con, [data_dir / CONTROL])
     evs = _raw(data_dir / CONTROL)["traceEvents"]
-    a2a = Counter(_prod(e["args"]["Input Dims"][0]) * CPP_SIZE[e["args"]["Input type"][0]]
-                  for e in evs if e.get("name") == "nccl:all_to_all")
+    a2a = Counter(
+        _prod(e["args"]["Input Dims"][0]) * CPP_SIZE[e["args"]["Input type"][0]]
+        for e in evs
+        if e.get("name") == "nccl:all_to_all"
+    )
     got = Counter(r["msg_bytes"] for r in _rows(con, "SELECT msg_bytes FROM comms WHERE op = 'all_to_all'"))
     assert got == a2a and sum(a2a.values()) == 42
     assert con.execute("SELECT count(*) FROM comms WHERE op = 'all_reduce'").fetchone()[0] == sum(
@@ -180,7 +194,8 @@ def test_control_all_to_all_from_annotations(data_dir: Path, con) -> None:
     # old kernels carry no CPU link but their launch sits inside the call: every call has its kernel
     kernels = [e for e in evs if e.get("cat") == "kernel" and e["name"].startswith("nccl")]
     assert con.execute("SELECT count(*), sum(dur_us) FROM comm_events WHERE dur_source = 'kernel'").fetchone() == (
-        60, pytest.approx(sum(k["dur"] for k in kernels))
+        60,
+        pytest.approx(sum(k["dur"] for k in kernels)),
     )
     assert con.execute("SELECT rank, count(DISTINCT step) FROM comms GROUP BY rank").fetchall() == [(3, 6)]
 
@@ -219,8 +234,12 @@ def test_distributed_info_generations(data_dir: Path, con) -> None:
     _ingest(con, [data_dir / CONTROL, data_dir / PARTIAL, data_dir / NO_DIST, data_dir / NCCL_DATA])
     src = {Path(r["path"]).name: r for r in _rows(con, "SELECT path, rank, world_size, warnings, meta FROM sources")}
     gen = {k: json.loads(v["meta"])["generation"]["distributed_info"] for k, v in src.items()}
-    assert gen == {"control.json.gz": "1", "rank_non_gpu.json.gz": "partial",
-                   "distributed_info_not_found.json.gz": "absent", "nccl_data.json.gz": "3"}
+    assert gen == {
+        "control.json.gz": "1",
+        "rank_non_gpu.json.gz": "partial",
+        "distributed_info_not_found.json.gz": "absent",
+        "nccl_data.json.gz": "3",
+    }
     assert (src["control.json.gz"]["rank"], src["control.json.gz"]["world_size"]) == (3, 8)
     assert (src["rank_non_gpu.json.gz"]["rank"], src["rank_non_gpu.json.gz"]["world_size"]) == (0, None)
     assert json.loads(src["rank_non_gpu.json.gz"]["warnings"]) == ["distributedInfo is partial: no backend, world_size"]
@@ -268,8 +287,13 @@ def test_gloo_every_collective_exactly_once(gloo_traces: list[Path], con) -> Non
         want = Counter()
         for e in expected:
             sized = e.sized_on is None or rank in e.sized_on
-            key = (e.op, e.dtype if sized else None, e.msg_bytes if sized else None, e.peer.get(rank) if e.peer else None,
-                   e.group_key)
+            key = (
+                e.op,
+                e.dtype if sized else None,
+                e.msg_bytes if sized else None,
+                e.peer.get(rank) if e.peer else None,
+                e.group_key,
+            )
             want[key] += gloo.ACTIVE
         # two groups in pg_config and no group on gloo events: only labelled calls get a group_key
         got = Counter((r["op"], r["dtype"], r["msg_bytes"], r["peer"], r["group_key"]) for r in rows)
@@ -296,7 +320,11 @@ def test_gloo_elements_and_durations(gloo_traces: list[Path]) -> None:
     assert by[("reduce_scatter", 200 * w, 200)] == gloo.ACTIVE
     assert by[("all_to_all", 40 * w, 40 * w)] == gloo.ACTIVE
     raw = _raw(gloo_traces[0])["traceEvents"]
-    worker = sorted(e["dur"] for e in raw if e.get("name", "").startswith("gloo:") and e.get("name") not in ("gloo:send", "gloo:recv"))
+    worker = sorted(
+        e["dur"]
+        for e in raw
+        if e.get("name", "").startswith("gloo:") and e.get("name") not in ("gloo:send", "gloo:recv")
+    )
     ops = sorted(e["dur_us"] for e in res.events if e["op"] not in ("send", "recv"))
     assert ops == worker  # every collective took its duration from its own gloo work annotation
     assert res.meta["generation"]["tensorlist_dims"] is True
@@ -313,9 +341,16 @@ def _x(name: str, ts: float, dur: float, cat: str = "cpu_op", pid: int = 1, tid:
     return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
 
 
-META = {"Collective name": "allreduce", "dtype": "BFloat16", "In msg nelems": 1024, "Out msg nelems": 1024,
-        "Group size": 4, "Process Group Name": "7", "Process Group Description": "mesh_tp",
-        "Process Group Ranks": "[0, 1, 2, 3]"}
+META = {
+    "Collective name": "allreduce",
+    "dtype": "BFloat16",
+    "In msg nelems": 1024,
+    "Out msg nelems": 1024,
+    "Group size": 4,
+    "Process Group Name": "7",
+    "Process Group Description": "mesh_tp",
+    "Process Group Ranks": "[0, 1, 2, 3]",
+}
 
 
 def test_one_call_described_five_times() -> None:
@@ -325,14 +360,28 @@ def test_one_call_described_five_times() -> None:
         _x("record_param_comms", 105, 40, **{"External id": 11}, **META),
         _x("nccl:all_reduce", 110, 20, cat="user_annotation", **{"External id": 12}),
         _x("cudaLaunchKernel", 115, 3, cat="cuda_runtime", **{"External id": 11, "correlation": 900}),
-        _x("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 130, 77.5, cat="kernel",
-           pid=0, tid=7, **{"External id": 11, "correlation": 900}, **META),
+        _x(
+            "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            130,
+            77.5,
+            cat="kernel",
+            pid=0,
+            tid=7,
+            **{"External id": 11, "correlation": 900},
+            **META,
+        ),
         _x("nccl:all_reduce", 128, 80, cat="gpu_user_annotation", pid=0, tid=7, **{"External id": 12}),
     ]
     res = _parse_bytes(_doc(events, distributedInfo={"backend": "nccl", "rank": 1, "world_size": 4}))
     assert len(res.events) == 1
     e = res.events[0]
-    assert (e["op"], e["dtype"], e["msg_bytes"], e["group_key"], e["group_size"]) == ("all_reduce", "bfloat16", 2048, "pg:7", 4)
+    assert (e["op"], e["dtype"], e["msg_bytes"], e["group_key"], e["group_size"]) == (
+        "all_reduce",
+        "bfloat16",
+        2048,
+        "pg:7",
+        4,
+    )
     assert (e["ts_us"], e["dur_us"], e["dur_source"], e["step"], e["rank"]) == (130, 77.5, "kernel", 3, 1)
     assert {g["group_key"]: (g["origin"], g["ranks"], g["description"]) for g in res.groups} == {
         "pg:7": ("event", [0, 1, 2, 3], "mesh_tp")
@@ -340,10 +389,25 @@ def test_one_call_described_five_times() -> None:
 
 
 def test_send_recv_peers_and_old_spellings() -> None:
-    send = {"Collective name": "send", "dtype": "Float", "In msg size": 10, "Out msg size": 10, "Group size": 2,
-            "Process Group Name": "3", "Rank": 1, "Dst Rank": 6}
-    recv = {"Collective name": "recv", "dtype": "Float", "In msg size": 12, "Out msg size": 12, "Group size": 2,
-            "Process Group Name": "3", "Rank": 1}
+    send = {
+        "Collective name": "send",
+        "dtype": "Float",
+        "In msg size": 10,
+        "Out msg size": 10,
+        "Group size": 2,
+        "Process Group Name": "3",
+        "Rank": 1,
+        "Dst Rank": 6,
+    }
+    recv = {
+        "Collective name": "recv",
+        "dtype": "Float",
+        "In msg size": 12,
+        "Out msg size": 12,
+        "Group size": 2,
+        "Process Group Name": "3",
+        "Rank": 1,
+    }
     events = [_x("record_param_comms", 10, 5, **send), _x("record_param_comms", 20, 5, **recv)]
     pg = [{"pg_name": "3", "pg_desc": "pp", "backend_config": "cuda:nccl", "pg_size": 2, "ranks": "[2, 6]"}]
     res = _parse_bytes(_doc(events, distributedInfo={"backend": "nccl", "rank": 2, "world_size": 8, "pg_config": pg}))
@@ -360,7 +424,9 @@ def test_wait_and_empty_record_param_comms_are_skipped() -> None:
         _x("nccl:all_reduce", 32, 5, cat="user_annotation", **{"Input Dims": [[394241]], "Input type": ["float"]}),
     ]
     res = _parse_bytes(_doc(events))
-    assert [(e["op"], e["msg_bytes"], e["raw_name"]) for e in res.events] == [("all_reduce", 394241 * 4, "c10d::allreduce_")]
+    assert [(e["op"], e["msg_bytes"], e["raw_name"]) for e in res.events] == [
+        ("all_reduce", 394241 * 4, "c10d::allreduce_")
+    ]
     assert res.skipped["record_param_comms 'wait'"] == 1
     assert sum(res.skipped.values()) == 2
     assert res.rank is None and res.warnings
@@ -372,6 +438,7 @@ def test_wait_and_empty_record_param_comms_are_skipped() -> None:
 def test_fast_mode_matches_exact_mode(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same rows whether events are cut out by the fast scan (small blocks, hits across block
     ends) or every event is parsed."""
+
     def parse(path: str) -> list[dict]:
         with gzip.open(data_dir / path) as f:
             return parse_kineto(io.BufferedReader(f), path, RankHint(), DEFAULT_LIMITS).events  # type: ignore[arg-type]
@@ -392,8 +459,16 @@ def test_fast_mode_falls_back_on_braces_in_strings(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(kineto_json, "EXACT_BYTES", 0)
     tricky = 'x}, {"name": "nccl:all_reduce", "ph": "X"}, {"y'
     events = [_x("aten::mm", i, 1, **{"Call stack": tricky}) for i in range(50)]
-    events.append(_x("nccl:all_reduce", 100, 5, cat="user_annotation", note=tricky,
-                     **{"Input Dims": [[8]], "Input type": ["float"]}))
+    events.append(
+        _x(
+            "nccl:all_reduce",
+            100,
+            5,
+            cat="user_annotation",
+            note=tricky,
+            **{"Input Dims": [[8]], "Input type": ["float"]},
+        )
+    )
     events += [_x("aten::mm", 200 + i, 1, s='"name": "nccl:all_reduce"') for i in range(50)]
     res = _parse_bytes(_doc(events))
     assert [(e["op"], e["msg_bytes"]) for e in res.events] == [("all_reduce", 32)]
@@ -424,21 +499,44 @@ def test_distributed_info_after_trace_events(data_dir: Path) -> None:
 @pytest.mark.parametrize(
     "doc, reason, path, place",
     [
-        (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1,, "dur": 2}]}', "invalid JSON", "$.traceEvents[0]",
-         "line 1 column 51"),
-        (b'{"traceEvents": [\n {"ph": "X"},\n {"ph": "X", "name": "nccl:all_reduce" "ts": 3}\n]}', "invalid JSON",
-         "$.traceEvents[1]", "line 3 column 40"),
+        (
+            b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1,, "dur": 2}]}',
+            "invalid JSON",
+            "$.traceEvents[0]",
+            "line 1 column 51",
+        ),
+        (
+            b'{"traceEvents": [\n {"ph": "X"},\n {"ph": "X", "name": "nccl:all_reduce" "ts": 3}\n]}',
+            "invalid JSON",
+            "$.traceEvents[1]",
+            "line 3 column 40",
+        ),
         (b'{"schemaVersion": 1, "deviceProperties": []}', "no 'traceEvents'", "$", ""),
         (b'{"traceEvents": {"ph": "X"}}', "not a list", "$.traceEvents", ""),
-        (b'{"traceEvents": [{"ph": "X", "name": "x"}, 5, {"ph": "X"}]}', "not an object", "$.traceEvents[1]",
-         "line 1 column 44"),
+        (
+            b'{"traceEvents": [{"ph": "X", "name": "x"}, 5, {"ph": "X"}]}',
+            "not an object",
+            "$.traceEvents[1]",
+            "line 1 column 44",
+        ),
         (b'[{"ph": "X"}]', "JSON array", "$", ""),
         (b'{"traceEvents": [{"ph": "X"}]} trailing', "extra data", "", "line 1 column 32"),
         (b'{"traceEvents": [{"ph": "X", "name": "nccl:all_reduce", "ts": 1', "truncated", "", "line 1 column 64"),
-        (b'{"distributedInfo": {"a": ' + b"[" * 80 + b"]" * 80 + b'}, "traceEvents": []}', "nested deeper",
-         "$.distributedInfo.a" + "[0]" * 62, "line 1 column 89"),
-        (b'{"traceEvents": [{"ph": "X", "name": "c10d::allreduce_", "ts": 1, "args": {"x": ' + b"[" * 70 + b"]" * 70
-         + b"}}]}", "nested deeper", "$.traceEvents[0].args.x" + "[0]" * 59, "line 1 column"),
+        (
+            b'{"distributedInfo": {"a": ' + b"[" * 80 + b"]" * 80 + b'}, "traceEvents": []}',
+            "nested deeper",
+            "$.distributedInfo.a" + "[0]" * 62,
+            "line 1 column 89",
+        ),
+        (
+            b'{"traceEvents": [{"ph": "X", "name": "c10d::allreduce_", "ts": 1, "args": {"x": '
+            + b"[" * 70
+            + b"]" * 70
+            + b"}}]}",
+            "nested deeper",
+            "$.traceEvents[0].args.x" + "[0]" * 59,
+            "line 1 column",
+        ),
     ],
 )
 def test_bad_input(doc: bytes, reason: str, path: str, place: str) -> None:
@@ -478,7 +576,7 @@ def test_truncated_big_trace_names_the_place(data_dir: Path, con, tmp_path: Path
 def test_invalid_json_in_a_real_trace(data_dir: Path) -> None:
     text = gzip.decompress((data_dir / PARTIAL).read_bytes())
     at = text.index(b'"ph": "X"', len(text) // 2)
-    broken = text[:at] + b'"ph": X"' + text[at + 9:]
+    broken = text[:at] + b'"ph": X"' + text[at + 9 :]
     line = broken[:at].count(b"\n") + 1
     with pytest.raises(ParseError) as exc:
         _parse_bytes(broken)

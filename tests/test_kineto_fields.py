@@ -22,12 +22,21 @@ def test_each_field_reads_under_its_newest_spelling_present() -> None:
     assert len(fields) == len(set(fields)) + 2  # only the two size fields were renamed
 
 
-@pytest.mark.parametrize(("path", "size_field", "group_field"), [
-    ("kineto-hta/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", "In msg nelems", "Process Group ID"),
-    ("kineto-hta/nccl_parser_config/nccl_data.json.gz", "In msg nelems", "Process Group Name"),
-    ("kineto-hta/trace_diff/control/control.json.gz", None, None),
-])
-def test_the_generation_of_real_traces(data_dir: Path, path: str, size_field: str | None, group_field: str | None) -> None:
+@pytest.mark.parametrize(
+    ("path", "size_field", "group_field"),
+    [
+        (
+            "kineto-hta/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
+            "In msg nelems",
+            "Process Group ID",
+        ),
+        ("kineto-hta/nccl_parser_config/nccl_data.json.gz", "In msg nelems", "Process Group Name"),
+        ("kineto-hta/trace_diff/control/control.json.gz", None, None),
+    ],
+)
+def test_the_generation_of_real_traces(
+    data_dir: Path, path: str, size_field: str | None, group_field: str | None
+) -> None:
     with open(data_dir / path, "rb") as f:
         result = parse_kineto(open_content(f, path), path, RankHint(), DEFAULT_LIMITS)
     gen = result.meta["generation"]

@@ -25,8 +25,11 @@ def _ops(stage) -> dict[tuple[str, str, str, int], int]:
 
 
 def _padded_case(implementation: str, **model) -> PredictInput:
-    return PredictInput(model=ModelSpec(**SMALL_GPT2, tied_embeddings=True, **model),
-                        parallel=ParallelSpec(dp=2, tp=8, pp=2), implementation=implementation)  # type: ignore[arg-type]
+    return PredictInput(
+        model=ModelSpec(**SMALL_GPT2, tied_embeddings=True, **model),
+        parallel=ParallelSpec(dp=2, tp=8, pp=2),
+        implementation=implementation,
+    )  # type: ignore[arg-type]
 
 
 def test_megatron_pads_the_vocabulary_to_128_x_tp_and_paper_does_not() -> None:
@@ -60,9 +63,37 @@ def test_an_explicit_vocab_divisible_by_wins_over_the_megatron_default() -> None
 
 
 def _cli_predict(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "commlens.cli", "predict", "--layers", "2", "--hidden", "64",
-                           "--heads", "8", "--vocab", "50257", "--seq-len", "128", "--tp", "8", "--pp", "2", "--dp", "2",
-                           "--tied", "--format", "json", *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "commlens.cli",
+            "predict",
+            "--layers",
+            "2",
+            "--hidden",
+            "64",
+            "--heads",
+            "8",
+            "--vocab",
+            "50257",
+            "--seq-len",
+            "128",
+            "--tp",
+            "8",
+            "--pp",
+            "2",
+            "--dp",
+            "2",
+            "--tied",
+            "--format",
+            "json",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -73,7 +104,10 @@ def _embedding_sync_bytes(pred: dict) -> int:
 
 def test_cli_vocab_divisible_by_flag() -> None:
     assert _embedding_sync_bytes(_cli_predict("--implementation", "megatron")) == 51200 * 64 * 2 // 8
-    assert _embedding_sync_bytes(_cli_predict("--implementation", "megatron", "--vocab-divisible-by", "1")) == 50264 * 64 * 2 // 8
+    assert (
+        _embedding_sync_bytes(_cli_predict("--implementation", "megatron", "--vocab-divisible-by", "1"))
+        == 50264 * 64 * 2 // 8
+    )
     assert _embedding_sync_bytes(_cli_predict()) == 804_112  # paper: unpadded, V h w / t
     # 64 * 8 = 512: 50257 -> 99 * 512 = 50688
     assert _embedding_sync_bytes(_cli_predict("--vocab-divisible-by", "64")) == 50688 * 64 * 2 // 8
@@ -86,15 +120,20 @@ def test_cli_vocab_divisible_by_flag() -> None:
 def test_deepspeed_zero12_reduce_and_gather_buckets_are_merged(zero: int, m: int) -> None:
     # Ψ = 1.2e9 on d = 8, buckets of 5e8 elements: [5e8, 5e8, 2e8]. §8.1: one reduce per destination rank
     # of bucket/d elements, so 8 reduces per bucket (x m micro-steps for ZeRO-2); all_gather per bucket.
-    inp = PredictInput(model=ModelSpec(layers=1, hidden=1, heads=1, vocab=1, seq_len=1, params_override=1_200_000_000),
-                       parallel=ParallelSpec(dp=8, zero=zero, micro_batches=m), implementation="deepspeed")
+    inp = PredictInput(
+        model=ModelSpec(layers=1, hidden=1, heads=1, vocab=1, seq_len=1, params_override=1_200_000_000),
+        parallel=ParallelSpec(dp=8, zero=zero, micro_batches=m),
+        implementation="deepspeed",
+    )
     ops = predict(inp).stages[0].ops
     keys = [(o.op, o.msg_bytes) for o in ops]
     assert len(keys) == len(set(keys)) == 4
     calls = {(o.op, o.msg_bytes): o.calls_per_iter for o in ops}
     assert calls == {
-        ("reduce", 500_000_000 * 2 // 8): 2 * 8 * m, ("reduce", 200_000_000 * 2 // 8): 8 * m,
-        ("all_gather", 500_000_000 * 2): 2, ("all_gather", 200_000_000 * 2): 1,
+        ("reduce", 500_000_000 * 2 // 8): 2 * 8 * m,
+        ("reduce", 200_000_000 * 2 // 8): 8 * m,
+        ("all_gather", 500_000_000 * 2): 2,
+        ("all_gather", 200_000_000 * 2): 1,
     }
 
 
@@ -102,8 +141,15 @@ def test_deepspeed_zero12_reduce_and_gather_buckets_are_merged(zero: int, m: int
 
 
 def _run_json(model: dict, parallel: dict, world: int, implementation: str, **extra) -> dict:
-    return {"schema": "commlens.run/1", "strategy": "test", "world_size": world, "model": model,
-            "parallel": parallel, "implementation": implementation, **extra}
+    return {
+        "schema": "commlens.run/1",
+        "strategy": "test",
+        "world_size": world,
+        "model": model,
+        "parallel": parallel,
+        "implementation": implementation,
+        **extra,
+    }
 
 
 def test_run_json_implementation_and_megatron_padding_are_carried() -> None:
@@ -121,8 +167,9 @@ def test_run_json_implementation_and_megatron_padding_are_carried() -> None:
 
 
 def test_run_json_cp_recompute_kv_heads_are_carried() -> None:
-    cfg = _run_json({**SMALL_GPT2, "kv_heads": 2}, {"tp": 2, "cp": 2, "recompute": "full", "micro_batches": 2}, 4,
-                    "megatron")
+    cfg = _run_json(
+        {**SMALL_GPT2, "kv_heads": 2}, {"tp": 2, "cp": 2, "recompute": "full", "micro_batches": 2}, 4, "megatron"
+    )
     inp = predict_input_from_config(cfg)
     assert (inp.parallel.cp, inp.parallel.recompute, inp.model.kv_heads) == (2, "full", 2)
     ops = _ops(predict(inp).stages[0])
@@ -138,12 +185,19 @@ def test_run_json_framework_buckets_are_carried() -> None:
     model = {**SMALL_GPT2, "vocab": 256}
 
     def sizes(cfg: dict, op: str) -> dict[int, int]:
-        return {o.msg_bytes: o.calls_per_iter for o in predict(predict_input_from_config(cfg)).stages[0].ops if o.op == op}
+        return {
+            o.msg_bytes: o.calls_per_iter for o in predict(predict_input_from_config(cfg)).stages[0].ops if o.op == op
+        }
 
     # default 5e8-element buckets: one bucket, d = 2 reduces of Ψ/d * 4 B
     assert sizes(_run_json(model, {"dp": 2, "zero": 1}, 2, "deepspeed"), "reduce") == {141056 * 4 // 2: 2}
-    cfg = _run_json(model, {"dp": 2, "zero": 1}, 2, "deepspeed",
-                    buckets={"deepspeed_reduce_bucket_elems": 100_000, "deepspeed_allgather_bucket_elems": 50_000})
+    cfg = _run_json(
+        model,
+        {"dp": 2, "zero": 1},
+        2,
+        "deepspeed",
+        buckets={"deepspeed_reduce_bucket_elems": 100_000, "deepspeed_allgather_bucket_elems": 50_000},
+    )
     # reduce buckets [100000, 41056] elements: d = 2 reduces of bucket/d * 4 B each
     assert sizes(cfg, "reduce") == {200_000: 2, 82_112: 2}
     # all_gather buckets [50000, 50000, 41056] elements, S = bucket * 4 B
@@ -162,8 +216,13 @@ PSI_STAGE1 = LAYER + 2 * 32 + 64 * 32 // 2  # 7536
 
 def harness_run_json(total: int = PSI, per_rank: dict[int, int] | None = None) -> dict:
     per_rank = per_rank or {0: PSI_STAGE0, 1: PSI_STAGE0, 2: PSI_STAGE1, 3: PSI_STAGE1}
-    return _run_json({**HARNESS_MODEL, "param_count": total}, {"tp": 2, "pp": 2}, 4, "harness",
-                     ranks=[{"rank": r, "param_count": n} for r, n in per_rank.items()])
+    return _run_json(
+        {**HARNESS_MODEL, "param_count": total},
+        {"tp": 2, "pp": 2},
+        4,
+        "harness",
+        ranks=[{"rank": r, "param_count": n} for r, n in per_rank.items()],
+    )
 
 
 def test_recorded_parameter_counts_that_agree() -> None:
@@ -179,8 +238,11 @@ def test_recorded_parameter_counts_that_disagree() -> None:
     assert wrong_total.param_check is not None and not wrong_total.param_check.agrees
     assert "model: 30,081 recorded, 30,080 from the model config" in wrong_total.param_check.notes[0]
     assert not any("exact to the byte" in n for n in wrong_total.notes)
-    wrong_rank = predict(predict_input_from_config(harness_run_json(
-        per_rank={0: PSI_STAGE0, 1: PSI_STAGE0, 2: PSI_STAGE1, 3: PSI_STAGE0})))
+    wrong_rank = predict(
+        predict_input_from_config(
+            harness_run_json(per_rank={0: PSI_STAGE0, 1: PSI_STAGE0, 2: PSI_STAGE1, 3: PSI_STAGE0})
+        )
+    )
     assert not wrong_rank.param_check.agrees  # type: ignore[union-attr]
     assert "rank 3: 7,984 recorded, 7,536 predicted (stage 1)" in wrong_rank.param_check.notes[0]  # type: ignore[union-attr]
     # the textbook predictor checks the same counts

@@ -9,11 +9,12 @@ import json
 
 import httpx
 import pytest
+from pydantic import ValidationError
+
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread
 from commlens.backend.predict import predict
 from commlens.contract.predict import BucketSpec, DtypeSpec, ModelSpec, ParallelSpec, PredictInput
-from pydantic import ValidationError
 
 # L = 4, h = 64, a = 8, V = 1000, s = 128; bf16 (2 bytes) unless stated
 SMALL = {"layers": 4, "hidden": 64, "heads": 8, "vocab": 1000, "seq_len": 128}
@@ -52,17 +53,33 @@ def _before_cases() -> dict[str, PredictInput]:
     return {
         "paper-3d-tied": I(model=M(**GPT, tied_embeddings=True), parallel=P(dp=4, tp=2, pp=2, micro_batches=8)),
         "megatron-sp-cp-ring-interleaved": I(
-            model=M(**GPT, kv_heads=4), implementation="megatron",
-            parallel=P(dp=2, tp=2, pp=2, cp=2, sp=True, micro_batches=4, virtual_stages=3, recompute="full")),
+            model=M(**GPT, kv_heads=4),
+            implementation="megatron",
+            parallel=P(dp=2, tp=2, pp=2, cp=2, sp=True, micro_batches=4, virtual_stages=3, recompute="full"),
+        ),
         "deepspeed-zero1": I(model=M(**GPT), parallel=P(dp=8, zero=1, micro_batches=4), implementation="deepspeed"),
-        "deepspeed-zero2-tp": I(model=M(**SMALL), parallel=P(dp=2, tp=2, zero=2, micro_batches=2), implementation="deepspeed"),
-        "fsdp-zero3-pp": I(model=M(**GPT), parallel=P(dp=4, pp=2, zero=3, micro_batches=2), implementation="fsdp",
-                           dtypes=DtypeSpec(grad="float32")),
+        "deepspeed-zero2-tp": I(
+            model=M(**SMALL), parallel=P(dp=2, tp=2, zero=2, micro_batches=2), implementation="deepspeed"
+        ),
+        "fsdp-zero3-pp": I(
+            model=M(**GPT),
+            parallel=P(dp=4, pp=2, zero=3, micro_batches=2),
+            implementation="fsdp",
+            dtypes=DtypeSpec(grad="float32"),
+        ),
         "paper-zero3-cp4": I(model=M(**SMALL), parallel=P(dp=2, cp=4, zero=3, micro_batches=2)),
-        "fsdp-ddp": I(model=M(**SMALL), parallel=P(dp=4, sync_every_micro_step=True, micro_batches=3), implementation="fsdp"),
-        "harness-tp-pp": I(model=M(**SMALL), parallel=P(dp=2, tp=2, pp=2, zero=1, micro_batches=2), implementation="harness"),
-        "deepspeed-zero3-no-persistence": I(model=M(**GPT), parallel=P(dp=8, zero=3, micro_batches=4), implementation="deepspeed",
-                                            buckets=BucketSpec(deepspeed_param_persistence_threshold=0)),
+        "fsdp-ddp": I(
+            model=M(**SMALL), parallel=P(dp=4, sync_every_micro_step=True, micro_batches=3), implementation="fsdp"
+        ),
+        "harness-tp-pp": I(
+            model=M(**SMALL), parallel=P(dp=2, tp=2, pp=2, zero=1, micro_batches=2), implementation="harness"
+        ),
+        "deepspeed-zero3-no-persistence": I(
+            model=M(**GPT),
+            parallel=P(dp=8, zero=3, micro_batches=4),
+            implementation="deepspeed",
+            buckets=BucketSpec(deepspeed_param_persistence_threshold=0),
+        ),
     }
 
 
@@ -77,8 +94,12 @@ def test_defaults_leave_earlier_predictions_byte_identical(name: str) -> None:
 
 
 def _pp(t: int, scatter_gather: bool, pp: int = 4, v: int = 1) -> PredictInput:
-    return PredictInput(model=ModelSpec(**SMALL), parallel=ParallelSpec(
-        tp=t, pp=pp, dp=2, micro_batches=3, micro_batch_size=2, virtual_stages=v, pp_scatter_gather=scatter_gather))
+    return PredictInput(
+        model=ModelSpec(**SMALL),
+        parallel=ParallelSpec(
+            tp=t, pp=pp, dp=2, micro_batches=3, micro_batch_size=2, virtual_stages=v, pp_scatter_gather=scatter_gather
+        ),
+    )
 
 
 def test_pp_scatter_gather_sends_a_over_t_and_gathers_every_received_message() -> None:
@@ -95,8 +116,9 @@ def test_pp_scatter_gather_sends_a_over_t_and_gathers_every_received_message() -
         assert sum(c for k, c in pp_msgs.items() if k[2] == "send") == n_recv  # v = 1: as many sends as recvs
         assert ops[("tp", "tp", "all_gather", A)] == n_recv  # one all_gather of S = A per received message
         # every other TP op is unchanged, and without scatter/gather the messages are the full A
-        assert {k: c for k, c in ops.items() if k[0] == "tp" and k[2] != "all_gather"} == \
-               {k: c for k, c in plain_ops.items() if k[0] == "tp"}
+        assert {k: c for k, c in ops.items() if k[0] == "tp" and k[2] != "all_gather"} == {
+            k: c for k, c in plain_ops.items() if k[0] == "tp"
+        }
         assert {k[3] for k in plain_ops if k[0] == "pp"} == {A}
     # the tp all_gather sits in group "tp" of size t
     gather = next(o for o in sg.stages[1].ops if o.op == "all_gather")
@@ -117,10 +139,13 @@ def test_pp_scatter_gather_with_interleaving_counts_every_recv() -> None:
         assert ops[("tp", "tp", "all_gather", A)] == 9
 
 
-@pytest.mark.parametrize(("parallel", "words"), [
-    ({"tp": 1, "pp": 2, "pp_scatter_gather": True}, "needs tp > 1"),
-    ({"tp": 2, "pp": 2, "sp": True, "pp_scatter_gather": True}, "exclude each other"),
-])
+@pytest.mark.parametrize(
+    ("parallel", "words"),
+    [
+        ({"tp": 1, "pp": 2, "pp_scatter_gather": True}, "needs tp > 1"),
+        ({"tp": 2, "pp": 2, "sp": True, "pp_scatter_gather": True}, "exclude each other"),
+    ],
+)
 def test_pp_scatter_gather_rejects_impossible_combinations(parallel: dict, words: str) -> None:
     with pytest.raises(ValidationError, match=words):
         ParallelSpec(**parallel)
@@ -130,8 +155,10 @@ def test_pp_scatter_gather_rejects_impossible_combinations(parallel: dict, words
 
 
 def _a2d(c: int, rq: int | None = None, kv_heads: int | None = None) -> PredictInput:
-    return PredictInput(model=ModelSpec(**SMALL, kv_heads=kv_heads),
-                        parallel=ParallelSpec(cp=c, cp_style="attention2d", cp_rq=rq, micro_batches=3, micro_batch_size=2))
+    return PredictInput(
+        model=ModelSpec(**SMALL, kv_heads=kv_heads),
+        parallel=ParallelSpec(cp=c, cp_style="attention2d", cp_rq=rq, micro_batches=3, micro_batch_size=2),
+    )
 
 
 def test_attention2d_c4_square_mesh() -> None:
@@ -142,12 +169,19 @@ def test_attention2d_c4_square_mesh() -> None:
     q = b * (s // rkv) * h * w  # 16384
     kv = 2 * b * (s // rq) * h * w  # 32768
     lse = b * (s // rkv) * a * 4  # 4096
-    assert ops == {("cp", "cp:q", "all_gather", q): calls, ("cp", "cp:q", "reduce_scatter", q): calls,
-                   ("cp", "cp:q", "all_to_all", lse): calls, ("cp", "cp:kv", "all_gather", kv): calls}
+    assert ops == {
+        ("cp", "cp:q", "all_gather", q): calls,
+        ("cp", "cp:q", "reduce_scatter", q): calls,
+        ("cp", "cp:q", "all_to_all", lse): calls,
+        ("cp", "cp:kv", "all_gather", kv): calls,
+    }
     # wire bytes per rank from the table's last column, per layer per micro-batch
-    wire = ((rq - 1) * b * (s // P) * h * w  # Q all_gather
-            + 2 * (rkv - 1) * b * (s // P) * h * w  # K, V all_gather
-            + (rq - 1) * b * (s // P) * h * w + (rq - 1) * b * (s // P) * a * 4)  # reduce_scatter + log-sum-exp
+    wire = (
+        (rq - 1) * b * (s // P) * h * w  # Q all_gather
+        + 2 * (rkv - 1) * b * (s // P) * h * w  # K, V all_gather
+        + (rq - 1) * b * (s // P) * h * w
+        + (rq - 1) * b * (s // P) * a * 4
+    )  # reduce_scatter + log-sum-exp
     assert wire == 8192 + 16384 + 8192 + 2048
     cp = _total(pred, "cp")
     assert cp.wire_bytes == pytest.approx(wire * calls)
@@ -168,8 +202,9 @@ def test_attention2d_c8_rq2_with_gqa() -> None:
     assert by[("cp:kv", "all_gather")].msg_bytes == 2 * b * (s // rq) * h_kv * w == 8192
     assert (by[("cp:q", "all_gather")].group_size, by[("cp:kv", "all_gather")].group_size) == (2, 4)
     assert {o.calls_per_iter for o in by.values()} == {calls}
-    wire = ((rq - 1) * b * (s // P) * h * w * 2 + (rq - 1) * b * (s // P) * a * 4
-            + 2 * (rkv - 1) * b * (s // P) * h_kv * w)
+    wire = (
+        (rq - 1) * b * (s // P) * h * w * 2 + (rq - 1) * b * (s // P) * a * 4 + 2 * (rkv - 1) * b * (s // P) * h_kv * w
+    )
     assert wire == 4096 * 2 + 1024 + 6144
     assert _total(pred, "cp").wire_bytes == pytest.approx(wire * calls)
 
@@ -178,17 +213,22 @@ def test_attention2d_degenerate_mesh_and_ring_default() -> None:
     # r_Q = 4, r_KV = 1: the K/V groups hold one rank and issue nothing
     groups = {o.group for o in predict(_a2d(4, rq=4)).stages[0].ops if o.scheme == "cp"}
     assert groups == {"cp:q"}
-    ring = predict(PredictInput(model=ModelSpec(**SMALL), parallel=ParallelSpec(cp=4, micro_batches=3, micro_batch_size=2)))
+    ring = predict(
+        PredictInput(model=ModelSpec(**SMALL), parallel=ParallelSpec(cp=4, micro_batches=3, micro_batch_size=2))
+    )
     # ring (the default): 3 (c-1) L m send/recv of 2 b (s/c) h_kv w = 2 * 2 * 32 * 64 * 2
     assert _ops(ring.stages[0])[("cp", "cp:ring", "send", 16384)] == 3 * 3 * 4 * 3
 
 
-@pytest.mark.parametrize(("parallel", "words"), [
-    ({"cp": 8, "cp_style": "attention2d"}, "not a perfect square"),
-    ({"cp": 8, "cp_style": "attention2d", "cp_rq": 3}, "must divide cp=8"),
-    ({"cp": 4, "cp_style": "attention2d", "cp_rq": 16}, "must divide cp=4"),
-    ({"cp": 4, "cp_rq": 2}, "needs cp_style='attention2d'"),
-])
+@pytest.mark.parametrize(
+    ("parallel", "words"),
+    [
+        ({"cp": 8, "cp_style": "attention2d"}, "not a perfect square"),
+        ({"cp": 8, "cp_style": "attention2d", "cp_rq": 3}, "must divide cp=8"),
+        ({"cp": 4, "cp_style": "attention2d", "cp_rq": 16}, "must divide cp=4"),
+        ({"cp": 4, "cp_rq": 2}, "needs cp_style='attention2d'"),
+    ],
+)
 def test_attention2d_rejects_impossible_meshes(parallel: dict, words: str) -> None:
     with pytest.raises(ValidationError, match=words):
         ParallelSpec(**parallel)
@@ -199,9 +239,12 @@ def test_attention2d_rejects_impossible_meshes(parallel: dict, words: str) -> No
 
 def _offload(style: str, gap: int = 1, **dtypes) -> PredictInput:
     # Ψ_r = 1 200 000 (one flat parameter count), d = 4 -> Ψ_z = 300 000
-    return PredictInput(model=ModelSpec(**SMALL, params_override=1_200_000), implementation="deepspeed",
-                        parallel=ParallelSpec(dp=4, zero=3, offload=style, prefetch_gap=gap),  # type: ignore[arg-type]
-                        dtypes=DtypeSpec(**dtypes))
+    return PredictInput(
+        model=ModelSpec(**SMALL, params_override=1_200_000),
+        implementation="deepspeed",
+        parallel=ParallelSpec(dp=4, zero=3, offload=style, prefetch_gap=gap),  # type: ignore[arg-type]
+        dtypes=DtypeSpec(**dtypes),
+    )
 
 
 def _host(st) -> dict[tuple[str, str], int]:
@@ -242,27 +285,45 @@ def test_deep_optimizer_states_gap_4() -> None:
     st16 = predict(_offload("deep_optimizer_states", gap=g, grad="float32", optimizer_state_bytes=16)).stages[0]
     assert _by_direction(st16) == {"d2h": 900_000 + 75_000 * 16, "h2d": 450_000 + 75_000 * 16}
     # g = 1: every sub-group is GPU-updated, so only optimizer state moves
-    assert _by_direction(predict(_offload("deep_optimizer_states", gap=1)).stages[0]) == {"d2h": psi_z * 12, "h2d": psi_z * 12}
+    assert _by_direction(predict(_offload("deep_optimizer_states", gap=1)).stages[0]) == {
+        "d2h": psi_z * 12,
+        "h2d": psi_z * 12,
+    }
 
 
 def test_offload_uses_each_stages_own_partition() -> None:
     # pp = 2, dp = 2, untied, learned positions, bf16 gradients. A layer has 12h² + 13h = 49 984 parameters.
     # stage 0: V h + s h + 2 layers = 64 000 + 8192 + 99 968 = 172 160; stage 1: 2 layers + 2h + V h = 164 096
-    pred = predict(PredictInput(model=ModelSpec(**SMALL), parallel=ParallelSpec(dp=2, pp=2, zero=3, offload="zero_offload")))
+    pred = predict(
+        PredictInput(model=ModelSpec(**SMALL), parallel=ParallelSpec(dp=2, pp=2, zero=3, offload="zero_offload"))
+    )
     assert [st.params_per_rank for st in pred.stages] == [172_160, 164_096]
     # Ψ_z = Ψ_r / d = 86 080 and 82 048; D2H gradients Ψ_z * 2, H2D parameters Ψ_z * 2
-    assert [_by_direction(st) for st in pred.stages] == [{"d2h": 86_080 * 2, "h2d": 86_080 * 2},
-                                                          {"d2h": 82_048 * 2, "h2d": 82_048 * 2}]
+    assert [_by_direction(st) for st in pred.stages] == [
+        {"d2h": 86_080 * 2, "h2d": 86_080 * 2},
+        {"d2h": 82_048 * 2, "h2d": 82_048 * 2},
+    ]
 
 
-@pytest.mark.parametrize(("parallel", "implementation", "words"), [
-    ({"dp": 4, "zero": 2, "offload": "zero_offload"}, "deepspeed", "assume ZeRO-3"),
-    ({"dp": 4, "zero": 3, "offload": "zero_offload", "prefetch_gap": 2}, "deepspeed", "needs offload='deep_optimizer_states'"),
-    ({"dp": 4, "zero": 3, "prefetch_gap": 2}, "deepspeed", "needs offload='deep_optimizer_states'"),
-    ({"dp": 4, "zero": 3, "offload": "zero_offload"}, "harness", "no CPU offload"),
-    ({"dp": 4, "zero": 3, "offload": "zero_offload"}, "fsdp", "FSDP CPUOffload"),
-    ({"dp": 4, "zero": 3, "offload": "deep_optimizer_states", "prefetch_gap": 0}, "deepspeed", "greater than or equal to 1"),
-])
+@pytest.mark.parametrize(
+    ("parallel", "implementation", "words"),
+    [
+        ({"dp": 4, "zero": 2, "offload": "zero_offload"}, "deepspeed", "assume ZeRO-3"),
+        (
+            {"dp": 4, "zero": 3, "offload": "zero_offload", "prefetch_gap": 2},
+            "deepspeed",
+            "needs offload='deep_optimizer_states'",
+        ),
+        ({"dp": 4, "zero": 3, "prefetch_gap": 2}, "deepspeed", "needs offload='deep_optimizer_states'"),
+        ({"dp": 4, "zero": 3, "offload": "zero_offload"}, "harness", "no CPU offload"),
+        ({"dp": 4, "zero": 3, "offload": "zero_offload"}, "fsdp", "FSDP CPUOffload"),
+        (
+            {"dp": 4, "zero": 3, "offload": "deep_optimizer_states", "prefetch_gap": 0},
+            "deepspeed",
+            "greater than or equal to 1",
+        ),
+    ],
+)
 def test_offload_rejects_impossible_combinations(parallel: dict, implementation: str, words: str) -> None:
     body = {"model": SMALL, "parallel": parallel, "implementation": implementation}
     with pytest.raises(ValidationError, match=words):
@@ -274,9 +335,12 @@ def test_offload_rejects_impossible_combinations(parallel: dict, implementation:
 
 def _persist(threshold: int | None = None, implementation: str = "deepspeed") -> PredictInput:
     buckets = BucketSpec() if threshold is None else BucketSpec(deepspeed_param_persistence_threshold=threshold)
-    return PredictInput(model=ModelSpec(layers=2, hidden=256, heads=8, vocab=1000, seq_len=128),
-                        parallel=ParallelSpec(dp=4, zero=3, micro_batches=2), buckets=buckets,
-                        implementation=implementation)  # type: ignore[arg-type]
+    return PredictInput(
+        model=ModelSpec(layers=2, hidden=256, heads=8, vocab=1000, seq_len=128),
+        parallel=ParallelSpec(dp=4, zero=3, micro_batches=2),
+        buckets=buckets,
+        implementation=implementation,
+    )  # type: ignore[arg-type]
 
 
 def test_deepspeed_zero3_keeps_small_parameters_whole() -> None:
@@ -319,28 +383,36 @@ def test_persistence_threshold_is_inclusive_and_deepspeed_only() -> None:
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory):
-    with ServerThread(Settings(db=tmp_path_factory.mktemp("spec") / "store.duckdb")) as srv, \
-            httpx.Client(base_url=srv.url) as c:
+    with (
+        ServerThread(Settings(db=tmp_path_factory.mktemp("spec") / "store.duckdb")) as srv,
+        httpx.Client(base_url=srv.url) as c,
+    ):
         yield c
 
 
 def test_api_predict_with_the_new_inputs(client: httpx.Client) -> None:
-    body = {"model": SMALL, "implementation": "deepspeed",
-            "parallel": {"dp": 4, "zero": 3, "offload": "deep_optimizer_states", "prefetch_gap": 4}}
+    body = {
+        "model": SMALL,
+        "implementation": "deepspeed",
+        "parallel": {"dp": 4, "zero": 3, "offload": "deep_optimizer_states", "prefetch_gap": 4},
+    }
     r = client.post("/api/predict", json=body)
     assert r.status_code == 200, r.text
     assert r.json() == json.loads(predict(PredictInput.model_validate(body)).model_dump_json())
     assert {h["direction"] for h in r.json()["stages"][0]["host_transfers"]} == {"d2h", "h2d"}
 
 
-@pytest.mark.parametrize("parallel", [
-    {"cp": 4, "cp_style": "attention2d", "cp_rq": 10**30},
-    {"cp": 4, "cp_style": "attention2d", "cp_rq": 0},
-    {"cp": 4, "cp_style": "ulysses"},
-    {"dp": 4, "zero": 3, "offload": "deep_optimizer_states", "prefetch_gap": 10**30},
-    {"dp": 4, "zero": 3, "offload": "nvme"},
-    {"tp": 1, "pp": 2, "pp_scatter_gather": True},
-])
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        {"cp": 4, "cp_style": "attention2d", "cp_rq": 10**30},
+        {"cp": 4, "cp_style": "attention2d", "cp_rq": 0},
+        {"cp": 4, "cp_style": "ulysses"},
+        {"dp": 4, "zero": 3, "offload": "deep_optimizer_states", "prefetch_gap": 10**30},
+        {"dp": 4, "zero": 3, "offload": "nvme"},
+        {"tp": 1, "pp": 2, "pp_scatter_gather": True},
+    ],
+)
 def test_api_rejects_absurd_new_inputs_with_422(client: httpx.Client, parallel: dict) -> None:
     r = client.post("/api/predict", json={"model": SMALL, "parallel": parallel})
     assert r.status_code == 422, r.text

@@ -3,40 +3,48 @@ check in a comparison, and findings from a supplied config."""
 
 from __future__ import annotations
 
-
+from synthetic import write_rows as write
 
 from commlens.backend.attribution import attribute_run
 from commlens.backend.compare import compare
 from commlens.backend.findings import findings
 from commlens.backend.report import build_report, render_markdown
 from commlens.contract.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
-from synthetic import write_rows as write
 
 RESNET50_PARAMS = 25_557_032
 
 
 def test_markdown_histogram_and_bandwidth_on_a_real_ddp_trace(resnet) -> None:
-    rep = build_report(resnet, "resnet", PredictInput(
-        model=ModelSpec(layers=1, hidden=1, heads=1, vocab=1, seq_len=1, params_override=RESNET50_PARAMS),
-        parallel=ParallelSpec(dp=2), dtypes=DtypeSpec(act="float32", grad="float32", param="float32"),
-        implementation="fsdp"))
+    rep = build_report(
+        resnet,
+        "resnet",
+        PredictInput(
+            model=ModelSpec(layers=1, hidden=1, heads=1, vocab=1, seq_len=1, params_override=RESNET50_PARAMS),
+            parallel=ParallelSpec(dp=2),
+            dtypes=DtypeSpec(act="float32", grad="float32", param="float32"),
+            implementation="fsdp",
+        ),
+    )
     md = render_markdown(rep)
     assert "## Message sizes per scheme (per rank per iteration)" in md and "### dp" in md
     # ResNet-50's five DDP gradient buckets per iteration: 8196000 + 9724160 + 3 buckets of 84307968 B in
     # total, which is every fp32 gradient (Ψ * 4 B); plus two buffer broadcasts (424 B int64, 212480 B)
-    assert 8_196_000 + 9_724_160 + 84_307_968 == RESNET50_PARAMS * 4
-    for row in ("| 4 MiB-8 MiB | all_reduce | float32 | 1 | 7.82 MiB |",
-                "| 8 MiB-16 MiB | all_reduce | float32 | 1 | 9.27 MiB |",
-                "| 16 MiB-32 MiB | all_reduce | float32 | 3 | 80.4 MiB |",
-                "| 256 B-512 B | broadcast | int64 | 1 | 424 B |",
-                "| 128 KiB-256 KiB | broadcast | float32 | 1 | 208 KiB |",
-                "| **total** | | | 7 | 97.7 MiB |"):  # 102228128 + 424 + 212480 B
+    assert RESNET50_PARAMS * 4 == 8_196_000 + 9_724_160 + 84_307_968
+    for row in (
+        "| 4 MiB-8 MiB | all_reduce | float32 | 1 | 7.82 MiB |",
+        "| 8 MiB-16 MiB | all_reduce | float32 | 1 | 9.27 MiB |",
+        "| 16 MiB-32 MiB | all_reduce | float32 | 3 | 80.4 MiB |",
+        "| 256 B-512 B | broadcast | int64 | 1 | 424 B |",
+        "| 128 KiB-256 KiB | broadcast | float32 | 1 | 208 KiB |",
+        "| **total** | | | 7 | 97.7 MiB |",
+    ):  # 102228128 + 424 + 212480 B
         assert row in md, row
     # bandwidth: the median of S / duration over the nine 16-32 MiB all_reduces of the three profiled
     # steps, from the calls themselves; group size 2, so busbw = algbw (factor 2(n-1)/n = 1, §7)
     median = resnet.execute(
         """SELECT median(msg_bytes / dur_us / 1e3) FROM comms WHERE run = 'resnet' AND op = 'all_reduce'
-           AND msg_bytes >= 16 * 1048576 AND msg_bytes < 32 * 1048576""").fetchone()[0]
+           AND msg_bytes >= 16 * 1048576 AND msg_bytes < 32 * 1048576"""
+    ).fetchone()[0]
     assert f"| all_reduce | 16 MiB-32 MiB | 9 | 25.3 MiB | {median:.2f} | {median:.2f} | 2 |" in md
     assert f"{median:.2f}" == "10.98"
     # half the best (5.49 GB/s) is first reached in the 16 MiB bin (the 8-16 MiB median is 4.79); the six
@@ -56,19 +64,43 @@ PSI = 2 * 64 * 32 + 16 * 32 + (12 * 32 * 32 + 13 * 32) + 2 * 32  # 17376
 PSI_RANK = 64 * 32 // 2 + 16 * 32 + (12 * 32 * 32 + 7 * 32) // 2 + 6 * 32 + 2 * 32 + 64 * 32 // 2  # 9072
 
 
-def _harness_tp_run(con, total: int) -> None:  # noqa: ANN001
-    config = {"schema": "commlens.run/1", "strategy": "tp", "world_size": 2,
-              "model": {"layers": 1, "hidden": 32, "heads": 4, "vocab": 64, "seq_len": 16, "param_count": total},
-              "parallel": {"tp": 2}, "mesh_dims": ["tp"], "mesh_shape": [2],
-              "groups": [{"dim": "tp", "ranks": [0, 1], "pg_name": "1"}],
-              "ranks": [{"rank": r, "param_count": PSI_RANK} for r in (0, 1)]}
+def _harness_tp_run(con, total: int) -> None:
+    config = {
+        "schema": "commlens.run/1",
+        "strategy": "tp",
+        "world_size": 2,
+        "model": {"layers": 1, "hidden": 32, "heads": 4, "vocab": 64, "seq_len": 16, "param_count": total},
+        "parallel": {"tp": 2},
+        "mesh_dims": ["tp"],
+        "mesh_shape": [2],
+        "groups": [{"dim": "tp", "ranks": [0, 1], "pg_name": "1"}],
+        "ranks": [{"rank": r, "param_count": PSI_RANK} for r in (0, 1)],
+    }
     group = {"group_key": "pg:1", "name": "1", "ranks": [0, 1], "size": 2, "origin": "run_config", "mesh_dim": "tp"}
     for rank in (0, 1):
-        events = [{"rank": rank, "process": f"r{rank}", "seq": i, "op": "all_reduce", "dtype": "float32",
-                   "msg_bytes": size, "group_size": 2, "group_key": "pg:1", "step": 3}
-                  for i, size in enumerate([2048] * 6 + [64] * 3)]
-        write(con, "tp", events, [group], [{"rank": rank, "step": 3, "ts_us": 0.0, "dur_us": 1.0}], rank=rank,
-              config=config)
+        events = [
+            {
+                "rank": rank,
+                "process": f"r{rank}",
+                "seq": i,
+                "op": "all_reduce",
+                "dtype": "float32",
+                "msg_bytes": size,
+                "group_size": 2,
+                "group_key": "pg:1",
+                "step": 3,
+            }
+            for i, size in enumerate([2048] * 6 + [64] * 3)
+        ]
+        write(
+            con,
+            "tp",
+            events,
+            [group],
+            [{"rank": rank, "step": 3, "ts_us": 0.0, "dur_us": 1.0}],
+            rank=rank,
+            config=config,
+        )
     attribute_run(con, "tp")
 
 
@@ -95,17 +127,32 @@ def test_disagreeing_parameter_counts_withdraw_the_exactness_claim(con) -> None:
 # ---------------------------------------------------------------- findings from a supplied config
 
 
-def _dp_run(con, stored: dict | None) -> None:  # noqa: ANN001
-    events = [{"rank": r, "process": f"r{r}", "seq": 0, "op": "reduce_scatter", "dtype": "float32", "msg_bytes": 1 << 20,
-               "group_size": 2, "group_key": "pg:0", "step": 1} for r in (0, 1)]
+def _dp_run(con, stored: dict | None) -> None:
+    events = [
+        {
+            "rank": r,
+            "process": f"r{r}",
+            "seq": 0,
+            "op": "reduce_scatter",
+            "dtype": "float32",
+            "msg_bytes": 1 << 20,
+            "group_size": 2,
+            "group_key": "pg:0",
+            "step": 1,
+        }
+        for r in (0, 1)
+    ]
     group = {"group_key": "pg:0", "ranks": [0, 1], "size": 2, "origin": "pg_config", "description": "default_pg"}
-    write(con, "dp", events, [group], [{"rank": r, "step": 1, "ts_us": 0.0, "dur_us": 1.0} for r in (0, 1)],
-          config=stored)
+    write(
+        con, "dp", events, [group], [{"rank": r, "step": 1, "ts_us": 0.0, "dur_us": 1.0} for r in (0, 1)], config=stored
+    )
 
 
 def _zero(stage: int, m: int) -> PredictInput:
-    return PredictInput(model=ModelSpec(layers=1, hidden=8, heads=1, vocab=16, seq_len=4),
-                        parallel=ParallelSpec(dp=2, zero=stage, micro_batches=m))  # type: ignore[arg-type]
+    return PredictInput(
+        model=ModelSpec(layers=1, hidden=8, heads=1, vocab=16, seq_len=4),
+        parallel=ParallelSpec(dp=2, zero=stage, micro_batches=m),
+    )  # type: ignore[arg-type]
 
 
 def test_zero_accumulation_finding_reads_a_supplied_config(con) -> None:

@@ -45,7 +45,8 @@ def test_calls_join_the_stored_rows_by_file_rank_seq(dlrm: dict[int, RankTimelin
             rows = parse_kineto(open_content(raw, f.name), f.name, RankHint(), DEFAULT_LIMITS).events
         tl = next(t for t in dlrm.values() if t.file == f.name)
         assert [(r["seq"], r["op"], r["ts_us"], r["msg_bytes"]) for r in rows] == list(
-            zip(tl.calls.seq, tl.calls.op, tl.calls.arrival, tl.calls.msg_bytes, strict=True))
+            zip(tl.calls.seq, tl.calls.op, tl.calls.arrival, tl.calls.msg_bytes, strict=True)
+        )
 
 
 def test_timeline_columns(dlrm: dict[int, RankTimeline]) -> None:
@@ -98,7 +99,16 @@ def test_stragglers_and_critical_path(job: TimeAnalysis) -> None:
     st = job.stragglers
     assert st.stragglers == []
     assert st.verdicts["world"].startswith("no straggler: 1 step(s)")
-    assert dict(zip(st.ranks.rank, st.ranks.arrived_last, strict=True)) == {0: 0, 1: 0, 2: 0, 3: 0, 4: 1, 5: 2, 6: 0, 7: 5}
+    assert dict(zip(st.ranks.rank, st.ranks.arrived_last, strict=True)) == {
+        0: 0,
+        1: 0,
+        2: 0,
+        3: 0,
+        4: 1,
+        5: 2,
+        6: 0,
+        7: 5,
+    }
     (path,) = job.paths
     assert path.step == 10 and path.note is None
     assert [s.rank for s in path.segments if s.kind == "collective"] == [4, 4, 5, 5, 7, 7, 7, 7]

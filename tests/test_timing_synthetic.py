@@ -13,16 +13,32 @@ from commlens.ingest.inputs import iter_inputs, open_content
 from commlens.ingest.kineto_timeline import CallColumns, IntervalColumns, RankTimeline, StepColumns, read_timeline
 
 
-def _rank(rank: int, calls: list[tuple[str, int, float, float, int | None, int]], steps: int = 1,
-          step_us: float = 1000.0) -> RankTimeline:
+def _rank(
+    rank: int, calls: list[tuple[str, int, float, float, int | None, int]], steps: int = 1, step_us: float = 1000.0
+) -> RankTimeline:
     """calls: (op, bytes, arrival, end, seq key, step)."""
     c = CallColumns()
     iv = IntervalColumns()
     for i, (op, size, a, e, key, st) in enumerate(calls):
-        for col, v in (("seq", i), ("op", op), ("dtype", "float32"), ("msg_bytes", size), ("group_key", None),
-                       ("group_name", None), ("group_desc", None), ("group_ranks", None), ("group_size", None),
-                       ("match_key", key), ("step", st), ("cpu_start", a), ("cpu_end", a), ("dev_start", a),
-                       ("dev_end", e), ("arrival", a), ("end", e)):
+        for col, v in (
+            ("seq", i),
+            ("op", op),
+            ("dtype", "float32"),
+            ("msg_bytes", size),
+            ("group_key", None),
+            ("group_name", None),
+            ("group_desc", None),
+            ("group_ranks", None),
+            ("group_size", None),
+            ("match_key", key),
+            ("step", st),
+            ("cpu_start", a),
+            ("cpu_end", a),
+            ("dev_start", a),
+            ("dev_end", e),
+            ("arrival", a),
+            ("end", e),
+        ):
             getattr(c, col).append(v)
         for col, v in (("kind", "comm"), ("stream", 7), ("start", a), ("end", e), ("nbytes", 0)):
             getattr(iv, col).append(v)
@@ -31,7 +47,10 @@ def _rank(rank: int, calls: list[tuple[str, int, float, float, int | None, int]]
 
 
 def test_missing_call_and_disagreeing_op_reported_with_both_sides() -> None:
-    r0 = _rank(0, [("all_reduce", 64, 10, 20, None, 0), ("all_gather", 64, 30, 40, None, 0), ("all_reduce", 8, 50, 60, None, 0)])
+    r0 = _rank(
+        0,
+        [("all_reduce", 64, 10, 20, None, 0), ("all_gather", 64, 30, 40, None, 0), ("all_reduce", 8, 50, 60, None, 0)],
+    )
     r1 = _rank(1, [("all_reduce", 64, 12, 20, None, 0), ("reduce_scatter", 64, 30, 40, None, 0)])
     m = match_instances({0: r0.calls, 1: r1.calls})
     assert len(m.instances) == 1
@@ -78,8 +97,11 @@ def test_clocks_of_two_hosts_aligned_or_refused() -> None:
 
 def test_consistent_straggler_named_and_no_delay_gives_none() -> None:
     steps = 4
-    calls0 = [("all_reduce", 1 << 20, 1000 * s + 100 * k, 1000 * s + 100 * k + 90, None, s)
-              for s in range(steps) for k in range(3)]
+    calls0 = [
+        ("all_reduce", 1 << 20, 1000 * s + 100 * k, 1000 * s + 100 * k + 90, None, s)
+        for s in range(steps)
+        for k in range(3)
+    ]
     late = [(op, b, a + 60, e, key, st) for op, b, a, e, key, st in calls0]
     job = analyze({0: _rank(0, calls0, steps), 1: _rank(1, late, steps)}, schemes={"world": "dp"})
     (s,) = job.stragglers.stragglers
@@ -103,14 +125,18 @@ def test_trace_without_device_says_what_it_cannot_compute() -> None:
     assert tl.calls.end == [None] * 6  # NCCL on CPU records only the enqueue: no duration
     assert any(n.startswith("6 of 6 calls have no measured duration") for n in tl.notes)
     job = analyze({0: tl})
-    assert job.breakdown.step_us[0] == pytest.approx(sum(
-        getattr(job.breakdown, f"{c}_us")[0] for c in ("compute", "overlapped", "wait", "exposed", "memcpy", "idle")))
+    assert job.breakdown.step_us[0] == pytest.approx(
+        sum(
+            getattr(job.breakdown, f"{c}_us")[0] for c in ("compute", "overlapped", "wait", "exposed", "memcpy", "idle")
+        )
+    )
     assert any("no device activity" in n for n in job.breakdown.notes)
     assert job.stats.real_us == [None] * len(job.match.instances)
 
 
 def test_nccl_op_count_keys_and_zero_op_counts_fall_back_to_order() -> None:
     """NCCL logs: opCount per communicator is the key; NCCL 2.27+ leaves it 0, then order decides."""
+
     def ranks(keys: list[int]) -> dict[int, CallColumns]:
         out = {}
         for r in (0, 1):
@@ -118,6 +144,7 @@ def test_nccl_op_count_keys_and_zero_op_counts_fall_back_to_order() -> None:
             tl.calls.group_key[:] = ["comm:0xabc"] * len(keys)
             out[r] = tl.calls
         return out
+
     keyed = match_instances(ranks([3, 4, 5]))
     assert keyed.instances.keyed_by == ["key"] * 3 and keyed.instances.key == [3, 4, 5]
     zeros = match_instances(ranks([0, 0, 0]))

@@ -27,8 +27,15 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
 CHROMIUM = Path(os.environ.get("COMMLENS_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
 VIEWPORT = {"width": 1366, "height": 768}
 HARNESS_RUN = "ddp"  # named after the harness's --out directory
 LOG_FILES = ["nccl-logs/nvidia-nccl-671.log", "nccl-logs/nvidia-nccl-429.log"]
@@ -45,14 +52,17 @@ def _missing(what: str) -> None:
 def _data_dir(config: pytest.Config) -> Path:
     """conftest's shared_data() (skip when absent, fail under CI) for module-scoped fixtures."""
     for plugin in config.pluginmanager.get_plugins():
-        if str(getattr(plugin, "__file__", "")).endswith("conftest.py") and callable(getattr(plugin, "shared_data", None)):
+        if str(getattr(plugin, "__file__", "")).endswith("conftest.py") and callable(
+            getattr(plugin, "shared_data", None)
+        ):
             return plugin.shared_data()
     raise RuntimeError("tests/conftest.py with shared_data() not loaded")
 
 
 def _cli(*args: str, timeout: float = 300) -> str:
-    done = subprocess.run([sys.executable, "-m", "commlens.cli", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "commlens.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
     assert done.returncode == 0, f"commlens {' '.join(args)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     return done.stdout
 
@@ -72,10 +82,30 @@ def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     db = tmp / "ui.duckdb"
     _cli("ingest", str(data / KINETO), "--db", str(db), "--run", "hta")
     _cli("ingest", *[str(data / f) for f in LOG_FILES], "--db", str(db), "--run", "nccl")
-    _cli("harness", "--out", str(tmp / HARNESS_RUN), "--dp", "2", "--layers", "2", "--hidden", "32", "--heads", "4",
-         "--vocab", "64", "--seq-len", "16", "--device", "cpu", "--ingest", "--db", str(db))
-    from commlens.service.users import add_user
+    _cli(
+        "harness",
+        "--out",
+        str(tmp / HARNESS_RUN),
+        "--dp",
+        "2",
+        "--layers",
+        "2",
+        "--hidden",
+        "32",
+        "--heads",
+        "4",
+        "--vocab",
+        "64",
+        "--seq-len",
+        "16",
+        "--device",
+        "cpu",
+        "--ingest",
+        "--db",
+        str(db),
+    )
     from commlens import store as store_mod
+    from commlens.service.users import add_user
 
     con = store_mod.connect(db)  # `commlens ingest` and `harness --ingest` attributed the runs' schemes
     try:
@@ -88,8 +118,12 @@ def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
 @pytest.fixture(scope="module")
 def server(store: dict[str, Any]) -> Iterator[str]:
     log = open(store["tmp"] / "serve.log", "w+")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "commlens.cli", "serve", "--db", str(store["db"]), "--port", "0"],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commlens.cli", "serve", "--db", str(store["db"]), "--port", "0"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
     url = ""
     try:
         deadline = time.monotonic() + 60
@@ -134,7 +168,9 @@ class Tab:
         self.page = self.context.new_page()
         self.base = base
         self.errors: list[str] = []
-        self.page.on("console", lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+        self.page.on(
+            "console", lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None
+        )
         self.page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
         self.page.on("dialog", lambda d: (self.errors.append(f"dialog opened: {d.message}"), d.dismiss()))
 
@@ -149,7 +185,9 @@ class Tab:
         self.page.wait_for_function(
             "() => window.dash_clientside !== undefined && document.querySelector('#page') !== null "
             "&& document.querySelector('#page').children.length > 0 "
-            "&& document.querySelectorAll('[data-dash-is-loading=\"true\"]').length === 0", timeout=timeout)
+            "&& document.querySelectorAll('[data-dash-is-loading=\"true\"]').length === 0",
+            timeout=timeout,
+        )
         self.page.wait_for_load_state("networkidle")
 
     def wait_for_query(self, timeout: float = 30_000, **want: str) -> None:
@@ -159,7 +197,9 @@ class Tab:
             "(want) => { const q = new URLSearchParams(location.search);"
             " const keys = Object.keys(want);"
             " return keys.length ? keys.every((k) => q.get(k) === want[k]) : location.search === ''; }",
-            arg=want, timeout=timeout)
+            arg=want,
+            timeout=timeout,
+        )
 
     def shot(self, name: str) -> None:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -176,25 +216,33 @@ class Tab:
         callback answers for the token, so its presence alone proves nothing (a timeout fails the test)."""
         self.page.wait_for_function(
             "(user) => { const e = document.querySelector('#whoami-name'); return e && e.innerText === user; }",
-            arg=user, timeout=30_000)
+            arg=user,
+            timeout=30_000,
+        )
         self.idle()
 
     def figure_data(self, graph_dom_id: str) -> list[dict[str, Any]]:
         """The traces Plotly drew in the graph (waits for the lazily loaded plotly.js to draw)."""
         self.page.wait_for_function(
             "(id) => { const e = document.getElementById(id); const g = e && e.querySelector('.js-plotly-plot');"
-            " return g && g.data && g.data.length > 0; }", arg=graph_dom_id)
+            " return g && g.data && g.data.length > 0; }",
+            arg=graph_dom_id,
+        )
         return self.page.evaluate(
             "(id) => { const g = document.getElementById(id).querySelector('.js-plotly-plot');"
             " return g.data.map(t => ({name: t.name, x: Array.from(t.x || []), y: Array.from(t.y || []),"
-            " z: t.z ? t.z.map(r => Array.from(r)) : null})); }", graph_dom_id)
+            " z: t.z ? t.z.map(r => Array.from(r)) : null})); }",
+            graph_dom_id,
+        )
 
     def cells(self, table_id: str) -> list[list[str]]:
         """data-value of numeric cells, text of the others, per row of a table."""
         return self.page.evaluate(
             "(id) => Array.from(document.querySelectorAll('#' + id + ' tbody tr')).map(tr =>"
             " Array.from(tr.children).map(td => td.hasAttribute('data-value') ? td.getAttribute('data-value')"
-            " : td.innerText.trim()))", table_id)
+            " : td.innerText.trim()))",
+            table_id,
+        )
 
     def no_error_boxes(self) -> None:
         boxes = self.page.locator(".msg-error").all_inner_texts()
@@ -273,11 +321,13 @@ def test_runs_and_overview_show_the_api_numbers(tab: Tab, api: httpx.Client) -> 
     assert data["measured"]["x"] == [s["scheme"] for s in comparison["schemes"]] == ["dp"]
     groups = api.get(f"/runs/{HARNESS_RUN}/groups").json()["items"]
     shown = tab.cells("ov-groups")
-    assert [(r[0], r[4], r[5], int(r[8])) for r in shown] == [(g["group_key"], g["scheme"], g["source"], g["calls"])
-                                                              for g in groups]
+    assert [(r[0], r[4], r[5], int(r[8])) for r in shown] == [
+        (g["group_key"], g["scheme"], g["source"], g["calls"]) for g in groups
+    ]
     sources = api.get(f"/runs/{HARNESS_RUN}/sources").json()["items"]
-    assert [(r[0], r[2], int(r[4])) for r in tab.cells("ov-sources")] == [(s["path"], s["status"], s["n_events"])
-                                                                          for s in sources]
+    assert [(r[0], r[2], int(r[4])) for r in tab.cells("ov-sources")] == [
+        (s["path"], s["status"], s["n_events"]) for s in sources
+    ]
 
 
 def test_histogram_bars_equal_the_api_and_a_click_lists_the_calls(tab: Tab, api: httpx.Client) -> None:
@@ -293,23 +343,32 @@ def test_histogram_bars_equal_the_api_and_a_click_lists_the_calls(tab: Tab, api:
     assert href.startswith("data:text/csv")
     rows = list(csv.DictReader(io.StringIO(unquote(href.split(",", 1)[1]))))
     assert [(r["op"], r["size bin"], float(r["bytes per rank per iteration"])) for r in rows] == [
-        (s["op"], b["label"], s["bytes"][i]) for s in series for i, b in enumerate(h["bins"])
-        if s["calls"][i] or s["bytes"][i]]
+        (s["op"], b["label"], s["bytes"][i])
+        for s in series
+        for i, b in enumerate(h["bins"])
+        if s["calls"][i] or s["bytes"][i]
+    ]
     # the click: the tallest bar of the first series
     first = series[0]
     k = max(range(len(first["values"])), key=lambda i: first["values"][i])
     graph = page.locator(f"[id='{pattern_id(type='hg-graph', scheme='dp')}'] .js-plotly-plot")
-    page.evaluate("([el, k]) => { const g = el; const pt = {curveNumber: 0, pointNumber: k, pointIndex: k,"
-                  " customdata: g.data[0].customdata[k], x: g.data[0].x[k], y: g.data[0].y[k]};"
-                  " g.emit('plotly_click', {points: [pt], event: {}}); }", [graph.element_handle(), k])
+    page.evaluate(
+        "([el, k]) => { const g = el; const pt = {curveNumber: 0, pointNumber: k, pointIndex: k,"
+        " customdata: g.data[0].customdata[k], x: g.data[0].x[k], y: g.data[0].y[k]};"
+        " g.emit('plotly_click', {points: [pt], event: {}}); }",
+        [graph.element_handle(), k],
+    )
     page.wait_for_selector("#hg-calls-table")
     tab.idle()
     bin_ = h["bins"][k]
     rows = tab.cells("hg-calls-table")
-    listed = api.get(f"/runs/{HARNESS_RUN}/calls", params={
-        "bin": bin_["key"], "scheme": "dp", "op": first["op"], "dtype": first["dtype"], "limit": 1000}).json()
-    assert [(int(r[0]), int(r[3]), int(r[6])) for r in rows] == [(r["rank"], r["msg_bytes"], r["iteration"])
-                                                                 for r in listed["items"]]
+    listed = api.get(
+        f"/runs/{HARNESS_RUN}/calls",
+        params={"bin": bin_["key"], "scheme": "dp", "op": first["op"], "dtype": first["dtype"], "limit": 1000},
+    ).json()
+    assert [(int(r[0]), int(r[3]), int(r[6])) for r in rows] == [
+        (r["rank"], r["msg_bytes"], r["iteration"]) for r in listed["items"]
+    ]
     # the bar's calls: its value per rank per iteration times ranks and iterations
     iters = set(h["iterations"]["iterations"].values())
     assert len(iters) == 1 and len(rows) == round(first["calls"][k] * h["n_ranks"] * iters.pop())
@@ -346,7 +405,8 @@ def test_predicted_ranks_topology_compare_equal_the_api(tab: Tab, api: httpx.Cli
         rows = tab.cells(f"pv-ops-{s['scheme']}")
         assert [(r[0], int(r[2]), _num(r[3]), _num(r[4]), r[6]) for r in rows] == [
             (o["op"], o["msg_bytes"], o["predicted_calls_per_iter"], o["measured_calls_per_iter"], o["status"])
-            for o in s["ops"]]
+            for o in s["ops"]
+        ]
     # what-if at another scale: the form posts to /api/predict and shows its totals
     page = tab.page
     page.fill("#wi-dp", "8")
@@ -358,12 +418,21 @@ def test_predicted_ranks_topology_compare_equal_the_api(tab: Tab, api: httpx.Cli
     q = parse_qs(urlsplit(page.url).query)
     assert q["w_dp"] == ["8"] and q["w_layers"] == ["4"]
     config = api.get(f"/runs/{HARNESS_RUN}").json()["config"]
-    body = {"model": {k: config["model"][k] for k in ("layers", "hidden", "heads", "vocab", "seq_len", "ffn_hidden")},
-            "parallel": {"dp": 8, "tp": 1, "pp": 1, "cp": 1, "zero": 0, "sp": False,
-                         "micro_batches": config["parallel"]["micro_batches"],
-                         "micro_batch_size": config["parallel"]["micro_batch_size"]},
-            "implementation": config["implementation"],
-            "dtypes": {"grad": "float32", "param": "float32", "act": "float32"}}
+    body = {
+        "model": {k: config["model"][k] for k in ("layers", "hidden", "heads", "vocab", "seq_len", "ffn_hidden")},
+        "parallel": {
+            "dp": 8,
+            "tp": 1,
+            "pp": 1,
+            "cp": 1,
+            "zero": 0,
+            "sp": False,
+            "micro_batches": config["parallel"]["micro_batches"],
+            "micro_batch_size": config["parallel"]["micro_batch_size"],
+        },
+        "implementation": config["implementation"],
+        "dtypes": {"grad": "float32", "param": "float32", "act": "float32"},
+    }
     body["model"]["layers"] = 4
     predicted = api.post("/predict", json=body).json()
     totals = {t["name"]: t for t in tab.figure_data("wi-totals")}
@@ -420,8 +489,9 @@ def test_upload_through_the_page(tab: Tab, api: httpx.Client, store: dict[str, A
     assert "picture.png" in page.inner_text("#up-msg")
 
 
-def test_review_comment_persists_and_a_second_user_sees_it(browser: Any, server: str, store: dict[str, Any],
-                                                         api: httpx.Client) -> None:
+def test_review_comment_persists_and_a_second_user_sees_it(
+    browser: Any, server: str, store: dict[str, Any], api: httpx.Client
+) -> None:
     alice, bob = Tab(browser, server), Tab(browser, server)
     try:
         view = f"/runs/{HARNESS_RUN}/histograms?scheme=dp&weight=bytes"
@@ -508,8 +578,12 @@ def test_a_copied_url_reproduces_the_view(tab: Tab, browser: Any, server: str) -
 def test_an_unreachable_api_is_said_in_words(browser: Any, tmp_path: Path) -> None:
     """The dashboard alone (`commlens ui`) in front of an API that is not there: every page says so."""
     log = tmp_path / "ui.log"
-    proc = subprocess.Popen([sys.executable, "-m", "commlens.cli", "ui", "--api", "http://127.0.0.1:9", "--port", "0"],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commlens.cli", "ui", "--api", "http://127.0.0.1:9", "--port", "0"],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
     tab = Tab(browser, "")
     try:
         deadline = time.monotonic() + 60

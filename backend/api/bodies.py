@@ -42,8 +42,14 @@ class JsonBodyGuard:
             return
         declared = headers.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(scope, receive, send, 413, f"the request body has {int(declared)} bytes; the limit for "
-                               f"JSON bodies is {self.max_bytes}", "body-too-large")
+            await self._refuse(
+                scope,
+                receive,
+                send,
+                413,
+                f"the request body has {int(declared)} bytes; the limit for JSON bodies is {self.max_bytes}",
+                "body-too-large",
+            )
             return
         chunks: list[bytes] = []
         size = 0
@@ -55,8 +61,14 @@ class JsonBodyGuard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._refuse(scope, receive, send, 413, f"the request body exceeds the limit of {self.max_bytes} "
-                                   "bytes for JSON bodies", "body-too-large")
+                await self._refuse(
+                    scope,
+                    receive,
+                    send,
+                    413,
+                    f"the request body exceeds the limit of {self.max_bytes} bytes for JSON bodies",
+                    "body-too-large",
+                )
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
@@ -64,13 +76,25 @@ class JsonBodyGuard:
         try:
             body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            await self._refuse(scope, receive, send, 422, f"the request body is not valid UTF-8 (byte {exc.start}); "
-                               "JSON must be UTF-8", "invalid-utf8")
+            await self._refuse(
+                scope,
+                receive,
+                send,
+                422,
+                f"the request body is not valid UTF-8 (byte {exc.start}); JSON must be UTF-8",
+                "invalid-utf8",
+            )
             return
         depth = json_depth(body)
         if depth > self.max_depth:
-            await self._refuse(scope, receive, send, 422, f"the JSON body nests {depth} levels deep; at most "
-                               f"{self.max_depth} are accepted", "json-too-deep")
+            await self._refuse(
+                scope,
+                receive,
+                send,
+                422,
+                f"the JSON body nests {depth} levels deep; at most {self.max_depth} are accepted",
+                "json-too-deep",
+            )
             return
         sent = False
 

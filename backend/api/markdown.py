@@ -5,10 +5,12 @@ from __future__ import annotations
 from markdown_it import MarkdownIt
 
 # commonmark preset: maxNesting 20 bounds deeply nested input; html=False escapes <script> and any tag.
-_md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False}).enable(["table", "strikethrough"])
+_md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False}).enable(
+    ["table", "strikethrough"]
+)
 
 
-def _link_open(self, tokens, idx, options, env):  # noqa: ANN001 - markdown-it renderer rule signature
+def _link_open(self, tokens, idx, options, env):
     tokens[idx].attrSet("rel", "nofollow noopener noreferrer")
     return self.renderToken(tokens, idx, options, env)
 

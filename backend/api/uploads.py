@@ -66,9 +66,16 @@ class _Spooler:
         self.ended = False
 
     def callbacks(self) -> dict[str, Any]:
-        return {"on_part_begin": self._begin, "on_part_data": self._data, "on_part_end": self._end,
-                "on_header_field": self._hf, "on_header_value": self._hv, "on_header_end": self._he,
-                "on_headers_finished": self._headers_done, "on_end": self._done}
+        return {
+            "on_part_begin": self._begin,
+            "on_part_data": self._data,
+            "on_part_end": self._end,
+            "on_header_field": self._hf,
+            "on_header_value": self._hv,
+            "on_header_end": self._he,
+            "on_headers_finished": self._headers_done,
+            "on_end": self._done,
+        }
 
     def _done(self) -> None:
         self.ended = True
@@ -92,7 +99,9 @@ class _Spooler:
         if b"filename" not in options:
             return
         if len(self.files) >= self.max_files:
-            raise _RefusedError(413, f"more than {self.max_files} files in one request; split the upload", "too-many-files")
+            raise _RefusedError(
+                413, f"more than {self.max_files} files in one request; split the upload", "too-many-files"
+            )
         index = len(self.files)
         name = safe_file_name(options[b"filename"].decode("utf-8", "replace"), index)
         rel = f"{index:05d}.part"
@@ -105,13 +114,20 @@ class _Spooler:
         if not self._is_file:
             self._field += n
             if self._field > MAX_FIELD_BYTES:
-                raise _RefusedError(413, f"a form field is larger than {MAX_FIELD_BYTES} bytes; only file parts may be large",
-                               "field-too-large")
+                raise _RefusedError(
+                    413,
+                    f"a form field is larger than {MAX_FIELD_BYTES} bytes; only file parts may be large",
+                    "field-too-large",
+                )
             return
         self._size += n
         if self._size > self.max_file:
-            raise _RefusedError(413, f"{self.files[-1].name} is larger than the limit of {self.max_file} bytes per file "
-                           "(commlens serve --max-file-mb); split it or compress it", "file-too-large")
+            raise _RefusedError(
+                413,
+                f"{self.files[-1].name} is larger than the limit of {self.max_file} bytes per file "
+                "(commlens serve --max-file-mb); split it or compress it",
+                "file-too-large",
+            )
         assert self._fh is not None
         self._fh.write(data[start:end])
 
@@ -160,10 +176,18 @@ def job_out(job: jobs.Job, queue: IngestQueue) -> JobOut:
     """The job as stored, with the live byte progress and current file of a running one."""
     live = queue.live(job.job_id) if job.state == "running" else None
     return JobOut(
-        job_id=job.job_id, run=job.run, state=job.state, files_total=job.files_total, files_done=job.files_done,
-        bytes_total=job.bytes_total, bytes_done=max(job.bytes_done, live.bytes_done) if live else job.bytes_done,
-        current=live.current if live else None, results=[FileResult(**r) for r in job.results], error=job.error,
-        created_at=job.created_at, updated_at=job.updated_at,
+        job_id=job.job_id,
+        run=job.run,
+        state=job.state,
+        files_total=job.files_total,
+        files_done=job.files_done,
+        bytes_total=job.bytes_total,
+        bytes_done=max(job.bytes_done, live.bytes_done) if live else job.bytes_done,
+        current=live.current if live else None,
+        results=[FileResult(**r) for r in job.results],
+        error=job.error,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
     )
 
 
@@ -174,26 +198,51 @@ def get_job(job_id: str, cur: Cursor, ctx: Ctx) -> JobOut:
 
 @router.get("/jobs", response_model=Page[JobOut])
 def list_jobs(
-    cur: Cursor, ctx: Ctx, limit: Limit = 50, offset: Offset = 0,
+    cur: Cursor,
+    ctx: Ctx,
+    limit: Limit = 50,
+    offset: Offset = 0,
     run: Annotated[str | None, Query(max_length=128)] = None,
     state: Annotated[str | None, Query(pattern="^(queued|running|done|failed)$")] = None,
 ) -> Page[JobOut]:
     items, total = jobs.list_jobs(cur, limit, offset, run=run, state=state)
-    return Page[JobOut](items=[job_out(j, ctx.ingest_queue) for j in items], total=total, limit=limit, offset=offset,
-                        next_offset=next_offset(offset, limit, total))
+    return Page[JobOut](
+        items=[job_out(j, ctx.ingest_queue) for j in items],
+        total=total,
+        limit=limit,
+        offset=offset,
+        next_offset=next_offset(offset, limit, total),
+    )
 
 
 @router.post(
-    "/runs/{run}/files", status_code=202, response_model=JobOut,
+    "/runs/{run}/files",
+    status_code=202,
+    response_model=JobOut,
     responses=problem_responses(401, 404, 413, 415, 422, 507),
     summary="Upload trace files (multipart/form-data, any number of file parts); returns the ingest job",
-    openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
-        "type": "object", "required": ["files"],
-        "properties": {"files": {"type": "array", "items": {"type": "string", "format": "binary"}}}}}}}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["files"],
+                        "properties": {"files": {"type": "array", "items": {"type": "string", "format": "binary"}}},
+                    }
+                }
+            },
+        }
+    },
 )
 async def upload_files(
-    run: str, request: Request, ctx: Ctx,
-    rank: Annotated[int | None, Query(ge=0, le=10_000_000, description="global rank of single-rank files that do not say")] = None,
+    run: str,
+    request: Request,
+    ctx: Ctx,
+    rank: Annotated[
+        int | None, Query(ge=0, le=10_000_000, description="global rank of single-rank files that do not say")
+    ] = None,
 ) -> JSONResponse:
     settings = ctx.settings
 
@@ -208,18 +257,29 @@ async def upload_files(
         raise ApiError(404, f"no run named {run!r}; create it first with POST /api/runs", "unknown-run")
     ctype, options = parse_options_header(request.headers.get("content-type", ""))
     if ctype != b"multipart/form-data" or not options.get(b"boundary"):
-        raise ApiError(415, "send the files as multipart/form-data (for example curl -F files=@rank0.json.gz)",
-                       "unsupported-media-type")
+        raise ApiError(
+            415,
+            "send the files as multipart/form-data (for example curl -F files=@rank0.json.gz)",
+            "unsupported-media-type",
+        )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > settings.max_request_bytes:
-        raise ApiError(413, f"the request declares {declared} bytes, more than the limit of {settings.max_request_bytes} "
-                       "per request (commlens serve --max-request-mb); send the files in several requests", "request-too-large")
+        raise ApiError(
+            413,
+            f"the request declares {declared} bytes, more than the limit of {settings.max_request_bytes} "
+            "per request (commlens serve --max-request-mb); send the files in several requests",
+            "request-too-large",
+        )
 
     if declared is not None and declared.isdigit():
         free = shutil.disk_usage(settings.spool).free
         if int(declared) > free - SPOOL_HEADROOM:
-            raise ApiError(507, f"the server's disk has {free} bytes free next to the store; this upload needs "
-                           f"{declared} bytes plus headroom. Free space or upload fewer files", "insufficient-storage")
+            raise ApiError(
+                507,
+                f"the server's disk has {free} bytes free next to the store; this upload needs "
+                f"{declared} bytes plus headroom. Free space or upload fewer files",
+                "insufficient-storage",
+            )
     job_id = new_job_id()
     folder = settings.spool / job_id
     folder.mkdir(parents=True)
@@ -232,8 +292,12 @@ async def upload_files(
             async for chunk in request.stream():
                 received += len(chunk)
                 if received > settings.max_request_bytes:
-                    refused = refused or _RefusedError(413, f"the request is larger than the limit of {settings.max_request_bytes} "
-                                                  "bytes (commlens serve --max-request-mb)", "request-too-large")
+                    refused = refused or _RefusedError(
+                        413,
+                        f"the request is larger than the limit of {settings.max_request_bytes} "
+                        "bytes (commlens serve --max-request-mb)",
+                        "request-too-large",
+                    )
                     break  # stop reading: the connection is closed after the answer
                 if refused is None:
                     try:
@@ -250,17 +314,30 @@ async def upload_files(
             refused = refused or _RefusedError(422, f"malformed multipart body: {exc}", "malformed-upload")
         spooler.close()
         if refused is None and not spooler.ended:
-            refused = _RefusedError(422, "the multipart body ends before its closing boundary (truncated upload?); "
-                               "nothing was queued, send it again", "malformed-upload")
+            refused = _RefusedError(
+                422,
+                "the multipart body ends before its closing boundary (truncated upload?); "
+                "nothing was queued, send it again",
+                "malformed-upload",
+            )
         if refused is None and not spooler.files:
-            refused = _RefusedError(422, "the upload has no file parts; send files as multipart parts with a filename "
-                               "(curl -F files=@rank0.json.gz)", "no-files")
+            refused = _RefusedError(
+                422,
+                "the upload has no file parts; send files as multipart parts with a filename "
+                "(curl -F files=@rank0.json.gz)",
+                "no-files",
+            )
         if refused is None:
             bad = await run_in_threadpool(_sniff_all, folder, spooler.files, settings.ingest_limits)
             if bad:
-                refused = _RefusedError(415, "not a Kineto trace, NCCL log, run.json or archive of them: " + "; ".join(bad[:20])
-                                   + (f" (and {len(bad) - 20} more)" if len(bad) > 20 else "")
-                                   + ". Nothing of this upload was queued.", "unsupported-file")
+                refused = _RefusedError(
+                    415,
+                    "not a Kineto trace, NCCL log, run.json or archive of them: "
+                    + "; ".join(bad[:20])
+                    + (f" (and {len(bad) - 20} more)" if len(bad) > 20 else "")
+                    + ". Nothing of this upload was queued.",
+                    "unsupported-file",
+                )
         if refused is not None:
             raise refused.error
         manifest = Manifest(run=run, rank=rank, files=spooler.files)

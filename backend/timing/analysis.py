@@ -25,8 +25,13 @@ class TimeAnalysis:
     paths: list[CriticalPath]
 
 
-def analyze(ranks: Mapping[int, RankInput], world_size: int | None = None, hosts: Mapping[int, str] | None = None,
-            schemes: Mapping[str, str] | None = None, rule: StragglerRule = DEFAULT_RULE) -> TimeAnalysis:
+def analyze(
+    ranks: Mapping[int, RankInput],
+    world_size: int | None = None,
+    hosts: Mapping[int, str] | None = None,
+    schemes: Mapping[str, str] | None = None,
+    rule: StragglerRule = DEFAULT_RULE,
+) -> TimeAnalysis:
     """`schemes`: group key (matching.WORLD for unnamed groups) -> scheme; `hosts`: rank -> host."""
     schemes = schemes or {}
     match = match_instances({r: d.calls for r, d in ranks.items()}, world_size)

@@ -68,8 +68,14 @@ def scheme_of_call(calls: Calls, i: int, schemes: Mapping[str, str]) -> str:
     return schemes.get(calls.group_key[i] or WORLD, UNATTRIBUTED)
 
 
-def rank_spans(rank: int, data: RankInput, inst: Instances, stats: InstanceStats, clocks: ClockAlignment,
-               schemes: Mapping[str, str]) -> RankSpans:
+def rank_spans(
+    rank: int,
+    data: RankInput,
+    inst: Instances,
+    stats: InstanceStats,
+    clocks: ClockAlignment,
+    schemes: Mapping[str, str],
+) -> RankSpans:
     iv = data.intervals
     calls = data.calls
     spans = RankSpans(_kind(iv, {COMPUTE}), _kind(iv, {COMM}), _kind(iv, MEMORY_KINDS), [], [])
@@ -113,7 +119,9 @@ def classify(spans: RankSpans, t0: float, t1: float) -> tuple[dict[str, float], 
     """Microseconds per category in [t0, t1] (rank clock), and per scheme: overlapped/wait/exposed."""
     parts = {n: _clip(getattr(spans, n), t0, t1) for n in ("compute", "comm", "memory", "wait")}
     calls = sorted((max(s, t0), min(e, t1), sc) for s, e, sc in spans.calls if e > t0 and s < t1)
-    pts = [t0, t1] + [x for p in parts.values() for s, e in p for x in (s, e)] + [x for s, e, _ in calls for x in (s, e)]
+    pts = (
+        [t0, t1] + [x for p in parts.values() for s, e in p for x in (s, e)] + [x for s, e, _ in calls for x in (s, e)]
+    )
     bounds = np.unique(np.asarray(pts, dtype=np.float64))
     width = np.diff(bounds)
     comp, comm = _cover(bounds, parts["compute"]), _cover(bounds, parts["comm"])
@@ -145,8 +153,13 @@ def classify(spans: RankSpans, t0: float, t1: float) -> tuple[dict[str, float], 
     return totals, per_scheme
 
 
-def step_breakdown(ranks: Mapping[int, RankInput], inst: Instances, stats: InstanceStats, clocks: ClockAlignment,
-                   schemes: Mapping[str, str] | None = None) -> Breakdown:
+def step_breakdown(
+    ranks: Mapping[int, RankInput],
+    inst: Instances,
+    stats: InstanceStats,
+    clocks: ClockAlignment,
+    schemes: Mapping[str, str] | None = None,
+) -> Breakdown:
     """The breakdown of every profiled step of every rank (each rank's own step window and clock)."""
     out = Breakdown()
     schemes = schemes or {}

@@ -47,8 +47,13 @@ class ClockAlignment:
         return t + self.offsets.get(rank, 0.0)
 
 
-def align_clocks(inst: Instances, ranks: list[int], hosts: Mapping[int, str] | None = None,
-                 min_instances: int = MIN_INSTANCES, tolerance_us: float = TOLERANCE_US) -> ClockAlignment:
+def align_clocks(
+    inst: Instances,
+    ranks: list[int],
+    hosts: Mapping[int, str] | None = None,
+    min_instances: int = MIN_INSTANCES,
+    tolerance_us: float = TOLERANCE_US,
+) -> ClockAlignment:
     """Estimate per-domain offsets from instance end times; see the module docstring for the rule."""
     zero = dict.fromkeys(ranks, 0.0)
     dom = {r: (hosts[r] if hosts and r in hosts else f"rank{r}") for r in ranks}
@@ -70,7 +75,9 @@ def align_clocks(inst: Instances, ranks: list[int], hosts: Mapping[int, str] | N
         for d, es in ends.items():
             if d != ref:
                 diffs[d].append(float(np.median(es)) - base)
-    estimates = [DomainEstimate(ref, [r for r in ranks if dom[r] == ref], sum(o in SYMMETRIC_OPS for o in inst.op), 0.0, 0.0)]
+    estimates = [
+        DomainEstimate(ref, [r for r in ranks if dom[r] == ref], sum(o in SYMMETRIC_OPS for o in inst.op), 0.0, 0.0)
+    ]
     problems: list[str] = []
     for d in domains[1:]:
         members = [r for r in ranks if dom[r] == d]

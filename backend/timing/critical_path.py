@@ -41,8 +41,14 @@ class CriticalPath:
     note: str | None = None
 
 
-def critical_path(step: int, ranks: Mapping[int, RankInput], spans: Mapping[int, RankSpans], inst: Instances,
-                  stats: InstanceStats, clocks: ClockAlignment) -> CriticalPath:
+def critical_path(
+    step: int,
+    ranks: Mapping[int, RankInput],
+    spans: Mapping[int, RankSpans],
+    inst: Instances,
+    stats: InstanceStats,
+    clocks: ClockAlignment,
+) -> CriticalPath:
     windows: dict[int, tuple[float, float]] = {}
     for r, data in ranks.items():
         st = data.steps

@@ -36,7 +36,9 @@ def instance_stats(inst: Instances, clocks: ClockAlignment) -> InstanceStats:
     missing = 0
     for k in range(len(inst)):
         ranks = inst.member_rank[k]
-        arr = [None if a is None else clocks.to_reference(r, a) for r, a in zip(ranks, inst.member_arrival[k], strict=True)]
+        arr = [
+            None if a is None else clocks.to_reference(r, a) for r, a in zip(ranks, inst.member_arrival[k], strict=True)
+        ]
         if not clocks.trusted or any(a is None for a in arr):
             missing += clocks.trusted
             out.skew_us.append(None)

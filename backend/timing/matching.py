@@ -105,9 +105,9 @@ def match_instances(ranks: Mapping[int, Calls], world_size: int | None = None) -
         member_ranks = sorted(expected)
         for r in member_ranks:
             by_rank.setdefault(r, [])
-        keyed = all(
-            ranks[r].match_key[i] is not None for r in member_ranks for i in by_rank[r]
-        ) and any(ranks[r].match_key[i] for r in member_ranks for i in by_rank[r])
+        keyed = all(ranks[r].match_key[i] is not None for r in member_ranks for i in by_rank[r]) and any(
+            ranks[r].match_key[i] for r in member_ranks for i in by_rank[r]
+        )
         if keyed:
             _match_keyed(g, member_ranks, ranks, by_rank, out)
         else:
@@ -128,7 +128,9 @@ def _disagreement(ranks: Mapping[int, Calls], a: tuple[int, int], b: tuple[int, 
     return None
 
 
-def _emit(g: str, key: int, how: str, ranks: Mapping[int, Calls], picks: list[tuple[int, int]], out: MatchResult) -> None:
+def _emit(
+    g: str, key: int, how: str, ranks: Mapping[int, Calls], picks: list[tuple[int, int]], out: MatchResult
+) -> None:
     inst = out.instances
     r0, i0 = picks[0]
     c0 = ranks[r0]
@@ -150,14 +152,24 @@ def _check(g: str, pos: int, ranks: Mapping[int, Calls], picks: list[tuple[int, 
     for p in picks[1:]:
         why = _disagreement(ranks, picks[0], p)
         if why is not None:
-            out.mismatches.append(Mismatch(g, pos, why, picks[0][0], _describe(ranks[picks[0][0]], picks[0][1]),
-                                           p[0], _describe(ranks[p[0]], p[1])))
+            out.mismatches.append(
+                Mismatch(
+                    g,
+                    pos,
+                    why,
+                    picks[0][0],
+                    _describe(ranks[picks[0][0]], picks[0][1]),
+                    p[0],
+                    _describe(ranks[p[0]], p[1]),
+                )
+            )
             return False
     return True
 
 
-def _match_keyed(g: str, member_ranks: Sequence[int], ranks: Mapping[int, Calls],
-                 by_rank: Mapping[int, list[int]], out: MatchResult) -> None:
+def _match_keyed(
+    g: str, member_ranks: Sequence[int], ranks: Mapping[int, Calls], by_rank: Mapping[int, list[int]], out: MatchResult
+) -> None:
     index = {r: {ranks[r].match_key[i]: i for i in by_rank[r]} for r in member_ranks}
     keys = sorted({k for d in index.values() for k in d if k is not None})
     for k in keys:
@@ -172,8 +184,9 @@ def _match_keyed(g: str, member_ranks: Sequence[int], ranks: Mapping[int, Calls]
             _emit(g, k, "key", ranks, have, out)
 
 
-def _match_ordered(g: str, member_ranks: Sequence[int], ranks: Mapping[int, Calls],
-                   by_rank: Mapping[int, list[int]], out: MatchResult) -> None:
+def _match_ordered(
+    g: str, member_ranks: Sequence[int], ranks: Mapping[int, Calls], by_rank: Mapping[int, list[int]], out: MatchResult
+) -> None:
     longest = max(len(by_rank[r]) for r in member_ranks)
     for pos in range(longest):
         have = [(r, by_rank[r][pos]) for r in member_ranks if pos < len(by_rank[r])]

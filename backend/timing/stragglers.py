@@ -65,8 +65,13 @@ class StragglerReport:
     verdicts: dict[str, str]  # group -> why it has, or has no, straggler
 
 
-def find_stragglers(inst: Instances, stats: InstanceStats, mean_step_us: float | None,
-                    schemes: Mapping[str, str] | None = None, rule: StragglerRule = DEFAULT_RULE) -> StragglerReport:
+def find_stragglers(
+    inst: Instances,
+    stats: InstanceStats,
+    mean_step_us: float | None,
+    schemes: Mapping[str, str] | None = None,
+    rule: StragglerRule = DEFAULT_RULE,
+) -> StragglerReport:
     schemes = schemes or {}
     counts: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0, 0, 0.0, 0.0])
     per_step: dict[tuple[str, int | None], dict[int, int]] = defaultdict(lambda: defaultdict(int))
@@ -102,10 +107,20 @@ def find_stragglers(inst: Instances, stats: InstanceStats, mean_step_us: float |
             a.wait_us.append(waited)
             a.steps.append(len(steps))
             a.steps_mostly_last.append(mostly)
-            cand = Straggler(g, schemes.get(g, "unattributed"), r, last_n / n if n else 0.0, mostly, len(steps),
-                             imposed / max(len(steps), 1), int(n))
-            if best is None or (cand.steps_mostly_last, cand.imposed_us_per_step) > (best.steps_mostly_last,
-                                                                                      best.imposed_us_per_step):
+            cand = Straggler(
+                g,
+                schemes.get(g, "unattributed"),
+                r,
+                last_n / n if n else 0.0,
+                mostly,
+                len(steps),
+                imposed / max(len(steps), 1),
+                int(n),
+            )
+            if best is None or (cand.steps_mostly_last, cand.imposed_us_per_step) > (
+                best.steps_mostly_last,
+                best.imposed_us_per_step,
+            ):
                 best = cand
         out.verdicts[g] = _verdict(best, mean_step_us, rule)
         if best is not None and out.verdicts[g].startswith("straggler"):
@@ -121,13 +136,19 @@ def _verdict(best: Straggler | None, mean_step_us: float | None, rule: Straggler
     if best.steps < rule.min_steps:
         return f"no straggler: {best.steps} step(s) with instances, consistency needs {rule.min_steps}"
     if best.steps_mostly_last < rule.step_share * best.steps:
-        return (f"no straggler: the most frequent last arrival (rank {best.rank}) was last in >= "
-                f"{rule.last_share:.0%} of instances in {best.steps_mostly_last} of {best.steps} steps")
+        return (
+            f"no straggler: the most frequent last arrival (rank {best.rank}) was last in >= "
+            f"{rule.last_share:.0%} of instances in {best.steps_mostly_last} of {best.steps} steps"
+        )
     if mean_step_us is not None and best.imposed_us_per_step < rule.min_imposed_share * mean_step_us:
-        return (f"no straggler: rank {best.rank} arrives last but imposes {best.imposed_us_per_step:.0f} µs per step, "
-                f"under {rule.min_imposed_share:.0%} of the {mean_step_us:.0f} µs step")
-    return (f"straggler rank {best.rank}: last in >= {rule.last_share:.0%} of instances in {best.steps_mostly_last} "
-            f"of {best.steps} steps, imposing {best.imposed_us_per_step:.0f} µs per step")
+        return (
+            f"no straggler: rank {best.rank} arrives last but imposes {best.imposed_us_per_step:.0f} µs per step, "
+            f"under {rule.min_imposed_share:.0%} of the {mean_step_us:.0f} µs step"
+        )
+    return (
+        f"straggler rank {best.rank}: last in >= {rule.last_share:.0%} of instances in {best.steps_mostly_last} "
+        f"of {best.steps} steps, imposing {best.imposed_us_per_step:.0f} µs per step"
+    )
 
 
 @dataclass

@@ -9,7 +9,7 @@ PORT ?= 8050
 # on the team's machines) is installed before the project so no multi-GB CUDA build is pulled.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: venv install install-test system-test-deps demo test lint typecheck clean
+.PHONY: venv install install-test system-test-deps demo test lint typecheck layout clean
 
 # A torch already installed for $(PYTHON) (a CUDA build, conda's) is kept: the venv then sees the system's
 # site packages, so the project's torch range is satisfied without a download.
@@ -63,20 +63,24 @@ demo: install
 
 # Lint: ruff's rule set and format check (pyproject.toml), and the import contracts (.importlinter: the dashboard
 # imports nothing of the server, the layers go one way, no cycles).
-lint: install-test
+lint: install-test layout
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/lint-imports
+	cd .layout && ../$(BIN)/lint-imports --config ../.importlinter
 
 # mypy sees the installed layout (commlens.backend is backend/ ...) through a tree of links made here.
-typecheck: install-test
-	rm -rf .typecheck && mkdir -p .typecheck/commlens
-	for f in commlens/*; do ln -s ../../$$f .typecheck/commlens/; done
-	for d in backend ingest frontend harness; do ln -s ../../$$d .typecheck/commlens/$$d; done
-	cd .typecheck && ../$(BIN)/mypy -p commlens
+typecheck: install-test layout
+	cd .layout && ../$(BIN)/mypy --config-file ../pyproject.toml -p commlens
+
+# The installed package's layout (commlens.backend is backend/ ...) as a tree of links, for the tools that follow
+# module names to files (mypy, import-linter).
+layout:
+	rm -rf .layout && mkdir -p .layout/commlens
+	for f in commlens/*; do ln -s ../../$$f .layout/commlens/; done
+	for d in backend ingest frontend harness; do ln -s ../../$$d .layout/commlens/$$d; done
 
 test: install-test
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .typecheck
+	rm -rf $(VENV) *.egg-info .pytest_cache .layout

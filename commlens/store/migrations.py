@@ -1,7 +1,8 @@
 """The schema version kept in `meta.schema_version`, a new store's tables, and the explicit upgrades.
 
 The DDL is split by owner: `trace.sql` (ingested rows and the `comms` view), `review.sql` (users, review
-items), `jobs.sql` (the API's ingest jobs), `aggregates.sql` (per-run aggregates). A new store gets all
+items), `jobs.sql` (the API's ingest jobs), `aggregates.sql` (per-run aggregates), `time.sql` (the time
+analysis's results). A new store gets all
 of them at the current version; an older one is upgraded step by step, each step in one transaction.
 """
 
@@ -14,11 +15,11 @@ from importlib import resources
 import duckdb
 
 from .errors import StoreError
-from .tables import AGG_TABLES
+from .tables import AGG_TABLES, TIME_TABLES
 from .transaction import transaction
 
-SCHEMA_VERSION = 3
-SCHEMA_FILES = ("trace.sql", "review.sql", "jobs.sql", "aggregates.sql")
+SCHEMA_VERSION = 4
+SCHEMA_FILES = ("trace.sql", "review.sql", "jobs.sql", "aggregates.sql", "time.sql")
 META_SQL = """CREATE TABLE IF NOT EXISTS meta (
     key   VARCHAR PRIMARY KEY,
     value VARCHAR NOT NULL
@@ -36,22 +37,39 @@ def schema_sql() -> str:
     return META_SQL + "\n".join(schema_file(name) for name in SCHEMA_FILES)
 
 
-def _aggregate_tables() -> list[str]:
-    """The CREATE TABLE statements of the aggregate tables (the 1 -> 2 upgrade)."""
+def _create_tables(file: str, names: tuple[str, ...]) -> list[str]:
+    """The CREATE TABLE statements of `names` in one schema file (upgrades create tables as declared)."""
     return [
         m.group(0)
-        for m in re.finditer(r"CREATE TABLE IF NOT EXISTS (\w+) \(.*?\n\);", schema_file("aggregates.sql"), re.S)
-        if m.group(1) in AGG_TABLES
+        for m in re.finditer(r"CREATE TABLE IF NOT EXISTS (\w+) \(.*?\n\);", schema_file(file), re.S)
+        if m.group(1) in names
     ]
+
+
+_TIME_COLUMNS = (
+    "match_key BIGINT",
+    "cpu_start_us DOUBLE",
+    "cpu_end_us DOUBLE",
+    "dev_start_us DOUBLE",
+    "dev_end_us DOUBLE",
+)
 
 
 # Explicit upgrades: {from_version: [sql, ...]} applied in order up to SCHEMA_VERSION.
 # 1 -> 2: per-run aggregate tables, empty; each run's are filled by its first refresh.
 # 2 -> 3: comm_events.counted (an NCCL log and a profiler trace of the same rank count each call once);
 #         every existing call counts, as before, until its run is linked again.
+# 3 -> 4: the time analysis: comm_events gains match_key and the CPU/device spans of each call (NULL for
+#         calls ingested before: their run's next ingest fills them), timeline_intervals and the result
+#         tables of time.sql, empty until each run's next ingest or attribution computes them.
 MIGRATIONS: dict[int, list[str]] = {
-    1: _aggregate_tables(),
+    1: _create_tables("aggregates.sql", AGG_TABLES),
     2: ["ALTER TABLE comm_events ADD COLUMN counted BOOLEAN DEFAULT true"],
+    3: [
+        *(f"ALTER TABLE comm_events ADD COLUMN {col}" for col in _TIME_COLUMNS),
+        *_create_tables("trace.sql", ("timeline_intervals",)),
+        *_create_tables("time.sql", TIME_TABLES),
+    ],
 }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 # Rows parsed from a run's files (each has run_id and source_id).
-TRACE_TABLES = ("comm_events", "steps", "nccl_comms", "nccl_topology", "nccl_tuning")
+TRACE_TABLES = ("comm_events", "steps", "timeline_intervals", "nccl_comms", "nccl_topology", "nccl_tuning")
 
 # Every table holding a run's aggregates (each has run_id), in refresh order (aggregates.py).
 AGG_TABLES = (
@@ -20,5 +20,23 @@ AGG_TABLES = (
     "agg_runs",
 )
 
+# The time analysis's results of a run (time.sql), all replaced together (backend/timing/persist.py).
+TIME_TABLES = (
+    "time_status",
+    "time_instances",
+    "time_instance_members",
+    "time_mismatches",
+    "time_unmatched",
+    "time_clock_offsets",
+    "time_breakdown",
+    "time_memcpy",
+    "time_rank_totals",
+    "time_arrivals",
+    "time_stragglers",
+    "time_critical_path",
+    "time_critical_segments",
+    "time_critical_schemes",
+)
+
 # Every table with rows of a run besides `runs` itself: deleting a run deletes its rows in all of them.
-RUN_TABLES = (*TRACE_TABLES, "process_groups", "review_items", "sources", "jobs", *AGG_TABLES)
+RUN_TABLES = (*TRACE_TABLES, "process_groups", "review_items", "sources", "jobs", *AGG_TABLES, *TIME_TABLES)

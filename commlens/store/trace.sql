@@ -77,6 +77,11 @@ CREATE TABLE IF NOT EXISTS comm_events (
     op_count   BIGINT,       -- NCCL opCount
     comm_ptr   VARCHAR,      -- NCCL per-process communicator pointer
     raw_name   VARCHAR,      -- the source's own name for the call
+    match_key    BIGINT,     -- the source's own instance counter: PyTorch's collective Seq (Kineto), NCCL opCount
+    cpu_start_us DOUBLE,     -- the call's CPU op (Kineto), rank's own clock
+    cpu_end_us   DOUBLE,
+    dev_start_us DOUBLE,     -- first device kernel start / last kernel end of the call; NULL without kernels
+    dev_end_us   DOUBLE,
     counted    BOOLEAN NOT NULL DEFAULT true  -- false: an NCCL-log call of a rank whose profiler trace in the
                                                -- same run describes the same calls (they count there, once)
 );
@@ -89,6 +94,20 @@ CREATE TABLE IF NOT EXISTS steps (
     step      INTEGER NOT NULL,
     ts_us     DOUBLE,
     dur_us    DOUBLE
+);
+
+-- Activity of a rank as intervals (what the time analysis reads): device kernels, memcpy and memset per
+-- stream; for traces without device activity (gloo) the collectives' CPU time and the other CPU ops.
+-- Intervals of one kind on one stream that touch or overlap are merged (their bytes add up).
+CREATE TABLE IF NOT EXISTS timeline_intervals (
+    run_id    INTEGER NOT NULL,
+    source_id INTEGER NOT NULL,
+    rank      INTEGER,
+    kind      VARCHAR NOT NULL,  -- compute | comm | memcpy_htod | memcpy_dtoh | memcpy_dtod | memcpy_ptop | memset
+    stream    BIGINT NOT NULL,   -- device stream; CPU-only traces: thread id (-1: the collectives' lane)
+    start_us  DOUBLE NOT NULL,   -- rank's own clock
+    end_us    DOUBLE NOT NULL,
+    nbytes    BIGINT NOT NULL DEFAULT 0  -- memcpy/memset bytes; 0 otherwise
 );
 
 -- NCCL communicator members, one row per (process, communicator) Init line.

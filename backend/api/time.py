@@ -1,0 +1,106 @@
+"""Time endpoints (docs/time.md): thin adapters over commlens.service.time, which reads what the ingest
+computed; nothing is analysed per request."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+
+from commlens.contract.common import MAX_RANK
+from commlens.contract.time import (
+    BreakdownReport,
+    CriticalPathReport,
+    InstancesPage,
+    MismatchReport,
+    StragglerReport,
+    TimeSummary,
+)
+from commlens.service import time as service
+from commlens.vocab import Op, Scheme
+
+from .deps import Cursor, Limit, Offset
+from .errors import problem_responses
+
+router = APIRouter(tags=["time"])
+
+RankQuery = Annotated[int | None, Query(ge=0, le=MAX_RANK, description="one rank")]
+StepQuery = Annotated[int | None, Query(ge=-(2**31), le=2**31 - 1, description="one profiler step")]
+
+
+@router.get(
+    "/runs/{run}/time",
+    response_model=TimeSummary,
+    responses=problem_responses(404),
+    summary="Where the time goes: what could be computed, clock offsets, per-rank totals and stragglers",
+)
+def time_summary(run: str, cur: Cursor) -> TimeSummary:
+    return service.time_summary(cur, run)
+
+
+@router.get(
+    "/runs/{run}/time/breakdown",
+    response_model=BreakdownReport,
+    responses=problem_responses(404, 422),
+    summary="Per rank and step: compute, overlapped, wait, exposed, memcpy, idle (µs) and per scheme",
+)
+def breakdown(
+    run: str,
+    cur: Cursor,
+    rank: RankQuery = None,
+    step: StepQuery = None,
+    scheme: Annotated[
+        Scheme | Literal["unattributed"] | None,
+        Query(description="keep only this scheme's communication in each row's `schemes`"),
+    ] = None,
+) -> BreakdownReport:
+    return service.breakdown(cur, run, rank=rank, step=step, scheme=scheme)
+
+
+@router.get(
+    "/runs/{run}/time/instances",
+    response_model=InstancesPage,
+    responses=problem_responses(404, 422),
+    summary="Collective instances matched across ranks: skew, waits, last arrival, real time, bandwidth; paginated",
+)
+def instances(
+    run: str,
+    cur: Cursor,
+    limit: Limit = 100,
+    offset: Offset = 0,
+    group: Annotated[str | None, Query(max_length=512, description="a process group key, or 'world'")] = None,
+    op: Annotated[Op | None, Query()] = None,
+    step: StepQuery = None,
+    rank: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="instances this rank is a member of")] = None,
+) -> InstancesPage:
+    return service.instances(cur, run, group=group, op=op, step=step, rank=rank, limit=limit, offset=offset)
+
+
+@router.get(
+    "/runs/{run}/time/stragglers",
+    response_model=StragglerReport,
+    responses=problem_responses(404),
+    summary="Per group: the straggler named with its evidence, or why none is; arrivals per rank",
+)
+def stragglers(run: str, cur: Cursor) -> StragglerReport:
+    return service.stragglers(cur, run)
+
+
+@router.get(
+    "/runs/{run}/time/critical-path",
+    response_model=CriticalPathReport,
+    responses=problem_responses(404, 422),
+    summary="Each step's critical path across ranks, with the exposed communication on it per scheme",
+)
+def critical_path(run: str, cur: Cursor, step: StepQuery = None) -> CriticalPathReport:
+    return service.critical_paths(cur, run, step=step)
+
+
+@router.get(
+    "/runs/{run}/time/mismatches",
+    response_model=MismatchReport,
+    responses=problem_responses(404),
+    summary="Calls that could not be matched across their group, with both sides",
+)
+def mismatches(run: str, cur: Cursor) -> MismatchReport:
+    return service.mismatches(cur, run)

@@ -1,0 +1,391 @@
+"""Reads of a run's time analysis (docs/time.md): the rows the ingest computed into the `time_*` tables
+(commlens/store/time.sql), shaped as the wire contract. Nothing is analysed here, so every answer costs
+a few indexed reads, whatever the run's size.
+
+Every function raises `UnknownRunError` (a LookupError) for a run that does not exist. A run without
+time rows answers empty lists and a status whose `available` is false.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import duckdb
+
+from commlens.backend.iterations import run_id_of
+from commlens.contract.time import (
+    BreakdownReport,
+    ClockOffsets,
+    CriticalPath,
+    CriticalPathReport,
+    GroupVerdict,
+    Instance,
+    InstanceMember,
+    InstancesPage,
+    MemcpyLane,
+    Mismatch,
+    MismatchReport,
+    PathSegment,
+    RankArrivals,
+    RankOffset,
+    RankTime,
+    SchemeTime,
+    StepBreakdown,
+    Straggler,
+    StragglerReport,
+    TimePart,
+    TimeStatus,
+    TimeSummary,
+)
+
+Con = duckdb.DuckDBPyConnection
+_UNATTRIBUTED = "unattributed"
+
+
+def _rows(con: Con, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    return con.execute(sql, params).fetchall()
+
+
+def _ms(us: float | None) -> float | None:
+    return None if us is None else us / 1000.0
+
+
+# ------------------------------------------------------------------------------------- summary
+
+
+def status(con: Con, run_id: int) -> TimeStatus:
+    parts = [
+        TimePart(part=p, computed=ok, reason=r)
+        for p, ok, r in _rows(
+            con, "SELECT part, ok, reason FROM time_status WHERE run_id = ? ORDER BY part, ok DESC, reason", [run_id]
+        )
+    ]
+    return TimeStatus(available=bool(parts), parts=parts)
+
+
+def clocks(con: Con, run_id: int) -> ClockOffsets | None:
+    rows = _rows(
+        con,
+        """SELECT rank, domain, offset_us, estimate_us, spread_us, instances, applied, trusted, reason
+           FROM time_clock_offsets WHERE run_id = ? ORDER BY rank""",
+        [run_id],
+    )
+    if not rows:
+        return None
+    return ClockOffsets(
+        applied=rows[0][6],
+        trusted=rows[0][7],
+        reason=rows[0][8],
+        offsets=[
+            RankOffset(rank=r, domain=d, offset_us=o, estimate_us=e, spread_us=s, instances=n)
+            for r, d, o, e, s, n, *_ in rows
+        ],
+    )
+
+
+def rank_times(con: Con, run_id: int) -> list[RankTime]:
+    return [
+        RankTime(
+            rank=r,
+            steps=st,
+            instances=n,
+            arrived_last=last,
+            wait_us=w,
+            imposed_us=imp,
+            step_us=step_us,
+            exposed_us=exp,
+            overlapped_us=ov,
+        )
+        for r, st, n, last, w, imp, step_us, exp, ov in _rows(
+            con,
+            """SELECT rank, steps, instances, arrived_last, wait_us, imposed_us, step_us, exposed_us, overlapped_us
+               FROM time_rank_totals WHERE run_id = ? ORDER BY rank""",
+            [run_id],
+        )
+    ]
+
+
+def _verdicts(con: Con, run_id: int) -> tuple[list[Straggler], list[GroupVerdict]]:
+    rows = _rows(
+        con,
+        """SELECT group_key, coalesce(scheme, ?), straggler, rank, candidate_rank, arrived_last_share,
+                  steps_mostly_last, steps, imposed_us_per_step, instances, reason
+           FROM time_stragglers WHERE run_id = ? ORDER BY group_key""",
+        [_UNATTRIBUTED, run_id],
+    )
+    named: list[Straggler] = []
+    groups: list[GroupVerdict] = []
+    for g, sc, is_straggler, rank, cand, share, mostly, steps, imposed, n, reason in rows:
+        groups.append(
+            GroupVerdict(
+                group=g,
+                scheme=sc,
+                verdict="straggler" if is_straggler else "no straggler",
+                reason=reason,
+                candidate_rank=cand,
+                arrived_last_share=share,
+                steps_consistent=mostly,
+                steps=steps,
+                imposed_ms_per_step=_ms(imposed),
+                instances=n,
+            )
+        )
+        if is_straggler:
+            named.append(
+                Straggler(
+                    rank=rank,
+                    scheme=sc,
+                    group=g,
+                    arrived_last_share=share,
+                    steps_consistent=mostly,
+                    steps=steps,
+                    imposed_ms_per_step=imposed / 1000.0,
+                    instances=n,
+                    reason=reason,
+                )
+            )
+    return named, groups
+
+
+def time_summary(con: Con, run: str) -> TimeSummary:
+    """What was computed, the clocks, per-rank totals and the stragglers of a run."""
+    run_id = run_id_of(con, run)
+    named, groups = _verdicts(con, run_id)
+    (n_inst,) = _rows(con, "SELECT count(*) FROM time_instances WHERE run_id = ?", [run_id])[0]
+    (n_mis,) = _rows(con, "SELECT count(*) FROM time_mismatches WHERE run_id = ?", [run_id])[0]
+    return TimeSummary(
+        run=run,
+        status=status(con, run_id),
+        clocks=clocks(con, run_id),
+        instances=n_inst,
+        mismatches=n_mis,
+        ranks=rank_times(con, run_id),
+        stragglers=named,
+        verdicts=groups,
+    )
+
+
+# ----------------------------------------------------------------------------------- breakdown
+
+
+def breakdown(
+    con: Con, run: str, rank: int | None = None, step: int | None = None, scheme: str | None = None
+) -> BreakdownReport:
+    """Per rank and step, the six categories; `scheme` keeps only that scheme's split in each row."""
+    run_id = run_id_of(con, run)
+    where, params = "run_id = ?", [run_id]
+    if rank is not None:
+        where, params = where + " AND rank = ?", [*params, rank]
+    if step is not None:
+        where, params = where + " AND step = ?", [*params, step]
+    split: dict[tuple[int, int], list[SchemeTime]] = defaultdict(list)
+    for r, n, sc, ov, w, ex in _rows(
+        con,
+        f"""SELECT rank, step, scheme, overlapped_us, wait_us, exposed_us FROM time_breakdown
+            WHERE {where} AND scheme IS NOT NULL {"AND scheme = ?" if scheme else ""} ORDER BY rank, step, scheme""",
+        params + ([scheme] if scheme else []),
+    ):
+        split[(r, n)].append(SchemeTime(scheme=sc, overlapped_us=ov, wait_us=w, exposed_us=ex))
+    lanes: dict[tuple[int, int], list[MemcpyLane]] = defaultdict(list)
+    for r, n, d, b, busy, gbps in _rows(
+        con,
+        f"SELECT rank, step, direction, bytes, busy_us, gbps FROM time_memcpy WHERE {where} ORDER BY rank, step, direction",
+        params,
+    ):
+        lanes[(r, n)].append(MemcpyLane(direction=d, bytes=b, busy_us=busy, gbps=gbps))
+    rows = [
+        StepBreakdown(
+            rank=r,
+            step=n,
+            step_us=t,
+            compute_us=c,
+            overlapped_us=ov,
+            wait_us=w,
+            exposed_us=ex,
+            memcpy_us=m,
+            idle_us=i,
+            schemes=split.get((r, n), []),
+            memcpy=lanes.get((r, n), []),
+        )
+        for r, n, t, c, ov, w, ex, m, i in _rows(
+            con,
+            f"""SELECT rank, step, step_us, compute_us, overlapped_us, wait_us, exposed_us, memcpy_us, idle_us
+                FROM time_breakdown WHERE {where} AND scheme IS NULL ORDER BY rank, step""",
+            params,
+        )
+    ]
+    notes = [p.reason for p in status(con, run_id).parts if p.part == "breakdown" and not p.computed]
+    return BreakdownReport(run=run, filters={"rank": rank, "step": step, "scheme": scheme}, rows=rows, notes=notes)
+
+
+# ----------------------------------------------------------------------------------- instances
+
+
+def instances(
+    con: Con,
+    run: str,
+    group: str | None = None,
+    op: str | None = None,
+    step: int | None = None,
+    rank: int | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> InstancesPage:
+    """A page of the run's instances in instance order, each with its members; filters combine."""
+    run_id = run_id_of(con, run)
+    where, params = "i.run_id = ?", [run_id]
+    for col, val in (("group_key", group), ("op", op), ("step", step)):
+        if val is not None:
+            where, params = f"{where} AND i.{col} = ?", [*params, val]
+    if rank is not None:
+        where += " AND i.instance_id IN (SELECT instance_id FROM time_instance_members WHERE run_id = ? AND rank = ?)"
+        params += [run_id, rank]
+    (total,) = _rows(con, f"SELECT count(*) FROM time_instances i WHERE {where}", params)[0]
+    rows = _rows(
+        con,
+        f"""SELECT instance_id, group_key, coalesce(scheme, ?), match_key, keyed_by, op, dtype, msg_bytes, step,
+                   skew_us, last_rank, first_arrival_ref_us, last_arrival_ref_us, real_us, algbw_gbps, busbw_gbps
+            FROM time_instances i WHERE {where} ORDER BY instance_id LIMIT ? OFFSET ?""",
+        [_UNATTRIBUTED, *params, limit, offset],
+    )
+    members: dict[int, list[InstanceMember]] = defaultdict(list)
+    if rows:
+        ids = [r[0] for r in rows]
+        # instance ids of a page lie in [min, max]: a range the table's zone maps prune, then the page's own
+        for k, r, seq, a, e, w in _rows(
+            con,
+            """SELECT instance_id, rank, seq, arrival_ref_us, end_ref_us, wait_us FROM time_instance_members
+               WHERE run_id = ? AND instance_id BETWEEN ? AND ? ORDER BY instance_id, rank""",
+            [run_id, min(ids), max(ids)],
+        ):
+            members[k].append(InstanceMember(rank=r, seq=seq, arrival_us=a, end_us=e, wait_us=w))
+    items = [
+        Instance(
+            instance_id=k,
+            group=g,
+            scheme=sc,
+            key=key,
+            keyed_by=how,
+            op=o,
+            dtype=dt,
+            msg_bytes=s,
+            step=n,
+            skew_us=skew,
+            last_rank=last,
+            first_arrival_us=first_a,
+            last_arrival_us=last_a,
+            real_us=real,
+            algbw_gbps=alg,
+            busbw_gbps=bus,
+            members=members.get(k, []),
+        )
+        for k, g, sc, key, how, o, dt, s, n, skew, last, first_a, last_a, real, alg, bus in rows
+    ]
+    return InstancesPage(
+        run=run,
+        filters={"group": group, "op": op, "step": step, "rank": rank},
+        items=items,
+        total=total,
+        limit=limit,
+        offset=offset,
+        next_offset=offset + limit if offset + limit < total else None,
+    )
+
+
+def mismatches(con: Con, run: str) -> MismatchReport:
+    run_id = run_id_of(con, run)
+    found = [
+        Mismatch(group=g, position=p, reason=why, rank_a=ra, side_a=sa, rank_b=rb, side_b=sb)
+        for g, p, why, ra, sa, rb, sb in _rows(
+            con,
+            """SELECT group_key, position, reason, rank_a, side_a, rank_b, side_b FROM time_mismatches
+               WHERE run_id = ? ORDER BY group_key, position, rank_b""",
+            [run_id],
+        )
+    ]
+    left = dict(
+        _rows(con, "SELECT reason, calls FROM time_unmatched WHERE run_id = ? ORDER BY calls DESC, reason", [run_id])
+    )
+    return MismatchReport(run=run, mismatches=found, not_matched=left)
+
+
+# ---------------------------------------------------------------------------------- stragglers
+
+
+def stragglers(con: Con, run: str) -> StragglerReport:
+    run_id = run_id_of(con, run)
+    named, groups = _verdicts(con, run_id)
+    ranks = [
+        RankArrivals(
+            group=g,
+            scheme=sc,
+            rank=r,
+            instances=n,
+            arrived_last=last,
+            imposed_us=imp,
+            wait_us=w,
+            steps=st,
+            steps_mostly_last=mostly,
+        )
+        for g, sc, r, n, last, imp, w, st, mostly in _rows(
+            con,
+            """SELECT group_key, coalesce(scheme, ?), rank, instances, arrived_last, imposed_us, wait_us, steps,
+                      steps_mostly_last
+               FROM time_arrivals WHERE run_id = ? ORDER BY group_key, rank""",
+            [_UNATTRIBUTED, run_id],
+        )
+    ]
+    return StragglerReport(run=run, stragglers=named, groups=groups, ranks=ranks)
+
+
+# ------------------------------------------------------------------------------- critical path
+
+
+def critical_paths(con: Con, run: str, step: int | None = None) -> CriticalPathReport:
+    """Each step's critical path (or one step's), its segments latest first."""
+    run_id = run_id_of(con, run)
+    where, params = "run_id = ?", [run_id]
+    if step is not None:
+        where, params = where + " AND step = ?", [*params, step]
+    segments: dict[int, list[PathSegment]] = defaultdict(list)
+    for n, r, s, e, kind, k in _rows(
+        con,
+        f"""SELECT step, rank, start_ref_us, end_ref_us, kind, instance_id FROM time_critical_segments
+            WHERE {where} ORDER BY step, seg""",
+        params,
+    ):
+        segments[n].append(PathSegment(rank=r, start_us=s, end_us=e, kind=kind, instance_id=k))
+    shares: dict[int, dict[str, float]] = defaultdict(dict)
+    for n, sc, share in _rows(
+        con,
+        f"SELECT step, scheme, exposed_share FROM time_critical_schemes WHERE {where} ORDER BY step, scheme",
+        params,
+    ):
+        shares[n][sc] = share
+    paths = [
+        CriticalPath(
+            step=n,
+            start_us=s,
+            end_us=e,
+            segments=segments.get(n, []),
+            categories={
+                "compute": c or 0.0,
+                "overlapped": ov or 0.0,
+                "wait": w or 0.0,
+                "exposed": ex or 0.0,
+                "memcpy": m or 0.0,
+                "idle": i or 0.0,
+            },
+            exposed_share_by_scheme=shares.get(n, {}),
+            note=note,
+        )
+        for n, s, e, c, ov, w, ex, m, i, note in _rows(
+            con,
+            f"""SELECT step, start_ref_us, end_ref_us, compute_us, overlapped_us, wait_us, exposed_us, memcpy_us,
+                       idle_us, note
+                FROM time_critical_path WHERE {where} ORDER BY step""",
+            params,
+        )
+    ]
+    return CriticalPathReport(run=run, paths=paths)

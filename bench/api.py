@@ -44,16 +44,16 @@ RUN = "big"
 
 
 def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
-    """Ingest the real trace (in-process, the same pipeline the API worker uses) and scale it up."""
+    """Ingest the real trace (in-process, the same service the API's ingest queue calls) and scale it up."""
     from commlens import store
     from commlens.backend.attribution import attribute_run
     from commlens.contract.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
-    from commlens.ingest import pipeline
+    from commlens.service.ingest import ingest_paths
     from commlens.store import aggregates
 
     con = store.connect(db)
-    pipeline.ingest_paths(con, [TRACE], RUN)
-    pipeline.ingest_paths(con, [TRACE], "small")
+    ingest_paths(con, [TRACE], RUN)
+    ingest_paths(con, [TRACE], "small")
     run_id = store.get_run_id(con, RUN)
     src = con.execute("SELECT source_id, rank FROM sources WHERE run_id = ? AND status = 'ok'", [run_id]).fetchone()
     base_steps = con.execute(

@@ -36,7 +36,7 @@ def _worker(mode: str, path: str) -> dict:
     """One measurement; imports happen before the clock starts, so small files are not all start-up."""
     if mode == "commlens":
         from commlens import store
-        from commlens.ingest.pipeline import ingest_paths  # imports every format's parser
+        from commlens.service.ingest import ingest_paths  # imports every format's parser
 
         with tempfile.TemporaryDirectory() as d:
             con = store.connect(Path(d) / "bench.duckdb")

@@ -18,7 +18,7 @@ from commlens.service.errors import ServiceError
 if TYPE_CHECKING:
     import duckdb
 
-    from commlens.ingest.pipeline import IngestSummary
+    from commlens.service.ingest import IngestSummary
 from commlens.vocab import format_bytes
 
 app = typer.Typer(
@@ -54,9 +54,8 @@ def ingest(
 ) -> None:
     """Ingest NCCL debug logs and PyTorch profiler (Kineto) traces into the store."""
     from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, iter_inputs
-    from commlens.ingest.pipeline import FileOutcome
     from commlens.ingest.records import RankHint
-    from commlens.service.ingest import ingest_run
+    from commlens.service.ingest import FileOutcome, ingest_run
 
     con = _open_store(db)
     progress = Progress(

@@ -45,7 +45,7 @@ def con(db_path: Path):
 def resnet(con, data_dir: Path):
     """The real DDP ResNet-50 trace (rank 0 of 2) ingested as run "resnet" and attributed."""
     from commlens.backend.attribution import attribute_run
-    from commlens.ingest.pipeline import ingest_paths
+    from commlens.service.ingest import ingest_paths
 
     summary = ingest_paths(con, [data_dir / "kineto-hta/nccl_parser_config/nccl_data.json.gz"], "resnet")
     assert not summary.failed

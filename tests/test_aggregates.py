@@ -330,7 +330,7 @@ def test_v1_store_upgrade(tmp_path: Path):
 
 
 def test_ingest_refreshes_real_runs(con, data_dir):
-    from commlens.ingest.pipeline import ingest_paths
+    from commlens.service.ingest import ingest_paths
 
     ingest_paths(
         con, [data_dir / "kineto-hta" / "nccl_parser_config", data_dir / "nccl-logs" / "nvidia-nccl-1238.log"], "mixed"

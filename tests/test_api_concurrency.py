@@ -19,7 +19,8 @@ import httpx
 from commlens import store
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread, wait_job
-from commlens.ingest import pipeline
+from commlens.service.ingest import ingest_paths
+from commlens.service.runs import comms_totals
 
 LOGS = [
     "nvidia-nccl-1193.log",
@@ -43,8 +44,8 @@ def expected_counts(tmp: Path, files: dict[str, list[Path]]) -> dict[str, dict[s
     con = store.connect(tmp / "expected.duckdb")
     out = {}
     for run, paths in files.items():
-        pipeline.ingest_paths(con, paths, run)
-        out[run] = dict(pipeline.run_totals(con, run)["calls"])
+        ingest_paths(con, paths, run)
+        out[run] = comms_totals(con, run)[0]
     con.close()
     return out
 

@@ -218,7 +218,7 @@ def test_description_and_layout_helpers():
 
 
 def ingest_real(con, path, run: str) -> None:
-    from commlens.ingest.pipeline import ingest_paths
+    from commlens.service.ingest import ingest_paths
 
     summary = ingest_paths(con, [path], run)
     assert not summary.failed, summary.failed

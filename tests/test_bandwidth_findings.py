@@ -307,7 +307,7 @@ def test_comparison_findings_and_ranking(con):
 
 
 def test_real_nccl_log_has_no_bandwidth(con, data_dir):
-    from commlens.ingest.pipeline import ingest_paths
+    from commlens.service.ingest import ingest_paths
 
     assert not ingest_paths(con, [data_dir / "nccl-logs" / "nvidia-nccl-1193.log"], "ray").failed
     attribute_run(con, "ray")
@@ -320,7 +320,7 @@ def test_real_nccl_log_has_no_bandwidth(con, data_dir):
 def test_real_kineto_ddp_bandwidth_from_kernel_durations(con, data_dir):
     from statistics import median
 
-    from commlens.ingest.pipeline import ingest_paths
+    from commlens.service.ingest import ingest_paths
 
     trace = data_dir / "kineto-hta" / "nccl_parser_config" / "nccl_data.json.gz"
     assert not ingest_paths(con, [trace], "resnet").failed
@@ -345,7 +345,7 @@ def test_real_kineto_ddp_bandwidth_from_kernel_durations(con, data_dir):
 
 
 def test_real_kineto_without_group_size_has_no_busbw(con, data_dir):
-    from commlens.ingest.pipeline import ingest_paths
+    from commlens.service.ingest import ingest_paths
 
     assert not ingest_paths(con, [data_dir / "kineto-param" / "dlrm_kineto.tar.gz"], "dlrm").failed
     report = bandwidth(con, "dlrm")

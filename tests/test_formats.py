@@ -13,7 +13,7 @@ import pytest
 from commlens.ingest import formats
 from commlens.ingest.formats import Claim, Format, Trait
 from commlens.ingest.inputs import DEFAULT_LIMITS, open_content
-from commlens.ingest.pipeline import ingest_paths
+from commlens.service.ingest import ingest_paths
 from commlens.ingest.records import ParseError, ParseResult, RankHint
 
 RUN_JSON = (

@@ -566,14 +566,14 @@ def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path)
 def test_ingested_run_shows_the_scheme_in_the_right_groups(scheme, runs, tmp_path):
     from commlens import store
     from commlens.backend.attribution import attribute_run
-    from commlens.ingest import pipeline
+    from commlens.service.ingest import ingest_paths
 
     run = runs(scheme)
     cfg = run.cfg
     data = json.loads((run.out / "run.json").read_text())
     con = store.connect(tmp_path / "store.duckdb")
     try:
-        summary = pipeline.ingest_paths(con, launch.output_files(run.out), scheme)
+        summary = ingest_paths(con, launch.output_files(run.out), scheme)
         assert not summary.failed, [f.error for f in summary.failed]
         attribute_run(con, scheme)
         rows = con.execute(
@@ -608,12 +608,12 @@ def test_report_shows_predicted_equal_to_measured(scheme, runs, tmp_path):
     from commlens import store
     from commlens.backend.attribution import attribute_run
     from commlens.backend.compare import compare
-    from commlens.ingest import pipeline
+    from commlens.service.ingest import ingest_paths
 
     run = runs(scheme)
     con = store.connect(tmp_path / "store.duckdb")
     try:
-        assert not pipeline.ingest_paths(con, launch.output_files(run.out), scheme).failed
+        assert not ingest_paths(con, launch.output_files(run.out), scheme).failed
         attribute_run(con, scheme)
         c = compare(con, scheme)
     finally:

@@ -264,7 +264,7 @@ def test_find_period_of_a_long_log_is_exact():
 
 
 def ingest_real(con, path, run: str) -> None:
-    from commlens.ingest.pipeline import ingest_paths
+    from commlens.service.ingest import ingest_paths
 
     summary = ingest_paths(con, [path], run)
     assert not summary.failed, summary.failed

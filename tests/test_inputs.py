@@ -14,7 +14,7 @@ import pytest
 
 from commlens import store
 from commlens.ingest.inputs import Limits, file_rank_hint, iter_inputs
-from commlens.ingest.pipeline import ingest_paths
+from commlens.service.ingest import ingest_paths
 
 
 def _run_json(world_size: int = 2, strategy: str = "ddp") -> bytes:

@@ -19,7 +19,7 @@ import pytest
 from commlens.ingest import kineto_json
 from commlens.ingest.inputs import DEFAULT_LIMITS, Limits
 from commlens.ingest.kineto import parse_kineto
-from commlens.ingest.pipeline import ingest_paths
+from commlens.service.ingest import ingest_paths
 from commlens.ingest.records import ParseError, RankHint
 
 HTA = "kineto-hta"
@@ -589,7 +589,7 @@ def test_a_second_trace_of_the_same_rank_and_steps_is_refused(tmp_path, con, dat
     """The same trace re-compressed is other bytes but the same calls: refused, not counted twice."""
     import gzip
 
-    from commlens.ingest.pipeline import ingest_paths
+    from commlens.service.ingest import ingest_paths
 
     src = data_dir / "kineto-hta" / "nccl_parser_config" / "nccl_data.json.gz"
     again = tmp_path / "rank0-again.json.gz"

@@ -21,10 +21,9 @@ from typing import Any, BinaryIO, cast
 import duckdb
 
 from commlens.ingest.inputs import InputFile, TapReader, iter_inputs
-from commlens.ingest.pipeline import FileOutcome
 from commlens.ingest.records import RankHint
 from commlens.service import jobs
-from commlens.service.ingest import attribute_pending, ingest_run
+from commlens.service.ingest import FileOutcome, attribute_pending, ingest_run
 
 from .db import Database
 from .settings import Settings

@@ -1,26 +1,57 @@
 """Ingesting a run: every adapter's one sequence (the CLI's `ingest`, the harness launcher, the API's
-upload queue): the run made if missing, each file parsed and written on its own (all rows or none),
-the run's sources linked and its aggregates refreshed, then its process groups attributed to schemes.
+upload queue): the run made if missing, each file parsed (`commlens.ingest.parse_file`) and written on
+its own (all rows or none), the run's sources linked and its aggregates refreshed, then its process
+groups attributed to schemes.
+
+A file that fails is recorded with its error and rolled back alone; files with bytes already in the run
+are skipped as duplicates; a second profiler trace of a rank whose calls overlap the first is refused.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import duckdb
 
 from commlens import store
 from commlens.backend.attribution import attribute_run
-from commlens.ingest import pipeline
-from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, Limits
-from commlens.ingest.pipeline import FileOutcome, IngestSummary
-from commlens.ingest.records import RankHint
+from commlens.ingest import formats
+from commlens.ingest.formats import Trait
+from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, Limits, iter_inputs
+from commlens.ingest.nccl_link import link_run
+from commlens.ingest.parse_file import first_line, parse_file
+from commlens.ingest.records import ParseResult, RankHint
+from commlens.store import aggregates
 
 log = logging.getLogger("commlens.service.ingest")
 
 CONFLICT_RETRIES = 3
+
+
+@dataclass
+class FileOutcome:
+    path: str
+    status: str  # ok | failed | duplicate | skipped
+    kind: str | None = None
+    rank: int | None = None
+    events: int = 0
+    error: str | None = None
+    skipped: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    size: int = 0
+
+
+@dataclass
+class IngestSummary:
+    run: str
+    files: list[FileOutcome] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[FileOutcome]:
+        return [f for f in self.files if f.status == "failed"]
 
 
 @dataclass
@@ -37,6 +68,7 @@ def ingest_run(
     on_file: Callable[[InputFile, FileOutcome], None] | None = None,
     description: str | None = None,
     replace: bool = False,
+    attribute_schemes: bool = True,
 ) -> IngestReport:
     """Ingest the files into the run (created if missing; `replace` first removes what earlier files of it
     stored, its review and overrides kept), link and refresh it, and attribute its groups to schemes.
@@ -50,9 +82,32 @@ def ingest_run(
         report.files.append(outcome)
         if on_file is not None:
             on_file(item, outcome)
-    pipeline.finalize_run(con, run_id)
-    report.attribution_error = attribute(con, run)
+    finalize_run(con, run_id)
+    if attribute_schemes:
+        report.attribution_error = attribute(con, run)
     return report
+
+
+def ingest_paths(
+    con: duckdb.DuckDBPyConnection,
+    paths: list[Path],
+    run: str,
+    hint: RankHint | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    description: str | None = None,
+) -> IngestSummary:
+    """The files, directories and archives at `paths` into the run, linked and refreshed but not attributed
+    (what ingest alone stores: the tests and benches of the parsers and the store look at it)."""
+    return ingest_run(
+        con, run, iter_inputs(paths, limits), hint, limits, description=description, attribute_schemes=False
+    )
+
+
+def finalize_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+    """Run-level linking after files land (NCCL communicators across processes, harness groups) in one
+    transaction; then the run's aggregates are recomputed (in their own)."""
+    store.transaction(con, lambda c: link_run(c, run_id))
+    aggregates.refresh_run(con, run_id)
 
 
 def ingest_file(
@@ -62,7 +117,7 @@ def ingest_file(
     (recorded with its error), not the run."""
     for attempt in range(CONFLICT_RETRIES):
         try:
-            return pipeline.ingest_file(con, run_id, item, hint, limits)
+            return _ingest_file(con, run_id, item, hint, limits)
         except duckdb.TransactionException:
             if attempt == CONFLICT_RETRIES - 1:
                 error = f"{item.name}: could not be written: concurrent changes conflicted {CONFLICT_RETRIES} times"
@@ -73,6 +128,70 @@ def ingest_file(
             break
     store.record_failure(con, run_id, item.name, "unknown", "", item.size, error)
     return FileOutcome(item.name, "failed", error=error, size=item.size)
+
+
+def _ingest_file(
+    con: duckdb.DuckDBPyConnection, run_id: int, item: InputFile, hint: RankHint, limits: Limits
+) -> FileOutcome:
+    """Parse one file and store it (one transaction), or record why not; never raises for a bad file."""
+    if item.skip:
+        return FileOutcome(item.name, "skipped", error=item.skip, size=item.size)
+    if item.error:
+        store.record_failure(con, run_id, item.name, "unknown", "", item.size, f"{item.name}: {item.error}")
+        return FileOutcome(item.name, "failed", error=f"{item.name}: {item.error}", size=item.size)
+    parsed = parse_file(item, hint, limits)
+    kind, sha, size, result = parsed.kind or "unknown", parsed.sha256, parsed.size, parsed.result
+    if result is None:
+        error = parsed.error or f"{item.name}: not parsed"
+        store.record_failure(con, run_id, item.name, kind, sha, size, error)
+        return FileOutcome(item.name, "failed", kind=parsed.kind, error=error, size=size)
+    existing = store.find_source(con, run_id, sha)
+    if existing is not None:
+        error = f"same bytes as {existing[1]}, already ingested"
+        return FileOutcome(item.name, "duplicate", kind=kind, error=error, size=size)
+    other = _same_rank_trace(con, run_id, result)
+    if other is not None:
+        error = (
+            f"{item.name}: rank {result.rank} already has a profiler trace in this run ({other}) whose "
+            f"{'steps' if result.steps else 'time span'} overlap this one's; its calls would count twice. "
+            "Ingest it into another run, or delete the run and ingest the files you mean"
+        )
+        store.record_failure(con, run_id, item.name, kind, sha, size, error)
+        return FileOutcome(item.name, "failed", kind=kind, rank=result.rank, error=error, size=size)
+    try:
+        store.write_result(con, run_id, item.name, sha, size, result)  # rolled back whole on failure
+    except (duckdb.DataError, duckdb.IntegrityError, OverflowError, ValueError, TypeError) as exc:
+        # the file's values (pyarrow's errors are ValueError/TypeError); a store problem (I/O) still raises
+        error = f"{item.name}: a value does not fit the store ({type(exc).__name__}: {first_line(exc)})"
+        store.record_failure(con, run_id, item.name, kind, sha, size, error)
+        return FileOutcome(item.name, "failed", kind=kind, error=error, size=size)
+    return FileOutcome(
+        item.name,
+        "ok",
+        kind=kind,
+        rank=result.rank,
+        events=result.n_events,
+        skipped=dict(result.skipped),
+        warnings=list(result.warnings),
+        size=size,
+    )
+
+
+def _same_rank_trace(con: duckdb.DuckDBPyConnection, run_id: int, result: ParseResult) -> str | None:
+    """A per-rank timed trace of the same rank already in the run that describes some of the same calls: one
+    with any of this trace's profiler steps, or (without steps) whose calls' time span overlaps this one's.
+    Traces of other step windows of a rank (a profiler schedule with repeat) are welcome."""
+    if not formats.get(result.kind).has(Trait.PER_RANK_TIMED_TRACE) or result.rank is None or not result.events:
+        return None
+    times = [e["ts_us"] for e in result.events if e.get("ts_us") is not None]
+    return store.same_rank_trace(
+        con,
+        run_id,
+        formats.kinds_with(Trait.PER_RANK_TIMED_TRACE),
+        result.rank,
+        sorted({st["step"] for st in result.steps}),
+        (min(times), max(times)) if times else None,
+    )
 
 
 def attribute(con: duckdb.DuckDBPyConnection, run: str) -> str | None:

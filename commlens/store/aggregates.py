@@ -7,7 +7,7 @@ iteration of each call of a source without profiler steps), `comm_agg` (calls pe
 op, dtype, size, iteration membership and duration kind) and the bandwidth summaries `bw_excluded`,
 `bw_bins`, `bw_ops`, `bw_schemes` (exact medians, recomputed when groups change).
 
-When: `refresh_run` at the end of ingest (pipeline.finalize_run) recomputes everything;
+When: `refresh_run` at the end of ingest (`commlens.service.ingest.finalize_run`) recomputes everything;
 `refresh_if_stale` (after scheme attribution and overrides, and on read through `ensure_fresh`)
 compares fingerprints of the run's sources and process groups with those stored in `agg_runs` and
 recomputes what changed: everything when sources changed; the bandwidth summaries when a group's

@@ -1,0 +1,79 @@
+"""Read one input file: hash its bytes as they stream past, detect its format, parse it.
+
+Parsing only: what the file holds and what went wrong, never the store. The ingest service
+(`commlens.service.ingest`) decides what is written, skipped or recorded as failed."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+from dataclasses import dataclass
+
+from . import formats
+from .inputs import DEFAULT_LIMITS, InputFile, Limits, TapReader, file_rank_hint, open_content
+from .records import ParseError, ParseResult, RankHint
+
+
+@dataclass
+class ParsedFile:
+    """One file's parse: its result, or the error text that names the file and the place."""
+
+    name: str
+    kind: str | None  # the detected format; None when detection failed
+    sha256: str  # of the bytes read (as read so far when the file failed)
+    size: int
+    result: ParseResult | None = None
+    error: str | None = None
+
+
+class _Hash:
+    """sha256 and size of the bytes a TapReader passes through."""
+
+    def __init__(self) -> None:
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def __call__(self, data: bytes) -> None:
+        self.sha.update(data)
+        self.size += len(data)
+
+
+def parse_file(item: InputFile, hint: RankHint, limits: Limits = DEFAULT_LIMITS) -> ParsedFile:
+    """Detect and parse one input file; never raises for a bad file (its error is in the answer)."""
+    kind = None
+    digest = _Hash()
+    hashing = TapReader(item.open_raw(), digest)
+    try:
+        stream = open_content(io.BufferedReader(hashing, 1 << 20), item.name, limits)
+        fmt = formats.detect(stream)
+        kind = fmt.kind
+        file_hint = RankHint(
+            rank=hint.rank if hint.rank is not None else file_rank_hint(item.name), world_size=hint.world_size
+        )
+        result = fmt.parse(stream, item.name, file_hint, limits)
+        hashing.drain()
+    except Exception as exc:  # one bad file never stops the others
+        with contextlib.suppress(Exception):  # the hash of a broken file is best effort
+            hashing.drain()
+        return ParsedFile(item.name, kind, digest.sha.hexdigest(), digest.size, error=_error_text(item.name, exc, kind))
+    finally:
+        hashing.close()
+    return ParsedFile(item.name, kind, digest.sha.hexdigest(), digest.size, result=result)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, at most 300 characters (for an error a person reads)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else "no message"
+
+
+def _error_text(name: str, exc: Exception, kind: str | None) -> str:
+    """`name:where: reason` for a ParseError; for anything else, what failed and that it is not the user's to fix."""
+    if isinstance(exc, ParseError):
+        return f"{name}:{exc.where}: {exc.reason}" if exc.where else f"{name}: {exc.reason}"
+    what = f"{kind} parser" if kind else "reading the file"
+    return (
+        f"{name}: unexpected {type(exc).__name__} in the {what}: {first_line(exc)} "
+        f"(the file is probably malformed; please report it with the file)"
+    )

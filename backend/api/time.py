@@ -19,7 +19,7 @@ from commlens.contract.time import (
 from commlens.service import time as service
 from commlens.vocab import Op, Scheme
 
-from .deps import Cursor, Limit, Offset
+from .deps import MAX_LIMIT, Cursor, Limit, Offset
 from .errors import problem_responses
 
 router = APIRouter(tags=["time"])
@@ -42,11 +42,13 @@ def time_summary(run: str, cur: Cursor) -> TimeSummary:
     "/runs/{run}/time/breakdown",
     response_model=BreakdownReport,
     responses=problem_responses(404, 422),
-    summary="Per rank and step: compute, overlapped, wait, exposed, memcpy, idle (µs) and per scheme",
+    summary="Per rank and step: compute, overlapped, wait, exposed, memcpy, idle (µs) and per scheme; paginated",
 )
 def breakdown(
     run: str,
     cur: Cursor,
+    limit: Limit = MAX_LIMIT,
+    offset: Offset = 0,
     rank: RankQuery = None,
     step: StepQuery = None,
     scheme: Annotated[
@@ -54,7 +56,7 @@ def breakdown(
         Query(description="keep only this scheme's communication in each row's `schemes`"),
     ] = None,
 ) -> BreakdownReport:
-    return service.breakdown(cur, run, rank=rank, step=step, scheme=scheme)
+    return service.breakdown(cur, run, rank=rank, step=step, scheme=scheme, limit=limit, offset=offset)
 
 
 @router.get(

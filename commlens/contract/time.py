@@ -100,10 +100,16 @@ class StepBreakdown(BaseModel):
 
 
 class BreakdownReport(BaseModel):
+    """A page of (rank, step) rows, by rank then step (`next_offset` is null on the last page)."""
+
     run: str
     filters: dict[str, str | int | None]
-    rows: list[StepBreakdown]  # by rank, then step
-    notes: list[str] = []
+    rows: list[StepBreakdown]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None
+    notes: list[str] = []  # why the breakdown is missing or partial
 
 
 # ------------------------------------------------------------------------------- instances

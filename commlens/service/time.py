@@ -47,6 +47,10 @@ def _rows(con: Con, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
     return con.execute(sql, params).fetchall()
 
 
+def _next(offset: int, limit: int, total: int) -> int | None:
+    return offset + limit if offset + limit < total else None
+
+
 def _ms(us: float | None) -> float | None:
     return None if us is None else us / 1000.0
 
@@ -170,30 +174,50 @@ def time_summary(con: Con, run: str) -> TimeSummary:
 
 
 def breakdown(
-    con: Con, run: str, rank: int | None = None, step: int | None = None, scheme: str | None = None
+    con: Con,
+    run: str,
+    rank: int | None = None,
+    step: int | None = None,
+    scheme: str | None = None,
+    limit: int = 1000,
+    offset: int = 0,
 ) -> BreakdownReport:
-    """Per rank and step, the six categories; `scheme` keeps only that scheme's split in each row."""
+    """A page of (rank, step) rows with the six categories; `scheme` keeps only that scheme's split."""
     run_id = run_id_of(con, run)
     where, params = "run_id = ?", [run_id]
     if rank is not None:
         where, params = where + " AND rank = ?", [*params, rank]
     if step is not None:
         where, params = where + " AND step = ?", [*params, step]
+    (total,) = _rows(con, f"SELECT count(*) FROM time_breakdown WHERE {where} AND scheme IS NULL", params)[0]
+    whole = _rows(
+        con,
+        f"""SELECT rank, step, step_us, compute_us, overlapped_us, wait_us, exposed_us, memcpy_us, idle_us
+            FROM time_breakdown WHERE {where} AND scheme IS NULL ORDER BY rank, step LIMIT ? OFFSET ?""",
+        [*params, limit, offset],
+    )
     split: dict[tuple[int, int], list[SchemeTime]] = defaultdict(list)
-    for r, n, sc, ov, w, ex in _rows(
-        con,
-        f"""SELECT rank, step, scheme, overlapped_us, wait_us, exposed_us FROM time_breakdown
-            WHERE {where} AND scheme IS NOT NULL {"AND scheme = ?" if scheme else ""} ORDER BY rank, step, scheme""",
-        params + ([scheme] if scheme else []),
-    ):
-        split[(r, n)].append(SchemeTime(scheme=sc, overlapped_us=ov, wait_us=w, exposed_us=ex))
     lanes: dict[tuple[int, int], list[MemcpyLane]] = defaultdict(list)
-    for r, n, d, b, busy, gbps in _rows(
-        con,
-        f"SELECT rank, step, direction, bytes, busy_us, gbps FROM time_memcpy WHERE {where} ORDER BY rank, step, direction",
-        params,
-    ):
-        lanes[(r, n)].append(MemcpyLane(direction=d, bytes=b, busy_us=busy, gbps=gbps))
+    if whole:
+        # the page's rows lie between its first and last (rank, step): one range for the split and the lanes
+        lo, hi = (whole[0][0], whole[0][1]), (whole[-1][0], whole[-1][1])
+        page = f"{where} AND rank BETWEEN ? AND ? AND (rank, step) BETWEEN (?, ?) AND (?, ?)"
+        bounds = [*params, lo[0], hi[0], *lo, *hi]
+        for r, n, sc, ov, w, ex in _rows(
+            con,
+            f"""SELECT rank, step, scheme, overlapped_us, wait_us, exposed_us FROM time_breakdown
+                WHERE {page} AND scheme IS NOT NULL {"AND scheme = ?" if scheme else ""}
+                ORDER BY rank, step, scheme""",
+            bounds + ([scheme] if scheme else []),
+        ):
+            split[(r, n)].append(SchemeTime(scheme=sc, overlapped_us=ov, wait_us=w, exposed_us=ex))
+        for r, n, d, b, busy, gbps in _rows(
+            con,
+            f"""SELECT rank, step, direction, bytes, busy_us, gbps FROM time_memcpy WHERE {page}
+                ORDER BY rank, step, direction""",
+            bounds,
+        ):
+            lanes[(r, n)].append(MemcpyLane(direction=d, bytes=b, busy_us=busy, gbps=gbps))
     rows = [
         StepBreakdown(
             rank=r,
@@ -208,15 +232,19 @@ def breakdown(
             schemes=split.get((r, n), []),
             memcpy=lanes.get((r, n), []),
         )
-        for r, n, t, c, ov, w, ex, m, i in _rows(
-            con,
-            f"""SELECT rank, step, step_us, compute_us, overlapped_us, wait_us, exposed_us, memcpy_us, idle_us
-                FROM time_breakdown WHERE {where} AND scheme IS NULL ORDER BY rank, step""",
-            params,
-        )
+        for r, n, t, c, ov, w, ex, m, i in whole
     ]
-    notes = [p.reason for p in status(con, run_id).parts if p.part == "breakdown" and not p.computed]
-    return BreakdownReport(run=run, filters={"rank": rank, "step": step, "scheme": scheme}, rows=rows, notes=notes)
+    notes = [p.reason for p in status(con, run_id).parts if p.part in ("breakdown", "memcpy") and not p.computed]
+    return BreakdownReport(
+        run=run,
+        filters={"rank": rank, "step": step, "scheme": scheme},
+        rows=rows,
+        total=total,
+        limit=limit,
+        offset=offset,
+        next_offset=_next(offset, limit, total),
+        notes=notes,
+    )
 
 
 # ----------------------------------------------------------------------------------- instances
@@ -289,7 +317,7 @@ def instances(
         total=total,
         limit=limit,
         offset=offset,
-        next_offset=offset + limit if offset + limit < total else None,
+        next_offset=_next(offset, limit, total),
     )
 
 

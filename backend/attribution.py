@@ -11,6 +11,7 @@ stays unknown is `other`, and every result carries the evidence in its reason an
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -19,7 +20,9 @@ from typing import Any
 import duckdb
 
 from commlens.contract.analysis import AttributionSummary, GroupAttribution
+from commlens.store import transaction
 from commlens.store.aggregates import ensure_fresh, refresh_if_stale
+from commlens.store.groups import SchemeVerdict, add_event_groups, pin_scheme, store_verdicts, unpin_scheme
 from commlens.vocab import P2P_OPS, SCHEMES
 
 from .iterations import run_id_of
@@ -125,17 +128,7 @@ class _Verdict:
 
 
 def _load(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, _Group]:
-    # Groups that events name but no source described get a row, so the comms view can show a scheme.
-    con.execute(
-        """
-        INSERT INTO process_groups (run_id, group_key, size, origin)
-        SELECT ?, group_key, max(group_size), 'event' FROM comm_events
-        WHERE run_id = ? AND group_key IS NOT NULL
-          AND group_key NOT IN (SELECT group_key FROM process_groups WHERE run_id = ?)
-        GROUP BY group_key
-        """,
-        [run_id, run_id, run_id],
-    )
+    """The run's groups with their stored schemes and their traffic (calls, bytes per op, p2p pairs)."""
     groups: dict[str, _Group] = {}
     for row in con.execute(
         """
@@ -215,7 +208,7 @@ def _mesh_groups(dims: list[str], shape: list[int]) -> dict[tuple[int, ...], str
         strides[i] = strides[i + 1] * shape[i + 1]
     total = strides[0] * shape[0]
     out: dict[tuple[int, ...], str] = {}
-    for d, (size, stride) in enumerate(zip(shape, strides)):
+    for d, (size, stride) in enumerate(zip(shape, strides, strict=True)):
         if size < 2:
             continue
         for start in range(total):
@@ -298,7 +291,7 @@ def layout_stride(ranks: list[int] | None) -> int | None:
     """The common difference of a sorted rank list (1 = contiguous block), or None when irregular."""
     if not ranks or len(ranks) < 2:
         return None
-    diffs = {b - a for a, b in zip(ranks, ranks[1:])}
+    diffs = {b - a for a, b in itertools.pairwise(ranks)}
     return diffs.pop() if len(diffs) == 1 else None
 
 
@@ -531,40 +524,40 @@ def _result(g: _Group) -> GroupAttribution:
 
 def attribute_run(con: duckdb.DuckDBPyConnection, run: str) -> list[GroupAttribution]:
     """Attribute every process group / communicator of the run to a scheme and store it on
-    process_groups (scheme, scheme_source, scheme_reason, scheme_confidence). Overrides are kept."""
+    process_groups (scheme, scheme_source, scheme_reason, scheme_confidence), in one transaction with the
+    scheme-dependent aggregates. Overrides are kept."""
     run_id = run_id_of(con, run)
-    con.execute("BEGIN TRANSACTION")
-    try:
-        groups = _load(con, run_id)
-        config = _config(con, run_id)
-        world = _world_size(con, run_id, groups)
-        verdicts: dict[str, _Verdict] = {}
-        rest: list[_Group] = []
-        for g in groups.values():
-            if g.source == "override":
-                continue
-            label = _label(g, config, world)
-            if label is not None:
-                verdicts[g.key] = label
-            else:
-                rest.append(g)
-        verdicts.update(_structure(rest, world, config))
-        for key, v in verdicts.items():
-            con.execute(
-                """
-                UPDATE process_groups SET scheme = ?, scheme_source = ?, scheme_reason = ?, scheme_confidence = ?
-                WHERE run_id = ? AND group_key = ? AND coalesce(scheme_source, '') <> 'override'
-                """,
-                [v.scheme, v.source, v.reason, v.confidence, run_id, key],
-            )
-            g = groups[key]
-            g.scheme, g.source, g.reason, g.confidence = v.scheme, v.source, v.reason, v.confidence
-        refresh_if_stale(con, run_id)  # schemes changed: the scheme-dependent aggregates, atomically
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
+    return transaction(con, lambda c: _attribute(c, run_id))
+
+
+def _attribute(con: duckdb.DuckDBPyConnection, run_id: int) -> list[GroupAttribution]:
+    add_event_groups(con, run_id)
+    groups = _load(con, run_id)
+    verdicts = _verdicts(groups, _config(con, run_id), _world_size(con, run_id, groups))
+    store_verdicts(
+        con, run_id, (SchemeVerdict(key, v.scheme, v.source, v.reason, v.confidence) for key, v in verdicts.items())
+    )
+    for key, v in verdicts.items():
+        g = groups[key]
+        g.scheme, g.source, g.reason, g.confidence = v.scheme, v.source, v.reason, v.confidence
+    refresh_if_stale(con, run_id)  # schemes changed: the scheme-dependent aggregates, atomically
     return [_result(g) for g in groups.values()]
+
+
+def _verdicts(groups: dict[str, _Group], config: dict[str, Any] | None, world: int | None) -> dict[str, _Verdict]:
+    """A verdict for every group but the overridden: its label when it has one, else the run's structure."""
+    verdicts: dict[str, _Verdict] = {}
+    rest: list[_Group] = []
+    for g in groups.values():
+        if g.source == "override":
+            continue
+        label = _label(g, config, world)
+        if label is not None:
+            verdicts[g.key] = label
+        else:
+            rest.append(g)
+    verdicts.update(_structure(rest, world, config))
+    return verdicts
 
 
 def set_override(
@@ -576,40 +569,17 @@ def set_override(
     if not reason or not reason.strip():
         raise ValueError("an override needs a reason (what you know that the traces do not say)")
     run_id = run_id_of(con, run)
-    known = con.execute(
-        "SELECT count(*) FROM process_groups WHERE run_id = ? AND group_key = ?", [run_id, group_key]
-    ).fetchall()[0][0]
-    if not known:
-        size = con.execute(
-            "SELECT count(*), max(group_size) FROM comm_events WHERE run_id = ? AND group_key = ?", [run_id, group_key]
-        ).fetchall()[0]
-        if not size[0]:
-            raise LookupError(f"run {run!r} has no process group {group_key!r}")
-        con.execute(
-            "INSERT INTO process_groups (run_id, group_key, size, origin) VALUES (?, ?, ?, 'event')",
-            [run_id, group_key, size[1]],
-        )
-    con.execute(
-        """
-        UPDATE process_groups SET scheme = ?, scheme_source = 'override', scheme_reason = ?, scheme_confidence = 1.0
-        WHERE run_id = ? AND group_key = ?
-        """,
-        [scheme, f"set by a user: {reason.strip()}", run_id, group_key],
-    )
+    try:
+        pin_scheme(con, run_id, group_key, scheme, f"set by a user: {reason.strip()}")
+    except LookupError:
+        raise LookupError(f"run {run!r} has no process group {group_key!r}") from None
     refresh_if_stale(con, run_id)
     return next(a for a in attribution_summary(con, run).groups if a.group_key == group_key)
 
 
 def clear_override(con: duckdb.DuckDBPyConnection, run: str, group_key: str) -> list[GroupAttribution]:
     """Drop a user's override and attribute the run again from its evidence."""
-    run_id = run_id_of(con, run)
-    con.execute(
-        """
-        UPDATE process_groups SET scheme_source = NULL
-        WHERE run_id = ? AND group_key = ? AND scheme_source = 'override'
-        """,
-        [run_id, group_key],
-    )
+    unpin_scheme(con, run_id_of(con, run), group_key)
     return attribute_run(con, run)
 
 

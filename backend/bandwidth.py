@@ -5,7 +5,7 @@ Only measured durations count: device kernel time, or the CPU op time of a gloo 
 collective inside the op). The CPU time of an NCCL call is only its enqueue and is never used.
 Per op, the half-bandwidth size is the lower bound of the smallest size bin whose median busbw reaches
 half of the op's best bin median; calls below it are latency-bound. These summaries are computed when
-a run's calls or groups change (commlens.ingest.aggregates: bw_bins, bw_ops, bw_schemes, bw_excluded);
+a run's calls or groups change (commlens.store.aggregates: bw_bins, bw_ops, bw_schemes, bw_excluded);
 the report reads them. Individual calls (call_bandwidth) are read from the calls themselves.
 """
 

@@ -11,7 +11,7 @@ micro-batch rather than one optimizer step, so a process's iteration count is th
 complete repeats among its communicators, and each communicator reports how many units it runs per
 iteration.
 
-Detection runs once per refresh of a run's aggregates (commlens.ingest.aggregates, which stores the
+Detection runs once per refresh of a run's aggregates (commlens.store.aggregates, which stores the
 periods, each process's iterations and each call's iteration); these functions read what it stored.
 """
 

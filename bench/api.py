@@ -378,7 +378,7 @@ def render(
 
 
 NOTES = """**How the analyses answer.** Every run has precomputed aggregates (schema 2, `docs/store.md`,
-written by `ingest/aggregates.py`): calls per rank key, group, op, dtype, size, iteration membership
+written by `commlens/store/aggregates.py`): calls per rank key, group, op, dtype, size, iteration membership
 and duration kind (`comm_agg`, 448 rows for this run), iterations per rank, the detected iteration of
 each NCCL-log call, and exact bandwidth medians per (op, size bin) and per (scheme, op). They are
 computed once when the run's data changes (end of ingest) and, for the per-scheme medians, when

@@ -13,7 +13,7 @@ exactly the same tail, see `_skippable`). Logs of millions of calls then cost mi
 communicator instead of a Python loop per call. `z_function` is the plain O(n) reference, used when a
 sequence has pathologically many candidates.
 
-Pure functions: `ingest.aggregates` runs them once per refresh of a run and stores the outcome;
+Pure functions: `commlens.store.aggregates` runs them once per refresh of a run and stores the outcome;
 `backend.iterations` documents how they become iterations.
 """
 

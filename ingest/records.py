@@ -1,7 +1,7 @@
 """Normalised rows that parsers produce and the store writes.
 
 A parser turns one input file into a `ParseResult`. Row dicts use exactly the column names of the
-matching table in schema.sql (minus run_id/source_id, which the store fills in); missing keys are
+matching table in commlens/store/trace.sql (minus run_id/source_id, which the store fills in); missing keys are
 NULL. Parsers never touch the database.
 """
 

@@ -1,4 +1,4 @@
-"""Per-run aggregates (ingest/aggregates.py) equal a direct computation over the calls: after ingest,
+"""Per-run aggregates (commlens/store/aggregates.py) equal a direct computation over the calls: after ingest,
 after scheme attribution and an override, after new files land, and after a schema-1 store is upgraded."""
 
 from __future__ import annotations

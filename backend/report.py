@@ -1,5 +1,8 @@
 """One run's whole analysis in one document: attribution, histograms, predicted against measured,
-bandwidth, per-rank totals and findings (`commlens report`, JSON or Markdown)."""
+bandwidth, per-rank totals, where the time goes and findings (`commlens report`, JSON or Markdown).
+
+The time section is read by the adapter (commlens.service.time, from the rows the ingest computed) and
+handed in: analyses do not call the service."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from pydantic import BaseModel
 from commlens.contract.analysis import AttributionSummary, BandwidthReport, Finding, Histogram, RankTotals
 from commlens.contract.compare import Comparison
 from commlens.contract.predict import PredictInput
+from commlens.contract.time import TimeSummary
 from commlens.vocab import format_bytes
 
 from .attribution import attribute_run, attribution_summary
@@ -47,9 +51,12 @@ class Report(BaseModel):
     histogram: Histogram
     bandwidth: BandwidthReport
     ranks: RankTotals
+    time: TimeSummary | None = None  # None when the caller did not read it
 
 
-def build_report(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput | None = None) -> Report:
+def build_report(
+    con: duckdb.DuckDBPyConnection, run: str, config: PredictInput | None = None, time: TimeSummary | None = None
+) -> Report:
     attribute_run(con, run)
     comparison = compare(con, run, config)
     has_prediction = comparison.implementation is not None
@@ -85,6 +92,7 @@ def build_report(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput 
         histogram=histogram(con, run, weight="bytes"),
         bandwidth=bandwidth(con, run),
         ranks=rank_totals(con, run),
+        time=time,
     )
 
 
@@ -105,7 +113,7 @@ def _histogram_md(h: Histogram) -> list[str]:
     """Per scheme, the non-empty power-of-two bins of every (op, dtype): calls and bytes."""
     lines = ["", f"## Message sizes per scheme ({_NORMALIZATION[h.normalization]})", ""]
     if not h.series:
-        return lines + ["No calls."]
+        return [*lines, "No calls."]
     lines.append(
         f"Power-of-two bins [2^k, 2^(k+1)) bytes; averaged over {h.n_ranks} rank(s)."
         + (f" Left out: {', '.join(f'{n} calls ({why})' for why, n in h.excluded.items())}." if h.excluded else "")
@@ -166,6 +174,49 @@ def _bandwidth_md(bw: BandwidthReport) -> list[str]:
     return lines
 
 
+def _ms(us: float | None) -> str:
+    return "-" if us is None else f"{us / 1000:,.2f}"
+
+
+def _time_md(t: TimeSummary) -> list[str]:
+    """Per rank: step time, exposed and overlapped communication, arrivals and waits; stragglers with
+    their evidence or each group's reason for none; what could not be computed."""
+    lines = ["", "## Where the time goes", ""]
+    if not t.status.available:
+        return [*lines, "No time analysis for this run (no trace with a timeline)."]
+    c = t.clocks
+    lines.append(
+        f"{t.instances:,} collective instances matched across ranks, {t.mismatches:,} mismatch(es)."
+        + (f" Clocks: {c.reason}." if c is not None else "")
+        + " Times in ms; exposed = communication with no compute running (wait included)."
+    )
+    missing = [p for p in t.status.parts if not p.computed]
+    if missing:
+        lines += ["", "Not computed (or only partly):", ""] + [f"- {p.part}: {p.reason}" for p in missing]
+    lines += [
+        "",
+        "| rank | steps | step time | exposed comm | overlapped comm | instances | arrived last | wait | imposed on others |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in t.ranks:
+        lines.append(
+            f"| {r.rank} | {r.steps} | {_ms(r.step_us)} | {_ms(r.exposed_us)} | {_ms(r.overlapped_us)} | "
+            f"{r.instances} | {r.arrived_last} | {_ms(r.wait_us)} | {_ms(r.imposed_us)} |"
+        )
+    lines += ["", "### Stragglers", ""]
+    if t.stragglers:
+        lines += [
+            f"- **rank {s.rank}** ({s.scheme}, group `{s.group}`): last in {s.arrived_last_share:.0%} of "
+            f"{s.instances} instances, consistent in {s.steps_consistent} of {s.steps} steps, imposing "
+            f"{s.imposed_ms_per_step:,.2f} ms per step."
+            for s in t.stragglers
+        ]
+    else:
+        lines.append("No straggler.")
+    lines += [f"- group `{v.group}` ({v.scheme}): {v.reason}" for v in t.verdicts if v.verdict != "straggler"]
+    return lines
+
+
 def render_markdown(r: Report) -> str:
     c = r.comparison
     lines = [f"# commlens report: {r.run}", ""]
@@ -214,6 +265,8 @@ def render_markdown(r: Report) -> str:
                 f"{_num(o.predicted_calls_per_iter)} | {_num(o.measured_calls_per_iter)} | {o.status} |"
             )
     lines += _histogram_md(r.histogram) + _bandwidth_md(r.bandwidth)
+    if r.time is not None:
+        lines += _time_md(r.time)
     if c.inferences:
         lines += ["", "## Inferences (from the measurements, not facts)", ""]
         lines += [f"- {i.quantity}: {i.value:,.0f} — {i.evidence}" for i in c.inferences]

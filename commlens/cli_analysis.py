@@ -25,10 +25,11 @@ def report(
     fmt: str = typer.Option("md", "--format", help="json or md."),
     config: Path | None = CONFIG_OPTION,
 ) -> None:
-    """Attribution, histograms, predicted against measured, bandwidth and findings of one run."""
+    """Attribution, histograms, predicted against measured, bandwidth, where the time goes and findings of one run."""
     from commlens import store
     from commlens.backend.report import build_report, render_markdown
     from commlens.service.runs import run_names
+    from commlens.service.time import time_summary
 
     if fmt not in ("json", "md"):
         err.print("--format must be json or md")
@@ -43,7 +44,7 @@ def report(
         err.print(f"[red]error:[/red] no run {run!r} in {db}; runs: {', '.join(names) or 'none'}")
         raise typer.Exit(2)
     inp = _load_config(config) if config else None
-    rep = build_report(con, run, inp)
+    rep = build_report(con, run, inp, time_summary(con, run))
     con.close()
     if fmt == "json":
         sys.stdout.write(rep.model_dump_json(indent=2) + "\n")

@@ -315,7 +315,7 @@ def bar_calls(
         [*params, limit, offset],
     )
     names = [d[0] for d in result.description]
-    items = [BarCall(**dict(zip(names, row))) for row in result.fetchall()]
+    items = [BarCall(**dict(zip(names, row, strict=True))) for row in result.fetchall()]
     return BarCalls(
         bin=spec,
         iterations_only=only_iterations,

@@ -14,6 +14,7 @@ is the difference), and a plain file copy of the uploaded file (the disk floor o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -81,13 +82,16 @@ def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
         [run_id],
     )
     con.execute(
-        """INSERT INTO comm_events
+        """INSERT INTO comm_events (run_id, source_id, rank, process, seq, op, dtype, msg_bytes, elems_in, elems_out,
+                                    group_size, group_key, peer, step, ts_us, dur_us, dur_source, op_count, comm_ptr,
+                                    raw_name, match_key, cpu_start_us, cpu_end_us, dev_start_us, dev_end_us, counted)
            SELECT e.run_id, rs.source_id, rs.rank, 'rank' || rs.rank, e.seq + c.k * 100000, e.op, e.dtype, e.msg_bytes,
                   e.elems_in, e.elems_out, ?, e.group_key, e.peer, e.step + c.k * ?, e.ts_us + c.k * ?, e.dur_us,
-                  e.dur_source, e.op_count, e.comm_ptr, e.raw_name, e.counted
+                  e.dur_source, e.op_count, e.comm_ptr, e.raw_name, e.match_key, e.cpu_start_us + c.k * ?,
+                  e.cpu_end_us + c.k * ?, e.dev_start_us + c.k * ?, e.dev_end_us + c.k * ?, e.counted
            FROM comm_events e, rank_src rs, range(?) c(k)
            WHERE e.run_id = ? AND e.source_id = ? AND NOT (rs.source_id = ? AND c.k = 0)""",
-        [ranks, n_steps, span, copies, run_id, src[0], src[0]],
+        [ranks, n_steps, span, span, span, span, span, copies, run_id, src[0], src[0]],
     )
     con.execute(
         """INSERT INTO steps
@@ -124,6 +128,9 @@ def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
     attribute_run(con, RUN)
     attribute_s = time.perf_counter() - t0
     attribute_run(con, "small")
+    t0 = time.perf_counter()
+    time_rows = build_time_rows(con, run_id, src[0])
+    time_s = time.perf_counter() - t0
     calls = con.execute("SELECT count(*) FROM comm_events WHERE run_id = ?", [run_id]).fetchone()[0]
     con.execute("CHECKPOINT")
     con.close()
@@ -135,7 +142,164 @@ def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
         "scale_s": scale_s,
         "refresh_s": refresh_s,
         "attribute_s": attribute_s,
+        "time_s": time_s,
+        **time_rows,
         "db_mb": db.stat().st_size / 2**20,
+    }
+
+
+STRAGGLER_RANK = 5  # arrives 400 µs late in every generated instance
+
+
+def build_time_rows(con: Any, run_id: int, base_source: int) -> dict[str, int]:
+    """The time analysis's rows of the scaled run, generated in DuckDB the way the calls are scaled (the
+    real analysis needs every rank's timeline, and the base trace has one rank of its job): one instance
+    per call of the base rank matched on every rank's copy of it, arrivals = the call's start plus a
+    deterministic jitter (rank STRAGGLER_RANK 400 µs late), waits, skew and bandwidth from those; a
+    breakdown, scheme split and memcpy lanes per (rank, step) as fixed shares of the step; arrivals,
+    rank totals and a straggler verdict per group aggregated from the members; a critical path per step
+    made of its instances. The values are shapes for the reads, the row counts those of a real analysis."""
+    from commlens.store.tables import TIME_TABLES
+
+    con.execute("BEGIN TRANSACTION")
+    for t in TIME_TABLES:
+        con.execute(f"DELETE FROM {t} WHERE run_id = ?", [run_id])
+    con.execute(
+        """CREATE TEMP TABLE inst AS
+           SELECT (row_number() OVER (ORDER BY coalesce(group_key, 'world'), seq) - 1)::INTEGER AS instance_id,
+                  seq, coalesce(group_key, 'world') AS group_key, op, dtype, msg_bytes, step, dur_us
+           FROM comm_events WHERE run_id = ? AND source_id = ? AND op NOT IN ('send', 'recv')""",
+        [run_id, base_source],
+    )
+    con.execute(
+        """CREATE TEMP TABLE mem AS
+           SELECT i.instance_id, e.rank, e.source_id, e.seq,
+                  e.ts_us + ((e.rank * 7919 + e.seq * 104729) % 997) / 10.0 + (e.rank = ?)::INTEGER * 400.0 AS arrival
+           FROM inst i JOIN comm_events e ON e.run_id = ? AND e.seq = i.seq""",
+        [STRAGGLER_RANK, run_id],
+    )
+    con.execute(
+        """CREATE TEMP TABLE agg AS
+           SELECT instance_id, min(arrival) AS first_a, max(arrival) AS last_a, arg_max(rank, arrival) AS last_rank,
+                  count(*) AS n
+           FROM mem GROUP BY instance_id"""
+    )
+    con.execute(
+        """INSERT INTO time_instance_members
+           SELECT ?, m.instance_id, m.rank, m.source_id, m.seq, m.arrival, a.last_a + i.dur_us, a.last_a - m.arrival
+           FROM mem m JOIN agg a USING (instance_id) JOIN inst i USING (instance_id)
+           ORDER BY m.instance_id, m.rank""",
+        [run_id],
+    )
+    con.execute(
+        """INSERT INTO time_instances
+           SELECT ?, i.instance_id, i.group_key, coalesce(g.scheme, 'unattributed'), i.op, i.dtype, i.msg_bytes, i.step,
+                  i.seq, 'order', a.n, a.first_a, a.last_a, a.last_rank, a.last_a - a.first_a, i.dur_us,
+                  i.msg_bytes / (i.dur_us * 1e3),
+                  i.msg_bytes / (i.dur_us * 1e3) * CASE i.op WHEN 'all_reduce' THEN 2.0 * (a.n - 1) / a.n
+                       WHEN 'all_gather' THEN (a.n - 1.0) / a.n WHEN 'reduce_scatter' THEN (a.n - 1.0) / a.n
+                       ELSE 1.0 END
+           FROM inst i JOIN agg a USING (instance_id)
+           LEFT JOIN process_groups g ON g.run_id = ? AND g.group_key = i.group_key
+           ORDER BY i.instance_id""",
+        [run_id, run_id],
+    )
+    con.execute(
+        """INSERT INTO time_breakdown
+           SELECT ?, rank, step, NULL, dur_us, 0.55 * dur_us, 0.15 * dur_us, w, 0.1 * dur_us, 0.02 * dur_us,
+                  dur_us * 0.18 - w
+           FROM (SELECT *, CASE WHEN rank = ? THEN 0.0 ELSE 0.05 * dur_us END AS w FROM steps WHERE run_id = ?)
+           UNION ALL
+           SELECT ?, rank, step, 'dp', NULL, NULL, 0.15 * dur_us, CASE WHEN rank = ? THEN 0.0 ELSE 0.05 * dur_us END,
+                  0.1 * dur_us, NULL, NULL
+           FROM steps WHERE run_id = ?
+           ORDER BY rank, step, 4 NULLS FIRST""",
+        [run_id, STRAGGLER_RANK, run_id, run_id, STRAGGLER_RANK, run_id],
+    )
+    con.execute(
+        """INSERT INTO time_memcpy
+           SELECT ?, rank, step, d.direction, d.bytes, 0.01 * dur_us, d.bytes / (0.01 * dur_us * 1e3)
+           FROM steps, (VALUES ('dtoh', 216), ('htod', 31112)) d(direction, bytes)
+           WHERE run_id = ? ORDER BY rank, step, direction""",
+        [run_id, run_id],
+    )
+    con.execute(
+        """INSERT INTO time_arrivals
+           SELECT ?, i.group_key, coalesce(g.scheme, 'unattributed'), m.rank, count(*),
+                  count(*) FILTER (WHERE a.last_rank = m.rank),
+                  sum(CASE WHEN a.last_rank = m.rank THEN a.n * a.last_a - s.arr_sum ELSE 0 END),
+                  sum(a.last_a - m.arrival), count(DISTINCT i.step),
+                  CASE WHEN m.rank = ? THEN count(DISTINCT i.step) ELSE 0 END
+           FROM mem m JOIN agg a USING (instance_id) JOIN inst i USING (instance_id)
+           JOIN (SELECT instance_id, sum(arrival) AS arr_sum FROM mem GROUP BY ALL) s USING (instance_id)
+           LEFT JOIN process_groups g ON g.run_id = ? AND g.group_key = i.group_key
+           GROUP BY i.group_key, g.scheme, m.rank""",
+        [run_id, STRAGGLER_RANK, run_id],
+    )
+    con.execute(
+        """INSERT INTO time_stragglers
+           SELECT ?, group_key, any_value(scheme), max(arrived_last) >= 0.75 * any_value(instances),
+                  CASE WHEN max(arrived_last) >= 0.75 * any_value(instances) THEN arg_max(rank, arrived_last) END,
+                  arg_max(rank, arrived_last), max(arrived_last) / any_value(instances), max(steps_mostly_last),
+                  any_value(steps), arg_max(imposed_us, arrived_last) / any_value(steps), any_value(instances),
+                  'straggler rank ' || arg_max(rank, arrived_last) || ' (generated rows)'
+           FROM time_arrivals WHERE run_id = ? GROUP BY group_key""",
+        [run_id, run_id],
+    )
+    con.execute(
+        """INSERT INTO time_rank_totals
+           SELECT ?, a.rank, b.steps, a.instances, a.arrived_last, a.wait_us, a.imposed_us, b.step_us, b.exposed_us,
+                  b.overlapped_us
+           FROM (SELECT rank, sum(instances) AS instances, sum(arrived_last) AS arrived_last, sum(wait_us) AS wait_us,
+                        sum(imposed_us) AS imposed_us FROM time_arrivals WHERE run_id = ? GROUP BY rank) a
+           JOIN (SELECT rank, count(*) AS steps, sum(step_us) AS step_us, sum(wait_us + exposed_us) AS exposed_us,
+                        sum(overlapped_us) AS overlapped_us
+                 FROM time_breakdown WHERE run_id = ? AND scheme IS NULL GROUP BY rank) b USING (rank)""",
+        [run_id, run_id, run_id],
+    )
+    con.execute(
+        """INSERT INTO time_clock_offsets
+           SELECT ?, rank, 'rank' || rank, 0.0, 0.0, 0.0, NULL, false, true, 'offsets within the noise (generated rows)'
+           FROM (SELECT DISTINCT rank FROM steps WHERE run_id = ?)""",
+        [run_id, run_id],
+    )
+    con.executemany(
+        "INSERT INTO time_status VALUES (?, ?, true, 'generated rows of the scaled run')",
+        [
+            [run_id, part]
+            for part in ("matching", "clocks", "waits", "breakdown", "memcpy", "stragglers", "critical_path")
+        ],
+    )
+    con.execute(
+        """INSERT INTO time_critical_path
+           SELECT ?, step, ts_us, ts_us + dur_us, 0.55 * dur_us, 0.15 * dur_us, 0.0, 0.1 * dur_us, 0.02 * dur_us,
+                  0.18 * dur_us, NULL
+           FROM steps WHERE run_id = ? AND rank = ? ORDER BY step""",
+        [run_id, run_id, STRAGGLER_RANK],
+    )
+    con.execute(
+        """INSERT INTO time_critical_segments
+           SELECT ?, i.step, (row_number() OVER (PARTITION BY i.step ORDER BY i.instance_id DESC) - 1)::INTEGER,
+                  a.last_rank, a.last_a, a.last_a + i.dur_us, 'collective', i.instance_id
+           FROM inst i JOIN agg a USING (instance_id) WHERE i.step IS NOT NULL ORDER BY i.step, 3""",
+        [run_id],
+    )
+    con.execute(
+        """INSERT INTO time_critical_schemes
+           SELECT ?, step, 'dp', 0.1 FROM time_critical_path WHERE run_id = ?""",
+        [run_id, run_id],
+    )
+    con.execute("COMMIT")
+    for t in ("inst", "mem", "agg"):
+        con.execute(f"DROP TABLE {t}")
+    count = {
+        t: con.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", [run_id]).fetchone()[0]
+        for t in ("time_instances", "time_instance_members", "time_breakdown")
+    }
+    return {
+        "instances": count["time_instances"],
+        "members": count["time_instance_members"],
+        "breakdown_rows": count["time_breakdown"],
     }
 
 
@@ -291,6 +455,22 @@ def main() -> None:
                 "groups (attribution summary)": (f"/api/runs/{RUN}/groups", {}),
                 "iterations": (f"/api/runs/{RUN}/iterations", {}),
                 "run detail": (f"/api/runs/{RUN}", {}),
+                "time summary (status, clocks, rank totals, stragglers)": (f"/api/runs/{RUN}/time", {}),
+                "time breakdown (one step, every rank)": (
+                    f"/api/runs/{RUN}/time/breakdown",
+                    {"step": store_info["first_step"] + store_info["steps_per_rank"] // 2},
+                ),
+                "time breakdown (rank=3, first page of 1000 steps)": (f"/api/runs/{RUN}/time/breakdown", {"rank": 3}),
+                "time stragglers": (f"/api/runs/{RUN}/time/stragglers", {}),
+                "time instances (first page of 100)": (f"/api/runs/{RUN}/time/instances", {}),
+                "time instances (rank=3, op=all_reduce, deep page)": (
+                    f"/api/runs/{RUN}/time/instances",
+                    {"rank": 3, "op": "all_reduce", "offset": 50_000},
+                ),
+                "time critical path (one step)": (
+                    f"/api/runs/{RUN}/time/critical-path",
+                    {"step": store_info["first_step"] + store_info["steps_per_rank"] // 2},
+                ),
             }
             latency = {}
             with httpx.Client(base_url=url, timeout=600) as c:
@@ -318,6 +498,7 @@ def measure_direct(db: Path, n: int) -> dict[str, float]:
     from commlens.backend.compare import compare
     from commlens.backend.findings import findings
     from commlens.backend.histograms import histogram
+    from commlens.service import time as time_service
 
     con = store.connect(db)
     try:
@@ -325,6 +506,10 @@ def measure_direct(db: Path, n: int) -> dict[str, float]:
             "histograms (default: per rank per iteration)": time_direct(lambda: histogram(con, RUN), n),
             "comparison (predicted vs measured)": time_direct(lambda: compare(con, RUN), n),
             "findings": time_direct(lambda: findings(con, RUN), n),
+            "time summary (status, clocks, rank totals, stragglers)": time_direct(
+                lambda: time_service.time_summary(con, RUN), n
+            ),
+            "time stragglers": time_direct(lambda: time_service.stragglers(con, RUN), n),
         }
     finally:
         con.close()
@@ -334,14 +519,12 @@ def render(
     store_info: dict, latency: dict, direct: dict, upload: dict, rss: float | None, args: argparse.Namespace
 ) -> str:
     cpu = platform.processor() or platform.machine()
-    try:
+    with contextlib.suppress(OSError, StopIteration):  # no /proc or no model name: the platform's name stays
         cpu = next(
             ln.split(":", 1)[1].strip()
             for ln in Path("/proc/cpuinfo").read_text().splitlines()
             if ln.startswith("model name")
         )
-    except (OSError, StopIteration):
-        pass
     lines = [
         f"### API ({dt.date.today().isoformat()}, {cpu}, {os.cpu_count()} cores, Python {platform.python_version()})",
         "",
@@ -352,6 +535,9 @@ def render(
         f"scaled in {store_info['scale_s']:.1f} s; its aggregates computed in {store_info['refresh_s']:.1f} s, "
         f"scheme attribution with the refresh of the per-scheme medians {store_info['attribute_s']:.1f} s), "
         f"with a ResNet-50 DDP config attached, so comparison and findings include the prediction. "
+        f"Time rows generated beside the calls (`build_time_rows`): {store_info['instances']:,} instances with "
+        f"{store_info['members']:,} members, {store_info['breakdown_rows']:,} breakdown rows, in "
+        f"{store_info['time_s']:.1f} s. "
         f"Server: `commlens serve` in its own process, client sequential "
         f"after {args.warmup} warm-up request(s), {args.n} timed requests per endpoint. Target: p50 under 100 ms.",
         "",

@@ -126,7 +126,7 @@ def make_synthetic_trace(src: Path, target_mb: int, out: Path) -> Path:
         while written < target:
             shift = copy * span
             parts = []
-            for e, raw in zip(events, chunk_events):
+            for e, line in zip(events, chunk_events, strict=True):
                 if isinstance(e.get("ts"), (int, float)) and copy:
                     e2 = dict(e)
                     e2["ts"] = e["ts"] + shift
@@ -142,8 +142,9 @@ def make_synthetic_trace(src: Path, target_mb: int, out: Path) -> Path:
                         }
                     if "id" in e and e.get("ph") in ("s", "f") and isinstance(e["id"], int):
                         e2["id"] = e["id"] + copy * 10_000_000
-                    raw = json.dumps(e2)
-                parts.append(raw)
+                    parts.append(json.dumps(e2))
+                else:
+                    parts.append(line)
             block = (",\n" if not first else "") + ",\n".join(parts)
             first = False
             data = block.encode()
@@ -227,11 +228,11 @@ def report(rows, nccl_res, nccl_lines: int) -> str:
             f"{h_mbs:.1f} | {c_mbs / h_mbs:.1f} | {d_mbs:.1f} | {c['seconds'] / d['seconds']:.2f} | "
             f"{c['peak_rss'] / size:.2f} | {h.get('peak_rss', float('nan')) / size:.2f} |"
         )
-    c, l = nccl_res["commlens"], nccl_res["lines"]
+    c, lines_only = nccl_res["commlens"], nccl_res["lines"]
     out += [
         "",
         f"NCCL log, {nccl_lines:,} COLL lines (8 processes interleaved): commlens {nccl_lines / c['seconds'] / 1e6:.2f} M lines/s "
-        f"({c['seconds']:.2f} s incl. store), reading the lines alone {nccl_lines / l['seconds'] / 1e6:.2f} M lines/s, "
+        f"({c['seconds']:.2f} s incl. store), reading the lines alone {nccl_lines / lines_only['seconds'] / 1e6:.2f} M lines/s, "
         f"peak RSS {c['peak_rss'] / 2**20:.0f} MiB.",
     ]
     return "\n".join(out)

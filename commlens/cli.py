@@ -148,7 +148,7 @@ def serve(
     admin_name: str = typer.Option("admin", "--admin-name", help="The admin that --admin-token belongs to."),
 ) -> None:
     """Serve the API under /api (OpenAPI docs at /docs) and the dashboard at /; own the store while running."""
-    from commlens.backend.api import Settings, StartupRefused
+    from commlens.backend.api import Settings, StartupRefusedError
     from commlens.backend.api.server import serve as run_server
     from commlens.store import StoreError
 
@@ -169,7 +169,7 @@ def serve(
         dashboard = create_ui()
     try:
         run_server(settings, ui=dashboard)
-    except (StartupRefused, StoreError) as exc:
+    except (StartupRefusedError, StoreError) as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
 

@@ -81,9 +81,9 @@ class DDPSync(Sync):
 
     def __init__(self, stage: Stage, mesh: Mesh, lr: float, device_ids: list[int] | None):
         super().__init__(stage, mesh, lr)
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.nn.parallel import DistributedDataParallel
 
-        self.module = DDP(stage, process_group=self.dp.pg, device_ids=device_ids)
+        self.module = DistributedDataParallel(stage, process_group=self.dp.pg, device_ids=device_ids)
         self.module.register_comm_hook(self, _labelled_allreduce_hook)
         self.calls: list[int] = []  # bytes of each bucket all_reduce of the current step, in call order
         self.last_calls: list[int] = []
@@ -210,7 +210,7 @@ class Zero3Sync(Sync):
 
         self.dp = mesh.group("dp")
         dp_mesh = mesh.submesh("dp")
-        units = list(stage.blocks) + [stage]
+        units = [*stage.blocks, stage]
         for unit in units:
             fully_shard(unit, mesh=dp_mesh)
         ag, rs = _LabelledAllGather(self.dp), _LabelledReduceScatter(self.dp)

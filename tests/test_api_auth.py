@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from commlens import store
-from commlens.backend.api import Settings, StartupRefused, create_app
+from commlens.backend.api import Settings, StartupRefusedError, create_app
 from commlens.backend.api.testing import ServerThread
 from commlens.service.users import add_user
 
@@ -23,7 +23,7 @@ def _users(db: Path) -> dict[str, str]:
 
 
 def test_network_bind_without_users_refuses_to_start(tmp_path: Path) -> None:
-    with pytest.raises(StartupRefused, match="no users"):
+    with pytest.raises(StartupRefusedError, match="no users"):
         create_app(Settings(db=tmp_path / "s.duckdb", host="0.0.0.0"))
     proc = subprocess.run(
         [

@@ -15,7 +15,7 @@ Contract in brief (OpenAPI at /docs and /api/openapi.json has every model):
   the worker writes. Jobs a stopped or killed server left unfinished are marked failed at start-up.
 """
 
-from .app import StartupRefused, create_app
+from .app import StartupRefusedError, create_app
 from .settings import Settings
 
-__all__ = ["Settings", "StartupRefused", "create_app"]
+__all__ = ["Settings", "StartupRefusedError", "create_app"]

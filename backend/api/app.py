@@ -25,7 +25,7 @@ from .settings import Settings
 log = logging.getLogger("commlens.api")
 
 
-class StartupRefused(RuntimeError):
+class StartupRefusedError(RuntimeError):
     """The server must not start with these settings (the message says why and what to do)."""
 
 
@@ -35,7 +35,7 @@ def check_exposure(settings: Settings, db: Database) -> None:
         return
     with db.session() as cur:
         if user_count(cur) == 0:
-            raise StartupRefused(
+            raise StartupRefusedError(
                 f"refusing to listen on {settings.host}: the store has no users, so anyone on the network could write. "
                 "Create one with `commlens users add NAME --admin --db ...`, bind to 127.0.0.1, or pass --insecure."
             )

@@ -11,7 +11,7 @@ from .settings import Settings
 
 
 def serve(settings: Settings, ui: Any = None, log_level: str = "info") -> None:
-    """Blocks until the server stops. Raises StartupRefused / StoreError before listening."""
+    """Blocks until the server stops. Raises StartupRefusedError / StoreError before listening."""
     app = create_app(settings, ui=ui)
     config = uvicorn.Config(
         app,

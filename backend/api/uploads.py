@@ -26,6 +26,7 @@ from . import auth
 from .deps import AppContext, Ctx, Cursor, Limit, Offset, next_offset
 from .errors import ApiError, problem_responses
 from .ingest_queue import IngestQueue, Manifest, SpooledUpload, new_job_id
+from .settings import Settings
 
 router = APIRouter(tags=["uploads"])
 
@@ -255,78 +256,14 @@ async def upload_files(
     auth.require_write(principal)
     if run_id is None:
         raise ApiError(404, f"no run named {run!r}; create it first with POST /api/runs", "unknown-run")
-    ctype, options = parse_options_header(request.headers.get("content-type", ""))
-    if ctype != b"multipart/form-data" or not options.get(b"boundary"):
-        raise ApiError(
-            415,
-            "send the files as multipart/form-data (for example curl -F files=@rank0.json.gz)",
-            "unsupported-media-type",
-        )
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > settings.max_request_bytes:
-        raise ApiError(
-            413,
-            f"the request declares {declared} bytes, more than the limit of {settings.max_request_bytes} "
-            "per request (commlens serve --max-request-mb); send the files in several requests",
-            "request-too-large",
-        )
-
-    if declared is not None and declared.isdigit():
-        free = shutil.disk_usage(settings.spool).free
-        if int(declared) > free - SPOOL_HEADROOM:
-            raise ApiError(
-                507,
-                f"the server's disk has {free} bytes free next to the store; this upload needs "
-                f"{declared} bytes plus headroom. Free space or upload fewer files",
-                "insufficient-storage",
-            )
+    boundary = _multipart_boundary(request, settings)
     job_id = new_job_id()
     folder = settings.spool / job_id
     folder.mkdir(parents=True)
     spooler = _Spooler(folder, settings.max_file_bytes, settings.max_files_per_request)
-    parser = MultipartParser(options[b"boundary"], spooler.callbacks())  # type: ignore[arg-type]
-    refused: _RefusedError | None = None
-    received = 0
+    parser = MultipartParser(boundary, spooler.callbacks())  # type: ignore[arg-type]
     try:
-        try:
-            async for chunk in request.stream():
-                received += len(chunk)
-                if received > settings.max_request_bytes:
-                    refused = refused or _RefusedError(
-                        413,
-                        f"the request is larger than the limit of {settings.max_request_bytes} "
-                        "bytes (commlens serve --max-request-mb)",
-                        "request-too-large",
-                    )
-                    break  # stop reading: the connection is closed after the answer
-                if refused is None:
-                    try:
-                        parser.write(chunk)
-                    except _RefusedError as exc:
-                        refused = exc  # keep reading (and discarding) so the client gets the answer
-                    except Exception as exc:
-                        refused = _RefusedError(422, f"malformed multipart body: {exc}", "malformed-upload")
-            if refused is None:
-                parser.finalize()
-        except ClientDisconnect:
-            refused = _RefusedError(400, "the client disconnected before the upload was complete", "incomplete-upload")
-        except Exception as exc:
-            refused = refused or _RefusedError(422, f"malformed multipart body: {exc}", "malformed-upload")
-        spooler.close()
-        if refused is None and not spooler.ended:
-            refused = _RefusedError(
-                422,
-                "the multipart body ends before its closing boundary (truncated upload?); "
-                "nothing was queued, send it again",
-                "malformed-upload",
-            )
-        if refused is None and not spooler.files:
-            refused = _RefusedError(
-                422,
-                "the upload has no file parts; send files as multipart parts with a filename "
-                "(curl -F files=@rank0.json.gz)",
-                "no-files",
-            )
+        refused = await _receive(request, parser, spooler, settings.max_request_bytes)
         if refused is None:
             bad = await run_in_threadpool(_sniff_all, folder, spooler.files, settings.ingest_limits)
             if bad:
@@ -349,6 +286,85 @@ async def upload_files(
         raise
     ctx.ingest_queue.submit(job_id)
     return JSONResponse(job.model_dump(mode="json"), status_code=202, headers={"Location": f"/api/jobs/{job_id}"})
+
+
+def _multipart_boundary(request: Request, settings: Settings) -> bytes:
+    """The multipart boundary of an upload whose headers the server accepts: multipart, within the request
+    limit and the spool's free disk; else the ApiError that says what to send instead."""
+    ctype, options = parse_options_header(request.headers.get("content-type", ""))
+    if ctype != b"multipart/form-data" or not options.get(b"boundary"):
+        raise ApiError(
+            415,
+            "send the files as multipart/form-data (for example curl -F files=@rank0.json.gz)",
+            "unsupported-media-type",
+        )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > settings.max_request_bytes:
+        raise ApiError(
+            413,
+            f"the request declares {declared} bytes, more than the limit of {settings.max_request_bytes} "
+            "per request (commlens serve --max-request-mb); send the files in several requests",
+            "request-too-large",
+        )
+    if declared is not None and declared.isdigit():
+        free = shutil.disk_usage(settings.spool).free
+        if int(declared) > free - SPOOL_HEADROOM:
+            raise ApiError(
+                507,
+                f"the server's disk has {free} bytes free next to the store; this upload needs "
+                f"{declared} bytes plus headroom. Free space or upload fewer files",
+                "insufficient-storage",
+            )
+    return options[b"boundary"]
+
+
+async def _receive(
+    request: Request, parser: MultipartParser, spooler: _Spooler, max_request_bytes: int
+) -> _RefusedError | None:
+    """Stream the body into the spool; why the upload is refused (the rest of the body is read and discarded
+    so the client gets the answer), or None when every part arrived whole."""
+    refused: _RefusedError | None = None
+    received = 0
+    try:
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > max_request_bytes:
+                refused = refused or _RefusedError(
+                    413,
+                    f"the request is larger than the limit of {max_request_bytes} "
+                    "bytes (commlens serve --max-request-mb)",
+                    "request-too-large",
+                )
+                break  # stop reading: the connection is closed after the answer
+            if refused is None:
+                try:
+                    parser.write(chunk)
+                except _RefusedError as exc:
+                    refused = exc  # keep reading (and discarding) so the client gets the answer
+                except Exception as exc:
+                    refused = _RefusedError(422, f"malformed multipart body: {exc}", "malformed-upload")
+        if refused is None:
+            parser.finalize()
+    except ClientDisconnect:
+        refused = _RefusedError(400, "the client disconnected before the upload was complete", "incomplete-upload")
+    except Exception as exc:
+        refused = refused or _RefusedError(422, f"malformed multipart body: {exc}", "malformed-upload")
+    spooler.close()
+    if refused is None and not spooler.ended:
+        refused = _RefusedError(
+            422,
+            "the multipart body ends before its closing boundary (truncated upload?); "
+            "nothing was queued, send it again",
+            "malformed-upload",
+        )
+    if refused is None and not spooler.files:
+        refused = _RefusedError(
+            422,
+            "the upload has no file parts; send files as multipart parts with a filename "
+            "(curl -F files=@rank0.json.gz)",
+            "no-files",
+        )
+    return refused
 
 
 def _create_job(ctx: AppContext, job_id: str, run: str, manifest: Manifest) -> JobOut:

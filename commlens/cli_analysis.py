@@ -143,12 +143,12 @@ def predict(
                     tp=tp,
                     pp=pp,
                     cp=cp,
-                    zero=zero,
+                    zero=zero,  # type: ignore[arg-type]  # pydantic checks the value: a clear error for --zero 5
                     sp=sp,
                     micro_batches=micro_batches,
                     micro_batch_size=micro_batch_size,
                     pp_scatter_gather=pp_scatter_gather,
-                    cp_style=cp_style,
+                    cp_style=cp_style,  # type: ignore[arg-type]
                     cp_rq=cp_rq,
                     offload=offload,  # type: ignore[arg-type]
                     prefetch_gap=prefetch_gap,

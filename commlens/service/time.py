@@ -262,7 +262,8 @@ def instances(
 ) -> InstancesPage:
     """A page of the run's instances in instance order, each with its members; filters combine."""
     run_id = run_id_of(con, run)
-    where, params = "i.run_id = ?", [run_id]
+    where = "i.run_id = ?"
+    params: list[Any] = [run_id]
     for col, val in (("group_key", group), ("op", op), ("step", step)):
         if val is not None:
             where, params = f"{where} AND i.{col} = ?", [*params, val]

@@ -22,6 +22,7 @@ from . import (
     page_ranks,
     page_review,
     page_runs,
+    page_time,
     page_topology,
 )
 from .client import ApiProblem
@@ -36,6 +37,7 @@ RUN_PAGE_MODULES = {
     "predicted": page_predicted,
     "ranks": page_ranks,
     "topology": page_topology,
+    "time": page_time,
     "review": page_review,
 }
 

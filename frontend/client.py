@@ -29,6 +29,14 @@ from commlens.contract.jobs import JobOut
 from commlens.contract.predict import PredictInput, Prediction
 from commlens.contract.review import Anchor, ReviewCreate, ReviewItem, ReviewUpdate
 from commlens.contract.runs import RunCreate, RunDetail, RunSummary, RunUpdate, SourceOut
+from commlens.contract.time import (
+    BreakdownReport,
+    CriticalPathReport,
+    InstancesPage,
+    MismatchReport,
+    StragglerReport,
+    TimeSummary,
+)
 from commlens.contract.users import Me
 
 M = TypeVar("M", bound=BaseModel)
@@ -235,6 +243,65 @@ class ApiClient:
             limit=limit,
             offset=offset,
         )
+
+    # ---------------------------------------------------------------------------------- time
+
+    def time_summary(self, run: str) -> TimeSummary:
+        """What the time analysis computed (and why not), clock offsets, rank totals, stragglers."""
+        return self._get(f"/runs/{_seg(run)}/time", TimeSummary)
+
+    def time_breakdown(
+        self,
+        run: str,
+        *,
+        rank: int | None = None,
+        step: int | None = None,
+        scheme: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> BreakdownReport:
+        """One page of (rank, step) rows; `scheme` keeps only that scheme's split in each row."""
+        return self._get(
+            f"/runs/{_seg(run)}/time/breakdown",
+            BreakdownReport,
+            rank=rank,
+            step=step,
+            scheme=scheme,
+            limit=limit,
+            offset=offset,
+        )
+
+    def time_instances(
+        self,
+        run: str,
+        *,
+        group: str | None = None,
+        op: str | None = None,
+        step: int | None = None,
+        rank: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> InstancesPage:
+        """One page of collective instances matched across ranks, with each member's arrival and wait."""
+        return self._get(
+            f"/runs/{_seg(run)}/time/instances",
+            InstancesPage,
+            group=group,
+            op=op,
+            step=step,
+            rank=rank,
+            limit=limit,
+            offset=offset,
+        )
+
+    def time_stragglers(self, run: str) -> StragglerReport:
+        return self._get(f"/runs/{_seg(run)}/time/stragglers", StragglerReport)
+
+    def critical_paths(self, run: str, step: int | None = None) -> CriticalPathReport:
+        return self._get(f"/runs/{_seg(run)}/time/critical-path", CriticalPathReport, step=step)
+
+    def time_mismatches(self, run: str) -> MismatchReport:
+        return self._get(f"/runs/{_seg(run)}/time/mismatches", MismatchReport)
 
     # -------------------------------------------------------------------------------- review
 

@@ -14,6 +14,7 @@ RUN_PAGES: dict[str, str] = {
     "predicted": "Predicted vs measured",
     "ranks": "Ranks",
     "topology": "Topology",
+    "time": "Time",
     "review": "Review",
 }
 # Views named by findings and anchors that live on another page (bandwidth is part of the ranks page).

@@ -1,0 +1,902 @@
+"""`/runs/{run}/time`: where a step's time goes. Per rank and step the breakdown (compute, overlapped,
+wait, exposed, memcpy, idle) as stacked bars; one step's collectives across ranks on a timeline with each
+instance's members linked and the critical path drawn; a rank x instance wait heatmap; stragglers with
+their verdicts; clock offsets and what the analysis could not compute, and why (docs/time.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
+from dash.exceptions import PreventUpdate
+
+from commlens.contract.time import (
+    TIME_CATEGORIES,
+    UNATTRIBUTED,
+    BreakdownReport,
+    ClockOffsets,
+    CriticalPath,
+    GroupVerdict,
+    Instance,
+    InstancesPage,
+    StepBreakdown,
+    StragglerReport,
+    TimeStatus,
+    TimeSummary,
+)
+from commlens.vocab import SCHEMES
+
+from .client import ApiClient
+from .components import OP_COLORS, chart_block, empty, figure, guarded, kv, loading, message, push_state, table, td_num
+from .config import UiConfig
+from .fmt import duration_us, exact_bytes, num, pct
+from .urls import int_or_none, query, run_path
+
+# Fixed colours: a category keeps its colour whatever the run, scheme or filter.
+CATEGORY_COLORS = {
+    "compute": "#4c78a8",
+    "overlapped": "#72b7b2",
+    "wait": "#f58518",
+    "exposed": "#e45756",
+    "memcpy": "#b279a2",
+    "idle": "#d9d9d9",
+    "other comm": "#9d755d",
+}
+CATEGORY_LABELS = {
+    "compute": "compute",
+    "overlapped": "comm overlapped with compute",
+    "wait": "wait in collectives",
+    "exposed": "exposed comm",
+    "memcpy": "memcpy / memset",
+    "idle": "idle",
+    "other comm": "other schemes' comm",
+}
+PATH_COLOR = "#c00000"
+SELECTED_COLOR = "#111111"
+PAGE_SIZE = 1000  # the API's largest page
+MAX_INSTANCES = 5000  # instances of one step drawn at most; the table says when more were left out
+
+P = TypeVar("P")
+
+
+def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> html.Div:
+    client = cfg.client(token)
+    summary = client.time_summary(run)
+    rows = _all_breakdown(client, run, None)
+    paths = client.critical_paths(run).paths
+    steps = sorted({r.step for r in rows} | {p.step for p in paths})
+    step = int_or_none(q.get("step"))
+    if step not in steps:
+        step = next((p.step for p in paths if p.segments), steps[0] if steps else None)
+    groups = [(v.group, v.scheme) for v in summary.verdicts]
+    group = q.get("group") if q.get("group") in {g for g, _ in groups} else None
+    scheme = q.get("scheme") if q.get("scheme") in (*SCHEMES, UNATTRIBUTED) else None
+    runs = [r.name for r in client.runs(limit=500).items]
+    if run not in runs:
+        runs.insert(0, run)
+    return html.Div(
+        [
+            dcc.Store(id="tm-run", data=run),
+            dcc.Store(id="tm-inst", data=int_or_none(q.get("inst"))),
+            dcc.Store(id="tm-status-data", data=summary.status.model_dump(mode="json")),
+            html.Div(
+                [
+                    _dropdown("tm-runsel", "Run", [(r, r) for r in runs], run, clearable=False),
+                    _dropdown("tm-step", "Step (timeline, heatmap)", [(str(s), s) for s in steps], step),
+                    _dropdown(
+                        "tm-scheme",
+                        "Scheme (bars)",
+                        [("all", "")] + [(s, s) for s in (*SCHEMES, UNATTRIBUTED)],
+                        scheme or "",
+                        clearable=False,
+                    ),
+                    _dropdown(
+                        "tm-group",
+                        "Group",
+                        [("all", "")] + [(f"{g} ({s})", g) for g, s in groups],
+                        group or "",
+                        clearable=False,
+                        wide=True,
+                    ),
+                ],
+                className="controls",
+            ),
+            status_block(summary.status),
+            html.H2("Breakdown per rank and step"),
+            loading(html.Div(id="tm-breakdown")),
+            html.H2("Timeline of one step across ranks"),
+            loading(html.Div(id="tm-timeline")),
+            html.H2("Waits per rank and instance"),
+            loading(html.Div(id="tm-waits")),
+            html.H2("Stragglers"),
+            loading(html.Div(id="tm-stragglers")),
+            html.H2("Clock offsets"),
+            clocks_view(summary.clocks, summary.status),
+            html.H2("Per rank"),
+            ranks_view(summary),
+            mismatches_view(client, run, summary),
+        ]
+    )
+
+
+def _dropdown(
+    id_: str, label: str, options: Sequence[tuple[str, Any]], value: Any, clearable: bool = False, wide: bool = False
+) -> html.Div:
+    return html.Div(
+        [
+            html.Label(label, htmlFor=id_),
+            dcc.Dropdown(
+                id=id_,
+                options=[{"label": text, "value": v} for text, v in options],
+                value=value,
+                clearable=clearable,
+                searchable=len(options) > 12,
+                placeholder="none",
+            ),
+        ],
+        className="field wide" if wide else "field",
+    )
+
+
+def _pages(fetch: Callable[[int], tuple[list[P], int | None]], cap: int | None = None) -> list[P]:
+    """Every item of a paginated endpoint (or the first `cap`), following next_offset."""
+    items: list[P] = []
+    offset: int | None = 0
+    while offset is not None and (cap is None or len(items) < cap):
+        page, offset = fetch(offset)
+        items += page
+    return items if cap is None else items[:cap]
+
+
+def _all_breakdown(client: ApiClient, run: str, scheme: str | None) -> list[StepBreakdown]:
+    def fetch(offset: int) -> tuple[list[StepBreakdown], int | None]:
+        page: BreakdownReport = client.time_breakdown(run, scheme=scheme, limit=PAGE_SIZE, offset=offset)
+        return page.rows, page.next_offset
+
+    return _pages(fetch)
+
+
+def _step_instances(client: ApiClient, run: str, step: int, group: str | None) -> tuple[list[Instance], int]:
+    total = 0
+
+    def fetch(offset: int) -> tuple[list[Instance], int | None]:
+        nonlocal total
+        page: InstancesPage = client.time_instances(run, step=step, group=group, limit=PAGE_SIZE, offset=offset)
+        total = page.total
+        return page.items, page.next_offset
+
+    return _pages(fetch, MAX_INSTANCES), total
+
+
+def _reasons(status: TimeStatus, *parts: str) -> list[str]:
+    return [f"{p.part}: {p.reason}" for p in status.parts if p.part in parts and not p.computed]
+
+
+def _why(status: TimeStatus, *parts: str) -> str:
+    reasons = _reasons(status, *parts)
+    return " ".join(r.rstrip(".") + "." for r in reasons) if reasons else ""
+
+
+# ---------------------------------------------------------------------------------- status
+
+
+def status_block(status: TimeStatus) -> html.Div:
+    """What the analysis computed for this run and, for what it could not, the reason."""
+    if not status.available:
+        head = message(
+            [html.Strong("No time analysis for this run. "), _why(status, *{p.part for p in status.parts})]
+            if status.parts
+            else "No time analysis for this run: the API reports none (it needs a profiler trace with a timeline; "
+            "NCCL logs carry no time).",
+            "warn",
+        )
+    elif any(not p.computed for p in status.parts):
+        head = message("Some parts of the time analysis could not be computed; the reasons are below.", "warn")
+    else:
+        head = None
+    rows = [
+        [
+            p.part,
+            html.Span("yes" if p.computed else "no", className="badge st-ok" if p.computed else "badge st-failed"),
+            p.reason,
+        ]
+        for p in status.parts
+    ]
+    return html.Div(
+        [
+            head,
+            html.Details(
+                [
+                    html.Summary("What was computed"),
+                    table(["part", "computed", "why / what it rests on"], rows, id_="tm-status"),
+                ],
+                open=any(not p.computed for p in status.parts),
+            )
+            if rows
+            else None,
+        ],
+        className="card",
+        id="tm-status-block",
+    )
+
+
+# ------------------------------------------------------------------------------- breakdown
+
+
+def _bar_values(r: StepBreakdown, scheme: str | None) -> dict[str, float]:
+    """µs per stacked category of one row; with a scheme, the others' communication is one category
+    of its own so the bar still sums to the step."""
+    values = {
+        "compute": r.compute_us,
+        "overlapped": r.overlapped_us,
+        "wait": r.wait_us,
+        "exposed": r.exposed_us,
+        "memcpy": r.memcpy_us,
+        "idle": r.idle_us,
+    }
+    if scheme is None:
+        return values
+    mine = next((s for s in r.schemes if s.scheme == scheme), None)
+    comm = r.overlapped_us + r.wait_us + r.exposed_us
+    values["overlapped"] = mine.overlapped_us if mine else 0.0
+    values["wait"] = mine.wait_us if mine else 0.0
+    values["exposed"] = mine.exposed_us if mine else 0.0
+    values["other comm"] = comm - values["overlapped"] - values["wait"] - values["exposed"]
+    return values
+
+
+def breakdown_view(run: str, rows: list[StepBreakdown], scheme: str | None, status: TimeStatus) -> Any:
+    if not rows:
+        why = _why(status, "breakdown", "matching")
+        return empty(
+            "No breakdown for this run" + (f": {why}" if why else ": it has no profiler steps with device activity.")
+        )
+    cats = list(TIME_CATEGORIES)
+    if scheme:  # the other schemes' communication stacks right above this scheme's
+        cats.insert(cats.index("exposed") + 1, "other comm")
+    ranks = sorted({r.rank for r in rows})
+    per = {(r.rank, r.step): _bar_values(r, scheme) for r in rows}
+    title = "Time per step and rank" + (f": {scheme} communication apart" if scheme else "")
+    fig = figure(title, "rank / profiler step", "time (ms)", height=420)
+    x = [[f"rank {r.rank}" for r in rows], [str(r.step) for r in rows]]
+    for cat in cats:
+        us = [per[(r.rank, r.step)].get(cat, 0.0) for r in rows]
+        fig.add_bar(
+            name=CATEGORY_LABELS[cat]
+            if not scheme or cat not in ("overlapped", "wait", "exposed")
+            else f"{scheme}: {CATEGORY_LABELS[cat]}",
+            x=x,
+            y=[v / 1e3 for v in us],
+            marker_color=CATEGORY_COLORS[cat],
+            customdata=[
+                [duration_us(v), pct(v / r.step_us if r.step_us else None), duration_us(r.step_us)]
+                for v, r in zip(us, rows, strict=True)
+            ],
+            hovertemplate="%{x[0]}, step %{x[1]}<br>"
+            + CATEGORY_LABELS[cat]
+            + ": %{customdata[0]} (%{customdata[1]} of %{customdata[2]})<extra></extra>",
+        )
+    fig.update_layout(barmode="stack", bargap=0.15, legend={"traceorder": "normal"})
+    cols = ["rank", "step", "step", *[CATEGORY_LABELS[c] for c in cats], "HtoD", "DtoH", "memcpy GB/s"]
+    display, raw = [], []
+    for r in rows:
+        v = per[(r.rank, r.step)]
+        lanes = {m.direction: m for m in r.memcpy}
+        htod, dtoh = lanes.get("htod"), lanes.get("dtoh")
+        rate = ", ".join(f"{m.direction} {m.gbps:.3g}" for m in r.memcpy if m.gbps is not None) or "-"
+        display.append(
+            [
+                r.rank,
+                td_num(r.step),
+                td_num(r.step_us, duration_us(r.step_us)),
+                *[td_num(v.get(c, 0.0), duration_us(v.get(c, 0.0))) for c in cats],
+                td_num(htod.bytes if htod else None, exact_bytes(htod.bytes) if htod else "-"),
+                td_num(dtoh.bytes if dtoh else None, exact_bytes(dtoh.bytes) if dtoh else "-"),
+                rate,
+            ]
+        )
+        raw.append(
+            [
+                r.rank,
+                r.step,
+                r.step_us,
+                *[v.get(c, 0.0) for c in cats],
+                htod.bytes if htod else None,
+                dtoh.bytes if dtoh else None,
+                rate,
+            ]
+        )
+    cols[2] = "step time"
+    note = (
+        f"Each microsecond of a step is counted once, in this order: {', '.join(TIME_CATEGORIES)}. {len(ranks)} ranks."
+    )
+    return chart_block("tm-bars", fig, cols, display, raw, f"{run}-time-breakdown.csv", note=note)
+
+
+# -------------------------------------------------------------------------------- timeline
+
+
+def _segments(inst: Instance) -> list[tuple[int, float, float | None, float]]:
+    """(rank, arrival, last arrival or None, end) per member with both times: the wait before everybody
+    arrived and the collective after it are drawn apart."""
+    out: list[tuple[int, float, float | None, float]] = []
+    for m in inst.members:
+        if m.arrival_us is None or m.end_us is None:
+            continue
+        last = inst.last_arrival_us
+        out.append((m.rank, m.arrival_us, last if last is not None and last > m.arrival_us else None, m.end_us))
+    return out
+
+
+def _origin(instances: Sequence[Instance], path: CriticalPath | None) -> float | None:
+    if path is not None:
+        return path.start_us
+    starts = [m.arrival_us for i in instances for m in i.members if m.arrival_us is not None]
+    return min(starts) if starts else None
+
+
+def timeline_view(
+    run: str,
+    step: int,
+    instances: list[Instance],
+    total: int,
+    path: CriticalPath | None,
+    selected: int | None,
+    status: TimeStatus,
+) -> Any:
+    t0 = _origin(instances, path)
+    if t0 is None:
+        why = _why(status, "matching", "clocks", "waits", "critical_path")
+        return empty(
+            f"No collective with measured times in step {step}" + (f": {why}" if why else " (NCCL logs carry no time).")
+        )
+    ranks = sorted(
+        {m.rank for i in instances for m in i.members} | ({s.rank for s in path.segments} if path else set())
+    )
+    fig = figure(
+        f"Step {step}: collectives per rank",
+        "time since the step's start (ms)",
+        "rank",
+        height=min(760, 170 + 34 * len(ranks)),
+    )
+    chosen = next((i for i in instances if i.instance_id == selected), None)
+
+    def hover(i: Instance, rank: int) -> list[Any]:
+        m = next(x for x in i.members if x.rank == rank)
+        return [
+            i.instance_id,
+            i.op,
+            i.group,
+            exact_bytes(i.msg_bytes),
+            duration_us(i.skew_us),
+            "-" if i.last_rank is None else i.last_rank,
+            duration_us(m.wait_us),
+            duration_us(i.real_us),
+            num(i.busbw_gbps),
+        ]
+
+    template = (
+        "<b>instance %{customdata[0]}</b>: %{customdata[1]} in %{customdata[2]}, S %{customdata[3]}<br>"
+        "rank %{y}: waited %{customdata[6]}; skew %{customdata[4]}, last rank %{customdata[5]}<br>"
+        "real duration %{customdata[7]}, busbw %{customdata[8]} GB/s<extra>%{fullData.name}</extra>"
+    )
+
+    def opacity(i: Instance) -> float:
+        return 1.0 if chosen is None or i.instance_id == selected else 0.3
+
+    waits: dict[str, list[Any]] = {"y": [], "x": [], "base": [], "customdata": [], "opacity": []}
+    by_op: dict[str, dict[str, list[Any]]] = {}
+    for i in instances:
+        for rank, arrival, last, end in _segments(i):
+            start = arrival
+            if last is not None:
+                waits["y"].append(rank)
+                waits["base"].append((arrival - t0) / 1e3)
+                waits["x"].append((last - arrival) / 1e3)
+                waits["customdata"].append(hover(i, rank))
+                waits["opacity"].append(opacity(i))
+                start = last
+            d = by_op.setdefault(i.op, {"y": [], "x": [], "base": [], "customdata": [], "opacity": []})
+            d["y"].append(rank)
+            d["base"].append((start - t0) / 1e3)
+            d["x"].append((end - start) / 1e3)
+            d["customdata"].append(hover(i, rank))
+            d["opacity"].append(opacity(i))
+    for name, d, color in [
+        ("wait for the last member", waits, CATEGORY_COLORS["wait"]),
+        *[(op, d, OP_COLORS.get(op, "#777")) for op, d in by_op.items()],
+    ]:
+        if not d["y"]:
+            continue
+        fig.add_bar(
+            name=name,
+            orientation="h",
+            y=d["y"],
+            x=d["x"],
+            base=d["base"],
+            width=0.6,
+            marker={"color": color, "opacity": d["opacity"], "line": {"width": 0}},
+            customdata=d["customdata"],
+            hovertemplate=template,
+        )
+    if path is not None and path.segments:
+        xs: list[float | None] = []
+        ys: list[int | None] = []
+        text: list[str] = []
+        for s in sorted(path.segments, key=lambda s: s.start_us):
+            xs += [(s.start_us - t0) / 1e3, (s.end_us - t0) / 1e3]
+            ys += [s.rank, s.rank]
+            what = f"instance {s.instance_id}" if s.kind == "collective" else "work"
+            text += [f"critical path: {what} on rank {s.rank}, {duration_us(s.end_us - s.start_us)}"] * 2
+        fig.add_scatter(
+            name="critical path",
+            x=xs,
+            y=ys,
+            mode="lines+markers",
+            line={"color": PATH_COLOR, "width": 3},
+            marker={"size": 5, "color": PATH_COLOR},
+            text=text,
+            hovertemplate="%{text}<extra></extra>",
+        )
+        fig.add_vline(x=(path.end_us - t0) / 1e3, line_dash="dot", line_color="#666", annotation_text="step end")
+    if chosen is not None:
+        members = sorted((m for m in chosen.members if m.arrival_us is not None), key=lambda m: m.rank)
+        fig.add_scatter(
+            name=f"instance {chosen.instance_id} ({chosen.op})",
+            x=[((m.arrival_us or 0.0) - t0) / 1e3 for m in members],
+            y=[m.rank for m in members],
+            mode="lines+markers",
+            line={"color": SELECTED_COLOR, "width": 1.5, "dash": "dash"},
+            marker={"symbol": "diamond", "size": 9, "color": SELECTED_COLOR},
+            customdata=[[chosen.instance_id, duration_us(m.wait_us)] for m in members],
+            hovertemplate="rank %{y} arrives at %{x:.3f} ms, waits %{customdata[1]}<extra>instance %{customdata[0]}</extra>",
+        )
+        if chosen.last_arrival_us is not None:
+            fig.add_vline(x=(chosen.last_arrival_us - t0) / 1e3, line_color=SELECTED_COLOR, line_width=1)
+    fig.update_layout(barmode="overlay", clickmode="event")
+    if path is not None:
+        fig.update_xaxes(range=[0, (path.end_us - t0) / 1e3 * 1.02])
+    fig.update_yaxes(
+        autorange="reversed", tickmode="array", tickvals=ranks, ticktext=[str(r) for r in ranks], zeroline=False
+    )
+    cols = [
+        "instance",
+        "group",
+        "scheme",
+        "op",
+        "S",
+        "skew",
+        "last rank",
+        "real duration",
+        "algbw (GB/s)",
+        "busbw (GB/s)",
+        "members",
+    ]
+    display = [
+        [
+            td_num(i.instance_id),
+            i.group,
+            i.scheme,
+            i.op,
+            td_num(i.msg_bytes, exact_bytes(i.msg_bytes)),
+            td_num(i.skew_us, duration_us(i.skew_us)),
+            td_num(i.last_rank),
+            td_num(i.real_us, duration_us(i.real_us)),
+            td_num(i.algbw_gbps),
+            td_num(i.busbw_gbps),
+            td_num(len(i.members)),
+        ]
+        for i in instances
+    ]
+    raw = [
+        [
+            i.instance_id,
+            i.group,
+            i.scheme,
+            i.op,
+            i.msg_bytes,
+            i.skew_us,
+            i.last_rank,
+            i.real_us,
+            i.algbw_gbps,
+            i.busbw_gbps,
+            len(i.members),
+        ]
+        for i in instances
+    ]
+    shown = f"{len(instances)} of {total} instances" if total > len(instances) else f"{total} instances"
+    note = (
+        f"{shown}; times on the reference clock from the start of step {step}"
+        + (" (the critical path's start)" if path else "")
+        + ". Click a bar to link its instance's members across ranks; bandwidth uses the real duration "
+        "(end - arrival on the last member)."
+    )
+    selected_info = (
+        html.P(
+            [
+                html.Strong(f"Instance {chosen.instance_id}: "),
+                f"{chosen.op} in {chosen.group} ({chosen.scheme}), members "
+                + ", ".join(
+                    f"{m.rank} waits {duration_us(m.wait_us)}" for m in sorted(chosen.members, key=lambda m: m.rank)
+                )
+                + f"; last rank {chosen.last_rank}, skew {duration_us(chosen.skew_us)}.",
+            ],
+            id="tm-selected",
+            className="hint",
+        )
+        if chosen
+        else None
+    )
+    parts: list[Any] = [
+        chart_block("tm-timeline-graph", fig, cols, display, raw, f"{run}-step{step}-instances.csv", note=note),
+        selected_info,
+    ]
+    if path is not None:
+        parts.append(path_view(path))
+    return html.Div(parts)
+
+
+def path_view(path: CriticalPath) -> html.Div:
+    step_us = path.end_us - path.start_us
+    cats = [(c, path.categories.get(c)) for c in TIME_CATEGORIES if path.categories.get(c)]
+    shares = ", ".join(f"{s} {pct(v)}" for s, v in sorted(path.exposed_share_by_scheme.items())) or "none"
+    return html.Div(
+        [
+            html.H3("Critical path"),
+            kv(
+                [
+                    ("step time", duration_us(step_us)),
+                    (
+                        "segments",
+                        f"{len(path.segments)} on ranks " + " → ".join(str(s.rank) for s in reversed(path.segments)),
+                    ),
+                    ("on the path", ", ".join(f"{c} {duration_us(v)}" for c, v in cats) or "-"),
+                    ("exposed comm per scheme", shares),
+                    ("note", path.note),
+                ]
+            ),
+        ],
+        id="tm-path",
+        className="card",
+    )
+
+
+# ------------------------------------------------------------------------------------ waits
+
+
+def waits_view(run: str, step: int, instances: list[Instance], status: TimeStatus) -> Any:
+    measured = [i for i in instances if any(m.wait_us is not None for m in i.members)]
+    if not measured:
+        why = _why(status, "waits", "clocks", "matching")
+        return empty(f"No waits in step {step}" + (f": {why}" if why else ": no instance has every member's start."))
+    ranks = sorted({m.rank for i in measured for m in i.members})
+    labels = [f"#{i.instance_id} {i.op}" for i in measured]
+    wait = {(i.instance_id, m.rank): m.wait_us for i in measured for m in i.members if m.wait_us is not None}
+    z = [[wait[(i.instance_id, r)] / 1e3 if (i.instance_id, r) in wait else None for i in measured] for r in ranks]
+    fig = figure(
+        f"Wait per rank and instance, step {step}", "instance (id, op)", "rank", height=min(640, 160 + 26 * len(ranks))
+    )
+    fig.add_heatmap(
+        x=labels,
+        y=ranks,
+        z=z,
+        colorscale="YlOrRd",
+        zmin=0,
+        hoverongaps=False,
+        colorbar={"title": {"text": "wait (ms)"}, "ticks": "outside", "ticksuffix": " ms"},
+        hovertemplate="rank %{y}, instance %{x}<br>wait %{z:.3f} ms<extra></extra>",
+    )
+    fig.update_yaxes(type="category", autorange="reversed")
+    fig.update_xaxes(type="category")
+    cols = ["rank", "instance", "op", "group", "wait"]
+    rows = [(r, i) for i in measured for r in ranks if (i.instance_id, r) in wait]
+    display = [
+        [
+            r,
+            td_num(i.instance_id),
+            i.op,
+            i.group,
+            td_num(wait[(i.instance_id, r)], duration_us(wait[(i.instance_id, r)])),
+        ]
+        for r, i in rows
+    ]
+    raw = [[r, i.instance_id, i.op, i.group, wait[(i.instance_id, r)]] for r, i in rows]
+    note = "wait = the last member's arrival - this member's arrival; empty cells: not a member of the instance."
+    return chart_block("tm-heatmap", fig, cols, display, raw, f"{run}-step{step}-waits.csv", note=note)
+
+
+# ------------------------------------------------------------------------------- stragglers
+
+
+def stragglers_view(report: StragglerReport, group: str | None, status: TimeStatus) -> Any:
+    verdicts = [v for v in report.groups if group is None or v.group == group]
+    named = [s for s in report.stragglers if group is None or s.group == group]
+    if not verdicts:
+        why = _why(status, "stragglers", "waits", "clocks", "matching")
+        return empty("No straggler analysis" + (f": {why}" if why else ": no group has matched instances with waits."))
+    if named:
+        head = message(
+            [
+                html.Strong("Straggler" + ("s" if len(named) > 1 else "") + ": "),
+                "; ".join(
+                    f"rank {s.rank} in {s.group} ({s.scheme}), last in {pct(s.arrived_last_share)} of instances, "
+                    f"imposing {s.imposed_ms_per_step:.3g} ms per step"
+                    for s in named
+                ),
+            ],
+            "warn",
+        )
+    else:
+        head = message([html.Strong("No straggler: "), " ".join(f"{v.group}: {v.reason}" for v in verdicts)], "ok")
+    rows = [_verdict_row(v) for v in verdicts]
+    arrivals = [a for a in report.ranks if group is None or a.group == group]
+    arrival_rows = [
+        [
+            a.group,
+            a.scheme,
+            a.rank,
+            td_num(a.instances),
+            td_num(a.arrived_last),
+            td_num(a.imposed_us, duration_us(a.imposed_us)),
+            td_num(a.wait_us, duration_us(a.wait_us)),
+            td_num(a.steps),
+            td_num(a.steps_mostly_last),
+        ]
+        for a in arrivals
+    ]
+    return html.Div(
+        [
+            head,
+            table(
+                [
+                    "group",
+                    "scheme",
+                    "verdict",
+                    "rank",
+                    "arrived last",
+                    "steps consistent",
+                    "steps",
+                    "imposed per step",
+                    "instances",
+                    "reason",
+                ],
+                rows,
+                id_="tm-stragglers-table",
+                row_class=["flag" if v.verdict == "straggler" else None for v in verdicts],
+            ),
+            html.Details(
+                [
+                    html.Summary("Arrivals per group and rank"),
+                    html.Div(
+                        table(
+                            [
+                                "group",
+                                "scheme",
+                                "rank",
+                                "instances",
+                                "arrived last",
+                                "imposed",
+                                "waited",
+                                "steps",
+                                "steps mostly last",
+                            ],
+                            arrival_rows,
+                            id_="tm-arrivals",
+                        ),
+                        className="scroll short",
+                    ),
+                ]
+            ),
+        ]
+    )
+
+
+def _verdict_row(v: GroupVerdict) -> list[Any]:
+    return [
+        v.group,
+        v.scheme,
+        html.Span(v.verdict, className="badge sev-high" if v.verdict == "straggler" else "badge st-ok"),
+        "-" if v.candidate_rank is None else str(v.candidate_rank),
+        td_num(v.arrived_last_share, pct(v.arrived_last_share)),
+        td_num(v.steps_consistent),
+        td_num(v.steps),
+        td_num(v.imposed_ms_per_step, "-" if v.imposed_ms_per_step is None else f"{v.imposed_ms_per_step:.3g} ms"),
+        td_num(v.instances),
+        v.reason,
+    ]
+
+
+# ------------------------------------------------------------------------------ clocks, ranks
+
+
+def clocks_view(clocks: ClockOffsets | None, status: TimeStatus) -> Any:
+    if clocks is None:
+        why = _why(status, "clocks")
+        return empty("No clock alignment" + (f": {why}" if why else ": no matched instances to estimate it from."))
+    rows = [
+        [
+            o.rank,
+            o.domain or "-",
+            td_num(o.offset_us, duration_us(o.offset_us) if o.offset_us else "0"),
+            td_num(o.estimate_us, duration_us(o.estimate_us)),
+            td_num(o.spread_us, duration_us(o.spread_us)),
+            td_num(o.instances),
+        ]
+        for o in clocks.offsets
+    ]
+    return html.Div(
+        [
+            kv(
+                [
+                    ("offsets applied", "yes" if clocks.applied else "no"),
+                    ("cross-rank times trusted", "yes" if clocks.trusted else "no"),
+                    ("why", clocks.reason),
+                ]
+            ),
+            html.Div(
+                table(
+                    ["rank", "clock domain", "offset applied", "estimate", "spread", "instances used"],
+                    rows,
+                    id_="tm-clocks",
+                ),
+                className="scroll short",
+            ),
+        ],
+        className="card",
+    )
+
+
+def ranks_view(summary: TimeSummary) -> Any:
+    if not summary.ranks:
+        return empty("No per-rank totals: " + (_why(summary.status, "matching", "waits") or "no matched instances."))
+    rows = [
+        [
+            r.rank,
+            td_num(r.steps),
+            td_num(r.instances),
+            td_num(r.arrived_last),
+            td_num(r.wait_us, duration_us(r.wait_us)),
+            td_num(r.imposed_us, duration_us(r.imposed_us)),
+            td_num(r.step_us, duration_us(r.step_us)),
+            td_num(r.exposed_us, duration_us(r.exposed_us)),
+            td_num(r.overlapped_us, duration_us(r.overlapped_us)),
+        ]
+        for r in summary.ranks
+    ]
+    cols = [
+        "rank",
+        "steps",
+        "instances",
+        "arrived last",
+        "waited",
+        "imposed",
+        "step time",
+        "exposed comm (wait + exposed)",
+        "overlapped comm",
+    ]
+    return html.Div(table(cols, rows, id_="tm-ranks"), className="scroll short")
+
+
+def mismatches_view(client: ApiClient, run: str, summary: TimeSummary) -> Any:
+    if not summary.mismatches:
+        return html.P(f"{num(summary.instances)} instances matched; no mismatch between ranks.", className="hint")
+    report = client.time_mismatches(run)
+    rows = [
+        [m.group, td_num(m.position), m.reason, m.rank_a, m.side_a or "(none)", m.rank_b, m.side_b or "(none)"]
+        for m in report.mismatches
+    ]
+    left = ", ".join(f"{k}: {num(v)}" for k, v in report.not_matched.items())
+    return html.Div(
+        [
+            html.H2("Mismatches"),
+            message(
+                f"{num(summary.mismatches)} calls could not be paired across their group; both sides below.", "warn"
+            ),
+            html.Div(
+                table(
+                    ["group", "position", "reason", "rank a", "side a", "rank b", "side b"], rows, id_="tm-mismatches"
+                ),
+                className="scroll short",
+            ),
+            html.P(f"Calls left out of matching: {left}." if left else "", className="hint"),
+        ]
+    )
+
+
+# -------------------------------------------------------------------------------- callbacks
+
+
+def register(app: Dash, cfg: UiConfig) -> None:
+    @app.callback(
+        Output("url", "search", allow_duplicate=True),
+        Output("rendered", "data", allow_duplicate=True),
+        Input("tm-step", "value"),
+        Input("tm-scheme", "value"),
+        Input("tm-group", "value"),
+        Input("tm-inst", "data"),
+        State("rendered", "data"),
+        prevent_initial_call=True,
+    )
+    def sync(step: int | None, scheme: str, group: str, inst: int | None, rendered: dict[str, str] | None) -> Any:
+        return push_state(rendered, query({"step": step, "scheme": scheme, "group": group, "inst": inst}))
+
+    @app.callback(
+        Output("url", "pathname", allow_duplicate=True),
+        Input("tm-runsel", "value"),
+        State("tm-run", "data"),
+        prevent_initial_call=True,
+    )
+    def other_run(value: str | None, run: str) -> Any:
+        if not value or value == run:
+            raise PreventUpdate
+        return run_path(value, "time")
+
+    @app.callback(
+        Output("tm-inst", "data"),
+        Input("tm-timeline-graph", "clickData"),
+        Input("tm-step", "value"),
+        Input("tm-group", "value"),
+        State("tm-inst", "data"),
+        prevent_initial_call=True,
+    )
+    def select(click: dict[str, Any] | None, _step: int | None, _group: str, current: int | None) -> Any:
+        if ctx.triggered_id != "tm-timeline-graph":
+            return None if current is not None else no_update
+        points = (click or {}).get("points") or []
+        data = points[0].get("customdata") if points else None
+        if not isinstance(data, list) or not data or not isinstance(data[0], int):
+            raise PreventUpdate
+        return None if data[0] == current else data[0]
+
+    @app.callback(
+        Output("tm-breakdown", "children"),
+        Input("tm-scheme", "value"),
+        State("tm-run", "data"),
+        State("tm-status-data", "data"),
+        State("token", "data"),
+    )
+    @guarded()
+    def bars(scheme: str, run: str, status: dict[str, Any], token: str | None) -> Any:
+        rows = _all_breakdown(cfg.client(token), run, scheme or None)
+        return breakdown_view(run, rows, scheme or None, TimeStatus.model_validate(status))
+
+    @app.callback(
+        Output("tm-timeline", "children"),
+        Output("tm-waits", "children"),
+        Input("tm-step", "value"),
+        Input("tm-group", "value"),
+        Input("tm-inst", "data"),
+        State("tm-run", "data"),
+        State("tm-status-data", "data"),
+        State("token", "data"),
+    )
+    @guarded(outputs=2)
+    def step_views(
+        step: int | None, group: str, inst: int | None, run: str, status_data: dict[str, Any], token: str | None
+    ) -> Any:
+        client = cfg.client(token)
+        status = TimeStatus.model_validate(status_data)
+        if step is None:
+            why = _why(status, "breakdown", "matching", "critical_path")
+            text = "No profiler step in this run" + (f": {why}" if why else ".")
+            return empty(text), empty(text)
+        instances, total = _step_instances(client, run, step, group or None)
+        paths = client.critical_paths(run, step=step).paths
+        path = paths[0] if paths else None
+        return (
+            timeline_view(run, step, instances, total, path, inst, status),
+            waits_view(run, step, instances, status),
+        )
+
+    @app.callback(
+        Output("tm-stragglers", "children"),
+        Input("tm-group", "value"),
+        State("tm-run", "data"),
+        State("tm-status-data", "data"),
+        State("token", "data"),
+    )
+    @guarded()
+    def stragglers(group: str, run: str, status: dict[str, Any], token: str | None) -> Any:
+        report = cfg.client(token).time_stragglers(run)
+        return stragglers_view(report, group or None, TimeStatus.model_validate(status))

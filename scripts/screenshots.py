@@ -38,6 +38,7 @@ PAGES = [
     ("predicted", "/runs/pp/predicted?scheme=pp", "pp", "#pv-volumes .js-plotly-plot"),
     ("ranks", "/runs/dlrm/ranks?basis=total", "dlrm", "#rk-heatmap .js-plotly-plot"),
     ("topology", "/runs/nccl-logs/topology", "nccl-logs", "#tp-connections .js-plotly-plot"),
+    ("time", "/runs/dlrm/time", "dlrm", "#tm-timeline-graph .js-plotly-plot"),
     ("review", "/runs/zero3/review", "zero3", "#rv-content h2"),
     ("compare", "/compare?runs=ddp,zero3,tp,pp&weight=bytes", "ddp", "#cmp-volumes .js-plotly-plot"),
 ]

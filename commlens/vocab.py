@@ -138,7 +138,32 @@ _OP_ALIASES: dict[str, str] = {
     "recvanysource": "recv",
     "barrier": "barrier",
     "monitoredbarrier": "barrier",
+    # PyTorch symmetric-memory collectives (`symm_mem::*`, torch 2.5+), which bypass NCCL
+    "multimemallreduce": "all_reduce",
+    "multimemoneshotallreduce": "all_reduce",
+    "multimemoneshotallreduceout": "all_reduce",
+    "oneshotallreduce": "all_reduce",
+    "oneshotallreduceout": "all_reduce",
+    "oneshotallreducecopy": "all_reduce",
+    "oneshotallreducecopyout": "all_reduce",
+    "twoshotallreduce": "all_reduce",
+    "twoshotallreduceout": "all_reduce",
+    "multimemoneshotreduceout": "reduce",
+    "multimemallgatherout": "all_gather",
+    "lowcontentionallgather": "all_gather",
+    "reducescatterout": "reduce_scatter",
+    "lowcontentionreducescatter": "reduce_scatter",
+    "alltoallvdev": "all_to_all",
+    "alltoallvdevd": "all_to_all",
+    "alltoallvdevdoffset": "all_to_all",
 }
+
+# Namespaces of profiler op names counted as collectives besides c10d: PyTorch symmetric memory (its
+# own backend) and framework wrappers whose op describes the call made inside it (counted once).
+SYMM_MEM_NAMESPACE = "symm_mem"
+WRAPPER_NAMESPACES: frozenset[str] = frozenset({"vllm"})
+# An op name that looks like a collective (warned about when no rule above understands it).
+COLLECTIVE_LIKE = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all", re.IGNORECASE)
 
 _STRIP = re.compile(r"[^a-z]")
 

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from commlens.vocab import C10_DTYPES, CPP_DTYPES, DTYPE_BYTES, normalize_op
+from commlens.vocab import C10_DTYPES, CPP_DTYPES, DTYPE_BYTES, SYMM_MEM_NAMESPACE, WRAPPER_NAMESPACES, normalize_op
 
 from .kineto_fields import Field, has, meta
 from .kineto_model import EPS, Call, CpuEv, Kernel, Sizes, TraceContext, as_int
@@ -173,7 +173,10 @@ def container_sizes(call: Call) -> Sizes:
         if base in _OUT_IN and nargs >= 2:
             return Sizes(_numel(types[1], dims[1]), _numel(types[0], dims[0]), dtype, _concrete_group_size(ev, base))
         n = _numel(types[0], dims[0])
-        if base.startswith(("all_gather", "reduce_scatter", "all_to_all")):  # functional ops: the input only
+        # functional and symmetric-memory ops: the input only
+        if base.startswith(("all_gather", "reduce_scatter", "all_to_all")) or (
+            ev.backend == SYMM_MEM_NAMESPACE and ev.op in ("all_gather", "reduce_scatter", "all_to_all")
+        ):
             return Sizes(n, None, dtype, _concrete_group_size(ev, base))
         return Sizes(n, n, dtype)
     return Sizes()
@@ -330,7 +333,7 @@ def describe_call(call: Call, ctx: TraceContext) -> CallFacts | None:
     gsize = size.group_size or group.size
     if gsize is None:
         gsize = _derived_group_size(op, size)
-    group, notes = _labelled_group(call, group, ctx)
+    group, notes = _labelled_group(call, _named_by_argument(call, group, ctx), ctx)
     group = _sole_group(group, ctx)
     gsize = gsize or group.size
     if gsize is None:
@@ -436,6 +439,26 @@ def _labelled_group(call: Call, group: GroupInfo, ctx: TraceContext) -> tuple[Gr
     return group, notes
 
 
+def _named_by_argument(call: Call, group: GroupInfo, ctx: TraceContext) -> GroupInfo:
+    """A symmetric-memory op or a framework wrapper takes its group's name as a string argument
+    (`Concrete Inputs`): the group when metadata names none and pg_config knows that name."""
+    if group.key is not None:
+        return group
+    for ev in call.members:
+        if ev.kind != "container" or ev.name.split("::", 1)[0] not in _NAMED_GROUP_NAMESPACES:
+            continue
+        conc = ev.args.get("Concrete Inputs")
+        if not isinstance(conc, list):
+            continue
+        name = next((c for c in conc if isinstance(c, str) and c in ctx.groups), None)
+        if name is not None:
+            return GroupInfo.named(name, ctx)
+    return group
+
+
+_NAMED_GROUP_NAMESPACES = WRAPPER_NAMESPACES | {SYMM_MEM_NAMESPACE}
+
+
 def _sole_group(group: GroupInfo, ctx: TraceContext) -> GroupInfo:
     """A call of unknown group in a job whose pg_config lists a single group is on that group."""
     if group.key is None and ctx.complete_groups and len(ctx.groups) == 1:
@@ -458,6 +481,11 @@ def _msg_bytes(op: str, size: Sizes, gsize: int | None) -> int | None:
 
 
 def _raw_name(call: Call, op: str) -> str:
+    """The source's name of the call: the symmetric-memory op when one ran it (so the store says which
+    backend moved the data), else the outermost op of this collective."""
+    for ev in call.members:
+        if ev.backend == SYMM_MEM_NAMESPACE:
+            return ev.name
     for ev in call.members:
         if ev.kind == "container" and ev.name != "record_param_comms" and ev.op == op:
             return ev.name

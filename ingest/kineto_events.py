@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from typing import Any
 
-from commlens.vocab import normalize_op
+from commlens.vocab import COLLECTIVE_LIKE, SYMM_MEM_NAMESPACE, WRAPPER_NAMESPACES, normalize_op
 
 from .kineto_calls import annot_elems, call_op, container_sizes, kernel_op
 from .kineto_fields import meta
@@ -39,12 +39,15 @@ from .records import ParseResult
 # Names worth parsing. The byte pattern is what the fast scanner looks for; the str pattern decides.
 PREFIXES = (
     r"nccl|c10d::|_c10d_functional::|c10d_functional::|gloo:|ucc:|mpi:|xccl:|record_param_comms|ProfilerStep#"
-    r"|commlens:"
+    r"|commlens:|symm_mem::|vllm::"
+    # any other namespace's op that looks like a collective: warned about, not dropped silently
+    r"|\w+::\w*?(?:[Aa]ll_?[Rr]educe|[Aa]ll_?[Gg]ather|[Rr]educe_?[Ss]catter|[Aa]ll_?[Tt]o_?[Aa]ll)"
 )
 LABEL_PREFIX = "commlens:"  # the harness's ranges: commlens:<mesh dim>:<pg name> around each collective
 LAUNCH_PREFIXES = r"cu\w*Launch|hip\w*Launch"
 _WANTED = re.compile(PREFIXES + "|" + LAUNCH_PREFIXES)
 STYLE_SAMPLE = 16  # launches looked at to tell how kernels link to CPU ops
+KERNEL_BEFORE_WINDOW = "NCCL kernel launched before the profiler window (its launch is not in the trace)"
 _LAUNCH = re.compile(r"(?:cu|hip)\w*Launch")
 _ANNOT = re.compile(r"(nccl|gloo|ucc|mpi|xccl):(\w+)")
 _STEP = re.compile(r"ProfilerStep#(\d+)")
@@ -67,6 +70,7 @@ class Collector:
         # id, the op is found by where its launch sits on the CPU timeline).
         self.link_style: str | None = None
         self._sampled = 0
+        self.not_understood: Counter[str] = Counter()  # op names that look like collectives, not counted
 
     def launch(self, pid: Any, tid: Any, ts: float, corr: Any, ext: Any) -> bool:
         """Keep a runtime launch; False once launches are known to be unnecessary."""
@@ -140,13 +144,20 @@ class Collector:
     def _cpu(self, ev: dict, name: str, ts: float, dur: float, args: dict[str, Any]) -> None:
         """record_param_comms, c10d ops and backend annotations (nccl:all_reduce, gloo:...)."""
         kind, op, backend = "container", None, None
+        ns = name.split("::", 1)[0] if "::" in name else ""
         if name == "record_param_comms":
             coll = meta(args, "collective")
             op = normalize_op(coll) if isinstance(coll, str) else None
-        elif "c10d" in name.split("::", 1)[0]:
+        elif "c10d" in ns or ns == SYMM_MEM_NAMESPACE or ns in WRAPPER_NAMESPACES:
             op = normalize_op(name)
             if op is None:
+                if "c10d" not in ns and COLLECTIVE_LIKE.search(name):
+                    self.not_understood[name] += 1
                 return  # wait_tensor, _wrap_tensor_autograd and other non-collectives
+            backend = SYMM_MEM_NAMESPACE if ns == SYMM_MEM_NAMESPACE else None
+        elif ns:
+            self.not_understood[name] += 1  # wanted only because the name looks like a collective
+            return
         else:
             m = _ANNOT.match(name)
             if not m:
@@ -179,6 +190,8 @@ def build_calls(col: Collector, result: ParseResult) -> list[Call]:
         calls += _gloo_calls(calls, gloo_workers, result)
     _attach_labels(calls, col.labels)
     calls.sort(key=lambda c: c.issue_ts)
+    for name, n in sorted(col.not_understood.items()):
+        result.warn(f"{n} events named {name!r} look like a collective but are not understood: not counted")
     return calls
 
 
@@ -287,13 +300,21 @@ def _skip_not_collective(call: Call, root: CpuEv, result: ParseResult) -> list[K
 
 
 def _kernel_calls(kernels: list[Kernel], col: Collector, result: ParseResult) -> list[Call]:
-    """Calls of kernels without a CPU call, when the kernel's name tells the collective."""
+    """Calls of kernels without a CPU call, when the kernel's name tells the collective. A kernel whose
+    launch is not in the trace (no runtime launch of its correlation id where the trace keeps launches, or
+    no External id where kernels name their op by it) was issued before the profiler window: it is no
+    call of the window and is counted as skipped; its device time stays on the timeline."""
     calls = []
     for k in kernels:
+        launch = col.launches.get(k.corr) if k.corr is not None else None
+        if (launch is None and col.link_style == "correlation" and col.launches) or (
+            col.link_style == "external_id" and not k.ext
+        ):
+            result.skip(KERNEL_BEFORE_WINDOW)
+            continue
         if kernel_op(k) is None:
             result.skip("NCCL kernel with no CPU call, whose name does not tell the collective (SendRecv, Generic)")
             continue
-        launch = col.launches.get(k.corr) if k.corr is not None else None
         calls.append(Call(None, [], [k], issue_ts=launch[2] if launch else k.ts))
     return calls
 

@@ -49,12 +49,17 @@ PIECE_TAIL = re.compile(rb"datatype (\d+ op \d+ root -?\d+ comm \S+ \[nranks=\d+
 
 ENVELOPE = re.compile(r"(?<![\w.-])([\w.-]+):(\d+):(\d+) \[(-?\d+)\] (?:\S+:\d+ )?NCCL (INFO|WARN)(?= |$) ?")
 FALLBACK = re.compile(r"\[(-?\d+)\] (?:\S+:\d+ )?NCCL (INFO|WARN)(?= |$) ?")
+# "NCCL INFO <message>" at the start of a line (after Markdown quoting) with no envelope at all: a paste
+# that kept only the level.
+BARE = re.compile(r"^[\s>]*NCCL (INFO|WARN)(?= |$) ?")
+# Everything a call needs comes before `stream`: a line wrapped after `stream`, cut before it or printed
+# without it still counts. RCCL (ROCm 6+) adds `acc <ptr>` before `count` and `task N globalrank N` after.
 COLL = re.compile(
-    r"(?<![A-Za-z])([A-Za-z]+): opCount ([0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ count (\d+) datatype (\d+) op (\d+) "
-    r"root (-?\d+) comm (\S+) \[nranks=(\d+)\] stream \S+"
+    r"(?<![A-Za-z])([A-Za-z]+): opCount ([0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ (?:acc \S+ )?count (\d+) "
+    r"datatype (\d+) op (\d+) root (-?\d+) comm (\S+) \[nranks=(\d+)\]"
 )
 COLL_HEAD = re.compile(r"(?<![A-Za-z])[A-Za-z]+: opCount ")
-VERSION = re.compile(r"\b([NR]CCL) version (\d+\.\d+\.\d+[^\s+]*)(?:\+(\S+))?")
+VERSION = re.compile(r"\b([NR]CCL) version (?:: )?(\d+\.\d+\.\d+[^\s+]*)(?:\+(\S+))?")
 BARE_VERSION = re.compile(r"(?:^|[\s>\]):])([NR]CCL) version (\d+\.\d+\.\d+[^\s+]*)(?:\+(\S+))?\s*$")
 DRIVER = re.compile(r"cudaDriverVersion (\d+)")
 INIT = re.compile(
@@ -63,13 +68,20 @@ INIT = re.compile(
 NODES = re.compile(
     r"comm (\S+) rank (-?\d+) nRanks (\d+) nNodes (\d+) localRanks (\d+) localRank (-?\d+)(?: MNNVL (\d+))?"
 )
-RING = re.compile(r"Channel (\d+)/(\d+) :((?: +-?\d+)*)\s*$")
+# 2.5+ "Channel 00/02 :    0   1"; 2.4 and older "Channel 00 :    0   1" (no ring count, padded with blanks).
+RING = re.compile(r"Channel (\d+)(?:/(\d+))? :((?: +-?\d+)*)\s*$")
 CONNECTION = re.compile(
-    r"Channel (\d+)(?:/(\d+))? : (-?\d+)\[([0-9a-fA-F]+)\] -> (-?\d+)\[([0-9a-fA-F]+)\]"
-    r"(?: \[(send|receive)\])? via (.+?)\s*$"
+    r"Channel (?P<ch>\d+)(?:/\d+)? : (?P<src>-?\d+)\[[0-9a-fA-F]+\] -> (?P<dst>-?\d+)\[[0-9a-fA-F]+\]"
+    r"(?: \[(?:send|receive)\])? via (?P<via>.+?)\s*$"
+)
+# 2.3-2.4 connections: "Ring %02d : %d -> %d [send] via NET/%s/%d%s" (no bus ids; P2P and SHM without [send]).
+RING_CONNECTION = re.compile(
+    r"Ring (?P<ch>\d+) : (?P<src>-?\d+) -> (?P<dst>-?\d+)(?: \[(?:send|receive)\])? via (?P<via>.+?)\s*$"
 )
 CONN_COMM = re.compile(r" comm (0x[0-9a-fA-F]+) nRanks (\d+)$")
 TREE_CHANNEL = re.compile(r"\[(\d+)\] (-?\d+)/(-?\d+)/(-?\d+)->(-?\d+)->(-?\d+)(\|\S+)?")
+# 2.4: " [%d] %d->%d->%d/%d/%d" (parent -> this rank -> children).
+TREE_CHANNEL_24 = re.compile(r"\[(\d+)\] (-?\d+)->(-?\d+)->(-?\d+)/(-?\d+)/(-?\d+)(?![\d/>-])")
 NVLS_TREE = re.compile(r"(?<![\d-])(-?\d+)/(-?\d+)/(-?\d+)->(-?\d+)->(-?\d+)")
 NVLS_HEAD = re.compile(r"NVLS Head +(\d+):((?: +-?\d+)*)\s*$")
 CHANNELS = re.compile(
@@ -130,6 +142,8 @@ def classify(msg: str) -> Classified | None:
         if "->" not in msg:
             return _matched("ring", RING.match(msg))
         return _matched("connection", CONNECTION.match(msg))
+    if c == "R" and msg.startswith("Ring ") and " via " in msg:
+        return _matched("connection", RING_CONNECTION.match(msg))
     if c == "T" and msg.startswith("Trees"):
         return "trees", None
     if " Bytes -> Algo " in msg:

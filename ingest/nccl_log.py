@@ -54,6 +54,7 @@ from commlens.vocab import DTYPE_BYTES, NCCL_DTYPES, msg_bytes_from_nccl_count, 
 from . import nccl_vector
 from .inputs import Limits
 from .nccl_grammar import (
+    BARE,
     BARE_VERSION,
     COLL,
     COLL_HEAD,
@@ -66,6 +67,7 @@ from .nccl_grammar import (
     NVLS_TREE,
     ONE_SIDED,
     TREE_CHANNEL,
+    TREE_CHANNEL_24,
     algo_name,
     classify,
     elem_factors,
@@ -105,6 +107,7 @@ class _Parser:
         self.comm_owner = self.state.comm_owner
         self.first_skip_line: dict[str, int] = {}
         self.vector_pause = 0  # blocks left to parse line by line after one that was mostly not clean COLL
+        self.unprefixed_seen = False
         self.arange = Counting()
 
     # ------------------------------------------------------------------ bookkeeping
@@ -116,7 +119,9 @@ class _Parser:
 
     # ------------------------------------------------------------------ COLL rows
 
-    def template(self, p: Proc, dev: int, name: str, dt: int, root: int, ptr: str, nranks: int, line_no: int) -> tuple:
+    def template(
+        self, p: Proc, dev: int | None, name: str, dt: int, root: int, ptr: str, nranks: int, line_no: int
+    ) -> tuple:
         """(row template, bytes per count, elems_in factor, elems_out factor, seq cell); a template
         without row (see `_skip_template`) makes lines skipped with its reason."""
         op = normalize_op(name)
@@ -154,7 +159,7 @@ class _Parser:
             row["peer"] = root
         return (row, per_count, f_in, f_out, p.seq)
 
-    def coll(self, host: str | None, pid: str | None, dev: int, m: re.Match, line_no: int) -> None:
+    def coll(self, host: str | None, pid: str | None, dev: int | None, m: re.Match, line_no: int) -> None:
         """A COLL message found by the line-by-line path (same rows as the fast path)."""
         name, opc, count, dt, _redop, root, ptr, nranks = m.groups()
         p = self.state.proc(host, pid, dev)
@@ -308,6 +313,10 @@ class _Parser:
         if v is not None and "NCCL INFO" not in text:
             self.version(v, None)
             return
+        bare = BARE.search(text) if not self.state.hosts_seen else None
+        if bare is not None:
+            self.unprefixed(text[bare.end() :].rstrip(), bare.group(1), line_no, fragment)
+            return
         if "NCCL INFO" in text or "NCCL WARN" in text:
             if not self.orphan_coll(text, line_no):
                 self.skip("NCCL INFO line without a '[dev] NCCL INFO' prefix (garbled)", line_no)
@@ -315,6 +324,17 @@ class _Parser:
         if COLL_HEAD.search(text):
             self.orphan_coll(text, line_no)
         # anything else is prose around the log (launcher output, comments): ignored silently
+
+    def unprefixed(self, msg: str, level: str, line_no: int, cut: bool) -> None:
+        """A "NCCL INFO <message>" line with no host:pid:tid [dev] at all, in a file where no line has had
+        one so far: the paste is read as one process ("unknown", see `_name_unprefixed`), whose communicators come from its own
+        Init lines (formats.md A.1)."""
+        if not self.unprefixed_seen:
+            self.unprefixed_seen = True
+            self.res.warn(
+                f"{self.name}:line {line_no}: lines without the host:pid:tid [dev] envelope: read as one process"
+            )
+        self.message(msg, None, None, None, None, level, line_no, cut)
 
     def orphan_coll(self, text: str, line_no: int) -> bool:
         """A COLL message whose prefix was lost: attributed through its comm pointer when that is unique."""
@@ -342,7 +362,7 @@ class _Parser:
         host: str | None,
         pid: str | None,
         tid: str | None,
-        dev: int,
+        dev: int | None,
         level: str,
         line_no: int,
         cut: bool,
@@ -368,7 +388,7 @@ class _Parser:
             self.skip("message cut by another writer's output", line_no)
 
     def init_message(
-        self, msg: str, host: str | None, pid: str | None, tid: str | None, dev: int, line_no: int
+        self, msg: str, host: str | None, pid: str | None, tid: str | None, dev: int | None, line_no: int
     ) -> bool:
         """Version, communicator, topology and tuning lines; False when the message is none of these."""
         found = classify(msg)
@@ -399,12 +419,15 @@ class _Parser:
         host: str | None,
         pid: str | None,
         tid: str | None,
-        dev: int,
+        dev: int | None,
     ) -> None:
         """Trees, NVLS trees and heads, channel counts."""
         if kind == "trees":
             for t in TREE_CHANNEL.finditer(msg):
                 ranks = [int(t.group(k)) for k in (2, 3, 4, 5, 6)]
+                self.topo(host, pid, tid, dev, "tree", t.group(0), channel=int(t.group(1)), ranks=ranks)
+            for t in TREE_CHANNEL_24.finditer(msg):  # 2.4: parent->rank->children, stored in the 2.5+ order
+                ranks = [int(t.group(k)) for k in (4, 5, 6, 3, 2)]
                 self.topo(host, pid, tid, dev, "tree", t.group(0), channel=int(t.group(1)), ranks=ranks)
         elif kind == "nvls_trees":
             self.nvls_trees(msg, host, pid, tid, dev)
@@ -463,7 +486,9 @@ class _Parser:
             self.slow_cache.clear()
         return row
 
-    def init(self, m: re.Match, host: str | None, pid: str | None, tid: str | None, dev: int, line_no: int) -> None:
+    def init(
+        self, m: re.Match, host: str | None, pid: str | None, tid: str | None, dev: int | None, line_no: int
+    ) -> None:
         api, ptr, rank, nranks, rest, phase = m.groups()
         p = self.state.proc(host, pid, dev)
         row = self.comm_row(p, ptr, opening=phase == "START", closing=phase == "COMPLETE")
@@ -492,7 +517,7 @@ class _Parser:
             th.pending = []
             th.comm = None
 
-    def nodes(self, m: re.Match, msg: str, host: str | None, pid: str | None, tid: str | None, dev: int) -> None:
+    def nodes(self, m: re.Match, msg: str, host: str | None, pid: str | None, tid: str | None, dev: int | None) -> None:
         ptr, rank, nranks = m.group(1), int(m.group(2)), int(m.group(3))
         p = self.state.proc(host, pid, dev)
         row = self.comm_row(p, ptr, opening=True, closing=False)
@@ -515,7 +540,7 @@ class _Parser:
         host: str | None,
         pid: str | None,
         tid: str | None,
-        dev: int,
+        dev: int | None,
         kind: str,
         detail: str,
         channel: int | None = None,
@@ -540,7 +565,7 @@ class _Parser:
         host: str | None,
         pid: str | None,
         tid: str | None,
-        dev: int,
+        dev: int | None,
     ) -> None:
         """A ring ("Channel 00/02 : 0 1 2 3") or a connection ("Channel 00/0 : 0[0] -> 1[1] via P2P/IPC")."""
         assert m is not None
@@ -552,7 +577,7 @@ class _Parser:
                 detail += f" (NCCL printed only the first 20 of {nr} ranks)"
             self.topo(host, pid, tid, dev, "ring", detail, channel=int(m.group(1)), ranks=ranks)
             return
-        via = m.group(8)
+        via = m.group("via")
         comm = None
         cc = CONN_COMM.search(via)
         if cc is not None:
@@ -566,14 +591,14 @@ class _Parser:
             dev,
             "connection",
             msg,
-            channel=int(m.group(1)),
-            src=int(m.group(3)),
-            dst=int(m.group(5)),
+            channel=int(m.group("ch")),
+            src=int(m.group("src")),
+            dst=int(m.group("dst")),
             transport=via,
             comm=comm,
         )
 
-    def nvls_trees(self, msg: str, host: str | None, pid: str | None, tid: str | None, dev: int) -> None:
+    def nvls_trees(self, msg: str, host: str | None, pid: str | None, tid: str | None, dev: int | None) -> None:
         for ch, t in enumerate(NVLS_TREE.finditer(msg)):
             ranks = [int(t.group(k)) for k in (1, 2, 3, 4, 5)]
             self.topo(host, pid, tid, dev, "nvls_tree", t.group(0), channel=ch, ranks=ranks)
@@ -611,6 +636,7 @@ class _Parser:
                 f"(not an NCCL_DEBUG=INFO log?){skipped}",
                 "line 1",
             )
+        self._name_unprefixed()
         self._finish_comms()
         multi = self.state.multi_device()
         if multi:
@@ -623,6 +649,20 @@ class _Parser:
             res.warn(f"{self.name}:line {line_no}: skipped: {reason} (first of {res.skipped[reason]})")
         res.meta.update(self._meta(len(contexts)))
         return res
+
+    def _name_unprefixed(self) -> None:
+        """The process of envelope-less lines takes the device its Init lines name ("unknown/cuda:N", as a
+        paste that kept "[N]"), so that linking maps it to its rank like any other process."""
+        p = self.procs.get((None, None))
+        devs = {row["cuda_dev"] for row in p.comms.values() if row["cuda_dev"] is not None} if p else set()
+        if p is None or len(devs) != 1:
+            return
+        old = p.base
+        p.dev_hint = devs.pop()
+        for ev in self.res.events:
+            if ev["process"] == old:
+                ev["process"] = p.base
+                ev["group_key"] = provisional_key(p.base, ev["comm_ptr"], ev["group_size"])
 
     def _finish_comms(self) -> None:
         """Each nccl_comms row gets its version and (provisional) group key; split counters go to meta."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+UNPREFIXED_PROCESS = "unknown"  # the process of lines that lost host:pid (and maybe [dev] too)
+
 
 @dataclass
 class Proc:
@@ -15,16 +17,18 @@ class Proc:
     key: tuple[Any, ...]
     host: str | None
     pid: int | None
-    dev_hint: int | None  # device of an unknown process
+    dev_hint: int | None  # device of an unknown process (None: lines without any envelope)
     seq: list[int] = field(default_factory=lambda: [0])
-    comm_devs: dict[str, int] = field(default_factory=dict)  # comm label -> CUDA device
+    comm_devs: dict[str, int | None] = field(default_factory=dict)  # comm label -> CUDA device
     comms: dict[str, dict[str, Any]] = field(default_factory=dict)  # raw pointer -> current nccl_comms row
     instances: dict[str, int] = field(default_factory=dict)  # raw pointer -> instances seen
     version: str | None = None
 
     @property
     def base(self) -> str:
-        return f"{self.host}:{self.pid}" if self.host is not None else f"unknown/cuda:{self.dev_hint}"
+        if self.host is not None:
+            return f"{self.host}:{self.pid}"
+        return UNPREFIXED_PROCESS if self.dev_hint is None else f"{UNPREFIXED_PROCESS}/cuda:{self.dev_hint}"
 
     def label(self, dev: int | None, multi: bool) -> str:
         if self.host is None or not multi or dev is None:
@@ -47,14 +51,16 @@ class Processes:
         self.procs: dict[tuple[Any, ...], Proc] = {}
         self.threads: dict[tuple[Any, ...], Thread] = {}
         self.comm_owner: dict[str, set[tuple[Any, ...]]] = {}  # raw comm pointer -> process keys using it
+        self.hosts_seen = False  # a line with a full host:pid:tid [dev] envelope was read
 
-    def proc(self, host: str | None, pid: str | None, dev: int) -> Proc:
+    def proc(self, host: str | None, pid: str | None, dev: int | None) -> Proc:
         if host is not None and (host, pid) not in self.procs:
             host = self.glued_host(host, pid)
         key = (host, pid) if host is not None else (None, dev)
         p = self.procs.get(key)
         if p is None:
             p = self.procs[key] = Proc(key, host, int(pid) if pid is not None else None, None if host else dev)
+            self.hosts_seen = self.hosts_seen or host is not None
         return p
 
     def glued_host(self, host: str, pid: str | None) -> str:
@@ -63,7 +69,7 @@ class Processes:
         known = {h for h, p in self.procs if h is not None and p == pid and h != host and host.endswith(h)}
         return known.pop() if len(known) == 1 else host
 
-    def thread(self, host: str | None, pid: str | None, tid: str | None, dev: int) -> Thread:
+    def thread(self, host: str | None, pid: str | None, tid: str | None, dev: int | None) -> Thread:
         if host is not None and (host, pid) not in self.procs:
             host = self.glued_host(host, pid)
         key = (host, pid, tid, dev if host is None else None)
@@ -87,7 +93,7 @@ class Processes:
                 out.add(p.base)
         return out
 
-    def current_nranks(self, host: str | None, pid: str | None, tid: str | None, dev: int) -> int | None:
+    def current_nranks(self, host: str | None, pid: str | None, tid: str | None, dev: int | None) -> int | None:
         """nranks of the communicator this thread is initialising, when known."""
         th = self.thread(host, pid, tid, dev)
         if th.comm is None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -73,7 +74,7 @@ def ingest(
         def on_file(_: InputFile, outcome: FileOutcome) -> None:
             progress.advance(task)
             if outcome.status == "failed":
-                err_console.print(f"[red]failed[/red] {outcome.error}")
+                err_console.print(f"[red]failed[/red] {escape(str(outcome.error))}")
 
         report = ingest_run(
             con, run, iter_inputs(paths, DEFAULT_LIMITS), RankHint(rank=rank), on_file=on_file, description=description
@@ -81,7 +82,7 @@ def ingest(
     _print_summary(con, report)
     con.close()
     if report.attribution_error:
-        err_console.print(f"[red]error:[/red] {report.attribution_error}")
+        err_console.print(f"[red]error:[/red] {escape(report.attribution_error)}")
     if report.failed or report.attribution_error:
         raise typer.Exit(1)
 
@@ -91,7 +92,7 @@ def _print_summary(con: duckdb.DuckDBPyConnection, summary: IngestSummary) -> No
 
     from commlens.service.runs import comms_totals
 
-    files = Table(title=f"run {summary.run}: files", show_lines=False)
+    files = Table(title=f"run {escape(summary.run)}: files", show_lines=False)
     for col in ("file", "kind", "status", "rank", "calls", "skipped", "error / warnings"):
         files.add_column(col, overflow="fold")
     for f in summary.files:
@@ -101,18 +102,18 @@ def _print_summary(con: duckdb.DuckDBPyConnection, summary: IngestSummary) -> No
             note = note[len(f.path) + 1 :].lstrip()  # the file is in the first column already
         style = {"failed": "red", "duplicate": "yellow", "skipped": "dim"}.get(f.status)
         files.add_row(
-            f.path,
+            escape(f.path),
             f.kind or "-",
             f.status,
             "-" if f.rank is None else str(f.rank),
             str(f.events),
-            skipped,
-            note or "",
+            escape(skipped),
+            escape(note or ""),
             style=style,
         )
     console.print(files)
     calls, sizes, ranks = comms_totals(con, summary.run)
-    ops = Table(title=f"run {summary.run}: {ranks} ranks with known rank, calls per op")
+    ops = Table(title=f"run {escape(summary.run)}: {ranks} ranks with known rank, calls per op")
     for col in ("op", "calls", "bytes (sum of S)"):
         ops.add_column(col, justify="right" if col != "op" else "left")
     for op, n in sorted(calls.items()):
@@ -170,7 +171,7 @@ def serve(
     try:
         run_server(settings, ui=dashboard)
     except (StartupRefusedError, StoreError) as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
 
 
@@ -181,11 +182,11 @@ def _ensure_admin(db: Path, name: str, token: str) -> None:
     try:
         created = ensure_admin(con, name, token)
     except ServiceError as exc:
-        err_console.print(f"[red]error:[/red] --admin-token / COMMLENS_ADMIN_TOKEN: {exc}")
+        err_console.print(f"[red]error:[/red] --admin-token / COMMLENS_ADMIN_TOKEN: {escape(str(exc))}")
         raise typer.Exit(2) from None
     finally:
         con.close()
-    err_console.print(f"admin {name!r} {'created' if created else 'updated'} with the given token")
+    err_console.print(f"admin {escape(repr(name))} {'created' if created else 'updated'} with the given token")
 
 
 @app.command("ui")
@@ -201,7 +202,7 @@ def ui_command(
     try:
         serve_ui(api, host=host, port=port, insecure=insecure)
     except UiRefusedError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
 
 
@@ -240,19 +241,19 @@ def upload_command(
             time.sleep(0.5)
             job = client.job(job.job_id)
     except ApiProblem as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
-    table = Table(title=f"run {run}: job {job.job_id} {job.state}")
+    table = Table(title=f"run {escape(run)}: job {job.job_id} {job.state}")
     for col in ("file", "status", "kind", "rank", "calls", "error"):
         table.add_column(col, overflow="fold")
     for r in job.results:
         table.add_row(
-            r.path,
+            escape(r.path),
             r.status,
             r.kind or "-",
             "-" if r.rank is None else str(r.rank),
             str(r.events),
-            r.error or "",
+            escape(r.error or ""),
             style="red" if r.status == "failed" else None,
         )
     console.print(table)
@@ -270,7 +271,7 @@ def _open_store(db: Path) -> duckdb.DuckDBPyConnection:
     try:
         return connect(db)
     except StoreError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
 
 
@@ -287,11 +288,11 @@ def users_add(
     try:
         token = add_user(con, name, admin)
     except ServiceError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from None
     finally:
         con.close()
-    err_console.print(f"user {name!r} created{' (admin)' if admin else ''}; its token, shown only now:")
+    err_console.print(f"user {escape(repr(name))} created{' (admin)' if admin else ''}; its token, shown only now:")
     print(token)
 
 
@@ -304,7 +305,7 @@ def users_token(name: str = typer.Argument(...), db: Path = DB_OPTION) -> None:
     try:
         token, _ = rotate_token(con, name)
     except ServiceError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from None
     finally:
         con.close()
@@ -323,7 +324,7 @@ def users_list(db: Path = DB_OPTION) -> None:
     for col in ("name", "admin", "created"):
         table.add_column(col)
     for user in users:
-        table.add_row(user.name, "yes" if user.is_admin else "no", str(user.created_at))
+        table.add_row(escape(user.name), "yes" if user.is_admin else "no", str(user.created_at))
     console.print(table)
 
 
@@ -336,7 +337,7 @@ def users_remove(name: str = typer.Argument(...), db: Path = DB_OPTION) -> None:
     try:
         remove_user(con, name)
     except ServiceError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from None
     finally:
         con.close()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -37,11 +38,11 @@ def report(
     try:
         con = store.connect(db)
     except store.StoreError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     if store.get_run_id(con, run) is None:
         names = run_names(con)
-        err.print(f"[red]error:[/red] no run {run!r} in {db}; runs: {', '.join(names) or 'none'}")
+        err.print(f"[red]error:[/red] {escape(f'no run {run!r} in {db}; runs: ' + (', '.join(names) or 'none'))}")
         raise typer.Exit(2)
     inp = _load_config(config) if config else None
     rep = build_report(con, run, inp, time_summary(con, run))
@@ -60,7 +61,7 @@ def _load_config(path: Path):
     try:
         return predict_input_from_config(json.loads(path.read_text()))
     except (OSError, json.JSONDecodeError, ValidationError, ValueError) as exc:
-        err.print(f"[red]error:[/red] {path}: {exc}")
+        err.print(f"[red]error:[/red] {escape(f'{path}: {exc}')}")
         raise typer.Exit(2) from None
 
 
@@ -158,7 +159,7 @@ def predict(
             )
         pred = run_predict(inp)
     except (ValidationError, ValueError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     if fmt == "json":
         sys.stdout.write(pred.model_dump_json(indent=2) + "\n")
@@ -171,7 +172,7 @@ def predict(
         for o in st.ops:
             table.add_row(
                 o.scheme,
-                o.group,
+                escape(o.group),
                 o.op,
                 o.dtype,
                 format_bytes(o.msg_bytes),
@@ -186,7 +187,7 @@ def predict(
             for col in ("direction", "what", "bytes / iter"):
                 host.add_column(col, justify="right" if col == "bytes / iter" else "left")
             for h in st.host_transfers:
-                host.add_row(h.direction, h.what, format_bytes(h.bytes_per_iter))
+                host.add_row(h.direction, escape(h.what), format_bytes(h.bytes_per_iter))
             console.print(host)
     totals = Table(title="per rank per iteration (mean over ranks)")
     for col in ("scheme", "S-sum", "ring wire bytes", "paper (2S all_reduce)"):
@@ -195,7 +196,7 @@ def predict(
         totals.add_row(t.scheme, format_bytes(t.s_sum), format_bytes(round(t.wire_bytes)), format_bytes(t.paper_bytes))
     console.print(totals)
     for note in pred.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {escape(note)}")
 
 
 def _ranges(ranks: list[int]) -> str:

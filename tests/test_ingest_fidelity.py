@@ -7,6 +7,9 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -434,3 +437,33 @@ def test_rccl_sendrecv_kernel_alone_is_skipped_with_its_reason(name):
     assert dict(res.skipped) == {
         "NCCL kernel with no CPU call, whose name does not tell the collective (SendRecv, Generic)": 1
     }
+
+
+# ------------------------------------------------------------------ 7. text printed through rich
+
+
+def test_cli_prints_bracketed_text_of_skip_reasons_and_names(tmp_path):
+    """Rich reads "[...]" as markup: a skip reason naming "[dev]" and a run named "exp[1]" must print as is."""
+    log = tmp_path / "garbled.log"
+    log.write_text(REAL_1238 + "\nh1:11:12 NCCL INFO Channel 00/02 :    0   1\n")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "commlens.cli",
+            "ingest",
+            str(log),
+            "--db",
+            str(tmp_path / "s.duckdb"),
+            "--run",
+            "exp[1]",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "run exp[1]: files" in proc.stdout
+    assert "NCCL INFO line without a '[dev] NCCL INFO' prefix (garbled): 1" in proc.stdout

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
 from .config import HarnessConfig
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 LABEL_PREFIX = "commlens:"
 
@@ -84,18 +88,25 @@ class Mesh:
 
     cfg: HarnessConfig
     rank: int
-    device_mesh: object | None  # torch DeviceMesh, None when world size is 1
+    device_mesh: DeviceMesh | None  # None when world size is 1
     groups: dict[str, Group]
     backend: str
 
     def group(self, dim: str) -> Group | None:
         return self.groups.get(dim)
 
+    def require(self, dim: str) -> Group:
+        """The group of a dim the caller cannot run without (a dp strategy needs its dp group)."""
+        group = self.groups.get(dim)
+        if group is None:
+            raise ValueError(f"the mesh has no {dim} group ({dim} = 1): {sorted(self.groups)} only")
+        return group
+
     @property
     def coords(self) -> dict[str, int]:
         return self.cfg.coords(self.rank)
 
-    def submesh(self, dim: str):
+    def submesh(self, dim: str) -> DeviceMesh | None:
         return None if self.device_mesh is None else self.device_mesh[dim]
 
 

@@ -9,21 +9,41 @@ reductions, optimizer step, parameter all-gather, zeroing). README.md gives the 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
 
 from .comm import Group, Mesh, all_gather_flat, reduce_scatter_flat
 from .model import Stage
 
-ADAMW = {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0}
+
+@dataclass(frozen=True)
+class AdamWSettings:
+    """The optimizer's settings but the learning rate (run.json records them)."""
+
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+ADAMW = AdamWSettings()
 
 
 def _adamw(params: list[torch.Tensor], lr: float) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=lr, foreach=False, **ADAMW)
+    return torch.optim.AdamW(
+        params, lr=lr, betas=ADAMW.betas, eps=ADAMW.eps, weight_decay=ADAMW.weight_decay, foreach=False
+    )
+
+
+def _grads(params: Iterable[nn.Parameter]) -> list[torch.Tensor]:
+    """The gradients of the parameters that have one (a parameter outside this step's graph has none)."""
+    return [p.grad for p in params if p.grad is not None]
 
 
 def sp_allreduce(tp: Group | None, grads: list[torch.Tensor]) -> None:
@@ -47,7 +67,6 @@ class Sync:
         self.stage = stage
         self.module: nn.Module = stage
         self.tp = mesh.group("tp")
-        self.dp = mesh.group("dp")
         self.sp = stage.sp_params()
         self.lr = lr
         self.optimizer = self._make_optimizer()
@@ -63,11 +82,11 @@ class Sync:
         pass
 
     def finish(self) -> None:
-        sp_allreduce(self.tp, [p.grad for p in self.sp])
+        sp_allreduce(self.tp, _grads(self.sp))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {}
 
 
@@ -83,21 +102,23 @@ class DDPSync(Sync):
         super().__init__(stage, mesh, lr)
         from torch.nn.parallel import DistributedDataParallel
 
-        self.module = DistributedDataParallel(stage, process_group=self.dp.pg, device_ids=device_ids)
-        self.module.register_comm_hook(self, _labelled_allreduce_hook)
+        self.dp_group = mesh.require("dp")
+        self.ddp = DistributedDataParallel(stage, process_group=self.dp_group.pg, device_ids=device_ids)
+        self.module = self.ddp
+        self.ddp.register_comm_hook(self, _labelled_allreduce_hook)
         self.calls: list[int] = []  # bytes of each bucket all_reduce of the current step, in call order
         self.last_calls: list[int] = []
 
     @contextlib.contextmanager
     def micro(self, index: int, last: bool) -> Iterator[None]:
-        with contextlib.nullcontext() if last else self.module.no_sync():
+        with contextlib.nullcontext() if last else self.ddp.no_sync():
             yield
 
     def finish(self) -> None:
         super().finish()
         self.last_calls, self.calls = self.calls, []
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {
             "ddp_bucket_bytes": self.last_calls,
             "ddp_bucket_cap_mb": 25.0,
@@ -105,12 +126,16 @@ class DDPSync(Sync):
         }
 
 
-def _labelled_allreduce_hook(state, bucket):
+# `bucket` and the return stay unannotated: DDP compares the hook's annotations with dist.GradBucket and
+# Future[Tensor] objects, and this module's annotations are strings (from __future__ import annotations).
+def _labelled_allreduce_hook(state: DDPSync, bucket):
     buf = bucket.buffer()
     state.calls.append(buf.numel() * buf.element_size())
-    buf.div_(state.dp.size)
-    with record_function(state.dp.tag):
-        fut = dist.all_reduce(buf, group=state.dp.pg, async_op=True).get_future()
+    buf.div_(state.dp_group.size)
+    with record_function(state.dp_group.tag):
+        work = dist.all_reduce(buf, group=state.dp_group.pg, async_op=True)
+        assert work is not None  # async_op=True always returns the work
+        fut = work.get_future()
     return fut.then(lambda f: f.value()[0])
 
 
@@ -142,16 +167,17 @@ class AllReduceSync(Sync):
 
     def __init__(self, stage: Stage, mesh: Mesh, lr: float):
         self.flat = FlatBuffer(list(stage.parameters()), 1)
+        self.dp_group = mesh.require("dp")
         super().__init__(stage, mesh, lr)
 
     def finish(self) -> None:
-        sp_allreduce(self.tp, [p.grad for p in self.sp])
-        self.dp.all_reduce(self.flat.grad[: self.flat.numel])
-        self.flat.grad.div_(self.dp.size)
+        sp_allreduce(self.tp, _grads(self.sp))
+        self.dp_group.all_reduce(self.flat.grad[: self.flat.numel])
+        self.flat.grad.div_(self.dp_group.size)
         self.optimizer.step()
         self.flat.grad.zero_()
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"flat_numel": self.flat.numel}
 
 
@@ -165,22 +191,23 @@ class ZeroSync(Sync):
     def __init__(self, stage: Stage, mesh: Mesh, lr: float, zero: int):
         self.zero = zero
         self.name = f"zero{zero}"
-        self.dp = mesh.group("dp")
-        self.flat = FlatBuffer(list(stage.parameters()), self.dp.size)
-        n = self.flat.padded // self.dp.size
-        lo = self.dp.rank * n
+        self.dp_group = mesh.require("dp")
+        self.flat = FlatBuffer(list(stage.parameters()), self.dp_group.size)
+        n = self.flat.padded // self.dp_group.size
+        lo = self.dp_group.rank * n
         self.shard = nn.Parameter(self.flat.param[lo : lo + n])  # shares storage with the flat buffer
-        self.shard.grad = torch.zeros_like(self.shard)
+        self.shard_grad = torch.zeros_like(self.shard)  # the optimizer reads it as shard.grad
+        self.shard.grad = self.shard_grad
         super().__init__(stage, mesh, lr)
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         return _adamw([self.shard], self.lr)
 
     def _reduce_scatter(self) -> None:
-        sp_allreduce(self.tp, [p.grad for p in self.sp])
-        out = torch.empty_like(self.shard.grad)
-        self.dp.reduce_scatter(out, self.flat.grad)
-        self.shard.grad.add_(out)
+        sp_allreduce(self.tp, _grads(self.sp))
+        out = torch.empty_like(self.shard_grad)
+        self.dp_group.reduce_scatter(out, self.flat.grad)
+        self.shard_grad.add_(out)
         self.flat.grad.zero_()
 
     def after_backward(self) -> None:
@@ -190,12 +217,12 @@ class ZeroSync(Sync):
     def finish(self) -> None:
         if self.zero == 1:
             self._reduce_scatter()
-        self.shard.grad.div_(self.dp.size)
+        self.shard_grad.div_(self.dp_group.size)
         self.optimizer.step()
-        self.shard.grad.zero_()
-        self.dp.all_gather(self.flat.param, self.shard.detach().clone())
+        self.shard_grad.zero_()
+        self.dp_group.all_gather(self.flat.param, self.shard.detach().clone())
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"flat_numel": self.flat.numel, "flat_padded": self.flat.padded}
 
 
@@ -208,12 +235,10 @@ class Zero3Sync(Sync):
     def __init__(self, stage: Stage, mesh: Mesh, lr: float):
         from torch.distributed.fsdp import fully_shard
 
-        self.dp = mesh.group("dp")
+        dp = mesh.require("dp")
         dp_mesh = mesh.submesh("dp")
-        units = [*stage.blocks, stage]
-        for unit in units:
-            fully_shard(unit, mesh=dp_mesh)
-        ag, rs = _LabelledAllGather(self.dp), _LabelledReduceScatter(self.dp)
+        units = [fully_shard(unit, mesh=dp_mesh) for unit in [*stage.blocks, stage]]
+        ag, rs = _LabelledAllGather(dp), _LabelledReduceScatter(dp)
         for unit in units:
             unit.set_custom_all_gather(ag)
             unit.set_custom_reduce_scatter(rs)
@@ -221,11 +246,12 @@ class Zero3Sync(Sync):
         super().__init__(stage, mesh, lr)
 
     def finish(self) -> None:
-        sp_allreduce(self.tp, [p.grad.to_local() for p in self.sp])
+        # FSDP2's gradients are DTensors: the SP sum is over the local shards
+        sp_allreduce(self.tp, [g.to_local() if isinstance(g, DTensor) else g for g in _grads(self.sp)])
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {}
 
 

@@ -38,8 +38,10 @@ def reference_losses(cfg: HarnessConfig, steps: int | None = None) -> list[float
         torch.device("cpu"),
     )
     b, m = cfg.micro_batch_size, single.micro_batches
-    losses = []
+    losses: list[float] = []
     for step in range(cfg.steps if steps is None else steps):
         tokens = global_batch(cfg.seed, step, m * b, cfg.seq_len, cfg.vocab)
-        losses.append(runner.step([tokens[j * b : (j + 1) * b] for j in range(m)]))
+        loss = runner.step([tokens[j * b : (j + 1) * b] for j in range(m)])
+        assert loss is not None  # one stage: it is the last and has the loss
+        losses.append(loss)
     return losses

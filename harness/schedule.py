@@ -46,6 +46,10 @@ class StepRunner:
         self.act_shape, self.dtype, self.device = act_shape, dtype, device
         self.first = pp is None or pp.rank == 0
         self.last = pp is None or pp.rank == pp.size - 1
+        self.batches: list[torch.Tensor] = []
+        self.inputs: dict[int, torch.Tensor] = {}  # micro-batch -> the stage's input (pp > 1)
+        self.outputs: dict[int, torch.Tensor] = {}  # micro-batch -> the stage's output (pp > 1)
+        self.loss_sum = 0.0
 
     # ------------------------------------------------------------------ point to point
     def _buf(self) -> torch.Tensor:
@@ -59,7 +63,10 @@ class StepRunner:
         recv_prev: bool = False,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """One batch: sends (to prev, then to next) and receives (from prev, then from next)."""
-        sends, recvs = [], []
+        if self.pp is None:
+            return None, None
+        sends: list[tuple[torch.Tensor, int]] = []
+        recvs: list[tuple[torch.Tensor, int]] = []
         from_prev = self._buf() if recv_prev and not self.first else None
         from_next = self._buf() if recv_next and not self.last else None
         if send_prev is not None and not self.first:
@@ -70,8 +77,7 @@ class StepRunner:
             recvs.append((from_prev, self.pp.rank - 1))
         if from_next is not None:
             recvs.append((from_next, self.pp.rank + 1))
-        if self.pp is not None:
-            self.pp.p2p(sends, recvs)
+        self.pp.p2p(sends, recvs)
         return from_prev, from_next
 
     # ------------------------------------------------------------------ injected delay
@@ -96,6 +102,7 @@ class StepRunner:
         if self.first:
             x = tokens[:, :-1]
         else:
+            assert x is not None, "a later pipeline stage always receives its input"
             x.requires_grad_()
         self.inputs[j] = x
         out = self.sync.module(x)
@@ -139,7 +146,7 @@ class StepRunner:
         elif self.schedule == "gpipe":
             self._gpipe()
         else:
-            self._one_f_one_b()
+            self._one_f_one_b(self.pp)
         self._delay("optimizer")
         self.sync.finish()
         return self.loss_sum if self.last else None
@@ -152,8 +159,8 @@ class StepRunner:
             _, g = self._exchange(recv_next=True)
             self._exchange(send_prev=self._backward(j, g))
 
-    def _one_f_one_b(self) -> None:
-        warmup = min(self.pp.size - self.pp.rank - 1, self.m)
+    def _one_f_one_b(self, pp: Group) -> None:
+        warmup = min(pp.size - pp.rank - 1, self.m)
         steady = self.m - warmup
         for j in range(warmup):
             x, _ = self._exchange(recv_prev=True)

@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from . import cp as context
 from .comm import Mesh, build_mesh
-from .config import HarnessConfig, validate
+from .config import MESH_ORDER, HarnessConfig, validate
 from .data import global_batch, micro_batch
 from .dpsync import ADAMW, make_sync
 from .model import GPTShape, TPInfo, build_stage, full_model
@@ -79,9 +80,12 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
     coords = cfg.coords(rank)
     shape = GPTShape(cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq_len)
     tp = TPInfo(cfg.tp, coords["tp"], mesh.group("tp"), cfg.sp)
-    stage = build_stage(shape, cfg.seed, tp, coords["pp"], cfg.pp).to(device=device, dtype=dtype)
+    cp = context.setup(cfg, mesh)
+    stage = build_stage(shape, cfg.seed, tp, coords["pp"], cfg.pp, cp).to(device=device, dtype=dtype)
     local_params = sum(p.numel() for p in stage.parameters())
-    sync = make_sync(stage, mesh, cfg.lr, cfg.dp_sync, [device.index] if cfg.device == "cuda" else None)
+    sync = make_sync(
+        stage, context.gradient_mesh(mesh), cfg.lr, cfg.dp_sync, [device.index] if cfg.device == "cuda" else None
+    )
     s_local = cfg.seq_len // cfg.tp if cfg.sp else cfg.seq_len
     delays: dict[str, float] = {}
     for d in cfg.delays:
@@ -100,7 +104,7 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
     )
     for group in mesh.groups.values():  # create every communicator now, not inside a step (NCCL is lazy)
         dist.barrier(group=group.pg)
-    reporter = coords["pp"] == cfg.pp - 1 and coords["dp"] == 0 and coords["tp"] == 0
+    reporter = coords["pp"] == cfg.pp - 1 and coords["dp"] == 0 and coords["tp"] == 0 and coords["cp"] == 0
     losses: list[float] = []
     seconds: list[float] = []
     samples = cfg.dp * cfg.micro_batches * cfg.micro_batch_size
@@ -111,7 +115,9 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
                 raise RuntimeError(f"injected failure on rank {rank} ({FAIL_RANK_ENV})")
             tokens = global_batch(cfg.seed, step, samples, cfg.seq_len, cfg.vocab)
             batches = [
-                micro_batch(tokens, coords["dp"], cfg.dp, j, cfg.micro_batch_size).to(device)
+                context.local_tokens(
+                    micro_batch(tokens, coords["dp"], cfg.dp, j, cfg.micro_batch_size), cfg.cp, cp.rank
+                ).to(device)
                 for j in range(cfg.micro_batches)
             ]
             t0 = time.perf_counter()
@@ -151,7 +157,7 @@ def _groups(infos: list[dict], mesh: Mesh) -> list[dict]:
     for info in infos:
         for g in info["groups"]:
             seen.setdefault((g["dim"], g["pg_name"]), dict(g, backend=mesh.backend))
-    order = {d: i for i, d in enumerate(("pp", "dp", "tp"))}
+    order = {d: i for i, d in enumerate((*MESH_ORDER, "dp_cp", "cp_q", "cp_kv"))}
     groups = sorted(seen.values(), key=lambda g: (order[g["dim"]], g["ranks"]))
     if not any(g["pg_name"] == "0" for g in groups):
         world = dist.distributed_c10d._get_default_group()
@@ -206,6 +212,9 @@ def write_run_json(
             "schedule": cfg.schedule,
             "dp_sync": cfg.dp_sync,
             "ddp_no_sync": True,
+            "cp": cfg.cp,
+            "cp_style": cfg.cp_style,
+            "cp_rq": cfg.cp_rq,
         },
         "mesh_dims": cfg.mesh_dims,
         "mesh_shape": cfg.mesh_shape,
@@ -235,9 +244,9 @@ def write_run_json(
         "optimizer": {
             "name": "adamw",
             "lr": cfg.lr,
-            "betas": list(ADAMW["betas"]),
-            "eps": ADAMW["eps"],
-            "weight_decay": ADAMW["weight_decay"],
+            "betas": list(ADAMW.betas),
+            "eps": ADAMW.eps,
+            "weight_decay": ADAMW.weight_decay,
         },
         "ranks": [
             {

@@ -12,20 +12,25 @@ import os
 from collections import Counter
 from typing import Any
 
-from .inputs import Limits
+from .inputs import DEFAULT_LIMITS, Limits
 from .kineto_calls import call_row, parse_ranks, step_of
 from .kineto_events import LAUNCH_PREFIXES, PREFIXES, Collector, build_calls
 from .kineto_fields import has, spelling
 from .kineto_json import scan_trace
 from .kineto_model import TraceContext, as_int
+from .kineto_timeline import Activity, RankTimeline, call_times, timeline_notes, timeline_of
 from .records import ParseResult, RankHint
 
 
 def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
-    """Parse one Kineto JSON trace (decompressed stream) into comm_events, steps and process groups."""
+    """Parse one Kineto JSON trace (decompressed stream) into comm_events, steps, process groups and the
+    rank's timeline (activity intervals; each call's match key and CPU/device spans), in one pass."""
     result = ParseResult(kind="kineto")
     col = Collector()
-    scan = scan_trace(stream, limits.max_json_depth, PREFIXES, Collector.wanted, col.add, LAUNCH_PREFIXES, col.launch)
+    act = Activity()
+    scan = scan_trace(
+        stream, limits.max_json_depth, PREFIXES, Collector.wanted, col.add, LAUNCH_PREFIXES, col.launch, act.add
+    )
     top = scan.top
     for reason, n in col.skipped.items():
         result.skip(reason, n)
@@ -60,8 +65,10 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
         if row is None:
             continue
         row.update(rank=rank, process=process, seq=len(result.events), step=step_of(steps, call.issue_ts))
+        row.update(call_times(call))
         result.events.append(row)
     result.groups = _dedupe_groups(result.groups)
+    result.intervals = act.intervals_table(rank, result.events, col.cpu)
 
     result.meta = {
         "generation": _generation(col, gen, gen_dist),
@@ -85,8 +92,20 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
             "kernel_link": col.link_style,
         },
         "sized_by": {k.split(":", 1)[1]: v for k, v in sorted(gen.items()) if k.startswith("sized_by:")},
+        "timeline": {
+            "has_device": act.has_device,
+            "intervals": result.intervals.num_rows,
+            "notes": timeline_notes(result, act.has_device),
+        },
     }
     return result
+
+
+def read_timeline(
+    stream: io.BufferedReader, name: str, hint: RankHint | None = None, limits: Limits = DEFAULT_LIMITS
+) -> RankTimeline:
+    """One Kineto trace (decompressed stream) as the time analysis reads it, without a store."""
+    return timeline_of(parse_kineto(stream, name, hint or RankHint(), limits), name)
 
 
 def _distributed_info(value: Any, result: ParseResult) -> tuple[dict[str, Any], str]:

@@ -55,6 +55,22 @@ _LAUNCH = re.compile(
     rb'\s*"args"\s*:\s*\{\s*(?:"External id"\s*:\s*(\d+)\s*,)?[^{}]*?"correlation"\s*:\s*(\d+)[^{}]*\}\s*\}'
 )
 LaunchSink = Callable[[int, int, float, int, "int | None"], bool]
+# Activity (device kernels, copies, memsets; CPU ops) read straight from the bytes as they stream past,
+# whatever the reading mode: the header in Kineto's key order (category, name, pid, tid, ts, dur), then
+# the flat args object for a device event's stream and bytes. Only the name's first bytes are kept.
+_ACT_HEAD = (
+    rb'"name"\s*:\s*"([^"\\]{0,16})[^"\\]*(?:\\.[^"\\]*)*"\s*,\s*"pid"\s*:\s*(?:-?\d+|"[^"]*")\s*,'
+    rb'\s*"tid"\s*:\s*(-?\d+)\s*,\s*"ts"\s*:\s*(-?\d+(?:\.\d+)?)\s*,\s*"dur"\s*:\s*(-?\d+(?:\.\d+)?)'
+)
+_ACT_ALL = re.compile(rb'"cat"\s*:\s*"(kernel|gpu_memcpy|gpu_memset|cpu_op)"\s*,\s*' + _ACT_HEAD)
+_ACT_DEVICE = re.compile(rb'"cat"\s*:\s*"(kernel|gpu_memcpy|gpu_memset)"\s*,\s*' + _ACT_HEAD)
+_ACT_ARGS = re.compile(rb'\s*,\s*"args"\s*:\s*\{([^{}]*)\}')
+_ACT_STREAM = re.compile(rb'"stream"\s*:\s*(-?\d+)')
+_ACT_BYTES = re.compile(rb'"bytes"\s*:\s*(\d+)')
+_ACT_MARGIN = 1 << 16  # an activity header is matched only with this much of the document after it
+# (category, name's first bytes, tid, ts, dur, stream or None, bytes); returns whether CPU ops are
+# still wanted (a trace with device activity needs none).
+ActivitySink = Callable[[bytes, bytes, int, float, float, "int | None", int], bool]
 
 
 def hit_pattern(prefixes: str) -> re.Pattern[bytes]:
@@ -132,7 +148,7 @@ class _Window:
     Counting lines costs as much as the fast scan itself, so data dropped in fast mode is not
     counted; past that point errors give the byte offset in the decompressed file instead."""
 
-    def __init__(self, reader: _BlockReader):
+    def __init__(self, reader: _BlockReader, on_activity: ActivitySink | None = None):
         self._reader = reader
         self.data = bytearray()  # deleting from the front of a bytearray does not move the rest
         self.base = 0  # absolute offset of data[0]
@@ -140,9 +156,75 @@ class _Window:
         self.col0 = 0  # bytes after the last newline before data[0]
         self.eof = False
         self.count_lines = True
+        self.on_activity = on_activity
+        self.cpu_ops = True  # whether CPU ops are still read as activity
+        self._act_pos = 0  # activity is read up to here (relative to data[0])
+
+    def activity(self, stop: int) -> None:
+        """Hand the activity whose header starts before data[stop] to on_activity (every byte of the
+        document passes here once, before it is dropped, whichever mode read it)."""
+        if self.on_activity is None:
+            return
+        while stop > self._act_pos and self._read_activity(stop):
+            pass  # CPU ops are no longer wanted: on with the device-only pattern
+        self._act_pos = max(self._act_pos, stop)
+
+    def _read_activity(self, stop: int) -> bool:
+        """Read activity from _act_pos up to stop; True when it stopped early to drop CPU ops."""
+        assert self.on_activity is not None
+        data, sink = self.data, self.on_activity
+        for m in (_ACT_ALL if self.cpu_ops else _ACT_DEVICE).finditer(data, self._act_pos):
+            if m.start() >= stop:
+                return False
+            self._act_pos = m.end()
+            cat, name, tid, ts, dur = m.groups()
+            stream, nbytes = None, 0
+            if cat != b"cpu_op":
+                a = _ACT_ARGS.match(data, self._act_pos)
+                if a is not None:
+                    args = a.group(1)
+                    sm = _ACT_STREAM.search(args)
+                    stream = int(sm.group(1)) if sm else None
+                    bm = _ACT_BYTES.search(args) if cat == b"gpu_memcpy" else None
+                    nbytes = int(bm.group(1)) if bm else 0
+            if not sink(cat, name, int(tid), float(ts), float(dur), stream, nbytes) and self.cpu_ops:
+                self.cpu_ops = False
+                return True
+        return False
 
     def more(self, keep_from: int) -> int:
         """Drop data[:keep_from], append the next block; return keep_from (the shift of positions)."""
+        if self.on_activity is not None:
+            if not self.eof and len(self.data) - keep_from < _ACT_MARGIN:
+                return self._more_with_activity(keep_from)
+            self.activity(keep_from)  # every header before keep_from is whole in the window
+            self._act_pos = max(0, self._act_pos - keep_from)
+        self._count_dropped(keep_from)
+        self.base += keep_from
+        chunk = b"" if self.eof else self._reader.get()
+        del self.data[:keep_from]
+        if not chunk:
+            self.eof = True
+        else:
+            self.data += chunk
+        return keep_from
+
+    def _more_with_activity(self, keep_from: int) -> int:
+        """more() when a header before keep_from may reach past the window: the next block is appended
+        before the dropped part is read."""
+        chunk = b"" if self.eof else self._reader.get()
+        if not chunk:
+            self.eof = True
+        else:
+            self.data += chunk
+        self.activity(keep_from)
+        self._act_pos -= keep_from
+        self._count_dropped(keep_from)
+        self.base += keep_from
+        del self.data[:keep_from]
+        return keep_from
+
+    def _count_dropped(self, keep_from: int) -> None:
         if self.lines is not None and keep_from:
             if self.count_lines:
                 nl = self.data.count(b"\n", 0, keep_from)
@@ -153,14 +235,6 @@ class _Window:
                     self.col0 += keep_from
             else:
                 self.lines = None
-        self.base += keep_from
-        chunk = b"" if self.eof else self._reader.get()
-        del self.data[:keep_from]
-        if not chunk:
-            self.eof = True
-        else:
-            self.data += chunk
-        return keep_from
 
     def loc(self, pos: int) -> str:
         pos = max(0, min(pos, len(self.data)))
@@ -269,12 +343,13 @@ class _Scanner:
         on_event: Callable[[dict], None],
         launch_prefixes: str | None,
         on_launch: LaunchSink | None,
+        on_activity: ActivitySink | None = None,
     ):
         self.on_launch = on_launch if launch_prefixes else None
         self.prefixes = prefixes
         self.hit = hit_pattern(prefixes + ("|" + launch_prefixes if launch_prefixes else ""))
         self.reader = _BlockReader(stream, BLOCK)
-        self.win = _Window(self.reader)
+        self.win = _Window(self.reader, on_activity)
         self.max_depth = max_depth
         self.wanted = wanted
         self.on_event = on_event
@@ -331,6 +406,7 @@ class _Scanner:
     def run(self) -> ScanResult:
         try:
             self._document()
+            self.win.activity(len(self.win.data))
         finally:
             self.reader.close()
         return self.result
@@ -400,6 +476,8 @@ class _Scanner:
 
     def _events(self, pos: int) -> int:
         """Read the array whose '[' was just before pos; return the position after its ']'."""
+        if self.result.top.get("deviceProperties"):
+            self.win.cpu_ops = False  # the trace lists devices: its activity is theirs, CPU ops are not read
         self.pos = self._skip_ws(pos)
         start_abs = self.win.base + self.pos
         done = False
@@ -654,6 +732,7 @@ def scan_trace(
     on_event: Callable[[dict], None],
     launch_prefixes: str | None = None,
     on_launch: LaunchSink | None = None,
+    on_activity: ActivitySink | None = None,
 ) -> ScanResult:
     """Read a Kineto JSON document from `stream`.
 
@@ -662,6 +741,8 @@ def scan_trace(
     event that `wanted` accepts, in file order. Runtime launch events (names matching
     `launch_prefixes`) in Kineto's key order go to `on_launch(pid, tid, ts, correlation, external
     id)` without being parsed; once it returns False, fast mode stops looking for them.
+    `on_activity` receives every device kernel, copy and memset and, while it returns True, every CPU
+    op, read from the bytes whatever the mode (ActivitySink), in file order.
     Raises ParseError (with a JSON path and/or line and column) for anything that is not a trace.
     """
-    return _Scanner(stream, max_depth, prefixes, wanted, on_event, launch_prefixes, on_launch).run()
+    return _Scanner(stream, max_depth, prefixes, wanted, on_event, launch_prefixes, on_launch, on_activity).run()

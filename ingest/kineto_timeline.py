@@ -1,36 +1,197 @@
-"""The per-rank timeline that the time analysis needs, from one Kineto trace.
+"""The per-rank timeline that the time analysis needs, read in the ingest's own pass over a Kineto trace.
 
-Device activity becomes intervals by kind per stream (compute kernels, communication kernels, memcpy by
-direction with bytes, memset), merged where adjacent or overlapping intervals of one kind on one stream
-lose nothing. A trace without device activity (gloo on CPU) gives the collectives' CPU intervals as
-communication and the other CPU ops of the process as compute. Collective calls are grouped exactly as
-the ingest groups them (kineto_events.build_calls, kineto_calls.call_row), so `CallColumns.seq` is the
-stored `comm_events.seq` of the same file: (source file, rank, seq) joins a record to its stored call.
+`Activity` receives device kernels, copies and memsets (and CPU ops, until the trace shows device
+activity) straight from the scanner's bytes (kineto_json.ActivitySink) and keeps them as intervals per
+(kind, stream), merged as they arrive where adjacent or overlapping intervals of one kind on one stream
+lose nothing; `intervals_table` finishes them into the `timeline_intervals` rows. A trace without
+device activity (gloo on CPU) gives the collectives' measured CPU intervals as communication and the
+CPU ops outside every communication event of their thread as compute. `call_times` gives each call's
+match key (PyTorch's `Seq`) and its CPU and device spans, stored on its comm_events row.
+
+`timeline_of` shows a parse result as the columns the analysis reads (kineto.read_timeline: one file
+without a store, for the analysis library's tests and tools).
 """
 
 from __future__ import annotations
 
-import bisect
-import io
-import re
 from array import array
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from .inputs import DEFAULT_LIMITS, Limits
-from .kineto_calls import call_row, parse_ranks, step_of
-from .kineto_events import Collector, build_calls
-from .kineto_json import scan_trace
-from .kineto_model import EPS, Call, TraceContext, as_float, as_int
-from .records import ParseResult, RankHint
+import numpy as np
+import pyarrow as pa
+
+from .kineto_model import EPS, Call, CpuEv, as_int
+from .records import ParseResult
 
 COMPUTE = "compute"
 COMM = "comm"
 MEMSET = "memset"
 MEMCPY_KINDS = ("memcpy_htod", "memcpy_dtoh", "memcpy_dtod", "memcpy_ptop")
-_MEMCPY = re.compile(r"Memcpy (HtoD|DtoH|DtoD|PtoP)")
-_ALL_NAMES = "."  # every event is looked at: kernel names are arbitrary, so no name prefix selects them
+COMM_LANE = -1  # the stream of a CPU-only trace's communication intervals
+_MEMCPY = {b"HtoD": "memcpy_htod", b"DtoH": "memcpy_dtoh", b"DtoD": "memcpy_dtod", b"PtoP": "memcpy_ptop"}
+INTERVAL_SCHEMA = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("kind", pa.string()),
+        ("stream", pa.int64()),
+        ("start_us", pa.float64()),
+        ("end_us", pa.float64()),
+        ("nbytes", pa.int64()),
+    ]
+)
+
+
+class _Lane:
+    """One (kind, stream)'s intervals; one that starts within the last one's span extends it."""
+
+    __slots__ = ("end", "nbytes", "start")
+
+    def __init__(self) -> None:
+        self.start = array("d")
+        self.end = array("d")
+        self.nbytes = array("q")
+
+    def add(self, s: float, e: float, b: int) -> None:
+        if self.start and self.start[-1] <= s <= self.end[-1] + EPS:
+            if e > self.end[-1]:
+                self.end[-1] = e
+            self.nbytes[-1] += b
+            return
+        self.start.append(s)
+        self.end.append(e)
+        self.nbytes.append(b)
+
+    def merged(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The union of the lane (sorted, touching intervals joined; bytes of joined ones add up)."""
+        s = np.frombuffer(self.start, dtype=np.float64)
+        e = np.frombuffer(self.end, dtype=np.float64)
+        b = np.frombuffer(self.nbytes, dtype=np.int64)
+        return merge_intervals(s, e, b)
+
+
+def merge_intervals(s: np.ndarray, e: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Union of intervals [s, e] with their bytes, as sorted disjoint intervals (gaps > EPS)."""
+    if not len(s):
+        return s, e, b
+    order = np.argsort(s, kind="stable")
+    s, e, b = s[order], e[order], b[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1] + EPS
+    idx = np.flatnonzero(new)
+    ends = np.append(idx[1:], len(s)) - 1
+    return s[idx], reach[ends], np.add.reduceat(b, idx)
+
+
+class Activity:
+    """The activity sink of one trace's scan (kineto_json.ActivitySink)."""
+
+    def __init__(self) -> None:
+        self.lanes: dict[tuple[str, int], _Lane] = defaultdict(_Lane)
+        self.cpu_tid = array("q")
+        self.cpu_start = array("d")
+        self.cpu_end = array("d")
+        self.has_device = False
+
+    def add(self, cat: bytes, name: bytes, tid: int, ts: float, dur: float, stream: int | None, nbytes: int) -> bool:
+        if dur < 0:
+            return not self.has_device
+        if cat == b"cpu_op":
+            if not self.has_device:
+                self.cpu_tid.append(tid)
+                self.cpu_start.append(ts)
+                self.cpu_end.append(ts + dur)
+            return not self.has_device
+        if cat == b"kernel":
+            kind = COMM if name.startswith(b"nccl") else COMPUTE
+        elif cat == b"gpu_memcpy":
+            kind = _MEMCPY.get(name[7:11], "memcpy_dtod") if name.startswith(b"Memcpy ") else "memcpy_dtod"
+        else:
+            kind = MEMSET
+        if not self.has_device:  # CPU ops only serve traces without device activity
+            self.has_device = True
+            self.cpu_tid, self.cpu_start, self.cpu_end = array("q"), array("d"), array("d")
+        self.lanes[(kind, tid if stream is None else stream)].add(ts, ts + dur, nbytes if kind != COMPUTE else 0)
+        return False
+
+    def intervals_table(self, rank: int | None, calls: list[dict[str, Any]], comm_cpu: list[CpuEv]) -> pa.Table:
+        """The timeline_intervals rows: device lanes, or for a trace without device activity the calls'
+        CPU spans (`calls`: comm_events rows with ts_us/dur_us) as communication and the CPU ops that
+        start outside every communication event of their thread (`comm_cpu`) as compute."""
+        parts: list[tuple[str, int, tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
+        if self.has_device:
+            parts = [(kind, stream, lane.merged()) for (kind, stream), lane in sorted(self.lanes.items())]
+        else:
+            spans = [
+                (c["ts_us"], c["ts_us"] + c["dur_us"])
+                for c in calls
+                if c.get("ts_us") is not None and c.get("dur_us") is not None
+            ]
+            parts.append((COMM, COMM_LANE, _union(spans)))
+            parts.extend(self._cpu_compute(comm_cpu))
+        lengths = [len(p[2][0]) for p in parts]
+        n = sum(lengths)
+        return pa.table(
+            [
+                pa.nulls(n, pa.int32()) if rank is None else pa.array(np.full(n, rank, dtype=np.int32)),
+                pa.array([k for (k, _, _), m in zip(parts, lengths, strict=True) for _ in range(m)], pa.string()),
+                pa.array(np.repeat(np.asarray([p[1] for p in parts], dtype=np.int64), lengths)),
+                pa.array(np.concatenate([p[2][0] for p in parts]) if parts else np.zeros(0)),
+                pa.array(np.concatenate([p[2][1] for p in parts]) if parts else np.zeros(0)),
+                pa.array(np.concatenate([p[2][2] for p in parts]) if parts else np.zeros(0, dtype=np.int64)),
+            ],
+            schema=INTERVAL_SCHEMA,
+        )
+
+    def _cpu_compute(self, comm_cpu: list[CpuEv]) -> list[tuple[str, int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+        tids = np.frombuffer(self.cpu_tid, dtype=np.int64)
+        starts = np.frombuffer(self.cpu_start, dtype=np.float64)
+        ends = np.frombuffer(self.cpu_end, dtype=np.float64)
+        by_tid: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        for ev in comm_cpu:
+            tid = as_int(ev.tid)
+            if tid is not None:
+                by_tid[tid].append((ev.ts, ev.ts + ev.dur))
+        out = []
+        for tid in np.unique(tids):
+            sel = tids == tid
+            s, e = starts[sel], ends[sel]
+            cs, ce, _ = _union(by_tid.get(int(tid), []))
+            if len(cs):  # ops starting inside a communication event are its own work
+                i = np.searchsorted(cs, s + EPS, side="right") - 1
+                inside = (i >= 0) & (s <= ce[np.maximum(i, 0)] + EPS)
+                s, e = s[~inside], e[~inside]
+            out.append((COMPUTE, int(tid), merge_intervals(s, e, np.zeros(len(s), dtype=np.int64))))
+        return out
+
+
+def _union(spans: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    arr = np.asarray(spans, dtype=np.float64).reshape(-1, 2)
+    return merge_intervals(arr[:, 0], arr[:, 1], np.zeros(len(arr), dtype=np.int64))
+
+
+def call_times(call: Call) -> dict[str, Any]:
+    """The call's match key (PyTorch's collective `Seq`, newest traces), its CPU op's span and its
+    device kernels' span (first start, last end), for its comm_events row."""
+    root = call.root
+    key = None
+    for args in [ev.args for ev in call.members if ev.name == "record_param_comms"] + [k.args for k in call.kernels]:
+        key = as_int(args.get("Seq"))
+        if key is not None:
+            break
+    return {
+        "match_key": key,
+        "cpu_start_us": root.ts if root else None,
+        "cpu_end_us": root.ts + root.dur if root else None,
+        "dev_start_us": min(k.ts for k in call.kernels) if call.kernels else None,
+        "dev_end_us": max(k.ts + k.dur for k in call.kernels) if call.kernels else None,
+    }
+
+
+# ------------------------------------------------------------------------- the parse seen as columns
 
 
 @dataclass
@@ -95,211 +256,57 @@ class RankTimeline:
     notes: list[str] = field(default_factory=list)  # what could not be read, and why
 
 
-class _Activity:
-    """Device activity and CPU ops as they stream past, kept as flat arrays."""
-
-    def __init__(self, col: Collector) -> None:
-        self.col = col
-        self.raw: dict[tuple[str, int], list[tuple[float, float, int]]] = defaultdict(list)
-        self.cpu_tid = array("q")
-        self.cpu_start = array("d")
-        self.cpu_end = array("d")
-
-    def add(self, ev: dict[str, Any]) -> None:
-        if Collector.wanted(ev):
-            self.col.add(ev)
-        if ev.get("ph") != "X":
-            return
-        cat = ev.get("cat") or ""
-        ts, dur = as_float(ev.get("ts")), as_float(ev.get("dur"))
-        if ts is None or dur is None or dur < 0:
-            return
-        args = ev.get("args")
-        args = args if isinstance(args, dict) else {}
-        name = str(ev.get("name", ""))
-        if cat == "kernel":
-            kind = COMM if name.startswith("nccl") else COMPUTE
-        elif cat == "gpu_memcpy":
-            m = _MEMCPY.match(name)
-            kind = f"memcpy_{m.group(1).lower()}" if m else "memcpy_dtod"
-        elif cat == "gpu_memset":
-            kind = MEMSET
-        elif cat == "cpu_op":
-            tid = as_int(ev.get("tid"))
-            if tid is not None:
-                self.cpu_tid.append(tid)
-                self.cpu_start.append(ts)
-                self.cpu_end.append(ts + dur)
-            return
-        else:
-            return
-        stream = as_int(args.get("stream"))
-        if stream is None:
-            stream = as_int(ev.get("tid")) or 0
-        nbytes = as_int(args.get("bytes")) or 0 if kind in MEMCPY_KINDS else 0
-        self.raw[(kind, stream)].append((ts, ts + dur, nbytes))
-
-
-def _merge(rows: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
-    """Union of one kind's intervals on one stream; bytes of merged copies add up."""
-    out: list[tuple[float, float, int]] = []
-    for s, e, b in sorted(rows):
-        if out and s <= out[-1][1] + EPS:
-            ps, pe, pb = out[-1]
-            out[-1] = (ps, max(pe, e), pb + b)
-        else:
-            out.append((s, e, b))
-    return out
-
-
-def _context(dist: dict[str, Any]) -> TraceContext:
-    """The job's process groups from distributedInfo.pg_config, as the ingest reads them."""
-    backend = dist.get("backend")
-    ctx = TraceContext(backend=backend if isinstance(backend, str) else None)
-    pgs = dist.get("pg_config")
-    items = list(pgs.values()) if isinstance(pgs, dict) else pgs if isinstance(pgs, list) else []
-    for g in items:
-        if isinstance(g, dict) and g.get("pg_name") is not None:
-            ranks = parse_ranks(g.get("ranks"))
-            size = as_int(g.get("pg_size")) or (len(ranks) if ranks else None)
-            ctx.groups[str(g["pg_name"])] = {
-                "ranks": ranks,
-                "size": size,
-                "desc": g.get("pg_desc"),
-                "uid": g.get("uid"),
-            }
-    ctx.complete_groups = bool(ctx.groups)
-    return ctx
-
-
-def _pt_seq(call: Call) -> int | None:
-    """PyTorch's collective sequence number (`Seq`, newest traces) from the call's metadata."""
-    for args in [ev.args for ev in call.members if ev.name == "record_param_comms"] + [k.args for k in call.kernels]:
-        seq = as_int(args.get("Seq"))
-        if seq is not None:
-            return seq
-    return None
-
-
-def read_timeline(
-    stream: io.BufferedIOBase, name: str, hint: RankHint | None = None, limits: Limits = DEFAULT_LIMITS
-) -> RankTimeline:
-    """Read one Kineto trace (decompressed stream) into its RankTimeline; ParseError when not a trace."""
-    col = Collector()
-    act = _Activity(col)
-    scan = scan_trace(stream, limits.max_json_depth, _ALL_NAMES, lambda ev: True, act.add)
-    dist = scan.top.get("distributedInfo")
-    dist = dist if isinstance(dist, dict) else {}
-    hint = hint or RankHint()
-    rank = as_int(dist.get("rank"))
-    rank = hint.rank if rank is None else rank
-    notes: list[str] = []
-    if rank is None:
-        notes.append("no rank in distributedInfo or the file name: the rank is unknown")
-    ctx = _context(dist)
-
+def timeline_of(result: ParseResult, name: str) -> RankTimeline:
+    """A parsed trace's timeline as columns (the rows the store gets, before they are written)."""
+    tl = result.meta.get("timeline") or {}
+    notes = list(tl.get("notes", []))
+    iv = IntervalColumns()
+    if result.intervals is not None:
+        d = result.intervals.to_pydict()
+        iv = IntervalColumns(d["kind"], d["stream"], d["start_us"], d["end_us"], d["nbytes"])
     steps = StepColumns()
-    for n, (ts, dur) in sorted(col.steps.items(), key=lambda kv: kv[1][0]):
-        steps.step.append(n)
-        steps.start.append(ts)
-        steps.end.append(ts + dur)
-    if not steps.step:
-        notes.append("no ProfilerStep ranges: per-step quantities cannot be computed")
-
-    result = ParseResult(kind="kineto")
-    gen: Counter[str] = Counter()
-    step_index = sorted(
-        zip(steps.start, [e - s for s, e in zip(steps.start, steps.end, strict=True)], steps.step, strict=True)
-    )
+    for row in result.steps:
+        steps.step.append(row["step"])
+        steps.start.append(row["ts_us"])
+        steps.end.append(row["ts_us"] + row["dur_us"])
+    groups = {g["group_key"]: g for g in result.groups}
     calls = CallColumns()
-    for call in build_calls(col, result):
-        row = call_row(call, ctx, result, gen)
-        if row is None:
-            continue
-        _add_call(calls, len(calls.seq), call, row, result, step_index)
+    for row in result.events:
+        g = groups.get(row["group_key"]) if row["group_key"] else None
+        ts, dur = row["ts_us"], row["dur_us"]
+        calls.seq.append(row["seq"])
+        calls.op.append(row["op"])
+        calls.dtype.append(row["dtype"])
+        calls.msg_bytes.append(row["msg_bytes"])
+        calls.group_key.append(row["group_key"])
+        calls.group_name.append(g.get("name") if g else None)
+        calls.group_desc.append(g.get("description") if g else None)
+        calls.group_ranks.append(tuple(g["ranks"]) if g and g.get("ranks") else None)
+        calls.group_size.append(row["group_size"])
+        calls.match_key.append(row["match_key"])
+        calls.step.append(row["step"])
+        calls.cpu_start.append(row["cpu_start_us"])
+        calls.cpu_end.append(row["cpu_end_us"])
+        calls.dev_start.append(row["dev_start_us"])
+        calls.dev_end.append(row["dev_end_us"])
+        calls.arrival.append(ts)
+        calls.end.append(ts + dur if ts is not None and dur is not None else None)
+    return RankTimeline(name, result.rank, result.world_size, bool(tl.get("has_device")), iv, steps, calls, notes)
 
-    no_end = sum(e is None for e in calls.end)
+
+def timeline_notes(result: ParseResult, has_device: bool) -> list[str]:
+    """What the trace's timeline lacks, and why (kept in the source's meta)."""
+    notes = []
+    if result.rank is None:
+        notes.append("no rank in distributedInfo or the file name: the rank is unknown")
+    if not result.steps:
+        notes.append("no ProfilerStep ranges: per-step quantities cannot be computed")
+    no_end = sum(r.get("ts_us") is None or r.get("dur_us") is None for r in result.events)
     if no_end:
         notes.append(
-            f"{no_end} of {len(calls.seq)} calls have no measured duration (NCCL without its kernels "
+            f"{no_end} of {len(result.events)} calls have no measured duration (NCCL without its kernels "
             "records only the enqueue): no real time or end for them"
         )
-    has_device = bool(act.raw)
-    intervals = IntervalColumns()
-    if has_device:
-        for (kind, strm), rows in sorted(act.raw.items()):
-            for s, e, b in _merge(rows):
-                _append(intervals, kind, strm, s, e, b)
-    else:
+    if not has_device:
         notes.append("no device activity: communication is the collectives' CPU time (gloo), compute the other CPU ops")
-        _cpu_intervals(intervals, act, calls, col)
-    return RankTimeline(
-        name, rank, as_int(dist.get("world_size")) or hint.world_size, has_device, intervals, steps, calls, notes
-    )
-
-
-def _add_call(
-    calls: CallColumns,
-    seq: int,
-    call: Call,
-    row: dict[str, Any],
-    result: ParseResult,
-    step_index: list[tuple[float, float, int]],
-) -> None:
-    group = next((g for g in result.groups if g["group_key"] == row["group_key"]), None) if row["group_key"] else None
-    ranks = group.get("ranks") if group else None
-    dev_start = min(k.ts for k in call.kernels) if call.kernels else None
-    dev_end = max(k.ts + k.dur for k in call.kernels) if call.kernels else None
-    root = call.root
-    ts, dur = row["ts_us"], row["dur_us"]
-    calls.seq.append(seq)
-    calls.op.append(row["op"])
-    calls.dtype.append(row["dtype"])
-    calls.msg_bytes.append(row["msg_bytes"])
-    calls.group_key.append(row["group_key"])
-    calls.group_name.append(group.get("name") if group else None)
-    calls.group_desc.append(group.get("description") if group else None)
-    calls.group_ranks.append(tuple(ranks) if ranks else None)
-    calls.group_size.append(row["group_size"])
-    calls.match_key.append(_pt_seq(call))
-    calls.step.append(step_of(step_index, call.issue_ts))
-    calls.cpu_start.append(root.ts if root else None)
-    calls.cpu_end.append(root.ts + root.dur if root else None)
-    calls.dev_start.append(dev_start)
-    calls.dev_end.append(dev_end)
-    calls.arrival.append(ts)
-    calls.end.append(ts + dur if ts is not None and dur is not None else None)
-
-
-def _append(iv: IntervalColumns, kind: str, stream: int, start: float, end: float, nbytes: int) -> None:
-    iv.kind.append(kind)
-    iv.stream.append(stream)
-    iv.start.append(start)
-    iv.end.append(end)
-    iv.nbytes.append(nbytes)
-
-
-def _cpu_intervals(iv: IntervalColumns, act: _Activity, calls: CallColumns, col: Collector) -> None:
-    """CPU-only trace: each call's measured CPU span is communication; CPU ops that start outside
-    every communication event of their thread are compute (nested ops of a c10d op are its own work)."""
-    comm_by_tid: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for ev in col.cpu:
-        tid = as_int(ev.tid)
-        if tid is not None:
-            comm_by_tid[tid].append((ev.ts, ev.ts + ev.dur))
-    comm_rows: list[tuple[float, float, int]] = []
-    for a, e in zip(calls.arrival, calls.end, strict=True):
-        if a is not None and e is not None:
-            comm_rows.append((a, e, 0))
-    for s, e, _ in _merge(comm_rows):
-        _append(iv, COMM, -1, s, e, 0)
-    merged = {tid: _merge([(s, e, 0) for s, e in rows]) for tid, rows in comm_by_tid.items()}
-    starts = {tid: [r[0] for r in rows] for tid, rows in merged.items()}
-    per_tid: dict[int, list[tuple[float, float, int]]] = defaultdict(list)
-    for tid, s, e in zip(act.cpu_tid, act.cpu_start, act.cpu_end, strict=True):
-        i = bisect.bisect_right(starts.get(tid, []), s + EPS) - 1
-        if i < 0 or s > merged[tid][i][1] + EPS:
-            per_tid[tid].append((s, e, 0))
-    for tid, rows in sorted(per_tid.items()):
-        for s, e, _ in _merge(rows):
-            _append(iv, COMPUTE, tid, s, e, 0)
+    return notes

@@ -42,6 +42,8 @@ class ParseResult:
     # allowed; missing columns are NULL). Large NCCL logs put their rows here.
     event_tables: list[pa.Table] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)  # steps rows
+    # timeline_intervals rows (kineto_timeline.INTERVAL_SCHEMA): the rank's activity, merged intervals.
+    intervals: pa.Table | None = None
     groups: list[dict[str, Any]] = field(default_factory=list)  # process_groups rows
     nccl_comms: list[dict[str, Any]] = field(default_factory=list)
     topology: list[dict[str, Any]] = field(default_factory=list)

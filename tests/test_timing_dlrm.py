@@ -12,8 +12,8 @@ from conftest import shared_data
 from commlens.backend.timing.analysis import TimeAnalysis, analyze
 from commlens.backend.timing.breakdown import comm_comp_overlap
 from commlens.ingest.inputs import DEFAULT_LIMITS, iter_inputs, open_content
-from commlens.ingest.kineto import parse_kineto
-from commlens.ingest.kineto_timeline import RankTimeline, read_timeline
+from commlens.ingest.kineto import parse_kineto, read_timeline
+from commlens.ingest.kineto_timeline import RankTimeline
 from commlens.ingest.records import RankHint
 
 DLRM = "kineto-param/dlrm_kineto.tar.gz"

@@ -7,7 +7,8 @@ import pytest
 
 from commlens.backend.timing.analysis import analyze
 from commlens.ingest.inputs import iter_inputs, open_content
-from commlens.ingest.kineto_timeline import RankTimeline, read_timeline
+from commlens.ingest.kineto import read_timeline
+from commlens.ingest.kineto_timeline import RankTimeline
 
 
 @pytest.fixture(scope="module")

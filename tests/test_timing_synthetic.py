@@ -10,7 +10,8 @@ from commlens.backend.timing.analysis import analyze
 from commlens.backend.timing.clocks import align_clocks
 from commlens.backend.timing.matching import match_instances
 from commlens.ingest.inputs import iter_inputs, open_content
-from commlens.ingest.kineto_timeline import CallColumns, IntervalColumns, RankTimeline, StepColumns, read_timeline
+from commlens.ingest.kineto import read_timeline
+from commlens.ingest.kineto_timeline import CallColumns, IntervalColumns, RankTimeline, StepColumns
 
 
 def _rank(

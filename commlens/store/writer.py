@@ -94,8 +94,21 @@ _COLUMNS: dict[str, dict[str, pa.DataType]] = {
         "op_count": pa.int64(),
         "comm_ptr": pa.string(),
         "raw_name": pa.string(),
+        "match_key": pa.int64(),
+        "cpu_start_us": pa.float64(),
+        "cpu_end_us": pa.float64(),
+        "dev_start_us": pa.float64(),
+        "dev_end_us": pa.float64(),
     },
     "steps": {"rank": pa.int32(), "step": pa.int32(), "ts_us": pa.float64(), "dur_us": pa.float64()},
+    "timeline_intervals": {
+        "rank": pa.int32(),
+        "kind": pa.string(),
+        "stream": pa.int64(),
+        "start_us": pa.float64(),
+        "end_us": pa.float64(),
+        "nbytes": pa.int64(),
+    },
     "nccl_comms": {
         "group_key": pa.string(),
         "host": pa.string(),
@@ -253,6 +266,8 @@ def _write_result(
     for events in _same_schema_batches(result.event_tables):
         _insert_table(con, "comm_events", run_id, source_id, events)
     _insert_rows(con, "steps", run_id, source_id, result.steps)
+    if result.intervals is not None:
+        _insert_table(con, "timeline_intervals", run_id, source_id, result.intervals)
     _insert_rows(con, "nccl_comms", run_id, source_id, result.nccl_comms)
     _insert_rows(con, "nccl_topology", run_id, source_id, result.topology)
     _insert_rows(con, "nccl_tuning", run_id, source_id, result.tuning)

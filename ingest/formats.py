@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import io
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,8 @@ class Trait(enum.Flag):
     SUPERSEDED_BY_TRACE = enum.auto()
     # Its events name communicators by per-process pointers, grouped across the run by `nccl_link`.
     NCCL_COMMUNICATORS = enum.auto()
+    # Detected only to be refused by name: a file people mistake for an input (sources.kind says what it is).
+    REFUSED = enum.auto()
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,48 @@ def _claims_nccl_log(head: bytes) -> Claim:
     return Claim.FALLBACK
 
 
+# PyTorch's ExecutionTraceObserver writes `{"schema": "1.0.1", "pid": .., "time": .., "start_ts": .., "nodes": [`
+# (schema "1.0.2-chakra.0.0.4" and later from PyTorch 2.1; 1.1.1-chakra.0.0.4 today).
+_ET_SCHEMA = re.compile(rb'"schema"\s*:\s*"([^"\\]{1,64})"')
+# Chakra's protobuf trace (.et) starts with a varint length and its GlobalMetadata: field 1, the version string.
+_CHAKRA_HEAD = re.compile(rb"^(?:[\x01-\x7f]|[\x80-\xff][\x01-\x7f])\x0a([\x03-\x20])(\d{1,4}\.\d{1,4}\.\d{1,4})")
+_NOT_A_PROFILER_TRACE = (
+    "not a profiler trace: it describes the operator graph, without the per-rank device times and collective "
+    "sizes commlens counts; record a torch.profiler (Kineto) trace or an NCCL_DEBUG=INFO log of the same steps"
+)
+
+
+def _et_schema(head: bytes) -> str | None:
+    """The schema of a PyTorch execution trace's head, else None (a run.json has a schema but no nodes)."""
+    if _json_text(head) is None or b'"nodes"' not in head:
+        return None
+    m = _ET_SCHEMA.search(head)
+    return m.group(1).decode() if m and not m.group(1).startswith(b"commlens") else None
+
+
+def _chakra_version(head: bytes) -> str | None:
+    m = _CHAKRA_HEAD.match(head)
+    return m.group(2).decode() if m and len(m.group(2)) == m.group(1)[0] else None
+
+
+def _claims_execution_trace(head: bytes) -> Claim:
+    return Claim.SURE if _et_schema(head) is not None else Claim.NONE
+
+
+def _claims_chakra(head: bytes) -> Claim:
+    return Claim.SURE if _chakra_version(head) is not None else Claim.NONE
+
+
+def _refuse_execution_trace(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
+    schema = _et_schema(stream.peek(HEAD_BYTES)[:HEAD_BYTES])
+    raise ParseError(f"a PyTorch execution trace (schema {schema}), {_NOT_A_PROFILER_TRACE}", "$.schema")
+
+
+def _refuse_chakra(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
+    version = _chakra_version(stream.peek(HEAD_BYTES)[:HEAD_BYTES])
+    raise ParseError(f"a Chakra execution trace (protobuf, version {version}), {_NOT_A_PROFILER_TRACE}", "byte 0")
+
+
 def _mostly_binary(head: bytes) -> bool:
     sample = head[:4096]
     try:
@@ -117,6 +162,8 @@ FORMATS: tuple[Format, ...] = (
         parse_nccl_log,
         Trait.SUPERSEDED_BY_TRACE | Trait.NCCL_COMMUNICATORS,
     ),
+    Format("pytorch_et", "a PyTorch execution trace", _claims_execution_trace, _refuse_execution_trace, Trait.REFUSED),
+    Format("chakra_et", "a Chakra execution trace", _claims_chakra, _refuse_chakra, Trait.REFUSED),
 )
 
 
@@ -144,7 +191,7 @@ def detect(stream: io.BufferedReader) -> Format:
         if c > claim:
             best, claim = fmt, c
     if best is None:
-        names = [f.description for f in FORMATS]
+        names = [f.description for f in FORMATS if not f.has(Trait.REFUSED)]
         raise ParseError(
             f"binary data, not {', '.join(names[:-1])} or {names[-1]} (first bytes {head[:8]!r})", "byte 0"
         )

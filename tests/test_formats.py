@@ -13,8 +13,8 @@ import pytest
 from commlens.ingest import formats
 from commlens.ingest.formats import Claim, Format, Trait
 from commlens.ingest.inputs import DEFAULT_LIMITS, open_content
-from commlens.service.ingest import ingest_paths
 from commlens.ingest.records import ParseError, ParseResult, RankHint
+from commlens.service.ingest import ingest_paths
 
 RUN_JSON = (
     b'{"schema": "commlens.run/1", "strategy": "ddp", "world_size": 2, '
@@ -29,7 +29,8 @@ def _detect(raw: bytes) -> str:
 
 def test_each_kind_is_declared_once_with_its_traits() -> None:
     kinds = [f.kind for f in formats.FORMATS]
-    assert kinds == ["kineto", "run_config", "nccl_log"]
+    assert kinds == ["kineto", "run_config", "nccl_log", "pytorch_et", "chakra_et"]
+    assert formats.kinds_with(Trait.REFUSED) == ["pytorch_et", "chakra_et"]
     assert formats.kinds_with(Trait.PER_RANK_TIMED_TRACE) == ["kineto"]
     assert formats.kinds_with(Trait.SUPERSEDED_BY_TRACE) == ["nccl_log"]
     assert formats.kinds_with(Trait.NCCL_COMMUNICATORS) == ["nccl_log"]
@@ -161,3 +162,46 @@ def test_the_rules_follow_traits_not_kind_names(tmp_path: Path, con, monkeypatch
         "SELECT rank, source_kind, count(*) FROM comms WHERE run = 'fake' GROUP BY ALL ORDER BY ALL"
     ).fetchall()
     assert per_rank == [(0, "fake_trace", 8), (1, "nccl_log", 6)]
+
+
+# PyTorch's ExecutionTraceObserver (torch/csrc/profiler/standalone/execution_trace_observer.cpp) opens its
+# file with `{"schema": "<version>", "pid": <pid>, "time": "<date>", "start_ts": <ts>, "nodes": [` and writes
+# one object per operator: the version was 1.0.1 in PyTorch 2.0, "1.0.2-chakra.0.0.4" from 2.1, today
+# "1.1.1-chakra.0.0.4".
+PYTORCH_ET = (
+    b'{"schema": "1.1.1-chakra.0.0.4", "pid": 2831, "time": "2025-03-04 10:11:12", "start_ts": 1201, "nodes": ['
+    b'{"id": 2, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 1, "inputs": '
+    b'{"values": [], "shapes": [], "types": []}, "outputs": {"values": [], "shapes": [], "types": []}, "attrs": []}'
+    b'], "finish_ts": 1290}'
+)
+# Chakra's converter writes protobuf: a varint length, then GlobalMetadata {string version = 1} ("0.0.4"),
+# then the Node messages (chakra/schema/protobuf/et_def.proto, third_party/utils/protolib encodeMessage).
+CHAKRA_ET = b"\x07\x0a\x050.0.4" + b"\x0c\x08\x01\x12\x08all_gath"
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind", "error"),
+    [
+        (
+            PYTORCH_ET,
+            "pytorch_et",
+            "x.json:$.schema: a PyTorch execution trace (schema 1.1.1-chakra.0.0.4), not a profiler trace",
+        ),
+        (gzip.compress(PYTORCH_ET.replace(b"1.1.1-chakra.0.0.4", b"1.0.1")), "pytorch_et", "(schema 1.0.1)"),
+        (CHAKRA_ET, "chakra_et", "x.json:byte 0: a Chakra execution trace (protobuf, version 0.0.4), not a profiler"),
+    ],
+)
+def test_execution_traces_are_refused_by_their_real_kind(tmp_path: Path, con, raw: bytes, kind: str, error: str):
+    path = tmp_path / "x.json"
+    path.write_bytes(raw)
+    summary = ingest_paths(con, [path], "et")
+    (f,) = summary.files
+    assert (f.status, f.kind) == ("failed", kind)
+    assert error in f.error  # type: ignore[operator]
+    assert "record a torch.profiler (Kineto) trace" in f.error  # type: ignore[operator]
+    assert con.execute("SELECT kind, status FROM sources").fetchall() == [(kind, "failed")]
+
+
+def test_a_run_json_with_a_schema_is_not_an_execution_trace() -> None:
+    assert _detect(RUN_JSON) == "run_config"
+    assert _detect(b'{"schema": "commlens.run/1", "nodes": []}') == "run_config"

@@ -15,8 +15,8 @@ from commlens import store
 from commlens.ingest.inputs import DEFAULT_LIMITS, Limits
 from commlens.ingest.nccl_link import link_run
 from commlens.ingest.nccl_log import parse_nccl_log
-from commlens.service.ingest import ingest_paths
 from commlens.ingest.records import ParseResult, RankHint
+from commlens.service.ingest import ingest_paths
 
 REAL_LOGS = {
     "aws-aws-ofi-nccl-65.log",

@@ -395,20 +395,20 @@ class _Parser:
         if found is None:
             return False
         kind, m = found
-        if kind == "version":
+        if kind in ("ring", "connection"):
+            self.channel(kind, m, msg, host, pid, tid, dev)
+        elif m is None or kind not in ("version", "driver", "nodes", "init", "tuning"):
+            self.topology_message(kind, m, msg, host, pid, tid, dev)
+        elif kind == "version":
             self.version(m, self.state.proc(host, pid, dev))
         elif kind == "driver":
-            self.res.meta["cuda_driver_version"] = int(m.group(1))  # type: ignore[union-attr]
+            self.res.meta["cuda_driver_version"] = int(m.group(1))
         elif kind == "nodes":
             self.nodes(m, msg, host, pid, tid, dev)
         elif kind == "init":
             self.init(m, host, pid, tid, dev, line_no)
-        elif kind in ("ring", "connection"):
-            self.channel(kind, m, msg, host, pid, tid, dev)
-        elif kind == "tuning":
-            self.tuning(m, host, pid)
         else:
-            self.topology_message(kind, m, msg, host, pid, tid, dev)
+            self.tuning(m, host, pid)
         return True
 
     def topology_message(

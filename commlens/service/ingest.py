@@ -18,6 +18,7 @@ import duckdb
 
 from commlens import store
 from commlens.backend.attribution import attribute_run
+from commlens.backend.timing.persist import persist_run
 from commlens.ingest import formats
 from commlens.ingest.formats import Trait
 from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, Limits, iter_inputs
@@ -85,6 +86,7 @@ def ingest_run(
     finalize_run(con, run_id)
     if attribute_schemes:
         report.attribution_error = attribute(con, run)
+    persist_run(con, run_id)  # the time analysis, with the schemes attribution just set
     return report
 
 

@@ -57,7 +57,7 @@ _DIM_SCHEMES: dict[str, str] = {
     ),
     **dict.fromkeys(("tp", "tensor", "tensor_parallel", "etp"), "tp"),
     **dict.fromkeys(("pp", "pipe", "pipeline", "pipeline_parallel", "stage"), "pp"),
-    **dict.fromkeys(("cp", "context", "context_parallel"), "cp"),
+    **dict.fromkeys(("cp", "context", "context_parallel", "cp_q", "cp_kv"), "cp"),
     **dict.fromkeys(("ep", "expert", "expert_parallel", "moe"), "ep"),
 }
 
@@ -138,10 +138,11 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, _Group]:
         """,
         [run_id],
     ).fetchall():
-        g = _Group(*row[:8], source=row[8], scheme=row[9], reason=row[10], confidence=row[11])
-        if g.ranks is not None:
-            g.ranks = sorted(g.ranks)
-        groups[g.key] = g
+        key, name, description, backend, ranks, size, origin, mesh_dim, source, scheme, reason, confidence = row
+        ranks = sorted(ranks) if ranks is not None else None
+        groups[key] = _Group(
+            key, name, description, backend, ranks, size, origin, mesh_dim, source, scheme, reason, confidence
+        )
     for key, op, calls, nbytes, biggest, size in con.execute(
         """
         SELECT group_key, op, count(*), coalesce(sum(msg_bytes), 0), coalesce(max(msg_bytes), 0), max(group_size)
@@ -508,17 +509,20 @@ def _label(g: _Group, config: dict[str, Any] | None, world: int | None) -> _Verd
 
 
 def _result(g: _Group) -> GroupAttribution:
-    return GroupAttribution(
-        group_key=g.key,
-        name=g.name,
-        description=g.description,
-        ranks=g.ranks,
-        size=g.size,
-        scheme=g.scheme or "other",
-        source=g.source or "unknown",
-        reason=g.reason or "",
-        calls=g.calls,
-        confidence=g.confidence if g.confidence is not None else 0.0,
+    """The wire form of a group's attribution (its scheme and source validated against the vocabulary)."""
+    return GroupAttribution.model_validate(
+        {
+            "group_key": g.key,
+            "name": g.name,
+            "description": g.description,
+            "ranks": g.ranks,
+            "size": g.size,
+            "scheme": g.scheme or "other",
+            "source": g.source or "unknown",
+            "reason": g.reason or "",
+            "calls": g.calls,
+            "confidence": g.confidence if g.confidence is not None else 0.0,
+        }
     )
 
 

@@ -171,6 +171,7 @@ def histogram(
     notes: list[str] = []
     iterations = info.iterations
     known = iterations_only(info, normalize)
+    normalization: Literal["per_rank_per_iteration", "per_rank", "none"]
     if not normalize:
         normalization = "none"
     elif known:

@@ -12,6 +12,7 @@ rank involved has none. Read from the run's aggregates (comm_agg joined to its g
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Literal
 
 import duckdb
 
@@ -26,7 +27,11 @@ def _rank_order(key: str) -> tuple[int, int | str]:
 
 
 def _imbalance(
-    scheme: str | None, metric: str, values: dict[str, float], basis: str, overall: bool
+    scheme: str | None,
+    metric: Literal["bytes", "time_us"],
+    values: dict[str, float],
+    basis: Literal["per_iteration", "total"],
+    overall: bool,
 ) -> Imbalance | None:
     if len(values) < 2:
         return None
@@ -39,7 +44,7 @@ def _imbalance(
         all_schemes=overall,
         scheme=scheme,
         metric=metric,
-        basis=basis,  # type: ignore[arg-type]
+        basis=basis,
         ranks=len(values),
         max=values[hi],
         mean=mean,
@@ -96,7 +101,7 @@ def rank_totals(con: duckdb.DuckDBPyConnection, run: str) -> RankTotals:
         # Detected iterations of a rank grow with its calls when the pattern is short, so they only
         # normalise when every rank found the same count; profiler steps always do.
         per_it = all(counts.values()) and (info.mode == "steps" or len(set(counts.values())) == 1)
-        basis = "per_iteration" if per_it else "total"
+        basis: Literal["per_iteration", "total"] = "per_iteration" if per_it else "total"
         bytes_by: dict[str, float] = defaultdict(float)
         time_by: dict[str, float] = defaultdict(float)
         missing_time = False
@@ -108,9 +113,10 @@ def rank_totals(con: duckdb.DuckDBPyConnection, run: str) -> RankTotals:
             else:
                 time_by[r.rank] += t
         label = "all schemes" if overall else scheme or "unattributed"
-        for metric, values in (("bytes", bytes_by), ("time_us", None if missing_time else time_by)):
-            if values is None:
-                continue
+        by_metric: dict[Literal["bytes", "time_us"], dict[str, float]] = {"bytes": bytes_by}
+        if not missing_time:
+            by_metric["time_us"] = time_by
+        for metric, values in by_metric.items():
             imb = _imbalance(None if overall else scheme, metric, dict(values), basis, overall)
             if imb is not None:
                 imbalance.append(imb)

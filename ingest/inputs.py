@@ -14,9 +14,12 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import IO, TYPE_CHECKING, BinaryIO
 
 from .records import ParseError
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 
 @dataclass(frozen=True)
@@ -88,10 +91,11 @@ class TapReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:  # type: ignore[override]
-        data = self._raw.read(len(b))
+    def readinto(self, b: WriteableBuffer) -> int:
+        view = memoryview(b).cast("B")
+        data = self._raw.read(len(view))
         n = len(data)
-        b[:n] = data
+        view[:n] = data
         self._on_data(data)
         return n
 
@@ -168,19 +172,22 @@ class BoundedGzipReader(io.RawIOBase):
                 f"compression ratio above {lim.max_ratio:.0f}:1 after {self.decompressed} bytes (decompression bomb?)"
             )
 
-    def readinto(self, b) -> int:  # type: ignore[override]
+    def readinto(self, b: WriteableBuffer) -> int:
+        view = memoryview(b).cast("B")
         if self._pos >= len(self._out):
-            self._out = self._produce(len(b))
+            self._out = self._produce(len(view))
             self._pos = 0
-        n = min(len(b), len(self._out) - self._pos)
-        b[:n] = memoryview(self._out)[self._pos : self._pos + n]
+        n = min(len(view), len(self._out) - self._pos)
+        view[:n] = memoryview(self._out)[self._pos : self._pos + n]
         self._pos += n
         return n
 
 
-def open_content(raw: BinaryIO, name: str, limits: Limits = DEFAULT_LIMITS) -> io.BufferedReader:
+def open_content(
+    raw: io.BufferedIOBase | io.RawIOBase, name: str, limits: Limits = DEFAULT_LIMITS
+) -> io.BufferedReader:
     """A buffered, peekable stream of the file's content, gunzipped when it is gzip."""
-    buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw, 1 << 20)  # type: ignore[arg-type]
+    buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw, 1 << 20)
     if buffered.peek(2)[:2] == GZIP_MAGIC:
         return io.BufferedReader(BoundedGzipReader(buffered, name, limits), 1 << 20)
     return buffered
@@ -263,7 +270,7 @@ class _Budget:
             )
 
 
-def _spool(src: BinaryIO, budget: _Budget, limits: Limits) -> BinaryIO:
+def _spool(src: IO[bytes], budget: _Budget, limits: Limits) -> BinaryIO:
     """Copy an archive member to a temporary file, charging its bytes to the archive's budget."""
     out = tempfile.SpooledTemporaryFile(max_size=64 << 20)  # noqa: SIM115 - returned; closed here on failure
     try:
@@ -333,7 +340,7 @@ class _Unclosable(io.BufferedReader):
     """Lets a parser 'close' a spooled member without discarding it (it may be read again for hashing)."""
 
     def __init__(self, f: BinaryIO):
-        super().__init__(f, 1 << 20)  # type: ignore[arg-type]
+        super().__init__(f, 1 << 20)  # type: ignore[arg-type]  # BinaryIO does not declare readinto; the spool file has it
 
     def close(self) -> None:
         pass

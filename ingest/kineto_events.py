@@ -225,9 +225,9 @@ def _thread_calls(evs: list[CpuEv]) -> _ThreadCalls:
     starts = [c.issue_ts for c in calls]
     alone: list[Call] = []
     for ann in sorted((e for e in evs if e.kind == "annot"), key=lambda e: e.ts):
-        call = _containing(starts, calls, ann.ts)
-        if call is not None:
-            call.members.append(ann)
+        around = _containing(starts, calls, ann.ts)
+        if around is not None:
+            around.members.append(ann)
         else:
             alone.append(Call(ann, [ann], issue_ts=ann.ts))
     calls = sorted(calls + alone, key=lambda c: c.issue_ts)
@@ -239,10 +239,10 @@ def _attach_kernels(col: Collector, roots: dict[tuple[Any, Any], _ThreadCalls]) 
     id; the kernels that join none are returned."""
     by_ext: dict[Any, Call] = {}
     for _, tcalls in roots.values():
-        for call in tcalls:
-            for ev in call.members:
+        for tcall in tcalls:
+            for ev in tcall.members:
                 if ev.ext is not None:
-                    by_ext.setdefault(ev.ext, call)
+                    by_ext.setdefault(ev.ext, tcall)
     orphans: list[Kernel] = []
     for k in col.kernels:
         call = None

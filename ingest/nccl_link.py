@@ -254,9 +254,9 @@ def _key_pass(members: list[_Member], per_parent: set[str]) -> None:
                 split_seen[cls] += 1
             m.key = f"{parent.key}/split{n}:color{m.color}"
         else:
-            cls = (m.context, m.nranks, m.color)
-            k = size_seen[cls]
-            size_seen[cls] += 1
+            size_cls = (m.context, m.nranks, m.color)
+            k = size_seen[size_cls]
+            size_seen[size_cls] += 1
             color = f":color{m.color}" if m.color is not None else ""
             m.key = f"nccl:n{m.nranks}{color}#{k}"
         by_proc_ptr[(m.proc, m.ptr.split("#")[0])] = m
@@ -268,10 +268,13 @@ def _colliding_split_parents(members: list[_Member]) -> set[str]:
     for m in _distinct(members):
         if m.parent_key is not None and m.split_count is None:
             by_key[m.key].append(m)
-    bad = set()
+    bad: set[str] = set()
     for ms in by_key.values():
-        if len({m.comm_rank for m in ms}) < len(ms) or len(ms) > max(m.nranks or 0 for m in ms):
-            bad.add(ms[0].parent_key)
+        parent = ms[0].parent_key
+        if parent is not None and (
+            len({m.comm_rank for m in ms}) < len(ms) or len(ms) > max(m.nranks or 0 for m in ms)
+        ):
+            bad.add(parent)
     return bad
 
 
@@ -294,7 +297,8 @@ def _world_ranks(members: list[_Member], exclude: set[str]) -> dict[tuple, int]:
     world = min(by_key, key=lambda k: (-max(x.nranks or 0 for x in by_key[k]), min(x.order for x in by_key[k]), k))
     out: dict[tuple, int] = {}
     for m in by_key[world]:
-        out.setdefault(m.context, m.comm_rank)
+        if m.comm_rank is not None:  # always: by_key holds members with a rank
+            out.setdefault(m.context, m.comm_rank)
     return out
 
 
@@ -353,7 +357,7 @@ def _old_full_mapping(members: list[_Member]) -> list[tuple[str, int, int]]:
         nranks[m.old_key] = max(nranks[m.old_key], m.nranks or 0)
         if m.old_global is not None and m.comm_rank is not None:
             by_key[m.old_key].setdefault(m.comm_rank, m.old_global)
-    out = []
+    out: list[tuple[str, int, int]] = []
     for key, mapping in by_key.items():
         if set(mapping) == set(range(nranks[key])) and len(set(mapping.values())) == len(mapping):
             out.extend((key, r, g) for r, g in mapping.items())

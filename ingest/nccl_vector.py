@@ -78,7 +78,7 @@ def plan(lines: pa.Array, clean: CleanColl, arange: Counting) -> list[tuple[bool
     vlines = clean.line.to_pylist() if others else None
 
     def v_line(p: int) -> int:
-        return vlines[p] if vlines is not None else clean.line[p].as_py()  # type: ignore[no-any-return]
+        return vlines[p] if vlines is not None else clean.line[p].as_py()
 
     parts: list[tuple[bool, int, int]] = []
     py_start: int | None = None
@@ -108,7 +108,7 @@ def run_table(
     ind = enc.indices
 
     def line_of(u: int) -> int:  # the first line of template u
-        return first_line + clean.line[p0 + pc.index(ind, u).as_py()].as_py()  # type: ignore[no-any-return]
+        return first_line + clean.line[p0 + pc.index(ind, u).as_py()].as_py()
 
     found = []
     for u, key in enumerate(enc.dictionary.to_pylist()):  # in order of first appearance

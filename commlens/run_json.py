@@ -41,7 +41,9 @@ class ParallelConfig(_Strict):
     dp_sync: str | None = None
     ddp_no_sync: bool = True  # accumulation micro-steps skip the DDP gradient sync
     # Layouts other frameworks record and the predictor models (the harness has none of them):
-    cp: int = Field(1, ge=1)  # context parallelism
+    cp: int = Field(1, ge=1)  # context parallelism (the harness's --cp)
+    cp_style: Literal["ring", "attention2d"] = "ring"  # ring attention or ATTENTION2D
+    cp_rq: int | None = Field(None, ge=1)  # ATTENTION2D r_Q (None: sqrt(cp)); r_KV = cp / r_Q
     recompute: Literal["none", "selective", "full"] = "none"
     virtual_stages: int = Field(1, ge=1)  # interleaved pipeline chunks per device
 

@@ -30,6 +30,17 @@ Outputs per run: trace.rank<R>.json.gz (Kineto), nccl.<host>.<pid>.log (cuda), r
 """
 
 _DEFAULTS = HarnessConfig()
+# Options whose defaults are objects (paths, lists) are built once, here (ruff B008).
+OUT_OPTION = typer.Option(..., "--out", help="Output directory (one sub-directory per value with --sweep).")
+SWEEP_OPTION = typer.Option(
+    [], "--sweep", help="FLAG=V1,V2,...: one run per value (any numeric flag; repeat for a grid)."
+)
+DB_OPTION = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store for --ingest.")
+DELAY_OPTION = typer.Option(
+    [],
+    "--delay",
+    help="RANK:MS[:PHASE]: that rank sleeps MS ms before PHASE (forward, backward, optimizer; default forward) of every step, in a 'commlens.delay' profiler range: a planted straggler (repeatable).",
+)
 
 
 def _device_defaults(device: str | None, dtype: str | None) -> tuple[str, str, int | None]:
@@ -45,12 +56,19 @@ def _device_defaults(device: str | None, dtype: str | None) -> tuple[str, str, i
 
 
 def harness(
-    out: Path = typer.Option(..., "--out", help="Output directory (one sub-directory per value with --sweep)."),
+    out: Path = OUT_OPTION,
     dp: int | None = typer.Option(None, "--dp", help="Data-parallel degree [default: nproc/(tp*pp), or 1]."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (Megatron column/row, vocab-parallel)."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree (stages)."),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage over dp: 0 DDP, 1, 2, 3 (FSDP2)."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism (needs --tp > 1)."),
+    cp: int = typer.Option(1, "--cp", help="Context-parallel degree: the sequence split over cp ranks."),
+    cp_style: str = typer.Option(
+        _DEFAULTS.cp_style, "--cp-style", help="Context-parallel attention: ring (Ring Attention) or attention2d."
+    ),
+    cp_rq: int | None = typer.Option(
+        None, "--cp-rq", help="ATTENTION2D r_Q (ranks sharing a Q block) [default: sqrt(cp)]; r_KV = cp / r_Q."
+    ),
     micro_batches: int = typer.Option(
         _DEFAULTS.micro_batches, "--micro-batches", help="Micro-batches per step (gradient accumulation / pipeline)."
     ),
@@ -63,9 +81,7 @@ def harness(
     micro_batch_size: int = typer.Option(_DEFAULTS.micro_batch_size, "--micro-batch-size"),
     steps: int = typer.Option(_DEFAULTS.steps, "--steps"),
     lr: float = typer.Option(_DEFAULTS.lr, "--lr", help="AdamW learning rate."),
-    device: str | None = typer.Option(
-        None, "--device", help="cuda (NCCL) or cpu (gloo) [default: cuda if available]."
-    ),
+    device: str | None = typer.Option(None, "--device", help="cuda (NCCL) or cpu (gloo) [default: cuda if available]."),
     dtype: str | None = typer.Option(
         None, "--dtype", help="float32, bfloat16 [default: bfloat16 on cuda, float32 on cpu]."
     ),
@@ -85,23 +101,17 @@ def harness(
     nproc: int | None = typer.Option(
         None, "--nproc", help="Processes to start (= dp*tp*pp; derives --dp when it is omitted)."
     ),
-    sweep: list[str] = typer.Option(
-        [], "--sweep", help="FLAG=V1,V2,...: one run per value (any numeric flag; repeat for a grid)."
-    ),
+    sweep: list[str] = SWEEP_OPTION,
     ingest: bool = typer.Option(
         False, "--ingest", help="Ingest each finished run into --db, named after its directory (DIR.VALUE in a sweep)."
     ),
-    db: Path = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store for --ingest."),
+    db: Path = DB_OPTION,
     overwrite: bool = typer.Option(
         False,
         "--overwrite",
         help="Replace the outputs of an earlier run in --out (and, with --ingest, its data in --db).",
     ),
-    delay: list[str] = typer.Option(
-        [],
-        "--delay",
-        help="RANK:MS[:PHASE]: that rank sleeps MS ms before PHASE (forward, backward, optimizer; default forward) of every step, in a 'commlens.delay' profiler range: a planted straggler (repeatable).",
-    ),
+    delay: list[str] = DELAY_OPTION,
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Validate, write the config and print the torchrun commands; start nothing."
     ),
@@ -113,33 +123,36 @@ def harness(
         device, dtype, gpus = _device_defaults(device, dtype)
     else:
         dtype, gpus = dtype or ("bfloat16" if device == "cuda" else "float32"), None
-    options: dict[str, object] = dict(
-        dp=dp,
-        tp=tp,
-        pp=pp,
-        zero=zero,
-        sp=sp,
-        micro_batches=micro_batches,
-        schedule=schedule,
-        layers=layers,
-        hidden=hidden,
-        heads=heads,
-        vocab=vocab,
-        seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
-        steps=steps,
-        lr=lr,
-        seed=seed,
-        device=device,
-        dtype=dtype,
-        profile_wait=profile_wait,
-        profile_warmup=profile_warmup,
-        profile_active=profile_active,
-        timeout_s=timeout,
-    )
+    options: dict[str, object] = {
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
+        "zero": zero,
+        "sp": sp,
+        "cp": cp,
+        "cp_style": cp_style,
+        "cp_rq": cp_rq,
+        "micro_batches": micro_batches,
+        "schedule": schedule,
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        "vocab": vocab,
+        "seq_len": seq_len,
+        "micro_batch_size": micro_batch_size,
+        "steps": steps,
+        "lr": lr,
+        "seed": seed,
+        "device": device,
+        "dtype": dtype,
+        "profile_wait": profile_wait,
+        "profile_warmup": profile_warmup,
+        "profile_active": profile_active,
+        "timeout_s": timeout,
+    }
     try:
         options["delays"] = parse_delays(delay)
-        runs = launch.plan_runs(out, options, nproc, sweep, None if dry_run else gpus)
+        runs = launch.plan_runs(out, options, _nproc_per_cp(nproc, cp), sweep, None if dry_run else gpus)
         for run in runs:
             old = launch.existing_outputs(run.out)
             if old and not overwrite:
@@ -189,6 +202,15 @@ def harness(
                 err.print(f"[red]failed[/red] {f.error}", markup=False)
             if failed:
                 raise typer.Exit(1)
+
+
+def _nproc_per_cp(nproc: int | None, cp: int) -> int | None:
+    """--nproc counts every process; the launcher derives dp from the processes of one cp rank."""
+    if nproc is None or cp <= 1:
+        return nproc
+    if nproc % cp:
+        raise ConfigError(f"world size {nproc} (--nproc) is not divisible by --cp {cp}")
+    return nproc // cp
 
 
 def _list_outputs(run, files: list[Path]) -> None:

@@ -15,8 +15,9 @@ from typing import Any
 SCHEDULES = ("gpipe", "1f1b")
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
-# Mesh dimension order, outermost first: ranks vary fastest along tp, then dp, then pp (Megatron order).
-MESH_ORDER = ("pp", "dp", "tp")
+# Mesh dimension order, outermost first: ranks vary fastest along tp, then cp, then dp, then pp (Megatron order).
+MESH_ORDER = ("pp", "dp", "cp", "tp")
+CP_STYLES = ("ring", "attention2d")
 # Where an injected delay (--delay) sleeps: before the step's first forward, its first backward, or the
 # end-of-step synchronisation and optimizer update.
 DELAY_PHASES = ("forward", "backward", "optimizer")
@@ -71,6 +72,10 @@ class HarnessConfig:
     sp: bool = False
     micro_batches: int = 1
     schedule: str = "1f1b"
+    # context parallelism: the sequence split over cp ranks; ring attention or ATTENTION2D on an r_Q x r_KV mesh
+    cp: int = 1
+    cp_style: str = "ring"
+    cp_rq: int | None = None  # ATTENTION2D r_Q (None: sqrt(cp)); r_KV = cp / r_Q
     # model
     layers: int = 2
     hidden: int = 64
@@ -97,7 +102,13 @@ class HarnessConfig:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def cp_mesh(self) -> tuple[int, int]:
+        """ATTENTION2D (r_Q, r_KV): r_Q ranks share a Q block and its output reduction, r_KV a K/V block."""
+        r_q = self.cp_rq if self.cp_rq is not None else math.isqrt(self.cp)
+        return r_q, self.cp // max(r_q, 1)
 
     @property
     def mesh_dims(self) -> list[str]:
@@ -116,7 +127,7 @@ class HarnessConfig:
     @property
     def dp_sync(self) -> str:
         """How the dp group reduces gradients: ddp | allreduce | zero1 | zero2 | zero3 | none."""
-        if self.dp == 1:
+        if self.dp * self.cp == 1:  # with cp the gradients are reduced over dp x cp (Megatron)
             return "none"
         if self.zero:
             return f"zero{self.zero}"
@@ -125,8 +136,10 @@ class HarnessConfig:
     @property
     def strategy(self) -> str:
         parts = []
-        if self.dp > 1:
+        if self.dp_sync != "none":
             parts.append({"ddp": "ddp", "allreduce": "dp-allreduce"}.get(self.dp_sync, self.dp_sync))
+        if self.cp > 1:
+            parts.append(f"cp-{self.cp_style}")
         if self.tp > 1:
             parts.append("tp-sp" if self.sp else "tp")
         if self.pp > 1:
@@ -134,8 +147,14 @@ class HarnessConfig:
         return "+".join(parts) or "single"
 
     def coords(self, rank: int) -> dict[str, int]:
-        """Mesh coordinates of a global rank: rank = (pp_i * dp + dp_i) * tp + tp_i."""
-        return {"pp": rank // (self.dp * self.tp), "dp": (rank // self.tp) % self.dp, "tp": rank % self.tp}
+        """Mesh coordinates of a global rank: rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i."""
+        inner = self.cp * self.tp
+        return {
+            "pp": rank // (self.dp * inner),
+            "dp": (rank // inner) % self.dp,
+            "cp": (rank // self.tp) % self.cp,
+            "tp": rank % self.tp,
+        }
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -170,11 +189,11 @@ def validation_errors(cfg: HarnessConfig, cuda_devices: int | None = None) -> li
     """Every reason the config cannot run, each one actionable. Empty when it is fine.
 
     `cuda_devices` is the local GPU count (None: not checked, e.g. for a multi-node dry run)."""
-    errors: list[str] = []
     positive = (
         "dp",
         "tp",
         "pp",
+        "cp",
         "micro_batches",
         "layers",
         "hidden",
@@ -185,13 +204,21 @@ def validation_errors(cfg: HarnessConfig, cuda_devices: int | None = None) -> li
         "steps",
         "profile_active",
     )
-    for name in positive:
-        if getattr(cfg, name) < 1:
-            errors.append(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(cfg, name)})")
+    errors = [
+        f"--{name.replace('_', '-')} must be >= 1 (got {getattr(cfg, name)})"
+        for name in positive
+        if getattr(cfg, name) < 1
+    ]
     if cfg.profile_wait < 0 or cfg.profile_warmup < 0:
         errors.append("--profile-wait and --profile-warmup must be >= 0")
     if errors:
         return errors
+    return _layout_errors(cfg) + _device_errors(cfg, cuda_devices) + _delay_errors(cfg) + _cp_errors(cfg)
+
+
+def _layout_errors(cfg: HarnessConfig) -> list[str]:
+    """The parallel layout and the model shape: every degree must divide what it splits."""
+    errors = []
     if cfg.zero not in (0, 1, 2, 3):
         errors.append(f"--zero must be 0, 1, 2 or 3 (got {cfg.zero})")
     if cfg.zero and cfg.dp == 1:
@@ -218,6 +245,11 @@ def validation_errors(cfg: HarnessConfig, cuda_devices: int | None = None) -> li
             f"--steps {cfg.steps} is shorter than the profiler schedule wait+warmup+active = "
             f"{cfg.profile_wait}+{cfg.profile_warmup}+{cfg.profile_active} = {needed}"
         )
+    return errors
+
+
+def _device_errors(cfg: HarnessConfig, cuda_devices: int | None) -> list[str]:
+    errors = []
     if cfg.device not in DEVICES:
         errors.append(f"--device must be cpu or cuda (got {cfg.device!r})")
     if cfg.dtype not in DTYPES:
@@ -234,7 +266,40 @@ def validation_errors(cfg: HarnessConfig, cuda_devices: int | None = None) -> li
             )
     if cfg.timeout_s <= 0:
         errors.append("--timeout must be > 0 seconds")
-    return errors + _delay_errors(cfg)
+    return errors
+
+
+def _cp_errors(cfg: HarnessConfig) -> list[str]:
+    """Context parallelism: the sequence must split evenly and the ATTENTION2D mesh must tile cp."""
+    errors = []
+    if cfg.cp_style not in CP_STYLES:
+        errors.append(f"--cp-style must be one of {', '.join(CP_STYLES)} (got {cfg.cp_style!r})")
+    if cfg.cp_rq is not None and cfg.cp_style != "attention2d":
+        errors.append("--cp-rq is the ATTENTION2D mesh split; it needs --cp-style attention2d")
+    if cfg.cp == 1:
+        return errors
+    if cfg.seq_len % cfg.cp:
+        errors.append(
+            f"--seq-len {cfg.seq_len} is not divisible by --cp {cfg.cp} (each cp rank holds seq-len/cp tokens)"
+        )
+    if cfg.cp_style == "attention2d":
+        if cfg.cp_rq is None and math.isqrt(cfg.cp) ** 2 != cfg.cp:
+            errors.append(f"--cp {cfg.cp} is not a perfect square: give --cp-rq R (a divisor of cp; r_KV = cp / R)")
+        elif cfg.cp_rq is not None and (cfg.cp_rq < 1 or cfg.cp % cfg.cp_rq):
+            errors.append(
+                f"--cp-rq {cfg.cp_rq} does not divide --cp {cfg.cp} (the ATTENTION2D mesh is r_Q x r_KV = cp)"
+            )
+    if cfg.pp > 1:
+        errors.append(
+            "--cp with --pp is not supported by the harness (pipeline messages would be split along the sequence)"
+        )
+    if cfg.sp:
+        errors.append("--cp with --sp is not supported by the harness (both split the sequence)")
+    if cfg.zero:
+        errors.append(
+            f"--cp with --zero {cfg.zero} is not supported by the harness: gradients are reduced over dp x cp by DDP"
+        )
+    return errors
 
 
 def _delay_errors(cfg: HarnessConfig) -> list[str]:

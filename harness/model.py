@@ -15,10 +15,11 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812 (torch's own spelling)
 from torch import nn
 
 from .comm import Group
+from .cp import CPInfo, attention
 from .tp import VocabParallelCrossEntropy, enter_parallel, leave_parallel
 
 
@@ -35,9 +36,9 @@ class GPTShape:
         return 4 * self.hidden
 
     def param_count(self) -> int:
-        h, L = self.hidden, self.layers
+        h = self.hidden
         block = 12 * h * h + 13 * h
-        return 2 * self.vocab * h + self.seq_len * h + L * block + 2 * h
+        return 2 * self.vocab * h + self.seq_len * h + self.layers * block + 2 * h
 
 
 @dataclass
@@ -53,9 +54,10 @@ class TPInfo:
 class Embedding(nn.Module):
     """Vocab-parallel token embedding (rows [r*V/t, (r+1)*V/t)) plus learned positions (replicated)."""
 
-    def __init__(self, shape: GPTShape, tp: TPInfo):
+    def __init__(self, shape: GPTShape, tp: TPInfo, cp: CPInfo | None = None):
         super().__init__()
         self.tp = tp
+        self.cp = cp or CPInfo()
         self.vocab_start = tp.rank * shape.vocab // tp.size
         self.wte = nn.Parameter(torch.empty(shape.vocab // tp.size, shape.hidden))
         self.wpe = nn.Parameter(torch.empty(shape.seq_len, shape.hidden))
@@ -69,15 +71,16 @@ class Embedding(nn.Module):
             x = x.masked_fill(outside.unsqueeze(-1), 0.0)
         x = leave_parallel(x, self.tp.group, self.tp.sp)  # all_reduce, or reduce_scatter along s with SP
         s_local = x.shape[1]
-        start = self.tp.rank * s_local if self.tp.sp else 0
+        start = self.tp.rank * s_local if self.tp.sp else self.cp.rank * s_local
         return x + self.wpe[start : start + s_local]
 
 
 class Attention(nn.Module):
-    def __init__(self, shape: GPTShape, tp: TPInfo):
+    def __init__(self, shape: GPTShape, tp: TPInfo, cp: CPInfo | None = None):
         super().__init__()
         h = shape.hidden
         self.tp = tp
+        self.cp = cp or CPInfo()
         self.heads = shape.heads // tp.size
         self.head_dim = h // shape.heads
         self.qkv = nn.Linear(h, 3 * h // tp.size)  # column parallel: [q_r; k_r; v_r]
@@ -87,7 +90,10 @@ class Attention(nn.Module):
         x = enter_parallel(x, self.tp.group, self.tp.sp)
         b, s, _ = x.shape
         qkv = self.qkv(x).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
+        if self.cp.size > 1:  # the sequence is split over the cp ranks (harness/cp.py)
+            y = attention(qkv[0], qkv[1], qkv[2], self.cp)
+        else:
+            y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
         y = y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
         y = leave_parallel(F.linear(y, self.proj.weight), self.tp.group, self.tp.sp)
         return y + self.proj.bias
@@ -107,10 +113,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, shape: GPTShape, tp: TPInfo):
+    def __init__(self, shape: GPTShape, tp: TPInfo, cp: CPInfo | None = None):
         super().__init__()
         self.ln1 = nn.LayerNorm(shape.hidden)
-        self.attn = Attention(shape, tp)
+        self.attn = Attention(shape, tp, cp)
         self.ln2 = nn.LayerNorm(shape.hidden)
         self.mlp = MLP(shape, tp)
 
@@ -136,12 +142,21 @@ class Stage(nn.Module):
     """The part of the GPT one rank runs: blocks [first_layer, first_layer + n), plus the embedding on
     the first pipeline stage and the head on the last."""
 
-    def __init__(self, shape: GPTShape, tp: TPInfo, first_layer: int, n_layers: int, first: bool, last: bool):
+    def __init__(
+        self,
+        shape: GPTShape,
+        tp: TPInfo,
+        first_layer: int,
+        n_layers: int,
+        first: bool,
+        last: bool,
+        cp: CPInfo | None = None,
+    ):
         super().__init__()
         self.shape, self.tp = shape, tp
         self.first_layer = first_layer
-        self.embed = Embedding(shape, tp) if first else None
-        self.blocks = nn.ModuleList(Block(shape, tp) for _ in range(n_layers))
+        self.embed = Embedding(shape, tp, cp) if first else None
+        self.blocks = nn.ModuleList(Block(shape, tp, cp) for _ in range(n_layers))
         self.head = Head(shape, tp) if last else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -195,7 +210,7 @@ def _tp_slice(name: str, full: torch.Tensor, tp: TPInfo, hidden: int) -> torch.T
     t, r = tp.size, tp.rank
     if t == 1:
         return full
-    if name.endswith("attn.qkv.weight") or name.endswith("attn.qkv.bias"):
+    if name.endswith(("attn.qkv.weight", "attn.qkv.bias")):
         per = hidden // t
         qkv = full.view(3, hidden, *full.shape[1:])
         return qkv[:, r * per : (r + 1) * per].reshape(3 * per, *full.shape[1:])
@@ -206,11 +221,12 @@ def _tp_slice(name: str, full: torch.Tensor, tp: TPInfo, hidden: int) -> torch.T
     return full  # LayerNorms, wpe, row-parallel biases: replicated
 
 
-def build_stage(shape: GPTShape, seed: int, tp: TPInfo, pp_rank: int, pp_size: int) -> Stage:
-    """This rank's stage, holding exactly its slice of the seed's full model (float32, CPU)."""
+def build_stage(shape: GPTShape, seed: int, tp: TPInfo, pp_rank: int, pp_size: int, cp: CPInfo | None = None) -> Stage:
+    """This rank's stage, holding exactly its slice of the seed's full model (float32, CPU); with context
+    parallelism every cp rank holds the same slice and attends over its part of the sequence."""
     per_stage = shape.layers // pp_size
     first_layer = pp_rank * per_stage
-    stage = Stage(shape, tp, first_layer, per_stage, pp_rank == 0, pp_rank == pp_size - 1)
+    stage = Stage(shape, tp, first_layer, per_stage, pp_rank == 0, pp_rank == pp_size - 1, cp)
     full = dict(full_model(shape, seed).named_parameters())
     with torch.no_grad():
         for name, p in stage.named_parameters():

@@ -168,26 +168,29 @@ def test_attention2d_c4_square_mesh() -> None:
     ops = {k: c for k, c in _ops(pred.stages[0]).items() if k[0] == "cp"}
     q = b * (s // rkv) * h * w  # 16384
     kv = 2 * b * (s // rq) * h * w  # 32768
-    lse = b * (s // rkv) * a * 4  # 4096
+    lse = b * (s // rkv) * a * 4  # 4096, also the size of the backward's rowsum(dO * O) gather
     assert ops == {
-        ("cp", "cp:q", "all_gather", q): calls,
-        ("cp", "cp:q", "reduce_scatter", q): calls,
+        ("cp", "cp:q", "all_gather", q): 2 * calls,  # Q (fwd), dO (bwd)
+        ("cp", "cp:q", "reduce_scatter", q): 2 * calls,  # outputs (fwd), dQ (bwd)
         ("cp", "cp:q", "all_to_all", lse): calls,
+        ("cp", "cp:q", "all_gather", lse): calls,
         ("cp", "cp:kv", "all_gather", kv): calls,
+        ("cp", "cp:kv", "reduce_scatter", kv): calls,  # dK and dV (bwd)
     }
-    # wire bytes per rank from the table's last column, per layer per micro-batch
-    wire = (
+    # wire bytes per rank from the table's last column, per layer per micro-batch: forward, then backward
+    forward = (
         (rq - 1) * b * (s // P) * h * w  # Q all_gather
         + 2 * (rkv - 1) * b * (s // P) * h * w  # K, V all_gather
         + (rq - 1) * b * (s // P) * h * w
         + (rq - 1) * b * (s // P) * a * 4
     )  # reduce_scatter + log-sum-exp
-    assert wire == 8192 + 16384 + 8192 + 2048
+    assert forward == 8192 + 16384 + 8192 + 2048
+    backward = forward  # the transpose: dO gather, dK/dV scatter, dQ scatter, rowsum(dO * O) gather
     cp = _total(pred, "cp")
-    assert cp.wire_bytes == pytest.approx(wire * calls)
-    assert cp.s_sum == (2 * q + kv + lse) * calls
+    assert cp.wire_bytes == pytest.approx((forward + backward) * calls)
+    assert cp.s_sum == (4 * q + 2 * kv + 2 * lse) * calls
     assert {o.group_size for o in pred.stages[0].ops if o.group == "cp:q"} == {2}
-    assert any("backward" in n and "not included" in n for n in pred.notes)
+    assert any("backward derived" in n for n in pred.notes)
 
 
 def test_attention2d_c8_rq2_with_gqa() -> None:
@@ -195,18 +198,26 @@ def test_attention2d_c8_rq2_with_gqa() -> None:
     b, s, h, h_kv, a, w, P, rq, rkv, calls = 2, 128, 64, 16, 8, 2, 8, 2, 4, 12
     pred = predict(_a2d(8, rq=2, kv_heads=2))
     ops = pred.stages[0].ops
-    by = {(o.group, o.op): o for o in ops if o.scheme == "cp"}
-    assert by[("cp:q", "all_gather")].msg_bytes == b * (s // rkv) * h * w == 8192
-    assert by[("cp:q", "reduce_scatter")].msg_bytes == 8192
-    assert by[("cp:q", "all_to_all")].msg_bytes == b * (s // rkv) * a * 4 == 2048
-    assert by[("cp:kv", "all_gather")].msg_bytes == 2 * b * (s // rq) * h_kv * w == 8192
-    assert (by[("cp:q", "all_gather")].group_size, by[("cp:kv", "all_gather")].group_size) == (2, 4)
-    assert {o.calls_per_iter for o in by.values()} == {calls}
+    by = {(o.group, o.op, o.dtype): o for o in ops if o.scheme == "cp"}
+    assert by[("cp:q", "all_gather", "bfloat16")].msg_bytes == b * (s // rkv) * h * w == 8192
+    assert by[("cp:q", "reduce_scatter", "bfloat16")].msg_bytes == 8192
+    assert by[("cp:q", "all_to_all", "float32")].msg_bytes == b * (s // rkv) * a * 4 == 2048
+    assert by[("cp:q", "all_gather", "float32")].msg_bytes == 2048  # rowsum(dO * O), backward
+    assert by[("cp:kv", "all_gather", "bfloat16")].msg_bytes == 2 * b * (s // rq) * h_kv * w == 8192
+    assert by[("cp:kv", "reduce_scatter", "bfloat16")].msg_bytes == 8192
+    assert (by[("cp:q", "all_gather", "bfloat16")].group_size, by[("cp:kv", "all_gather", "bfloat16")].group_size) == (
+        2,
+        4,
+    )
+    assert {k: o.calls_per_iter for k, o in by.items() if o.calls_per_iter != calls} == {
+        ("cp:q", "all_gather", "bfloat16"): 2 * calls,
+        ("cp:q", "reduce_scatter", "bfloat16"): 2 * calls,
+    }
     wire = (
         (rq - 1) * b * (s // P) * h * w * 2 + (rq - 1) * b * (s // P) * a * 4 + 2 * (rkv - 1) * b * (s // P) * h_kv * w
     )
     assert wire == 4096 * 2 + 1024 + 6144
-    assert _total(pred, "cp").wire_bytes == pytest.approx(wire * calls)
+    assert _total(pred, "cp").wire_bytes == pytest.approx(2 * wire * calls)  # backward moves what forward does
 
 
 def test_attention2d_degenerate_mesh_and_ring_default() -> None:

@@ -73,6 +73,8 @@ def _from_run_config(cfg: RunConfig) -> PredictInput:
             tp=p.tp,
             pp=p.pp,
             cp=p.cp,
+            cp_style=p.cp_style,
+            cp_rq=p.cp_rq,
             zero=p.zero,
             sp=p.sp,
             micro_batches=p.micro_batches,

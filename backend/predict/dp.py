@@ -177,9 +177,10 @@ def persistence_note(inp: PredictInput, check: ParamCheck | None) -> str | None:
 
 
 def harness_sync(inp: PredictInput) -> str:
-    """How the harness's dp group reduces gradients: none | ddp | allreduce (DDP under PP) | zero1-3."""
+    """How the harness's dp group reduces gradients: none | ddp | allreduce (DDP under PP) | zero1-3. With context
+    parallelism the gradients are reduced over dp x cp (Megatron's data-parallel-with-cp group)."""
     p = inp.parallel
-    if p.dp == 1:
+    if p.dp * p.cp == 1:
         return "none"
     if p.zero == 0:
         return "ddp" if p.pp == 1 else "allreduce"
@@ -190,8 +191,8 @@ def _harness_op(stage: Stage, o: str, size: int, calls: int, what: str, per_micr
     inp = stage.inp
     return PredictedOp(
         scheme="dp",
-        group="dp",
-        group_size=inp.parallel.dp,
+        group="dp" if inp.parallel.cp == 1 else "dp_cp",
+        group_size=inp.parallel.dp * inp.parallel.cp,
         op=o,
         dtype=inp.dtypes.act,
         msg_bytes=size,

@@ -81,8 +81,10 @@ def padding_note(inp: PredictInput, check: ParamCheck | None) -> str | None:
 def harness_check(inp: PredictInput) -> None:
     """ValueError for an input the harness's GPT and training loop cannot describe."""
     m, p, dt = inp.model, inp.parallel, inp.dtypes
-    if p.cp > 1 or p.virtual_stages > 1 or p.recompute != "none":
-        raise ValueError("the harness has no context parallelism, interleaving or recomputation")
+    if p.virtual_stages > 1 or p.recompute != "none":
+        raise ValueError("the harness has no interleaving or recomputation")
+    if p.cp > 1 and (p.pp > 1 or p.sp or p.zero):
+        raise ValueError("the harness runs context parallelism without pp, sp or ZeRO")
     if m.tied_embeddings or not m.learned_pos or m.f != 4 * m.hidden or m.h_kv != m.hidden:
         raise ValueError("the harness GPT has learned positions, untied embeddings, FFN 4h and multi-head attention")
     if m.padded_vocab(p.tp) != m.vocab:

@@ -60,6 +60,7 @@ PREDICTORS: dict[tuple[Scheme, Implementation], SchemePredictor] = {
     ("tp", "harness"): tp.harness_ops,
     ("pp", "harness"): pp.harness_ops,
     ("dp", "harness"): dp.harness_ops,
+    ("cp", "harness"): cp.harness_ops,
 }
 
 # Notes in the order a prediction lists them (before the parameter check's own).

@@ -151,7 +151,8 @@ def harness_ops(stage: Stage) -> StageOps:
     m, p = inp.model, inp.parallel
     if p.tp == 1:
         return StageOps()
-    a = p.micro_batch_size * m.seq_len * m.hidden * width(inp.dtypes.act)
+    s_local = m.seq_len // p.cp  # with context parallelism each rank holds s/cp positions
+    a = p.micro_batch_size * s_local * m.hidden * width(inp.dtypes.act)
     n = p.micro_batches * (4 * (m.layers // p.pp) + stage.first + stage.last)
     if not p.sp:
         ops = [
@@ -174,7 +175,7 @@ def harness_ops(stage: Stage) -> StageOps:
             _harness_op(
                 stage,
                 "all_reduce",
-                p.micro_batch_size * m.seq_len * 4,
+                p.micro_batch_size * s_local * 4,
                 3 * p.micro_batches,
                 "vocab-parallel cross-entropy (max, target logit, sum of exp)",
                 dtype="float32",

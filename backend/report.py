@@ -193,11 +193,14 @@ def _time_md(t: TimeSummary) -> list[str]:
     missing = [p for p in t.status.parts if not p.computed]
     if missing:
         lines += ["", "Not computed (or only partly):", ""] + [f"- {p.part}: {p.reason}" for p in missing]
-    lines += [
-        "",
-        "| rank | steps | step time | exposed comm | overlapped comm | instances | arrived last | wait | imposed on others |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines.append("")
+    if not t.ranks:
+        lines.append("No rank has matched instances or profiled steps.")
+    else:
+        lines += [
+            "| rank | steps | step time | exposed comm | overlapped comm | instances | arrived last | wait | imposed on others |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
     for r in t.ranks:
         lines.append(
             f"| {r.rank} | {r.steps} | {_ms(r.step_us)} | {_ms(r.exposed_us)} | {_ms(r.overlapped_us)} | "

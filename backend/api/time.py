@@ -17,7 +17,7 @@ from commlens.contract.time import (
     TimeSummary,
 )
 from commlens.service import time as service
-from commlens.vocab import Op, Scheme
+from commlens.vocab import Op
 
 from .deps import MAX_LIMIT, Cursor, Limit, Offset
 from .errors import problem_responses
@@ -25,6 +25,8 @@ from .errors import problem_responses
 router = APIRouter(tags=["time"])
 
 RankQuery = Annotated[int | None, Query(ge=0, le=MAX_RANK, description="one rank")]
+# A scheme, or the communication of calls without one (one Literal: an error names the field alone).
+SchemeFilter = Literal["dp", "tp", "pp", "cp", "ep", "other", "unattributed"]
 StepQuery = Annotated[int | None, Query(ge=-(2**31), le=2**31 - 1, description="one profiler step")]
 
 
@@ -52,7 +54,7 @@ def breakdown(
     rank: RankQuery = None,
     step: StepQuery = None,
     scheme: Annotated[
-        Scheme | Literal["unattributed"] | None,
+        SchemeFilter | None,
         Query(description="keep only this scheme's communication in each row's `schemes`"),
     ] = None,
 ) -> BreakdownReport:

@@ -1,24 +1,39 @@
-"""Findings: what in a run's communication deserves attention, ranked by severity then impact, each
-with its evidence, the view that shows it, and a concrete suggestion.
+"""Findings: what in a run deserves attention, ranked by severity then by its cost in time (ms per
+step where durations exist), each with its evidence, the view that shows it, and a concrete suggestion.
 
-Checks: latency-bound small messages per scheme (the study's headline), rank imbalance in bytes or
-time, busbw far below the run's own best, ZeRO-2/3 traffic multiplied by gradient accumulation (the
-run's config, or one supplied), and, given a comparison with the prediction, volume above prediction
-and unexplained calls.
-Each check has a threshold below which it stays silent; the thresholds are module constants.
-Every check reads the run's aggregates (commlens.ingest.aggregates), never the calls themselves.
+Checks on the run's aggregates (commlens.store.aggregates): latency-bound small messages per scheme (the
+study's headline), rank imbalance in bytes or in time inside collectives, busbw far below the run's own
+best, ZeRO-2/3 traffic multiplied by gradient accumulation (the run's config, or one supplied), and,
+given a comparison with the prediction, volume above prediction and unexplained calls. Checks on the
+time analysis computed at ingest (the `time_*` tables, docs/time.md): exposed communication per scheme,
+a persistent straggler (by arrival, never by time inside collectives), collectives whose wait dominates
+their duration, and memcpy that no compute overlaps.
+
+A timing finding states its stability across steps and ranks and is not raised on noise: fewer than
+MIN_STEPS steps, or a per-step spread (standard deviation) larger than the effect. Severity scales with
+the cost (ms per step as a share of the step) and drops a level on thin evidence (under STRONG_STEPS
+steps or a single rank). Each check has a threshold below which it stays silent (module constants).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from statistics import fmean, stdev
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 from pydantic import BaseModel
 
-from commlens.contract.analysis import SEVERITY_ORDER, BandwidthReport, ComparisonInput, Finding, RankTotals
+from commlens.contract.analysis import (
+    SEVERITY_ORDER,
+    BandwidthReport,
+    ComparisonInput,
+    Finding,
+    RankTotals,
+    Severity,
+)
 from commlens.store.aggregates import measured_kind_sql, registered
 from commlens.vocab import format_bytes
 
@@ -37,6 +52,13 @@ SMALL_TIME_SHARE = 0.10  # ... or of its measured time
 IMBALANCE_RATIO = 1.10  # max/mean above which ranks are uneven
 LOW_BUSBW_RATIO = 0.5  # large-message busbw below this share of the run's best
 MIN_LARGE_CALLS = 3
+# Timing findings (module doc): evidence needs MIN_STEPS steps, a spread across steps no larger than the
+# effect, and a cost of MIN_TIME_SHARE of the mean step; STRONG_STEPS steps on 2+ ranks keep the severity.
+MIN_STEPS = 2
+STRONG_STEPS = 4
+MIN_TIME_SHARE = 0.05
+WAIT_DOMINATES = 0.5  # a collective's members spend at least this share of their time in it waiting
+TOP_INSTANCES = 20  # instance ids a finding links to (the largest skews first)
 
 _SUGGEST_SMALL = {
     "pp": "Batch the sends and receives of one schedule step into one group (batch_isend_irecv), send each "
@@ -53,7 +75,7 @@ _SUGGEST_SMALL = {
 }
 
 
-def _severity(value: float, high: float, medium: float, low: float, higher_is_worse: bool = True) -> str | None:
+def _severity(value: float, high: float, medium: float, low: float, higher_is_worse: bool = True) -> Severity | None:
     if not higher_is_worse:
         value, high, medium, low = -value, -high, -medium, -low
     if value >= high:
@@ -63,6 +85,96 @@ def _severity(value: float, high: float, medium: float, low: float, higher_is_wo
     if value >= low:
         return "low"
     return None
+
+
+def _time_severity(share: float, steps: int, ranks: int) -> Severity | None:
+    """Severity from the cost (share of the step), one level lower on thin evidence."""
+    sev = _severity(share, 0.25, 0.10, MIN_TIME_SHARE)
+    if sev is None:
+        return None
+    if steps < STRONG_STEPS or ranks < 2:
+        return "medium" if sev == "high" else "low"
+    return sev
+
+
+def _noise(per_step: list[float]) -> str | None:
+    """Why per-step values are noise (too few steps, spread larger than the effect); None if they are not."""
+    if len(per_step) < MIN_STEPS:
+        return f"{len(per_step)} step(s): consistency needs {MIN_STEPS}"
+    mean, spread = fmean(per_step), stdev(per_step)
+    if mean <= 0 or spread > mean:
+        return f"spread across steps {_dur(spread)} is larger than the effect {_dur(mean)}"
+    return None
+
+
+def _num(x: float, digits: int = 3) -> str:
+    """Significant digits without scientific notation (12,345 rather than 1.23e+04)."""
+    return f"{x:,.0f}" if abs(x) >= 10 ** (digits - 1) else f"{x:.{digits}g}"
+
+
+def _dur(us: float) -> str:
+    if abs(us) >= 1e6:
+        return f"{_num(us / 1e6)} s"
+    return f"{_num(us / 1e3)} ms" if abs(us) >= 1e3 else f"{_num(us)} µs"
+
+
+def _pct(x: float) -> str:
+    return f"{_num(100 * x, 2)}%"
+
+
+def _shown(key: str, value: float | int | str) -> str:
+    """One evidence value for people, by what its key says it is."""
+    if isinstance(value, str):
+        return value
+    if key.endswith("_us"):
+        return _dur(value)
+    if key.endswith("ms_per_step"):
+        return f"{_num(value)} ms"
+    if key.endswith("_gbps"):
+        return f"{_num(value)} GB/s"
+    if "bytes" in key:
+        return format_bytes(int(value))
+    if "share" in key or key in ("ratio", "excess", "tolerance"):
+        return _pct(value)
+    if key.endswith(("over_mean", "_ratio")):
+        return f"{_num(value)}x"
+    return f"{value:,}" if isinstance(value, int) else _num(value)
+
+
+def _stability(per_step: list[float], per_rank: dict[int, float]) -> str:
+    text = f"{_dur(fmean(per_step))} ± {_dur(stdev(per_step))} per step over {len(per_step)} steps"
+    if len(per_rank) > 1:
+        lo, hi = min(per_rank, key=lambda r: (per_rank[r], r)), max(per_rank, key=lambda r: (per_rank[r], -r))
+        text += f"; {_dur(per_rank[lo])} (rank {lo}) to {_dur(per_rank[hi])} (rank {hi}) across {len(per_rank)} ranks"
+    return text
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """The run's profiled steps: (rank, step) pairs, ranks and the mean step (µs)."""
+
+    rank_steps: int
+    ranks: int
+    mean_us: float | None
+
+    def cost(self, total_us: float | None) -> tuple[float | None, float | None]:
+        """(ms per step and rank, share of the mean step) of a time summed over every rank and step."""
+        if total_us is None or not self.rank_steps:
+            return None, None
+        per_step = total_us / self.rank_steps
+        return per_step / 1e3, per_step / self.mean_us if self.mean_us else None
+
+
+def _steps(con: duckdb.DuckDBPyConnection, run_id: int) -> _Steps:
+    n, ranks, mean = con.execute(
+        """
+        SELECT count(*), count(DISTINCT rank), avg(d) FROM (
+            SELECT rank, step, max(dur_us) AS d FROM steps WHERE run_id = ? AND rank IS NOT NULL GROUP BY rank, step
+        )
+        """,
+        [run_id],
+    ).fetchall()[0]
+    return _Steps(int(n), int(ranks), mean)
 
 
 def _config(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Any]:
@@ -76,7 +188,7 @@ def _config(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- small messages
 
 
-def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthReport) -> list[Finding]:
+def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthReport, steps: _Steps) -> list[Finding]:
     thresholds = {o.op: min(o.half_bw_bytes, SMALL_BYTES_CAP) for o in bw.ops if o.half_bw_bytes}
     ops = [r[0] for r in con.execute("SELECT DISTINCT op FROM comm_agg WHERE run_id = ?", [run_id]).fetchall()]
     table = pa.table(
@@ -127,6 +239,7 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
         time_share = (small_time or 0.0) / time if has_time else None
         if call_share < SMALL_CALL_SHARE and (time_share is None or time_share < SMALL_TIME_SHARE):
             continue
+        severity: Severity
         if time_share is not None:
             if time_share >= 0.3:
                 severity = "high"
@@ -137,6 +250,7 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
             severity = "medium" if call_share >= 0.5 else "low"
             impact = small / run_calls
         name = scheme or "unattributed"
+        ms, share = steps.cost(small_time if time_share is not None else None)
         limit = (
             f"below the size where busbw reaches half its best (measured per op in this run, at most "
             f"{format_bytes(SMALL_BYTES_CAP)})"
@@ -153,7 +267,7 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
                 id=f"small-messages:{name}",
                 title=title,
                 severity=severity,
-                impact=impact,  # type: ignore[arg-type]
+                impact=impact,
                 evidence={
                     "scheme": scheme,
                     "calls": calls,
@@ -167,6 +281,8 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
                     "threshold_bytes": int(threshold) if threshold else None,
                 },
                 view={"page": "histograms", "scheme": scheme, "op": top_op},
+                ms_per_step=ms,
+                step_share=share,
                 suggestion=_SUGGEST_SMALL.get(
                     scheme or "",
                     "Find the call sites of these small calls (group and op in "
@@ -189,7 +305,12 @@ def _pp_chain_ratio(con: duckdb.DuckDBPyConnection, run_id: int) -> float:
     return p / (p - 1) if p and p > 2 else 1.0
 
 
-def _imbalance(con: duckdb.DuckDBPyConnection, run_id: int, totals: RankTotals) -> list[Finding]:
+def _imbalance(
+    con: duckdb.DuckDBPyConnection, run_id: int, totals: RankTotals, steps: _Steps, by_arrival: bool
+) -> list[Finding]:
+    """Uneven bytes, or uneven time inside collectives. Time inside a collective is mostly waiting for
+    the last member, so its most loaded rank is usually one that was on time: where the run has the
+    arrival analysis (`by_arrival`), the straggler and wait findings replace the time imbalance."""
     run_bytes = sum(r.bytes for r in totals.rows) or 1
     run_time = sum(r.time_us or 0.0 for r in totals.rows) or None
     out: list[Finding] = []
@@ -199,6 +320,8 @@ def _imbalance(con: duckdb.DuckDBPyConnection, run_id: int, totals: RankTotals) 
     for imb in sorted(totals.imbalance, key=lambda i: i.all_schemes):  # per scheme first, then overall
         # The overall view only adds something when several schemes mix and none was uneven alone.
         if imb.all_schemes and (imb.metric in fired or len(schemes) < 2):
+            continue
+        if imb.metric == "time_us" and by_arrival:
             continue
         expected = chain if (imb.scheme == "pp" or imb.all_schemes) and imb.metric == "bytes" else 1.0
         ratio = imb.max_over_mean / expected
@@ -212,7 +335,12 @@ def _imbalance(con: duckdb.DuckDBPyConnection, run_id: int, totals: RankTotals) 
         else:
             impact = sum(r.time_us or 0.0 for r in rows) / run_time if run_time else 0.0
         name = "all schemes" if imb.all_schemes else imb.scheme or "unattributed"
-        what = "bytes" if imb.metric == "bytes" else "communication time"
+        what = "bytes"
+        ms = share = None
+        if imb.metric == "time_us" and steps.ranks:
+            # the most loaded rank's time above the mean, per step (totals spread over a rank's steps)
+            per_step = (imb.max - imb.mean) / (1 if imb.basis == "per_iteration" else steps.rank_steps / steps.ranks)
+            ms, share = steps.cost(per_step * steps.rank_steps)
         if imb.metric == "bytes":
             suggestion = (
                 f"Rank {imb.max_rank} moves {imb.max_over_mean:.2f}x the mean {what} in {name}. Check uneven "
@@ -220,10 +348,12 @@ def _imbalance(con: duckdb.DuckDBPyConnection, run_id: int, totals: RankTotals) 
                 "routing; balance the work so no rank carries more traffic than its peers."
             )
         else:
+            what = "time inside collectives"
             suggestion = (
-                f"Rank {imb.max_rank} spends {imb.max_over_mean:.2f}x the mean {what} in {name}. Time "
-                "in a collective includes waiting for the slowest peer: look for a straggler (compute "
-                "imbalance, data loading) or a slower link for that rank on the topology page."
+                f"Rank {imb.max_rank} spends {imb.max_over_mean:.2f}x the mean {what} in {name}. That time is "
+                "mostly waiting for the last member to arrive, so the rank with the most is usually one that "
+                "was on time, not the one everybody waits for: profile with a trace per rank so that the "
+                "arrivals (time page) name who arrives last, or compare the ranks' compute per step."
             )
         title = f"{name}: uneven {what} across ranks (max/mean {imb.max_over_mean:.2f}, rank {imb.max_rank})"
         out.append(
@@ -231,7 +361,7 @@ def _imbalance(con: duckdb.DuckDBPyConnection, run_id: int, totals: RankTotals) 
                 id=f"imbalance:{name}:{imb.metric}",
                 title=title,
                 severity=severity,
-                impact=impact,  # type: ignore[arg-type]
+                impact=impact,
                 evidence={
                     "scheme": name,
                     "metric": imb.metric,
@@ -250,6 +380,8 @@ def _imbalance(con: duckdb.DuckDBPyConnection, run_id: int, totals: RankTotals) 
                     "metric": imb.metric,
                     "rank": imb.max_rank,
                 },
+                ms_per_step=ms,
+                step_share=share,
                 suggestion=suggestion,
             )
         )
@@ -259,7 +391,7 @@ def _imbalance(con: duckdb.DuckDBPyConnection, run_id: int, totals: RankTotals) 
 # ------------------------------------------------------------------------------- bandwidth
 
 
-def _low_busbw(bw: BandwidthReport) -> list[Finding]:
+def _low_busbw(bw: BandwidthReport, steps: _Steps) -> list[Finding]:
     best = bw.best_busbw_gbps
     if not best:
         return []
@@ -269,16 +401,17 @@ def _low_busbw(bw: BandwidthReport) -> list[Finding]:
         if s.large_calls < MIN_LARGE_CALLS or s.large_median_busbw_gbps is None:
             continue
         ratio = s.large_median_busbw_gbps / best
-        severity = "high" if ratio < 0.25 else "medium" if ratio < LOW_BUSBW_RATIO else None
+        severity: Severity | None = "high" if ratio < 0.25 else "medium" if ratio < LOW_BUSBW_RATIO else None
         if severity is None:
             continue
         name = s.scheme or "unattributed"
+        ms, share = steps.cost(s.time_us * (1 - ratio))  # the time above what the run's best busbw takes
         out.append(
             Finding(
                 id=f"low-busbw:{name}:{s.op}",
                 title=f"{name} {s.op}: bandwidth-bound calls reach {ratio:.0%} of the run's best busbw",
                 severity=severity,
-                impact=s.time_us / total_time,  # type: ignore[arg-type]
+                impact=s.time_us / total_time,
                 evidence={
                     "scheme": s.scheme,
                     "op": s.op,
@@ -289,6 +422,8 @@ def _low_busbw(bw: BandwidthReport) -> list[Finding]:
                     "time_us": s.time_us,
                 },
                 view={"page": "bandwidth", "scheme": s.scheme, "op": s.op},
+                ms_per_step=ms,
+                step_share=share,
                 suggestion="Compare this group's links with the best one (topology page): a group spanning nodes runs "
                 "at network speed, so place this dimension inside a node if the mesh allows; otherwise check "
                 "NCCL's algorithm/protocol choice and channel count for these sizes, and contention with "
@@ -318,7 +453,7 @@ def _zero_accumulation(config: dict[str, Any], totals: RankTotals) -> list[Findi
         Finding(
             id="zero-accumulation",
             severity=severity or "low",
-            impact=(1 - 1 / ratio) * dp_share,  # type: ignore[arg-type]
+            impact=(1 - 1 / ratio) * dp_share,
             title=f"ZeRO-{zero} with {m} accumulation micro-steps: about {ratio:.1f}x the data-parallel traffic "
             f"of {baseline}",
             evidence={
@@ -357,7 +492,7 @@ def _comparison(comparison: ComparisonInput) -> list[Finding]:
             out.append(
                 Finding(
                     id=f"above-prediction:{s.scheme}",
-                    severity=severity or "low",  # type: ignore[arg-type]
+                    severity=severity or "low",
                     impact=(s.measured_bytes - s.predicted_bytes) / total,
                     title=(
                         f"{s.scheme}: measured volume {excess:.0%} above the prediction"
@@ -402,17 +537,338 @@ def _comparison(comparison: ComparisonInput) -> list[Finding]:
     return out
 
 
+# ------------------------------------------------------------------------------------- time
+
+_SUGGEST_EXPOSED = {
+    "dp": "Overlap the gradient reduction with the backward: DDP/FSDP buckets that fill earlier (a smaller "
+    "first bucket, bucket_cap_mb), no_sync during accumulation, and no host synchronisation (loss.item(), "
+    "gradient clipping on the host) between backward and the optimizer step.",
+    "tp": "Tensor-parallel collectives sit on the critical path by design: overlap them with the next GEMM "
+    "(sequence parallelism with communication overlap, async tensor parallel), or keep the tp group inside "
+    "a node so each call is short.",
+    "pp": "Pipeline sends and receives exposed mean bubbles: more micro-batches per step, an interleaved "
+    "schedule, or batched point-to-point (batch_isend_irecv) posted before the compute they feed.",
+    "cp": "Overlap the ring exchange of KV blocks with attention on the block already here.",
+    "ep": "Overlap the token dispatch with the shared-expert or attention compute, and balance the routing.",
+}
+
+
+def _time_cells(con: duckdb.DuckDBPyConnection, run_id: int, column: str) -> list[tuple[Any, ...]]:
+    """(scheme or None, rank, step, step_us, value) for every (rank, step) with a step time; `column` is a
+    breakdown expression; a scheme absent from a (rank, step) counts 0 there."""
+    return con.execute(
+        f"""
+        WITH whole AS (
+            SELECT rank, step, step_us, memcpy_us FROM time_breakdown
+            WHERE run_id = ? AND scheme IS NULL AND step_us > 0
+        ), schemes AS (SELECT DISTINCT scheme FROM time_breakdown WHERE run_id = ? AND scheme IS NOT NULL)
+        SELECT s.scheme, w.rank, w.step, w.step_us, coalesce({column}, 0)
+        FROM schemes s CROSS JOIN whole w
+        LEFT JOIN time_breakdown b ON b.run_id = ? AND b.scheme = s.scheme AND b.rank = w.rank AND b.step = w.step
+        UNION ALL
+        SELECT NULL, rank, step, step_us, coalesce(memcpy_us, 0) FROM whole
+        ORDER BY 1 NULLS FIRST, 2, 3
+        """,
+        [run_id, run_id, run_id],
+    ).fetchall()
+
+
+@dataclass
+class _Cells:
+    """Values per (rank, step) of one quantity, with the steps' times."""
+
+    values: dict[tuple[int, int], float]
+    step_us: dict[tuple[int, int], float]
+
+    def per_step(self) -> dict[int, float]:
+        out: dict[int, list[float]] = {}
+        for (_, s), v in self.values.items():
+            out.setdefault(s, []).append(v)
+        return {s: fmean(v) for s, v in sorted(out.items())}
+
+    def per_rank(self) -> dict[int, float]:
+        out: dict[int, list[float]] = {}
+        for (r, _), v in self.values.items():
+            out.setdefault(r, []).append(v)
+        return {r: fmean(v) for r, v in sorted(out.items())}
+
+    def mean(self) -> float:
+        return fmean(self.values.values())
+
+    def mean_step(self) -> float:
+        return fmean(self.step_us.values())
+
+
+def _cells_by_scheme(rows: list[tuple[Any, ...]]) -> dict[str | None, _Cells]:
+    out: dict[str | None, _Cells] = {}
+    for scheme, rank, step, step_us, value in rows:
+        c = out.setdefault(scheme, _Cells({}, {}))
+        c.values[(rank, step)] = value
+        c.step_us[(rank, step)] = step_us
+    return out
+
+
+def _timed(
+    fid: str,
+    title: str,
+    cells: _Cells,
+    evidence: dict[str, float | int | str | None],
+    view: dict[str, str | int | None],
+    suggestion: str,
+    instances: list[int] | None = None,
+) -> Finding | None:
+    """A timing finding from per-(rank, step) costs (µs), or None below the threshold or on noise."""
+    per_step = cells.per_step()
+    if not per_step or _noise(list(per_step.values())) is not None:
+        return None
+    share = cells.mean() / cells.mean_step()
+    per_rank = cells.per_rank()
+    severity = _time_severity(share, len(per_step), len(per_rank))
+    if severity is None:
+        return None
+    return Finding(
+        id=fid,
+        title=title.format(ms=_dur(cells.mean()), share=_pct(share)),
+        severity=severity,
+        impact=min(share, 1.0),
+        evidence=evidence | {"ms_per_step": cells.mean() / 1e3, "step_share": share, "mean_step_us": cells.mean_step()},
+        view=view,
+        suggestion=suggestion,
+        ms_per_step=cells.mean() / 1e3,
+        step_share=share,
+        stability=_stability(list(per_step.values()), per_rank),
+        instances=instances or [],
+        steps=sorted(per_step),
+        ranks=sorted(per_rank),
+    )
+
+
+def _exposed(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
+    total = _cells_by_scheme(_time_cells(con, run_id, "b.wait_us + b.exposed_us"))
+    wait = _cells_by_scheme(_time_cells(con, run_id, "b.wait_us"))
+    out = []
+    for scheme, cells in total.items():
+        if scheme is None:
+            continue
+        waiting = wait[scheme].mean() / cells.mean() if cells.mean() else 0.0
+        hint = (
+            " Most of it is waiting for a late member: see the straggler and wait findings first."
+            if waiting >= 0.5
+            else ""
+        )
+        f = _timed(
+            f"exposed-comm:{scheme}",
+            f"{scheme}: {{ms}} of exposed communication per step ({{share}} of the step, no compute running)",
+            cells,
+            {"scheme": scheme, "wait_ms_per_step": wait[scheme].mean() / 1e3, "wait_share": waiting},
+            {"page": "time", "scheme": scheme},
+            _SUGGEST_EXPOSED.get(scheme, "Overlap these collectives with independent compute.") + hint,
+        )
+        if f is not None:
+            out.append(f)
+    return out
+
+
+def _memcpy(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
+    cells = _cells_by_scheme(_time_cells(con, run_id, "NULL")).get(None)
+    if cells is None:
+        return []
+    moved = {
+        d: (b, busy)
+        for d, b, busy in con.execute(
+            "SELECT direction, sum(bytes), sum(busy_us) FROM time_memcpy WHERE run_id = ? GROUP BY direction",
+            [run_id],
+        ).fetchall()
+    }
+    n = len(cells.values)
+    evidence: dict[str, float | int | str | None] = {}
+    for d in ("htod", "dtoh"):
+        b, busy = moved.get(d, (0, 0.0))
+        evidence[f"{d}_bytes_per_step"] = int(b / n)
+        evidence[f"{d}_gbps"] = b / (busy * 1e3) if busy else None
+    f = _timed(
+        "memcpy-exposed",
+        "{ms} per step of memory copies that no compute overlaps ({share} of the step)",
+        cells,
+        evidence,
+        {"page": "time"},
+        "Copy asynchronously from pinned memory (non_blocking=True on a side stream) and prefetch the next "
+        "batch during compute; for host-offloaded optimizers overlap the parameter and gradient transfers with "
+        "the backward, or keep states on the device when memory allows.",
+    )
+    return [] if f is None else [f]
+
+
+def _stragglers(con: duckdb.DuckDBPyConnection, run_id: int, mean_step_us: float | None) -> list[Finding]:
+    rows = con.execute(
+        """
+        SELECT group_key, coalesce(scheme, 'unattributed'), rank, arrived_last_share, steps_mostly_last, steps,
+               imposed_us_per_step, instances
+        FROM time_stragglers WHERE run_id = ? AND straggler ORDER BY group_key
+        """,
+        [run_id],
+    ).fetchall()
+    out = []
+    for group, scheme, rank, last_share, mostly, n_steps, imposed, n_inst in rows:
+        members = con.execute(
+            """
+            SELECT m.rank, i.step, sum(m.wait_us) FROM time_instances i
+            JOIN time_instance_members m ON m.run_id = i.run_id AND m.instance_id = i.instance_id
+            WHERE i.run_id = ? AND i.group_key = ? AND m.wait_us IS NOT NULL
+            GROUP BY m.rank, i.step
+            """,
+            [run_id, group],
+        ).fetchall()
+        waiting = {(r, s): w for r, s, w in members if r != rank}
+        if not waiting:
+            continue
+        waited = _Cells(waiting, dict.fromkeys(waiting, mean_step_us or 0.0))
+        per_step = waited.per_step()
+        if _noise(list(per_step.values())) is not None:
+            continue
+        ids = [
+            int(r[0])
+            for r in con.execute(
+                """
+                SELECT instance_id FROM time_instances WHERE run_id = ? AND group_key = ? AND last_rank = ?
+                ORDER BY skew_us DESC NULLS LAST, instance_id LIMIT ?
+                """,
+                [run_id, group, rank, TOP_INSTANCES],
+            ).fetchall()
+        ]
+        share = waited.mean() / mean_step_us if mean_step_us else 0.0
+        ranks = sorted({r for r, _ in waiting} | {rank})
+        severity = _time_severity(share, len(per_step), len(ranks)) or "low"
+        per_rank = waited.per_rank()
+        out.append(
+            Finding(
+                id=f"straggler:{group}",
+                title=f"Rank {rank} is a persistent {scheme} straggler: its peers wait {_dur(waited.mean())} per "
+                f"step for it ({_pct(share)} of the step)",
+                severity=severity,
+                impact=min(share, 1.0),
+                evidence={
+                    "rank": rank,
+                    "scheme": scheme,
+                    "group": group,
+                    "imposed_ms_per_step": imposed / 1e3,
+                    "wait_ms_per_step": waited.mean() / 1e3,
+                    "arrived_last_share": last_share,
+                    "steps_mostly_last": mostly,
+                    "steps": n_steps,
+                    "instances": n_inst,
+                },
+                view={"page": "time", "scheme": scheme, "group": group, "rank": rank},
+                suggestion=f"Rank {rank} reaches the {scheme} collectives last, by arrival, in most steps: look at "
+                "what it does before them that its peers do not (data loading, a slower or throttled device, "
+                "extra work on that rank such as logging or checkpointing, a noisy neighbour on its host).",
+                ms_per_step=waited.mean() / 1e3,
+                step_share=share,
+                stability=f"caused most of the group's wait in {mostly} of {n_steps} steps; the others wait "
+                + _stability(list(per_step.values()), per_rank),
+                instances=ids,
+                steps=sorted(per_step),
+                ranks=ranks,
+            )
+        )
+    return out
+
+
+def _wait_dominated(con: duckdb.DuckDBPyConnection, run_id: int, mean_step_us: float | None) -> list[Finding]:
+    """Collectives (per scheme and op) whose members spend most of their time in them waiting."""
+    rows = con.execute(
+        """
+        SELECT coalesce(i.scheme, 'unattributed'), i.op, m.rank, i.step, sum(m.wait_us),
+               sum(m.end_ref_us - m.arrival_ref_us), count(*)
+        FROM time_instances i
+        JOIN time_instance_members m ON m.run_id = i.run_id AND m.instance_id = i.instance_id
+        WHERE i.run_id = ? AND m.wait_us IS NOT NULL AND m.end_ref_us IS NOT NULL AND i.step IS NOT NULL
+        GROUP BY ALL
+        """,
+        [run_id],
+    ).fetchall()
+    groups: dict[tuple[str, str], list[tuple[int, int, float, float, int]]] = {}
+    for scheme, op, rank, step, wait, dur, n in rows:
+        groups.setdefault((scheme, op), []).append((rank, step, wait, dur, n))
+    out = []
+    for (scheme, op), cells in sorted(groups.items()):
+        wait, dur = sum(c[2] for c in cells), sum(c[3] for c in cells)
+        if not dur or wait / dur < WAIT_DOMINATES:
+            continue
+        cause = con.execute(
+            """
+            SELECT i.last_rank, sum(m.wait_us) AS w FROM time_instances i
+            JOIN time_instance_members m ON m.run_id = i.run_id AND m.instance_id = i.instance_id
+            WHERE i.run_id = ? AND coalesce(i.scheme, 'unattributed') = ? AND i.op = ? AND m.wait_us IS NOT NULL
+            GROUP BY i.last_rank ORDER BY w DESC, i.last_rank LIMIT 1
+            """,
+            [run_id, scheme, op],
+        ).fetchall()
+        ids = [
+            int(r[0])
+            for r in con.execute(
+                """
+                SELECT instance_id FROM time_instances
+                WHERE run_id = ? AND coalesce(scheme, 'unattributed') = ? AND op = ?
+                ORDER BY skew_us DESC NULLS LAST, instance_id LIMIT ?
+                """,
+                [run_id, scheme, op, TOP_INSTANCES],
+            ).fetchall()
+        ]
+        f = _timed(
+            f"wait-dominated:{scheme}:{op}",
+            f"{scheme} {op}: {{ms}} per step waiting inside the collective ({{share}} of the step), "
+            f"{_pct(wait / dur)} of its time",
+            _Cells({(c[0], c[1]): c[2] for c in cells}, {(c[0], c[1]): mean_step_us or 0.0 for c in cells}),
+            {
+                "scheme": scheme,
+                "op": op,
+                "wait_share_of_duration": wait / dur,
+                "instances": sum(c[4] for c in cells),
+                "wait_mostly_caused_by_rank": cause[0][0] if cause else None,
+                "caused_share": cause[0][1] / wait if cause and wait else None,
+            },
+            {"page": "time", "scheme": scheme, "op": op},
+            "The collective itself is quick; its members wait for the last one to arrive. Find who arrives "
+            "last (the straggler finding, the wait heatmap) and what delays it before this call; if no single "
+            "rank does, the imbalance is in the work between calls (uneven shards, data loading, host syncs).",
+            ids,
+        )
+        if f is not None:
+            out.append(f)
+    return out
+
+
+def _time_findings(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[Finding], bool]:
+    """The timing findings and whether the run has the arrival analysis (a straggler verdict per group)."""
+    by_arrival = bool(con.execute("SELECT count(*) FROM time_stragglers WHERE run_id = ?", [run_id]).fetchall()[0][0])
+    mean_step = con.execute(
+        "SELECT avg(step_us) FROM time_breakdown WHERE run_id = ? AND scheme IS NULL AND step_us > 0", [run_id]
+    ).fetchall()[0][0]
+    found = _exposed(con, run_id) + _memcpy(con, run_id)
+    if by_arrival and mean_step:
+        found += _stragglers(con, run_id, mean_step) + _wait_dominated(con, run_id, mean_step)
+    return found, by_arrival
+
+
 def findings(
     con: duckdb.DuckDBPyConnection, run: str, comparison: Any = None, config: BaseModel | dict[str, Any] | None = None
 ) -> list[Finding]:
-    """All findings of a run, most severe and most impactful first. `comparison` is a ComparisonInput
-    or any object/dict with per_scheme entries (scheme, predicted_bytes, measured_bytes,
-    unexplained_calls). `config` (a PredictInput, run.json or dict with a `parallel` section) replaces
+    """All findings of a run, most severe first, then the most costly in time per step, then the most
+    impactful. `comparison` is a ComparisonInput or any object/dict with per_scheme entries (scheme,
+    predicted_bytes, measured_bytes, unexplained_calls). `config` (a PredictInput, run.json or dict with a `parallel` section) replaces
     the run's stored config, as a config supplied to `commlens report --config` does."""
     run_id = fresh_run_id(con, run)
     bw = bandwidth(con, run)
     totals = rank_totals(con, run)
-    out = _small_messages(con, run_id, bw) + _imbalance(con, run_id, totals) + _low_busbw(bw)
+    steps = _steps(con, run_id)
+    timed, by_arrival = _time_findings(con, run_id)
+    out = (
+        timed
+        + _small_messages(con, run_id, bw, steps)
+        + _imbalance(con, run_id, totals, steps, by_arrival)
+        + _low_busbw(bw, steps)
+    )
     if config is None:
         config = _config(con, run_id)
     elif isinstance(config, BaseModel):
@@ -426,5 +882,7 @@ def findings(
                 else ComparisonInput.model_validate(comparison, from_attributes=True)
             )
         out += _comparison(comparison)
-    out.sort(key=lambda f: (SEVERITY_ORDER[f.severity], -f.impact, f.id))
+    for f in out:
+        f.evidence_text = {k: _shown(k, v) for k, v in f.evidence.items() if v is not None}
+    out.sort(key=lambda f: (SEVERITY_ORDER[f.severity], -(f.ms_per_step or 0.0), -f.impact, f.id))
     return out

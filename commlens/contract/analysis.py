@@ -261,6 +261,15 @@ class Finding(BaseModel):
     evidence: dict[str, float | int | str | None]
     view: dict[str, str | int | None]
     suggestion: str
+    # The cost where durations exist: ms per step and rank, and that as a share of the mean step.
+    ms_per_step: float | None = None
+    step_share: float | None = None
+    stability: str | None = None  # a timing finding: how stable it is across steps and ranks
+    evidence_text: dict[str, str] = {}  # the evidence for people (units, significant digits)
+    # What a review item can link to: the time analysis's instance ids, profiler steps and ranks.
+    instances: list[int] = []
+    steps: list[int] = []
+    ranks: list[int] = []
 
 
 class BarCall(BaseModel):

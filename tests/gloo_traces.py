@@ -142,6 +142,7 @@ def generate(out_dir: Path, world: int = 2, timeout: float = 120.0) -> list[Path
         text=True,
         timeout=timeout,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=False,
     )
     files = [out_dir / f"rank{r}.pt.trace.json.gz" for r in range(world)]
     if proc.returncode != 0 or not all(f.is_file() for f in files):

@@ -394,7 +394,7 @@ def test_promote_a_finding_to_review(client: httpx.Client) -> None:
 def test_topology_rows(client: httpx.Client) -> None:
     page = client.get("/api/runs/seeded/topology/comms", params={"group_key": "pg:tpB"}).json()
     assert page["total"] == 2
-    rows = [dict(zip(page["columns"], row)) for row in page["rows"]]
+    rows = [dict(zip(page["columns"], row, strict=True)) for row in page["rows"]]
     assert sorted((r["global_rank"], r["comm_rank"], r["file"]) for r in rows) == [
         (2, 0, "rank2.json"),
         (3, 1, "rank3.json"),

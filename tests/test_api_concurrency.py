@@ -173,6 +173,7 @@ def test_sigkill_during_ingest_then_restart(tmp_path: Path, data_dir: Path) -> N
                 capture_output=True,
                 text=True,
                 timeout=60,
+                check=False,
             )
             assert cli.returncode == 2 and "held by another process" in cli.stderr and "commlens serve" in cli.stderr
             files = [("files", (p.name, p.read_bytes())) for p in (first, slow, slow)]

@@ -28,15 +28,15 @@ RUN_JSON = json.dumps(
         "parallel": {"dp": 2},
     }
 ).encode()
-SETTINGS = dict(
-    max_file_bytes=2 * MiB,
-    max_request_bytes=6 * MiB,
-    max_files_per_request=5,
-    max_json_body_bytes=64 * KiB,
-    ingest_limits=Limits(
+SETTINGS = {
+    "max_file_bytes": 2 * MiB,
+    "max_request_bytes": 6 * MiB,
+    "max_files_per_request": 5,
+    "max_json_body_bytes": 64 * KiB,
+    "ingest_limits": Limits(
         max_members=20, ratio_floor_bytes=1 * MiB, max_ratio=50, max_line_bytes=256 * KiB, max_json_depth=64
     ),
-)
+}
 
 
 @pytest.fixture(scope="module")

@@ -65,7 +65,7 @@ def same(api_json: dict, model) -> None:
 
 
 def test_jobs_account_for_every_file(ingested, client: httpx.Client) -> None:
-    srv, done, data = ingested
+    _srv, done, data = ingested
     dlrm = done["dlrm"]
     assert dlrm["state"] == "done" and dlrm["error"] is None
     size = (data / RUNS["dlrm"][0]).stat().st_size

@@ -11,7 +11,9 @@ import duckdb
 
 
 def _commlens(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "commlens.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "commlens.cli", *args], capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def _run_json() -> str:

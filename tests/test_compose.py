@@ -43,6 +43,7 @@ def compose_config(**env: str) -> subprocess.CompletedProcess:
         timeout=120,
         cwd=ROOT,
         env={**base, "COMPOSE_PROJECT_NAME": "commlens-test", **env},
+        check=False,
     )
 
 
@@ -178,6 +179,7 @@ def test_the_services_commands_start(config: dict[str, Any], tmp_path: Path) -> 
             text=True,
             timeout=60,
             cwd=tmp_path,
+            check=False,
         )
         assert refused.returncode == 2 and "local admin" in refused.stderr.replace("\n", " ")
         uproc, uurl, _ = _start(ui, tmp_path)  # as composed: the API at http://commlens:8050

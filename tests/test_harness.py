@@ -22,35 +22,35 @@ from commlens.harness import launch
 from commlens.harness.config import ConfigError, HarnessConfig, resolve_world, validation_errors
 
 # Profiled steps 2 and 3: step 1 holds DDP's one-time bucket rebuild (README), outside the window.
-TINY = dict(
-    layers=2,
-    hidden=32,
-    heads=4,
-    vocab=64,
-    seq_len=16,
-    micro_batch_size=2,
-    steps=4,
-    profile_wait=1,
-    profile_warmup=1,
-    profile_active=2,
-    device="cpu",
-    dtype="float32",
-    timeout_s=120.0,
-)
+TINY = {
+    "layers": 2,
+    "hidden": 32,
+    "heads": 4,
+    "vocab": 64,
+    "seq_len": 16,
+    "micro_batch_size": 2,
+    "steps": 4,
+    "profile_wait": 1,
+    "profile_warmup": 1,
+    "profile_active": 2,
+    "device": "cpu",
+    "dtype": "float32",
+    "timeout_s": 120.0,
+}
 
 SCHEMES: dict[str, dict] = {
-    "ddp": dict(dp=2, micro_batches=2),
+    "ddp": {"dp": 2, "micro_batches": 2},
     # 1.8 MB of gradients: PyTorch's 1 MiB first bucket, then the rest (the predictor's bucket rule, exercised).
-    "ddp-2buckets": dict(dp=2, micro_batches=1, hidden=128, vocab=256),
-    "zero1": dict(dp=2, zero=1, micro_batches=2),
-    "zero2": dict(dp=2, zero=2, micro_batches=2),
-    "zero3": dict(dp=2, zero=3, micro_batches=2),
-    "tp": dict(tp=2),
-    "tp-sp": dict(tp=2, sp=True),
-    "pp-gpipe": dict(pp=2, micro_batches=3, schedule="gpipe"),
-    "pp-1f1b": dict(pp=2, micro_batches=3, schedule="1f1b"),
-    "ddp+tp": dict(dp=2, tp=2, micro_batches=2),
-    "tp-sp+pp": dict(tp=2, pp=2, sp=True, micro_batches=2, schedule="1f1b"),
+    "ddp-2buckets": {"dp": 2, "micro_batches": 1, "hidden": 128, "vocab": 256},
+    "zero1": {"dp": 2, "zero": 1, "micro_batches": 2},
+    "zero2": {"dp": 2, "zero": 2, "micro_batches": 2},
+    "zero3": {"dp": 2, "zero": 3, "micro_batches": 2},
+    "tp": {"tp": 2},
+    "tp-sp": {"tp": 2, "sp": True},
+    "pp-gpipe": {"pp": 2, "micro_batches": 3, "schedule": "gpipe"},
+    "pp-1f1b": {"pp": 2, "micro_batches": 3, "schedule": "1f1b"},
+    "ddp+tp": {"dp": 2, "tp": 2, "micro_batches": 2},
+    "tp-sp+pp": {"tp": 2, "pp": 2, "sp": True, "micro_batches": 2, "schedule": "1f1b"},
 }
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
@@ -79,7 +79,7 @@ def test_validation_lists_every_problem():
 def test_world_size_resolution():
     assert resolve_world(None, 2, 2, 8) == 2
     assert resolve_world(None, 1, 1, None) == 1 and resolve_world(4, 1, 1, None) == 4
-    with pytest.raises(ConfigError, match="world size 6 .* not divisible by tp\\*pp = 2\\*2 = 4"):
+    with pytest.raises(ConfigError, match=r"world size 6 .* not divisible by tp\*pp = 2\*2 = 4"):
         resolve_world(None, 2, 2, 6)
     with pytest.raises(ConfigError, match="does not equal dp\\*tp\\*pp"):
         resolve_world(2, 2, 1, 8)
@@ -123,6 +123,7 @@ def test_cli_refuses_impossible_config_before_starting(tmp_path):
         text=True,
         env=ENV,
         timeout=120,
+        check=False,
     )
     assert proc.returncode == 2, proc.stderr
     assert "world size 3 (--nproc) is not divisible by tp*pp = 2*2 = 4" in proc.stderr
@@ -142,21 +143,21 @@ def test_model_slices_compute_the_full_model():
     shape = GPTShape(layers=4, hidden=32, heads=4, vocab=64, seq_len=16)
     full = full_model(shape, seed=3)
     count = sum(p.numel() for p in full.parameters())
-    h, V, s, L = 32, 64, 16, 4
-    assert count == 2 * V * h + s * h + L * (12 * h * h + 13 * h) + 2 * h == shape.param_count()
+    h, vocab, s, layers = 32, 64, 16, 4
+    assert count == 2 * vocab * h + s * h + layers * (12 * h * h + 13 * h) + 2 * h == shape.param_count()
     for t, p in ((2, 1), (1, 2), (2, 2)):
         held = 0
         for pp_i in range(p):
             for k in range(t):
                 stage = build_stage(shape, 3, TPInfo(t, k), pp_i, p)
                 n = sum(x.numel() for x in stage.parameters())
-                assert n == psi_r(shape.layers, h, V, s, t, p, pp_i)
+                assert n == psi_r(shape.layers, h, vocab, s, t, p, pp_i)
                 held += n
-        replicated = (t - 1) * (s * h + L * 6 * h + 2 * h)  # wpe, LayerNorms, row biases on every tp rank
+        replicated = (t - 1) * (s * h + layers * 6 * h + 2 * h)  # wpe, LayerNorms, row biases on every tp rank
         assert held - replicated == count
     # tp=1, pp=1 is the full model, parameter for parameter
     same = build_stage(shape, 3, TPInfo(), 0, 1)
-    for (n1, a), (n2, b) in zip(full.named_parameters(), same.named_parameters()):
+    for (n1, a), (n2, b) in zip(full.named_parameters(), same.named_parameters(), strict=True):
         assert n1 == n2 and torch.equal(a, b)
 
 
@@ -171,9 +172,9 @@ def test_reference_loss_falls():
 # ----------------------------------------------------------------------------- expected calls (README)
 
 
-def psi_r(L: int, h: int, V: int, s: int, t: int, p: int, stage: int) -> int:
-    first, last, n = stage == 0, stage == p - 1, L // p
-    return first * (V * h // t + s * h) + n * ((12 * h * h + 7 * h) // t + 6 * h) + last * (2 * h + V * h // t)
+def psi_r(layers: int, h: int, vocab: int, s: int, t: int, p: int, stage: int) -> int:
+    first, last, n = stage == 0, stage == p - 1, layers // p
+    return first * (vocab * h // t + s * h) + n * ((12 * h * h + 7 * h) // t + 6 * h) + last * (2 * h + vocab * h // t)
 
 
 def _fsdp_units(cfg: HarnessConfig, rank: int) -> tuple[list[int], int]:
@@ -199,32 +200,39 @@ def _fsdp_units(cfg: HarnessConfig, rank: int) -> tuple[list[int], int]:
 
 
 def expected_calls(cfg: HarnessConfig, rank: int, run: dict) -> Counter:
-    """(dim, op, S bytes) -> calls of one profiled step on `rank`, per harness/README.md."""
+    """(dim, op, pp_msg bytes) -> calls of one profiled step on `rank`, per harness/README.md."""
     co = cfg.coords(rank)
-    L, h, V, s, b, M = cfg.layers, cfg.hidden, cfg.vocab, cfg.seq_len, cfg.micro_batch_size, cfg.micro_batches
+    layers, h, vocab, s, b, micros = (
+        cfg.layers,
+        cfg.hidden,
+        cfg.vocab,
+        cfg.seq_len,
+        cfg.micro_batch_size,
+        cfg.micro_batches,
+    )
     d, t, p, w = cfg.dp, cfg.tp, cfg.pp, 4
-    first, last, n = co["pp"] == 0, co["pp"] == p - 1, L // p
-    A = b * s * h * w
+    first, last, n = co["pp"] == 0, co["pp"] == p - 1, layers // p
+    act = b * s * h * w
     calls: Counter = Counter()
     if t > 1:
         per_micro = 4 * n + first + last
         if cfg.sp:
-            calls["tp", "all_gather", A] += M * per_micro
-            calls["tp", "reduce_scatter", A] += M * per_micro
+            calls["tp", "all_gather", act] += micros * per_micro
+            calls["tp", "reduce_scatter", act] += micros * per_micro
             sp_numel = first * s * h + n * 6 * h + last * 2 * h
             if cfg.zero == 3:
                 sp_numel //= d  # every SP parameter's dim 0 divides by d in these runs
-            calls["tp", "all_reduce", sp_numel * w] += M if cfg.zero == 2 else 1
+            calls["tp", "all_reduce", sp_numel * w] += micros if cfg.zero == 2 else 1
         else:
-            calls["tp", "all_reduce", A] += M * per_micro
+            calls["tp", "all_reduce", act] += micros * per_micro
         if last:
-            calls["tp", "all_reduce", b * s * 4] += 3 * M
+            calls["tp", "all_reduce", b * s * 4] += 3 * micros
     if p > 1:
-        S = b * (s // t if cfg.sp else s) * h * w
+        pp_msg = b * (s // t if cfg.sp else s) * h * w
         for op in ("send", "recv"):
-            calls["pp", op, S] += M * ((co["pp"] < p - 1) + (co["pp"] > 0))
+            calls["pp", op, pp_msg] += micros * ((co["pp"] < p - 1) + (co["pp"] > 0))
     if d > 1:
-        psi = psi_r(L, h, V, s, t, p, co["pp"])
+        psi = psi_r(layers, h, vocab, s, t, p, co["pp"])
         padded = math.ceil(psi / d) * d
         sync = cfg.dp_sync
         if sync == "ddp":
@@ -236,16 +244,16 @@ def expected_calls(cfg: HarnessConfig, rank: int, run: dict) -> Counter:
         elif sync == "allreduce":
             calls["dp", "all_reduce", psi * w] += 1
         elif sync in ("zero1", "zero2"):
-            calls["dp", "reduce_scatter", padded * w] += 1 if sync == "zero1" else M
+            calls["dp", "reduce_scatter", padded * w] += 1 if sync == "zero1" else micros
             calls["dp", "all_gather", padded * w] += 1
         elif sync == "zero3":
             blocks, root = _fsdp_units(cfg, rank)
             for u in blocks:
-                calls["dp", "all_gather", u * w] += 2 * M
-                calls["dp", "reduce_scatter", u * w] += M
+                calls["dp", "all_gather", u * w] += 2 * micros
+                calls["dp", "reduce_scatter", u * w] += micros
             if root:
-                calls["dp", "all_gather", root * w] += M
-                calls["dp", "reduce_scatter", root * w] += M
+                calls["dp", "all_gather", root * w] += micros
+                calls["dp", "reduce_scatter", root * w] += micros
     return calls
 
 
@@ -268,7 +276,8 @@ def _numel(dims) -> int:
 
 def trace_calls(path: Path) -> tuple[dict, dict[int, Counter]]:
     """distributedInfo and, per ProfilerStep, (dim, op, S bytes) -> calls of the labelled c10d ops."""
-    data = json.loads(gzip.open(path).read())
+    with gzip.open(path) as f:
+        data = json.loads(f.read())
     events = data["traceEvents"]
     steps = [
         (int(e["name"].split("#")[1]), e["ts"], e["ts"] + e["dur"])
@@ -313,7 +322,12 @@ def runs(tmp_path_factory):
             (run,) = launch.plan_runs(root / scheme, dict(TINY, **SCHEMES[scheme]), None, [], None)
             launch.prepare(run, overwrite=False)
             proc = subprocess.run(
-                launch.torchrun_command(run, ["pytest", scheme]), env=ENV, capture_output=True, text=True, timeout=600
+                launch.torchrun_command(run, ["pytest", scheme]),
+                env=ENV,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
             )
             if proc.returncode != 0:
                 failed[scheme] = proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -339,8 +353,13 @@ def test_scheme_run(scheme, runs):
     data = json.loads((run.out / "run.json").read_text())
     rc = RunConfig.model_validate(data)
     assert rc.strategy == cfg.strategy and rc.world_size == world and rc.parallel.dp_sync == cfg.dp_sync
-    L, h, V, s = cfg.layers, cfg.hidden, cfg.vocab, cfg.seq_len  # embeddings + LM head, positions, blocks, final LN
-    assert rc.model.param_count == 2 * V * h + s * h + L * (12 * h * h + 13 * h) + 2 * h
+    layers, h, vocab, s = (
+        cfg.layers,
+        cfg.hidden,
+        cfg.vocab,
+        cfg.seq_len,
+    )  # embeddings + LM head, positions, blocks, final LN
+    assert rc.model.param_count == 2 * vocab * h + s * h + layers * (12 * h * h + 13 * h) + 2 * h
     assert rc.profile.profiled_steps == [2, 3] and rc.mesh_dims == cfg.mesh_dims
     assert rc.torch_version and rc.backend == "gloo" and rc.command == ["pytest", scheme]
     for info in rc.ranks:
@@ -433,6 +452,7 @@ def test_crashing_rank_ends_the_job_with_its_traceback(tmp_path):
         text=True,
         env=dict(ENV, COMMLENS_HARNESS_FAIL_RANK="1"),
         timeout=240,
+        check=False,
     )
     assert proc.returncode == 1
     both = proc.stdout + proc.stderr
@@ -474,6 +494,7 @@ def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path)
         text=True,
         env=ENV,
         timeout=600,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "trace.rank1.json.gz" in proc.stdout and "loss per step" in proc.stdout
@@ -533,6 +554,7 @@ def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path)
             text=True,
             env=ENV,
             timeout=600,
+            check=False,
         )
 
     # The same sweep again is refused before anything starts: its outputs exist, and (from another
@@ -622,5 +644,5 @@ def test_report_shows_predicted_equal_to_measured(scheme, runs, tmp_path):
     assert c.ranks == [str(r) for r in range(run.cfg.world_size)]
     assert not c.unexplained and not c.missing, (c.unexplained, c.missing)
     assert c.exact, [o for s in c.schemes for o in s.ops if o.status != "match"]
-    assert {s.scheme for s in c.schemes} == {d for d in run.cfg.mesh_dims}
+    assert {s.scheme for s in c.schemes} == set(run.cfg.mesh_dims)
     assert all(s.ratio == 1.0 for s in c.schemes)

@@ -34,7 +34,7 @@ def ev(
 
 def series(h, op: str, scheme=...) -> dict[str, float]:
     [s] = [s for s in h.series if s.op == op and (scheme is ... or s.scheme == scheme)]
-    return {b.label: v for b, v in zip(h.bins, s.values) if v}
+    return {b.label: v for b, v in zip(h.bins, s.values, strict=True) if v}
 
 
 # ---------------------------------------------------------------------------------- bins

@@ -19,8 +19,8 @@ import pytest
 from commlens.ingest import kineto_json
 from commlens.ingest.inputs import DEFAULT_LIMITS, Limits
 from commlens.ingest.kineto import parse_kineto
-from commlens.service.ingest import ingest_paths
 from commlens.ingest.records import ParseError, RankHint
+from commlens.service.ingest import ingest_paths
 
 HTA = "kineto-hta"
 NCCL_DATA = f"{HTA}/nccl_parser_config/nccl_data.json.gz"

@@ -14,7 +14,7 @@ from commlens.backend.predict import predict, predict_input_from_config
 from commlens.contract.predict import ModelSpec, ParallelSpec, PredictInput
 
 # L = 2, h = 64, a = 8, s = 128, GPT-2 vocabulary; bf16 (2 bytes)
-SMALL_GPT2 = dict(layers=2, hidden=64, heads=8, vocab=50257, seq_len=128)
+SMALL_GPT2 = {"layers": 2, "hidden": 64, "heads": 8, "vocab": 50257, "seq_len": 128}
 
 
 def _ops(stage) -> dict[tuple[str, str, str, int], int]:
@@ -93,6 +93,7 @@ def _cli_predict(*args: str) -> dict:
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)

@@ -49,34 +49,45 @@ BEFORE = {
 
 
 def _before_cases() -> dict[str, PredictInput]:
-    M, P, I = ModelSpec, ParallelSpec, PredictInput
     return {
-        "paper-3d-tied": I(model=M(**GPT, tied_embeddings=True), parallel=P(dp=4, tp=2, pp=2, micro_batches=8)),
-        "megatron-sp-cp-ring-interleaved": I(
-            model=M(**GPT, kv_heads=4),
+        "paper-3d-tied": PredictInput(
+            model=ModelSpec(**GPT, tied_embeddings=True), parallel=ParallelSpec(dp=4, tp=2, pp=2, micro_batches=8)
+        ),
+        "megatron-sp-cp-ring-interleaved": PredictInput(
+            model=ModelSpec(**GPT, kv_heads=4),
             implementation="megatron",
-            parallel=P(dp=2, tp=2, pp=2, cp=2, sp=True, micro_batches=4, virtual_stages=3, recompute="full"),
+            parallel=ParallelSpec(dp=2, tp=2, pp=2, cp=2, sp=True, micro_batches=4, virtual_stages=3, recompute="full"),
         ),
-        "deepspeed-zero1": I(model=M(**GPT), parallel=P(dp=8, zero=1, micro_batches=4), implementation="deepspeed"),
-        "deepspeed-zero2-tp": I(
-            model=M(**SMALL), parallel=P(dp=2, tp=2, zero=2, micro_batches=2), implementation="deepspeed"
+        "deepspeed-zero1": PredictInput(
+            model=ModelSpec(**GPT), parallel=ParallelSpec(dp=8, zero=1, micro_batches=4), implementation="deepspeed"
         ),
-        "fsdp-zero3-pp": I(
-            model=M(**GPT),
-            parallel=P(dp=4, pp=2, zero=3, micro_batches=2),
+        "deepspeed-zero2-tp": PredictInput(
+            model=ModelSpec(**SMALL),
+            parallel=ParallelSpec(dp=2, tp=2, zero=2, micro_batches=2),
+            implementation="deepspeed",
+        ),
+        "fsdp-zero3-pp": PredictInput(
+            model=ModelSpec(**GPT),
+            parallel=ParallelSpec(dp=4, pp=2, zero=3, micro_batches=2),
             implementation="fsdp",
             dtypes=DtypeSpec(grad="float32"),
         ),
-        "paper-zero3-cp4": I(model=M(**SMALL), parallel=P(dp=2, cp=4, zero=3, micro_batches=2)),
-        "fsdp-ddp": I(
-            model=M(**SMALL), parallel=P(dp=4, sync_every_micro_step=True, micro_batches=3), implementation="fsdp"
+        "paper-zero3-cp4": PredictInput(
+            model=ModelSpec(**SMALL), parallel=ParallelSpec(dp=2, cp=4, zero=3, micro_batches=2)
         ),
-        "harness-tp-pp": I(
-            model=M(**SMALL), parallel=P(dp=2, tp=2, pp=2, zero=1, micro_batches=2), implementation="harness"
+        "fsdp-ddp": PredictInput(
+            model=ModelSpec(**SMALL),
+            parallel=ParallelSpec(dp=4, sync_every_micro_step=True, micro_batches=3),
+            implementation="fsdp",
         ),
-        "deepspeed-zero3-no-persistence": I(
-            model=M(**GPT),
-            parallel=P(dp=8, zero=3, micro_batches=4),
+        "harness-tp-pp": PredictInput(
+            model=ModelSpec(**SMALL),
+            parallel=ParallelSpec(dp=2, tp=2, pp=2, zero=1, micro_batches=2),
+            implementation="harness",
+        ),
+        "deepspeed-zero3-no-persistence": PredictInput(
+            model=ModelSpec(**GPT),
+            parallel=ParallelSpec(dp=8, zero=3, micro_batches=4),
             implementation="deepspeed",
             buckets=BucketSpec(deepspeed_param_persistence_threshold=0),
         ),
@@ -103,40 +114,40 @@ def _pp(t: int, scatter_gather: bool, pp: int = 4, v: int = 1) -> PredictInput:
 
 
 def test_pp_scatter_gather_sends_a_over_t_and_gathers_every_received_message() -> None:
-    A = 2 * 128 * 64 * 2  # b s h w = 32768 bytes
+    act = 2 * 128 * 64 * 2  # b s h w = 32768 bytes
     m = 3
     plain, sg = predict(_pp(4, False)), predict(_pp(4, True))
     # stage i: sends m to i+1 (i < 3) and m to i-1 (i > 0), with a matching recv for each
     recvs = [m, 2 * m, 2 * m, m]
-    for st, st_plain, n_recv in zip(sg.stages, plain.stages, recvs):
+    for st, st_plain, n_recv in zip(sg.stages, plain.stages, recvs, strict=True):
         ops, plain_ops = _ops(st), _ops(st_plain)
         pp_msgs = {k: c for k, c in ops.items() if k[0] == "pp"}
-        assert {k[3] for k in pp_msgs} == {A // 4}  # 8192: S = A/t per TP rank, sends and recvs
+        assert {k[3] for k in pp_msgs} == {act // 4}  # 8192: S = A/t per TP rank, sends and recvs
         assert sum(c for k, c in pp_msgs.items() if k[2] == "recv") == n_recv
         assert sum(c for k, c in pp_msgs.items() if k[2] == "send") == n_recv  # v = 1: as many sends as recvs
-        assert ops[("tp", "tp", "all_gather", A)] == n_recv  # one all_gather of S = A per received message
+        assert ops[("tp", "tp", "all_gather", act)] == n_recv  # one all_gather of S = A per received message
         # every other TP op is unchanged, and without scatter/gather the messages are the full A
         assert {k: c for k, c in ops.items() if k[0] == "tp" and k[2] != "all_gather"} == {
             k: c for k, c in plain_ops.items() if k[0] == "tp"
         }
-        assert {k[3] for k in plain_ops if k[0] == "pp"} == {A}
+        assert {k[3] for k in plain_ops if k[0] == "pp"} == {act}
     # the tp all_gather sits in group "tp" of size t
     gather = next(o for o in sg.stages[1].ops if o.op == "all_gather")
     assert (gather.scheme, gather.group, gather.group_size, gather.dtype) == ("tp", "tp", 4, "bfloat16")
     # pp totals: the sent bytes drop by t; mean over the 4 stages' ranks of (3 + 6 + 6 + 3) * A/4 sent
-    assert _total(sg, "pp").s_sum == (3 + 6 + 6 + 3) * (A // 4) // 4
+    assert _total(sg, "pp").s_sum == (3 + 6 + 6 + 3) * (act // 4) // 4
     assert _total(sg, "pp").s_sum * 4 == _total(plain, "pp").s_sum
     assert any("both directions" in n for n in sg.notes)
 
 
 def test_pp_scatter_gather_with_interleaving_counts_every_recv() -> None:
     # p = 2, v = 2, m = 3: device 0 sends v m = 6 forward and (v-1) m = 3 backward; device 1 the reverse
-    A = 2 * 128 * 64 * 2
+    act = 2 * 128 * 64 * 2
     pred = predict(_pp(2, True, pp=2, v=2))
     for st in pred.stages:
         ops = _ops(st)
         assert sum(c for k, c in ops.items() if k[0] == "pp" and k[2] == "recv") == 9
-        assert ops[("tp", "tp", "all_gather", A)] == 9
+        assert ops[("tp", "tp", "all_gather", act)] == 9
 
 
 @pytest.mark.parametrize(
@@ -163,7 +174,7 @@ def _a2d(c: int, rq: int | None = None, kv_heads: int | None = None) -> PredictI
 
 def test_attention2d_c4_square_mesh() -> None:
     # c = 4 -> r_Q = r_KV = 2; b = 2, s = 128, h = h_kv = 64, a = 8, w = 2; calls = L m = 4 * 3 = 12
-    b, s, h, a, w, P, rq, rkv, calls = 2, 128, 64, 8, 2, 4, 2, 2, 12
+    b, s, h, a, w, cp_size, rq, rkv, calls = 2, 128, 64, 8, 2, 4, 2, 2, 12
     pred = predict(_a2d(4))
     ops = {k: c for k, c in _ops(pred.stages[0]).items() if k[0] == "cp"}
     q = b * (s // rkv) * h * w  # 16384
@@ -179,10 +190,10 @@ def test_attention2d_c4_square_mesh() -> None:
     }
     # wire bytes per rank from the table's last column, per layer per micro-batch: forward, then backward
     forward = (
-        (rq - 1) * b * (s // P) * h * w  # Q all_gather
-        + 2 * (rkv - 1) * b * (s // P) * h * w  # K, V all_gather
-        + (rq - 1) * b * (s // P) * h * w
-        + (rq - 1) * b * (s // P) * a * 4
+        (rq - 1) * b * (s // cp_size) * h * w  # Q all_gather
+        + 2 * (rkv - 1) * b * (s // cp_size) * h * w  # K, V all_gather
+        + (rq - 1) * b * (s // cp_size) * h * w
+        + (rq - 1) * b * (s // cp_size) * a * 4
     )  # reduce_scatter + log-sum-exp
     assert forward == 8192 + 16384 + 8192 + 2048
     backward = forward  # the transpose: dO gather, dK/dV scatter, dQ scatter, rowsum(dO * O) gather
@@ -195,7 +206,7 @@ def test_attention2d_c4_square_mesh() -> None:
 
 def test_attention2d_c8_rq2_with_gqa() -> None:
     # c = 8, r_Q = 2 -> r_KV = 4; h_kv = 64 * 2 / 8 = 16
-    b, s, h, h_kv, a, w, P, rq, rkv, calls = 2, 128, 64, 16, 8, 2, 8, 2, 4, 12
+    b, s, h, h_kv, a, w, cp_size, rq, rkv, calls = 2, 128, 64, 16, 8, 2, 8, 2, 4, 12
     pred = predict(_a2d(8, rq=2, kv_heads=2))
     ops = pred.stages[0].ops
     by = {(o.group, o.op, o.dtype): o for o in ops if o.scheme == "cp"}
@@ -214,7 +225,9 @@ def test_attention2d_c8_rq2_with_gqa() -> None:
         ("cp:q", "reduce_scatter", "bfloat16"): 2 * calls,
     }
     wire = (
-        (rq - 1) * b * (s // P) * h * w * 2 + (rq - 1) * b * (s // P) * a * 4 + 2 * (rkv - 1) * b * (s // P) * h_kv * w
+        (rq - 1) * b * (s // cp_size) * h * w * 2
+        + (rq - 1) * b * (s // cp_size) * a * 4
+        + 2 * (rkv - 1) * b * (s // cp_size) * h_kv * w
     )
     assert wire == 4096 * 2 + 1024 + 6144
     assert _total(pred, "cp").wire_bytes == pytest.approx(2 * wire * calls)  # backward moves what forward does

@@ -61,7 +61,12 @@ def _data_dir(config: pytest.Config) -> Path:
 
 def _cli(*args: str, timeout: float = 300) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "commlens.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+        [sys.executable, "-m", "commlens.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        check=False,
     )
     assert done.returncode == 0, f"commlens {' '.join(args)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     return done.stdout
@@ -443,7 +448,12 @@ def test_predicted_ranks_topology_compare_equal_the_api(tab: Tab, api: httpx.Cli
     ranks = api.get("/runs/hta/ranks").json()
     heat = tab.figure_data("rk-heatmap")[0]
     cell = {(r["rank"], r["scheme"] or "unattributed"): r["bytes_per_iteration"] for r in ranks["rows"]}
-    shown = {(y, x): v for y, row in zip(heat["y"], heat["z"]) for x, v in zip(heat["x"], row) if v is not None}
+    shown = {
+        (y, x): v
+        for y, row in zip(heat["y"], heat["z"], strict=True)
+        for x, v in zip(heat["x"], row, strict=True)
+        if v is not None
+    }
     assert shown == {k: v for k, v in cell.items() if v is not None} and shown
     bw = api.get("/runs/hta/bandwidth").json()
     traces = {t["name"]: t for t in tab.figure_data("rk-busbw")}
@@ -453,7 +463,7 @@ def test_predicted_ranks_topology_compare_equal_the_api(tab: Tab, api: httpx.Cli
     tab.open("/runs/nccl/topology")
     rings = api.get("/runs/nccl/topology/topology", params={"limit": 500}).json()
     cols = rings["columns"]
-    ring_rows = [dict(zip(cols, r)) for r in rings["rows"] if r[cols.index("kind")] == "ring"]
+    ring_rows = [dict(zip(cols, r, strict=True)) for r in rings["rows"] if r[cols.index("kind")] == "ring"]
     shown = tab.cells("tp-rings")
     assert [r[2] for r in shown] == [" → ".join(map(str, r["ranks"])) for r in ring_rows]
     comms = api.get("/runs/nccl/topology/comms", params={"limit": 500}).json()

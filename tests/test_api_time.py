@@ -244,6 +244,7 @@ def test_openapi_shapes_come_from_the_contract(client: httpx.Client) -> None:
 # ----------------------------------------------------------------------- a real gloo run with a straggler
 
 DELAY_MS = 60.0
+# Seven profiled steps of one DDP bucket each: the straggler rule needs 6 instances in the group.
 TINY: dict[str, Any] = {
     "layers": 1,
     "hidden": 32,
@@ -252,10 +253,10 @@ TINY: dict[str, Any] = {
     "seq_len": 16,
     "micro_batch_size": 2,
     "micro_batches": 1,
-    "steps": 6,
+    "steps": 9,
     "profile_wait": 1,
     "profile_warmup": 1,
-    "profile_active": 4,
+    "profile_active": 7,
     "device": "cpu",
     "dtype": "float32",
     "timeout_s": 120.0,
@@ -301,7 +302,7 @@ def test_gloo_run_names_the_planted_straggler(gloo_server: ServerThread) -> None
     assert any(p.part == "breakdown" and "no device activity" in p.reason for p in s.status.parts)
     (st,) = [x for x in s.stragglers if x.scheme == "dp"]
     assert (st.rank, st.group, st.verdict) == (1, dp.group, "straggler") and st == report.stragglers[0]
-    assert st.steps == st.steps_consistent == 4 and st.arrived_last_share >= 0.9
+    assert st.steps == st.steps_consistent == 7 and st.arrived_last_share >= 0.9
     assert st.imposed_ms_per_step == pytest.approx(DELAY_MS, rel=0.2)
     assert "straggler rank 1" in st.reason
     # the instances behind the verdict: rank 1 last in the share stated, rank 0's waits are what it imposed
@@ -311,8 +312,8 @@ def test_gloo_run_names_the_planted_straggler(gloo_server: ServerThread) -> None
     assert len(last1) / len(instances.items) == pytest.approx(st.arrived_last_share)
     imposed = sum(m.wait_us or 0.0 for i in last1 for m in i.members if m.rank == 0)
     assert imposed / 1000 / st.steps == pytest.approx(st.imposed_ms_per_step)
-    # no device: no memcpy; each rank's four profiled steps split into the six categories
-    assert [r.rank for r in b.rows] == [0, 0, 0, 0, 1, 1, 1, 1]
+    # no device: no memcpy; each rank's seven profiled steps split into the six categories
+    assert [r.rank for r in b.rows] == [0] * 7 + [1] * 7
     assert all(r.memcpy == [] and r.memcpy_us == 0.0 for r in b.rows)
     for r in b.rows:
         assert sum(getattr(r, cat) for cat in CATEGORIES) == pytest.approx(r.step_us, abs=1e-6)

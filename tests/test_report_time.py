@@ -91,6 +91,7 @@ def test_runs_without_timeline_say_why(dlrm_db: Path) -> None:
     assert section.startswith("\n\nNo time analysis for this run (no trace with a timeline).")
 
 
+# Seven profiled steps of one DDP bucket each: the straggler rule needs 6 instances in the group.
 TINY: dict[str, Any] = {
     "layers": 1,
     "hidden": 32,
@@ -99,10 +100,10 @@ TINY: dict[str, Any] = {
     "seq_len": 16,
     "micro_batch_size": 2,
     "micro_batches": 1,
-    "steps": 6,
+    "steps": 9,
     "profile_wait": 1,
     "profile_warmup": 1,
-    "profile_active": 4,
+    "profile_active": 7,
     "device": "cpu",
     "dtype": "float32",
     "timeout_s": 120.0,
@@ -130,10 +131,10 @@ def test_harness_straggler_in_json_and_markdown(tmp_path: Path) -> None:
     launch.ingest_run(db, run)
     t = json.loads(report(db, "late", "json"))["time"]
     (s,) = t["stragglers"]
-    assert (s["rank"], s["scheme"], s["verdict"], s["steps"], s["steps_consistent"]) == (1, "dp", "straggler", 4, 4)
+    assert (s["rank"], s["scheme"], s["verdict"], s["steps"], s["steps_consistent"]) == (1, "dp", "straggler", 7, 7)
     assert s["imposed_ms_per_step"] == pytest.approx(60.0, rel=0.2)
     ranks = {r["rank"]: r for r in t["ranks"]}
-    assert set(ranks) == {0, 1} and ranks[0]["steps"] == ranks[1]["steps"] == 4
+    assert set(ranks) == {0, 1} and ranks[0]["steps"] == ranks[1]["steps"] == 7
     assert ranks[0]["instances"] == ranks[1]["instances"] > 0
     assert ranks[1]["arrived_last"] >= 0.9 * ranks[1]["instances"]
     assert ranks[0]["wait_us"] > ranks[1]["wait_us"]

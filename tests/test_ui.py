@@ -37,6 +37,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 VIEWPORT = {"width": 1366, "height": 768}
+WAIT_MS = 30_000  # how long a read waits for the state it asserts (a loaded machine renders slowly)
 HARNESS_RUN = "ddp"  # named after the harness's --out directory
 LOG_FILES = ["nccl-logs/nvidia-nccl-671.log", "nccl-logs/nvidia-nccl-429.log"]
 KINETO = "kineto-hta/nccl_parser_config/nccl_data.json.gz"
@@ -57,6 +58,14 @@ def _data_dir(config: pytest.Config) -> Path:
         ):
             return plugin.shared_data()
     raise RuntimeError("tests/conftest.py with shared_data() not loaded")
+
+
+def expect(target: Any) -> Any:
+    """Playwright's expect (imported late: without Playwright the tests skip) with WAIT_MS to settle."""
+    from playwright.sync_api import expect as playwright_expect
+
+    playwright_expect.set_options(timeout=WAIT_MS)
+    return playwright_expect(target)
 
 
 def _cli(*args: str, timeout: float = 300) -> str:
@@ -226,12 +235,16 @@ class Tab:
         )
         self.idle()
 
-    def figure_data(self, graph_dom_id: str) -> list[dict[str, Any]]:
-        """The traces Plotly drew in the graph (waits for the lazily loaded plotly.js to draw)."""
+    def figure_data(self, graph_dom_id: str, first_y: list[Any] | None = None) -> list[dict[str, Any]]:
+        """The traces Plotly drew in the graph (waits for the lazily loaded plotly.js to draw and, given
+        `first_y`, for the first trace to show those values: a graph redrawn in place keeps its old data
+        until the callback's answer lands)."""
         self.page.wait_for_function(
-            "(id) => { const e = document.getElementById(id); const g = e && e.querySelector('.js-plotly-plot');"
-            " return g && g.data && g.data.length > 0; }",
-            arg=graph_dom_id,
+            "([id, want]) => { const e = document.getElementById(id); const g = e && e.querySelector('.js-plotly-plot');"
+            " if (!(g && g.data && g.data.length > 0)) return false;"
+            " return want === null || JSON.stringify(Array.from(g.data[0].y || [])) === JSON.stringify(want); }",
+            arg=[graph_dom_id, first_y],
+            timeout=WAIT_MS,
         )
         return self.page.evaluate(
             "(id) => { const g = document.getElementById(id).querySelector('.js-plotly-plot');"
@@ -240,8 +253,9 @@ class Tab:
             graph_dom_id,
         )
 
-    def cells(self, table_id: str) -> list[list[str]]:
-        """data-value of numeric cells, text of the others, per row of a table."""
+    def cells(self, table_id: str, rows: int) -> list[list[str]]:
+        """data-value of numeric cells, text of the others, per row of a table, once it has `rows` rows."""
+        expect(self.page.locator(f"#{table_id} tbody tr")).to_have_count(rows)
         return self.page.evaluate(
             "(id) => Array.from(document.querySelectorAll('#' + id + ' tbody tr')).map(tr =>"
             " Array.from(tr.children).map(td => td.hasAttribute('data-value') ? td.getAttribute('data-value')"
@@ -295,23 +309,23 @@ PAGES = {
 def test_every_page_loads_without_errors(tab: Tab) -> None:
     for name, path in PAGES.items():
         page = tab.open(path)
-        tab.shot(name)
-        text = page.inner_text("#page")
-        assert "Traceback" not in text
         if name == "missing-run":
-            assert "Not found" in text and "no-such-run" in text  # the API's 404 in words, not a blank page
+            expect(page.locator("#page")).to_contain_text("Not found")  # the API's 404 in words, not a blank page
+            expect(page.locator("#page")).to_contain_text("no-such-run")
         elif name == "not-found":
-            assert "There is no page at" in text
+            expect(page.locator("#page")).to_contain_text("There is no page at")
         else:
+            expect(page.locator("#page h1").first).to_be_visible()
             tab.no_error_boxes()
-            assert page.locator("#page h1").count() >= 1, f"{path}: no heading"
+        tab.shot(name)
+        assert "Traceback" not in page.inner_text("#page")
     assert tab.page.locator(".js-plotly-plot").count() == 0  # the not-found page draws nothing
 
 
 def test_runs_and_overview_show_the_api_numbers(tab: Tab, api: httpx.Client) -> None:
     runs = api.get("/runs").json()["items"]
     page = tab.open("/")
-    rows = tab.cells("runs")
+    rows = tab.cells("runs", len(runs))
     assert [r[0] for r in rows] == [r["name"] for r in runs]
     assert [int(r[5]) for r in rows] == [r["events"] for r in runs]  # calls column
     assert [int(r[2]) for r in rows] == [r["world_size"] for r in runs]
@@ -320,17 +334,17 @@ def test_runs_and_overview_show_the_api_numbers(tab: Tab, api: httpx.Client) -> 
     tab.idle()
     assert urlsplit(page.url).path == f"/runs/{HARNESS_RUN}"
     comparison = api.get(f"/runs/{HARNESS_RUN}/comparison").json()
-    data = {t["name"]: t for t in tab.figure_data("ov-volumes")}
+    data = {t["name"]: t for t in tab.figure_data("ov-volumes")}  # a page of its own: drawn once, from the API
     assert data["predicted"]["y"] == [s["predicted_bytes_per_iter"] for s in comparison["schemes"]]
     assert data["measured"]["y"] == [s["measured_bytes_per_iter"] for s in comparison["schemes"]]
     assert data["measured"]["x"] == [s["scheme"] for s in comparison["schemes"]] == ["dp"]
     groups = api.get(f"/runs/{HARNESS_RUN}/groups").json()["items"]
-    shown = tab.cells("ov-groups")
+    shown = tab.cells("ov-groups", len(groups))
     assert [(r[0], r[4], r[5], int(r[8])) for r in shown] == [
         (g["group_key"], g["scheme"], g["source"], g["calls"]) for g in groups
     ]
     sources = api.get(f"/runs/{HARNESS_RUN}/sources").json()["items"]
-    assert [(r[0], r[2], int(r[4])) for r in tab.cells("ov-sources")] == [
+    assert [(r[0], r[2], int(r[4])) for r in tab.cells("ov-sources", len(sources))] == [
         (s["path"], s["status"], s["n_events"]) for s in sources
     ]
 
@@ -344,8 +358,9 @@ def test_histogram_bars_equal_the_api_and_a_click_lists_the_calls(tab: Tab, api:
     assert [t["y"] for t in traces] == [s["values"] for s in series]
     assert all(t["x"] == [b["label"] for b in h["bins"]] for t in traces)
     # the CSV alternative holds the same numbers
-    href = page.locator(f"[id='{pattern_id(type='hg-graph', scheme='dp')}'] ~ a.csv").get_attribute("href")
-    assert href.startswith("data:text/csv")
+    csv_link = page.locator(f"[id='{pattern_id(type='hg-graph', scheme='dp')}'] ~ a.csv")
+    expect(csv_link).to_have_attribute("href", re.compile(r"^data:text/csv"))
+    href = csv_link.get_attribute("href")
     rows = list(csv.DictReader(io.StringIO(unquote(href.split(",", 1)[1]))))
     assert [(r["op"], r["size bin"], float(r["bytes per rank per iteration"])) for r in rows] == [
         (s["op"], b["label"], s["bytes"][i])
@@ -363,14 +378,12 @@ def test_histogram_bars_equal_the_api_and_a_click_lists_the_calls(tab: Tab, api:
         " g.emit('plotly_click', {points: [pt], event: {}}); }",
         [graph.element_handle(), k],
     )
-    page.wait_for_selector("#hg-calls-table")
-    tab.idle()
     bin_ = h["bins"][k]
-    rows = tab.cells("hg-calls-table")
     listed = api.get(
         f"/runs/{HARNESS_RUN}/calls",
         params={"bin": bin_["key"], "scheme": "dp", "op": first["op"], "dtype": first["dtype"], "limit": 1000},
     ).json()
+    rows = tab.cells("hg-calls-table", len(listed["items"]))
     assert [(int(r[0]), int(r[3]), int(r[6])) for r in rows] == [
         (r["rank"], r["msg_bytes"], r["iteration"]) for r in listed["items"]
     ]
@@ -397,17 +410,16 @@ def test_a_bar_of_an_nccl_log_iteration_lists_its_calls(tab: Tab, api: httpx.Cli
     k = next(i for i, v in enumerate(s["calls"]) if v)
     sel = f"{s['scheme'] or '-'}:{s['op']}:{s['dtype'] or ''}:{h['bins'][k]['key']}"
     page = tab.open(f"/runs/iters/histograms?step=2&sel={sel}")
-    page.wait_for_selector("#hg-calls-table")
-    rows = tab.cells("hg-calls-table")
+    rows = tab.cells("hg-calls-table", 1)
     assert [(r[1], int(r[3]), int(r[6]), r[10]) for r in rows] == [("all_reduce", 128 << 20, 2, log.name)]
-    assert h["bins"][k]["label"] in page.inner_text("#hg-calls-title")
+    expect(page.locator("#hg-calls-title")).to_contain_text(h["bins"][k]["label"])
 
 
 def test_predicted_ranks_topology_compare_equal_the_api(tab: Tab, api: httpx.Client) -> None:
     tab.open(f"/runs/{HARNESS_RUN}/predicted")
     comparison = api.get(f"/runs/{HARNESS_RUN}/comparison").json()
     for s in comparison["schemes"]:
-        rows = tab.cells(f"pv-ops-{s['scheme']}")
+        rows = tab.cells(f"pv-ops-{s['scheme']}", len(s["ops"]))
         assert [(r[0], int(r[2]), _num(r[3]), _num(r[4]), r[6]) for r in rows] == [
             (o["op"], o["msg_bytes"], o["predicted_calls_per_iter"], o["measured_calls_per_iter"], o["status"])
             for o in s["ops"]
@@ -464,10 +476,10 @@ def test_predicted_ranks_topology_compare_equal_the_api(tab: Tab, api: httpx.Cli
     rings = api.get("/runs/nccl/topology/topology", params={"limit": 500}).json()
     cols = rings["columns"]
     ring_rows = [dict(zip(cols, r, strict=True)) for r in rings["rows"] if r[cols.index("kind")] == "ring"]
-    shown = tab.cells("tp-rings")
+    shown = tab.cells("tp-rings", len(ring_rows))
     assert [r[2] for r in shown] == [" → ".join(map(str, r["ranks"])) for r in ring_rows]
     comms = api.get("/runs/nccl/topology/comms", params={"limit": 500}).json()
-    assert len(tab.cells("tp-comms")) == len(comms["rows"]) > 0
+    assert comms["rows"] and len(tab.cells("tp-comms", len(comms["rows"]))) == len(comms["rows"])
 
     tab.open(f"/compare?runs={HARNESS_RUN},hta")
     both = api.get("/compare", params={"runs": f"{HARNESS_RUN},hta"}).json()["runs"]
@@ -484,7 +496,7 @@ def test_upload_through_the_page(tab: Tab, api: httpx.Client, store: dict[str, A
     page.set_input_files("#up-files input[type=file]", [str(store["data"] / UPLOAD_LOG), str(broken)])
     page.wait_for_selector("#up-job-view[data-state=done], #up-job-view[data-state=failed]", timeout=90_000)
     tab.idle()
-    results = {r[0]: r for r in tab.cells("up-results")}
+    results = {r[0]: r for r in tab.cells("up-results", 2)}
     assert results[Path(UPLOAD_LOG).name][2] == "ok"
     assert results["broken.json"][2] == "failed" and results["broken.json"][7]  # the file's error, in words
     job = api.get("/jobs", params={"run": "uploaded"}).json()["items"][0]
@@ -496,7 +508,7 @@ def test_upload_through_the_page(tab: Tab, api: httpx.Client, store: dict[str, A
     junk.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
     page.set_input_files("#up-files input[type=file]", [str(junk)])
     page.wait_for_selector("#up-msg .msg-error")
-    assert "picture.png" in page.inner_text("#up-msg")
+    expect(page.locator("#up-msg")).to_contain_text("picture.png")
 
 
 def test_review_comment_persists_and_a_second_user_sees_it(
@@ -507,29 +519,30 @@ def test_review_comment_persists_and_a_second_user_sees_it(
         view = f"/runs/{HARNESS_RUN}/histograms?scheme=dp&weight=bytes"
         page = alice.open(view)
         alice.set_token(store["tokens"]["alice"], "alice")
-        assert page.inner_text("#whoami-name") == "alice"
+        expect(page.locator("#whoami-name")).to_have_text("alice")
         page.click("#comment-box summary")
         body = "DP buckets look **right** <img src=x onerror=alert(1)><script>alert(2)</script>"
         page.fill("#comment-body", body)
         page.click("#comment-add")
         page.wait_for_selector("#comment-result .msg-ok")
-        assert "added by alice" in page.inner_text("#comment-result")
+        expect(page.locator("#comment-result")).to_contain_text("added by alice")
         page.reload()
         alice.wait_for_user("alice")  # the token survives the reload (local storage)
         page = alice.open(f"/runs/{HARNESS_RUN}/review")
         item = page.locator(".review-item").first
-        assert "alice" in item.inner_text()
-        assert item.locator("strong", has_text="right").count() == 1  # Markdown rendered
+        expect(item).to_contain_text("alice")
+        expect(item.locator("strong", has_text="right")).to_have_count(1)  # Markdown rendered
+        expect(item).to_contain_text("<img src=x onerror=alert(1)>")
         assert item.locator("img, script").count() == 0  # raw HTML shown as text, never injected
-        assert "<img src=x onerror=alert(1)>" in item.inner_text()
         link = item.locator("a", has_text="view:")
-        assert link.get_attribute("href") == f"/runs/{HARNESS_RUN}/histograms?scheme=dp&weight=bytes"
+        expect(link).to_have_attribute("href", f"/runs/{HARNESS_RUN}/histograms?scheme=dp&weight=bytes")
         alice.shot("review")
 
         page_b = bob.open(f"/runs/{HARNESS_RUN}/review")
         bob.set_token(store["tokens"]["bob"], "bob")
         item_b = page_b.locator(".review-item").first
-        assert "alice" in item_b.inner_text() and "right" in item_b.inner_text()
+        expect(item_b).to_contain_text("alice")
+        expect(item_b).to_contain_text("right")
         item_b.locator("textarea").fill("Agreed, resolving.")
         item_b.locator("button", has_text="Reply").click()
         page_b.wait_for_selector("#rv-msg .msg-ok")
@@ -543,14 +556,14 @@ def test_review_comment_persists_and_a_second_user_sees_it(
         assert top["anchor"]["view"] == "histograms" and top["anchor"]["scheme"] == "dp"
         # alice sees bob's reply after a reload
         page = alice.open(f"/runs/{HARNESS_RUN}/review")
-        assert "Agreed, resolving." in page.locator(".review-item").first.inner_text()
+        expect(page.locator(".review-item").first).to_contain_text("Agreed, resolving.")
         assert not alice.errors and not bob.errors, alice.errors + bob.errors
     finally:
         alice.close()
         bob.close()
 
 
-def test_a_copied_url_reproduces_the_view(tab: Tab, browser: Any, server: str) -> None:
+def test_a_copied_url_reproduces_the_view(tab: Tab, browser: Any, server: str, api: httpx.Client) -> None:
     page = tab.open(f"/runs/{HARNESS_RUN}/histograms")
     page.click("#hg-weight label:has-text('bytes')")
     tab.idle()
@@ -562,15 +575,17 @@ def test_a_copied_url_reproduces_the_view(tab: Tab, browser: Any, server: str) -
     q = parse_qs(urlsplit(page.url).query)
     assert q == {"scheme": ["dp"], "weight": ["bytes"]}, page.url
     graph = pattern_id(type="hg-graph", scheme="dp")
-    before = tab.figure_data(graph)
+    h = api.get(f"/runs/{HARNESS_RUN}/histograms", params={"weight": "bytes", "scheme": "dp"}).json()
+    [dp] = [s for s in h["series"] if s["scheme"] == "dp"]
+    before = tab.figure_data(graph, first_y=dp["values"])  # redrawn in place: wait for the bytes
     copied = page.url
     other = Tab(browser, server)
     try:
         other.page.goto(copied)
         other.idle()
-        assert other.figure_data(graph) == before
-        assert other.page.locator("#hg-weight input[value=bytes]").is_checked()
-        assert "dp" in other.page.inner_text("#hg-scheme")
+        assert other.figure_data(graph, first_y=before[0]["y"]) == before
+        expect(other.page.locator("#hg-weight input[value=bytes]")).to_be_checked()
+        expect(other.page.locator("#hg-scheme")).to_contain_text("dp")
         other.shot("histograms-from-link")
         assert not other.errors, other.errors
     finally:
@@ -582,7 +597,7 @@ def test_a_copied_url_reproduces_the_view(tab: Tab, browser: Any, server: str) -
     tab.idle()
     tab.wait_for_query()
     assert urlsplit(page.url).query == ""
-    assert not page.locator("#hg-weight input[value=bytes]").is_checked()
+    expect(page.locator("#hg-weight input[value=bytes]")).not_to_be_checked()
 
 
 def test_an_unreachable_api_is_said_in_words(browser: Any, tmp_path: Path) -> None:
@@ -603,8 +618,8 @@ def test_an_unreachable_api_is_said_in_words(browser: Any, tmp_path: Path) -> No
         tab.base = m.group(1)
         for path in ("/", f"/runs/{HARNESS_RUN}", f"/runs/{HARNESS_RUN}/histograms", "/compare?runs=a,b"):
             page = tab.open(path)
-            assert "The API cannot be reached" in page.inner_text("#page"), path
-            assert page.inner_text("#whoami") == "API unreachable"
+            expect(page.locator("#page")).to_contain_text("The API cannot be reached")
+            expect(page.locator("#whoami")).to_have_text("API unreachable")
         tab.shot("api-unreachable")
         assert not tab.errors, tab.errors
     finally:

@@ -42,6 +42,43 @@ class RankSpans:
     memory: Spans
     wait: Spans
     calls: list[tuple[float, float, str]]  # (start, end, scheme)
+    _index: dict[str, _SpanIndex] = field(default_factory=dict, repr=False)
+
+    def window(self, name: str, t0: float, t1: float) -> npt.NDArray[np.float64]:
+        """The spans of `name` (compute, comm, memory, wait) meeting [t0, t1], clipped to it, as rows
+        (start, end)."""
+        return self._index_of(name).clip(t0, t1)[0]
+
+    def calls_in(self, t0: float, t1: float) -> list[tuple[float, float, str]]:
+        """The calls meeting [t0, t1], clipped to it, earliest (clipped) start first."""
+        rows, idx = self._index_of("calls").clip(t0, t1)
+        return sorted((s, e, self.calls[i][2]) for (s, e), i in zip(rows.tolist(), idx.tolist(), strict=True))
+
+    def _index_of(self, name: str) -> _SpanIndex:
+        if name not in self._index:
+            rows = [(a, e) for a, e, _ in self.calls] if name == "calls" else getattr(self, name)
+            self._index[name] = _SpanIndex(rows)
+        return self._index[name]
+
+
+class _SpanIndex:
+    """Spans sorted by start with the running maximum of their ends, so the spans meeting a window are
+    found by two binary searches instead of a scan of the rank's whole run (a step, a path segment)."""
+
+    def __init__(self, spans: Spans) -> None:
+        arr = np.asarray(spans, dtype=np.float64).reshape(-1, 2)
+        self.order = np.argsort(arr[:, 0], kind="stable")
+        self.start = arr[self.order, 0]
+        self.end = arr[self.order, 1]
+        self.reach = np.maximum.accumulate(self.end) if len(self.end) else self.end
+
+    def clip(self, t0: float, t1: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.intp]]:
+        """The clipped rows meeting [t0, t1] and their positions in the spans given."""
+        lo = int(np.searchsorted(self.reach, t0, side="right"))
+        hi = int(np.searchsorted(self.start, t1, side="left"))
+        s, e = self.start[lo:hi], self.end[lo:hi]
+        keep = e > t0
+        return np.column_stack((np.maximum(s[keep], t0), np.minimum(e[keep], t1))), self.order[lo:hi][keep]
 
 
 @dataclass
@@ -101,28 +138,22 @@ def _kind(iv: Intervals, kinds: set[str] | frozenset[str]) -> Spans:
     return [(s, e) for k, s, e in zip(iv.kind, iv.start, iv.end, strict=True) if k in kinds]
 
 
-def _cover(bounds: npt.NDArray[np.float64], spans: Spans) -> npt.NDArray[np.bool_]:
+def _cover(bounds: npt.NDArray[np.float64], spans: npt.NDArray[np.float64] | Spans) -> npt.NDArray[np.bool_]:
     """Which elementary segments [bounds[j], bounds[j+1]] the spans cover."""
     delta = np.zeros(len(bounds) + 1, dtype=np.int64)
-    if spans:
+    if len(spans):
         arr = np.asarray(spans, dtype=np.float64)
         np.add.at(delta, np.searchsorted(bounds, arr[:, 0]), 1)
         np.add.at(delta, np.searchsorted(bounds, arr[:, 1]), -1)
     return np.cumsum(delta)[: len(bounds) - 1] > 0
 
 
-def _clip(spans: Spans, t0: float, t1: float) -> Spans:
-    return [(max(s, t0), min(e, t1)) for s, e in spans if e > t0 and s < t1]
-
-
 def classify(spans: RankSpans, t0: float, t1: float) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """Microseconds per category in [t0, t1] (rank clock), and per scheme: overlapped/wait/exposed."""
-    parts = {n: _clip(getattr(spans, n), t0, t1) for n in ("compute", "comm", "memory", "wait")}
-    calls = sorted((max(s, t0), min(e, t1), sc) for s, e, sc in spans.calls if e > t0 and s < t1)
-    pts = (
-        [t0, t1] + [x for p in parts.values() for s, e in p for x in (s, e)] + [x for s, e, _ in calls for x in (s, e)]
-    )
-    bounds = np.unique(np.asarray(pts, dtype=np.float64))
+    parts = {n: spans.window(n, t0, t1) for n in ("compute", "comm", "memory", "wait")}
+    calls = spans.calls_in(t0, t1)
+    call_pts = np.asarray([x for s, e, _ in calls for x in (s, e)], dtype=np.float64)
+    bounds = np.unique(np.concatenate([np.asarray([t0, t1]), *(p.ravel() for p in parts.values()), call_pts]))
     width = np.diff(bounds)
     comp, comm = _cover(bounds, parts["compute"]), _cover(bounds, parts["comm"])
     mem, wait = _cover(bounds, parts["memory"]), _cover(bounds, parts["wait"])
@@ -172,6 +203,7 @@ def step_breakdown(
         if not data.has_device:
             out.notes.append(f"rank {rank}: no device activity: compute is CPU ops, communication the calls' CPU time")
         spans = rank_spans(rank, data, inst, stats, clocks, schemes)
+        copies = _copies(data.intervals)
         for n, t0, t1 in zip(st.step, st.start, st.end, strict=True):
             totals, per_scheme = classify(spans, t0, t1)
             out.rank.append(rank)
@@ -183,7 +215,7 @@ def step_breakdown(
             out.exposed_us.append(totals["exposed"])
             out.memcpy_us.append(totals["memcpy"])
             out.idle_us.append(totals["idle"])
-            htod, dtoh, busy = _memcpy_lane(data.intervals, t0, t1)
+            htod, dtoh, busy = _memcpy_lane(copies, spans, t0, t1)
             out.htod_bytes.append(htod)
             out.dtoh_bytes.append(dtoh)
             out.memcpy_busy_us.append(busy)
@@ -192,19 +224,33 @@ def step_breakdown(
     return out
 
 
-def _memcpy_lane(iv: Intervals, t0: float, t1: float) -> tuple[int, int, float]:
+_Copies = tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+
+
+def _copies(iv: Intervals) -> _Copies:
+    """Start, host-to-device bytes and device-to-host bytes of each interval, sorted by start."""
+    start = np.asarray(iv.start, dtype=np.float64)
+    kind = np.asarray(iv.kind, dtype=object)
+    nbytes = np.asarray(iv.nbytes, dtype=np.int64)
+    order = np.argsort(start, kind="stable")
+    return (
+        start[order],
+        np.where(kind == "memcpy_htod", nbytes, 0)[order],
+        np.where(kind == "memcpy_dtoh", nbytes, 0)[order],
+    )
+
+
+def _memcpy_lane(copies: _Copies, spans: RankSpans, t0: float, t1: float) -> tuple[int, int, float]:
     """Host-to-device and device-to-host bytes of the copies starting in [t0, t1), and the time any
     memory operation runs there (GB/s per step = bytes / busy time)."""
-    htod = dtoh = 0
-    for k, s, b in zip(iv.kind, iv.start, iv.nbytes, strict=True):
-        if t0 <= s < t1:
-            htod += b if k == "memcpy_htod" else 0
-            dtoh += b if k == "memcpy_dtoh" else 0
-    spans = _clip(_kind(iv, MEMORY_KINDS), t0, t1)
-    if not spans:
-        return htod, dtoh, 0.0
-    bounds = np.unique(np.asarray([x for sp in spans for x in sp], dtype=np.float64))
-    return htod, dtoh, float(np.diff(bounds)[_cover(bounds, spans)].sum())
+    start, htod, dtoh = copies
+    lo, hi = np.searchsorted(start, t0, side="left"), np.searchsorted(start, t1, side="left")
+    moved = int(htod[lo:hi].sum()), int(dtoh[lo:hi].sum())
+    mem = spans.window("memory", t0, t1)
+    if not len(mem):
+        return moved[0], moved[1], 0.0
+    bounds = np.unique(mem.ravel())
+    return moved[0], moved[1], float(np.diff(bounds)[_cover(bounds, mem)].sum())
 
 
 def comm_comp_overlap(iv: Intervals, before: float | None = None) -> float | None:

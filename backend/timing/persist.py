@@ -215,7 +215,7 @@ def result_tables(data: RunInput, job: TimeAnalysis | None) -> dict[str, Columns
     if job is None:
         status[("matching", "no call of a known rank: nothing to match")] = False
         return {"time_status": _status_columns(status)}
-    out = {
+    out: dict[str, Columns] = {
         "time_instances": _instances(job, data.schemes),
         "time_instance_members": _members(job, data),
         "time_mismatches": _mismatches(job),

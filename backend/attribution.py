@@ -46,6 +46,7 @@ _DIM_SCHEMES: dict[str, str] = {
             "dp_shard",
             "dp_shard_cp",
             "dp_cp",
+            "dp_ep",
             "dp_replicate_cp",
             "edp",
             "ep_dp",

@@ -26,6 +26,9 @@ class ModelConfig(_Strict):
     param_count: int | None = None  # the real count of the built model (all ranks together)
     kv_heads: int | None = Field(None, ge=1)  # grouped-query attention (not the harness's); default heads
     vocab_divisible_by: int | None = Field(None, ge=1)  # Megatron's vocabulary padding multiple (not the harness's)
+    experts: int = Field(0, ge=0)  # mixture of experts: routed experts per MLP (0: dense)
+    top_k: int = Field(1, ge=1)  # experts each token is routed to
+    capacity_factor: float | None = Field(None, gt=0)  # tokens per expert capped at ceil(F·tokens·k/experts)
 
 
 class ParallelConfig(_Strict):
@@ -44,6 +47,7 @@ class ParallelConfig(_Strict):
     cp: int = Field(1, ge=1)  # context parallelism (the harness's --cp)
     cp_style: Literal["ring", "attention2d"] = "ring"  # ring attention or ATTENTION2D
     cp_rq: int | None = Field(None, ge=1)  # ATTENTION2D r_Q (None: sqrt(cp)); r_KV = cp / r_Q
+    ep: int = Field(1, ge=1)  # expert parallelism (the harness's --ep)
     recompute: Literal["none", "selective", "full"] = "none"
     virtual_stages: int = Field(1, ge=1)  # interleaved pipeline chunks per device
 
@@ -136,5 +140,8 @@ class RunConfig(_Strict):
     results: Results | None = None
     step_wall_ms: dict[int, list[float]] = {}  # per rank: wall time of every step (profiled or not), ms
     delays: list[DelayConfig] = []  # injected delays (harness --delay)
+    # MoE routing of the profiled steps: step -> rank -> per all-to-all dispatch (micro-batch, layer order), the
+    # (token, expert) rows the rank sent to each ep rank; the prediction of that step is exact from it
+    moe_routing: dict[int, dict[int, list[list[int]]]] = {}
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)

@@ -69,6 +69,12 @@ def harness(
     cp_rq: int | None = typer.Option(
         None, "--cp-rq", help="ATTENTION2D r_Q (ranks sharing a Q block) [default: sqrt(cp)]; r_KV = cp / r_Q."
     ),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree: the experts spread over ep ranks."),
+    experts: int = typer.Option(0, "--experts", help="Routed experts per MLP (mixture of experts; 0: dense)."),
+    top_k: int = typer.Option(_DEFAULTS.top_k, "--top-k", help="Experts each token is routed to."),
+    capacity_factor: float | None = typer.Option(
+        None, "--capacity-factor", help="Tokens per expert capped at ceil(F*tokens*top_k/experts) [default: no cap]."
+    ),
     micro_batches: int = typer.Option(
         _DEFAULTS.micro_batches, "--micro-batches", help="Micro-batches per step (gradient accumulation / pipeline)."
     ),
@@ -132,6 +138,10 @@ def harness(
         "cp": cp,
         "cp_style": cp_style,
         "cp_rq": cp_rq,
+        "ep": ep,
+        "experts": experts,
+        "top_k": top_k,
+        "capacity_factor": capacity_factor,
         "micro_batches": micro_batches,
         "schedule": schedule,
         "layers": layers,
@@ -152,7 +162,7 @@ def harness(
     }
     try:
         options["delays"] = parse_delays(delay)
-        runs = launch.plan_runs(out, options, _nproc_per_cp(nproc, cp), sweep, None if dry_run else gpus)
+        runs = launch.plan_runs(out, options, _nproc_per_cp(nproc, cp * ep), sweep, None if dry_run else gpus)
         for run in runs:
             old = launch.existing_outputs(run.out)
             if old and not overwrite:
@@ -205,11 +215,11 @@ def harness(
 
 
 def _nproc_per_cp(nproc: int | None, cp: int) -> int | None:
-    """--nproc counts every process; the launcher derives dp from the processes of one cp rank."""
+    """--nproc counts every process; the launcher derives dp from the processes of one cp (and ep) rank."""
     if nproc is None or cp <= 1:
         return nproc
     if nproc % cp:
-        raise ConfigError(f"world size {nproc} (--nproc) is not divisible by --cp {cp}")
+        raise ConfigError(f"world size {nproc} (--nproc) is not divisible by cp*ep = {cp}")
     return nproc // cp
 
 

@@ -16,7 +16,7 @@ SCHEDULES = ("gpipe", "1f1b")
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
 # Mesh dimension order, outermost first: ranks vary fastest along tp, then cp, then dp, then pp (Megatron order).
-MESH_ORDER = ("pp", "dp", "cp", "tp")
+MESH_ORDER = ("pp", "dp", "ep", "cp", "tp")
 CP_STYLES = ("ring", "attention2d")
 # Where an injected delay (--delay) sleeps: before the step's first forward, its first backward, or the
 # end-of-step synchronisation and optimizer update.
@@ -76,6 +76,11 @@ class HarnessConfig:
     cp: int = 1
     cp_style: str = "ring"
     cp_rq: int | None = None  # ATTENTION2D r_Q (None: sqrt(cp)); r_KV = cp / r_Q
+    # expert parallelism: every MLP is `experts` top-k routed experts, spread over ep ranks (0: dense MLPs)
+    ep: int = 1
+    experts: int = 0
+    top_k: int = 1
+    capacity_factor: float | None = None  # None: no token is dropped
     # model
     layers: int = 2
     hidden: int = 64
@@ -102,7 +107,7 @@ class HarnessConfig:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
+        return self.dp * self.tp * self.pp * self.cp * self.ep
 
     @property
     def cp_mesh(self) -> tuple[int, int]:
@@ -127,7 +132,7 @@ class HarnessConfig:
     @property
     def dp_sync(self) -> str:
         """How the dp group reduces gradients: ddp | allreduce | zero1 | zero2 | zero3 | none."""
-        if self.dp * self.cp == 1:  # with cp the gradients are reduced over dp x cp (Megatron)
+        if self.dp * self.cp * self.ep == 1:  # with cp (ep) the dense gradients are reduced over dp x cp (x ep)
             return "none"
         if self.zero:
             return f"zero{self.zero}"
@@ -140,6 +145,8 @@ class HarnessConfig:
             parts.append({"ddp": "ddp", "allreduce": "dp-allreduce"}.get(self.dp_sync, self.dp_sync))
         if self.cp > 1:
             parts.append(f"cp-{self.cp_style}")
+        if self.experts:
+            parts.append(f"moe{self.experts}-top{self.top_k}" + (f"-ep{self.ep}" if self.ep > 1 else ""))
         if self.tp > 1:
             parts.append("tp-sp" if self.sp else "tp")
         if self.pp > 1:
@@ -147,14 +154,17 @@ class HarnessConfig:
         return "+".join(parts) or "single"
 
     def coords(self, rank: int) -> dict[str, int]:
-        """Mesh coordinates of a global rank: rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i."""
+        """Mesh coordinates of a global rank: rank = (((pp_i * dp + dp_i) * ep + ep_i) * cp + cp_i) * tp + tp_i."""
         inner = self.cp * self.tp
-        return {
-            "pp": rank // (self.dp * inner),
-            "dp": (rank // inner) % self.dp,
+        coords = {
+            "pp": rank // (self.dp * self.ep * inner),
+            "dp": (rank // (self.ep * inner)) % self.dp,
             "cp": (rank // self.tp) % self.cp,
             "tp": rank % self.tp,
         }
+        if self.ep > 1:
+            coords["ep"] = (rank // inner) % self.ep
+        return coords
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -194,6 +204,8 @@ def validation_errors(cfg: HarnessConfig, cuda_devices: int | None = None) -> li
         "tp",
         "pp",
         "cp",
+        "ep",
+        "top_k",
         "micro_batches",
         "layers",
         "hidden",
@@ -213,7 +225,9 @@ def validation_errors(cfg: HarnessConfig, cuda_devices: int | None = None) -> li
         errors.append("--profile-wait and --profile-warmup must be >= 0")
     if errors:
         return errors
-    return _layout_errors(cfg) + _device_errors(cfg, cuda_devices) + _delay_errors(cfg) + _cp_errors(cfg)
+    return (
+        _layout_errors(cfg) + _device_errors(cfg, cuda_devices) + _delay_errors(cfg) + _cp_errors(cfg) + _ep_errors(cfg)
+    )
 
 
 def _layout_errors(cfg: HarnessConfig) -> list[str]:
@@ -321,3 +335,29 @@ def validate(cfg: HarnessConfig, cuda_devices: int | None = None) -> None:
     errors = validation_errors(cfg, cuda_devices)
     if errors:
         raise ConfigError("; ".join(errors))
+
+
+def _ep_errors(cfg: HarnessConfig) -> list[str]:
+    """Expert parallelism: the experts must spread evenly over the ep ranks."""
+    errors = []
+    if cfg.experts < 0:
+        errors.append(f"--experts must be >= 0 (got {cfg.experts})")
+    if cfg.ep > 1 and cfg.experts == 0:
+        errors.append(f"--ep {cfg.ep} spreads experts over ranks: give --experts N (a multiple of {cfg.ep})")
+    if cfg.experts and cfg.experts % cfg.ep:
+        errors.append(
+            f"--experts {cfg.experts} is not divisible by --ep {cfg.ep} (each ep rank holds experts/ep experts)"
+        )
+    if cfg.experts and cfg.top_k > cfg.experts:
+        errors.append(f"--top-k {cfg.top_k} exceeds --experts {cfg.experts}")
+    if cfg.capacity_factor is not None and not (math.isfinite(cfg.capacity_factor) and cfg.capacity_factor > 0):
+        errors.append(f"--capacity-factor must be a number > 0 (got {cfg.capacity_factor})")
+    if cfg.capacity_factor is not None and not cfg.experts:
+        errors.append("--capacity-factor caps tokens per expert: it needs --experts")
+    others = [f for f in ("dp", "tp", "pp", "cp") if getattr(cfg, f) > 1] + (["zero"] if cfg.zero else [])
+    if cfg.experts and others:
+        errors.append(
+            f"--experts with {', '.join('--' + f for f in others)} is not supported by the harness: the ep ranks are "
+            "its data-parallel replicas"
+        )
+    return errors

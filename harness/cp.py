@@ -59,7 +59,7 @@ def _new_group(dim: str, ranks: list[int]) -> tuple[dist.ProcessGroup | None, li
     return (pg if dist.get_rank() in ranks else None), ranks
 
 
-def _subgroups(dim: str, blocks: list[list[int]]) -> Group | None:
+def subgroups(dim: str, blocks: list[list[int]]) -> Group | None:
     """Create one process group per block (every rank calls new_group for every block, in order) and return
     this rank's as a labelled Group."""
     from torch.distributed.distributed_c10d import _get_pg_config
@@ -90,7 +90,7 @@ def setup(cfg: HarnessConfig, mesh: Mesh) -> CPInfo:
         for pp_i in range(cfg.pp)
         for tp_i in range(t)
     ]
-    dp_cp = _subgroups("dp_cp", blocks)
+    dp_cp = subgroups("dp_cp", blocks)
     if dp_cp is not None:
         mesh.groups["dp_cp"] = dp_cp
     info = CPInfo(c, co["cp"], cfg.cp_style, ring=mesh.group("cp"))
@@ -102,23 +102,23 @@ def setup(cfg: HarnessConfig, mesh: Mesh) -> CPInfo:
             q_blocks = [
                 [global_rank(p, a, qa * r_q + x, k) for x in range(r_q)] for p, a, k in outer for qa in range(r_kv)
             ]
-            info.q = _subgroups("cp_q", q_blocks)
+            info.q = subgroups("cp_q", q_blocks)
             mesh.groups["cp_q"] = info.q  # type: ignore[assignment]
         if r_kv > 1:
             kv_blocks = [
                 [global_rank(p, a, kb + r_q * x, k) for x in range(r_kv)] for p, a, k in outer for kb in range(r_q)
             ]
-            info.kv = _subgroups("cp_kv", kv_blocks)
+            info.kv = subgroups("cp_kv", kv_blocks)
             mesh.groups["cp_kv"] = info.kv  # type: ignore[assignment]
     return info
 
 
 def gradient_mesh(mesh: Mesh) -> Mesh:
-    """The mesh the dp-sync strategy sees: with context parallelism its dp group is dp x cp."""
-    dp_cp = mesh.group("dp_cp")
-    if dp_cp is None:
+    """The mesh the dp-sync strategy sees: with context (expert) parallelism its dp group is dp x cp (dp x ep)."""
+    group = mesh.group("dp_cp") or mesh.group("dp_ep")
+    if group is None:
         return mesh
-    return replace(mesh, groups={**mesh.groups, "dp": dp_cp})
+    return replace(mesh, groups={**mesh.groups, "dp": group})
 
 
 # ------------------------------------------------------------------------------------------ block maths

@@ -20,6 +20,7 @@ from torch import nn
 
 from .comm import Group
 from .cp import CPInfo, attention
+from .moe import MoE, MoEInfo
 from .tp import VocabParallelCrossEntropy, enter_parallel, leave_parallel
 
 
@@ -30,6 +31,7 @@ class GPTShape:
     heads: int
     vocab: int
     seq_len: int
+    experts: int = 0  # 0: dense MLPs; else every MLP is this many routed experts (harness/moe.py)
 
     @property
     def ffn(self) -> int:
@@ -37,7 +39,8 @@ class GPTShape:
 
     def param_count(self) -> int:
         h = self.hidden
-        block = 12 * h * h + 13 * h
+        mlp = 8 * h * h + 5 * h
+        block = 4 * h * h + 8 * h + (self.experts * (mlp + h) if self.experts else mlp)
         return 2 * self.vocab * h + self.seq_len * h + self.layers * block + 2 * h
 
 
@@ -113,12 +116,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, shape: GPTShape, tp: TPInfo, cp: CPInfo | None = None):
+    def __init__(self, shape: GPTShape, tp: TPInfo, cp: CPInfo | None = None, moe: MoEInfo | None = None):
         super().__init__()
         self.ln1 = nn.LayerNorm(shape.hidden)
         self.attn = Attention(shape, tp, cp)
         self.ln2 = nn.LayerNorm(shape.hidden)
-        self.mlp = MLP(shape, tp)
+        self.mlp: nn.Module = MoE(shape.hidden, shape.ffn, moe) if moe is not None else MLP(shape, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -151,12 +154,13 @@ class Stage(nn.Module):
         first: bool,
         last: bool,
         cp: CPInfo | None = None,
+        moe: MoEInfo | None = None,
     ):
         super().__init__()
         self.shape, self.tp = shape, tp
         self.first_layer = first_layer
         self.embed = Embedding(shape, tp, cp) if first else None
-        self.blocks = nn.ModuleList(Block(shape, tp, cp) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(shape, tp, cp, moe) for _ in range(n_layers))
         self.head = Head(shape, tp) if last else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -190,7 +194,8 @@ class Stage(nn.Module):
 
 def full_model(shape: GPTShape, seed: int) -> Stage:
     """The unsharded float32 model, initialised from the seed (GPT-2 style), on CPU."""
-    model = Stage(shape, TPInfo(), 0, shape.layers, True, True)
+    moe = MoEInfo(experts=shape.experts) if shape.experts else None
+    model = Stage(shape, TPInfo(), 0, shape.layers, True, True, moe=moe)
     gen = torch.Generator().manual_seed(seed)
     resid_std = 0.02 / math.sqrt(2 * shape.layers)
     with torch.no_grad():
@@ -221,18 +226,30 @@ def _tp_slice(name: str, full: torch.Tensor, tp: TPInfo, hidden: int) -> torch.T
     return full  # LayerNorms, wpe, row-parallel biases: replicated
 
 
-def build_stage(shape: GPTShape, seed: int, tp: TPInfo, pp_rank: int, pp_size: int, cp: CPInfo | None = None) -> Stage:
+def build_stage(
+    shape: GPTShape,
+    seed: int,
+    tp: TPInfo,
+    pp_rank: int,
+    pp_size: int,
+    cp: CPInfo | None = None,
+    moe: MoEInfo | None = None,
+) -> Stage:
     """This rank's stage, holding exactly its slice of the seed's full model (float32, CPU); with context
-    parallelism every cp rank holds the same slice and attends over its part of the sequence."""
+    parallelism every cp rank holds the same slice and attends over its part of the sequence; with expert
+    parallelism ep rank r holds experts [r·N/E, (r+1)·N/E) of every MoE layer."""
     per_stage = shape.layers // pp_size
     first_layer = pp_rank * per_stage
-    stage = Stage(shape, tp, first_layer, per_stage, pp_rank == 0, pp_rank == pp_size - 1, cp)
+    stage = Stage(shape, tp, first_layer, per_stage, pp_rank == 0, pp_rank == pp_size - 1, cp, moe)
     full = dict(full_model(shape, seed).named_parameters())
     with torch.no_grad():
         for name, p in stage.named_parameters():
             full_name = name
             if name.startswith("blocks."):
                 _, idx, rest = name.split(".", 2)
+                if moe is not None and rest.startswith("mlp.experts."):
+                    _, _, local, leaf = rest.split(".", 3)
+                    rest = f"mlp.experts.{moe.rank * moe.local + int(local)}.{leaf}"
                 full_name = f"blocks.{int(idx) + first_layer}.{rest}"
             p.copy_(_tp_slice(full_name, full[full_name].detach(), tp, shape.hidden))
     return stage

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from . import cp as context
+from . import moe as experts
 from .comm import Mesh, build_mesh
 from .config import MESH_ORDER, HarnessConfig, validate
 from .data import global_batch, micro_batch
@@ -78,11 +79,13 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
     dtype = getattr(torch, cfg.dtype)
     mesh = build_mesh(cfg, device.type)
     coords = cfg.coords(rank)
-    shape = GPTShape(cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq_len)
+    shape = GPTShape(cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq_len, cfg.experts)
     tp = TPInfo(cfg.tp, coords["tp"], mesh.group("tp"), cfg.sp)
     cp = context.setup(cfg, mesh)
-    stage = build_stage(shape, cfg.seed, tp, coords["pp"], cfg.pp, cp).to(device=device, dtype=dtype)
+    moe = experts.setup(cfg, mesh)
+    stage = build_stage(shape, cfg.seed, tp, coords["pp"], cfg.pp, cp, moe).to(device=device, dtype=dtype)
     local_params = sum(p.numel() for p in stage.parameters())
+    experts.prepare_for_ddp(stage, moe)
     sync = make_sync(
         stage, context.gradient_mesh(mesh), cfg.lr, cfg.dp_sync, [device.index] if cfg.device == "cuda" else None
     )
@@ -107,7 +110,9 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
     reporter = coords["pp"] == cfg.pp - 1 and coords["dp"] == 0 and coords["tp"] == 0 and coords["cp"] == 0
     losses: list[float] = []
     seconds: list[float] = []
-    samples = cfg.dp * cfg.micro_batches * cfg.micro_batch_size
+    replicas, replica = cfg.dp * cfg.ep, coords["dp"] * cfg.ep + coords.get("ep", 0)  # ep ranks see other samples
+    samples = replicas * cfg.micro_batches * cfg.micro_batch_size
+    routing: dict[int, list[list[int]]] = {}  # profiled step -> rows sent to each ep rank, per all-to-all
     fail_rank = os.environ.get(FAIL_RANK_ENV)
     with _profiler(cfg, out, rank) as prof:
         for step in range(cfg.steps):
@@ -116,12 +121,16 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
             tokens = global_batch(cfg.seed, step, samples, cfg.seq_len, cfg.vocab)
             batches = [
                 context.local_tokens(
-                    micro_batch(tokens, coords["dp"], cfg.dp, j, cfg.micro_batch_size), cfg.cp, cp.rank
+                    micro_batch(tokens, replica, replicas, j, cfg.micro_batch_size), cfg.cp, cp.rank
                 ).to(device)
                 for j in range(cfg.micro_batches)
             ]
+            if moe is not None and step in cfg.profiled_steps:
+                moe.log = routing.setdefault(step, [])
             t0 = time.perf_counter()
             loss = runner.step(batches)
+            if moe is not None:
+                moe.log = None
             if cfg.device == "cuda":
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - t0)
@@ -143,6 +152,7 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
         "losses": losses if losses else None,
         "seconds": seconds,
         "groups": [g.info() for g in mesh.groups.values()],
+        "routing": routing,
     }
     gathered: list[dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(gathered, info)
@@ -157,7 +167,7 @@ def _groups(infos: list[dict], mesh: Mesh) -> list[dict]:
     for info in infos:
         for g in info["groups"]:
             seen.setdefault((g["dim"], g["pg_name"]), dict(g, backend=mesh.backend))
-    order = {d: i for i, d in enumerate((*MESH_ORDER, "dp_cp", "cp_q", "cp_kv"))}
+    order = {d: i for i, d in enumerate((*MESH_ORDER, "dp_cp", "cp_q", "cp_kv", "dp_ep"))}
     groups = sorted(seen.values(), key=lambda g: (order[g["dim"]], g["ranks"]))
     if not any(g["pg_name"] == "0" for g in groups):
         world = dist.distributed_c10d._get_default_group()
@@ -200,6 +210,9 @@ def write_run_json(
             "tied_embeddings": False,
             "learned_pos": True,
             "param_count": sum(p.numel() for p in full_model(shape, cfg.seed).parameters()),
+            "experts": cfg.experts,
+            "top_k": cfg.top_k,
+            "capacity_factor": cfg.capacity_factor,
         },
         "parallel": {
             "dp": cfg.dp,
@@ -215,6 +228,7 @@ def write_run_json(
             "cp": cfg.cp,
             "cp_style": cfg.cp_style,
             "cp_rq": cfg.cp_rq,
+            "ep": cfg.ep,
         },
         "mesh_dims": cfg.mesh_dims,
         "mesh_shape": cfg.mesh_shape,
@@ -261,6 +275,7 @@ def write_run_json(
         "results": {"losses": losses, "step_seconds": infos[0]["seconds"]},
         "step_wall_ms": {i["rank"]: [1000 * t for t in i["seconds"]] for i in infos},
         "delays": [dataclasses.asdict(d) for d in cfg.delays],
+        "moe_routing": {step: {i["rank"]: i["routing"][step] for i in infos} for step in infos[0]["routing"]},
     }
     cfg_model = RunConfig.model_validate(data)
     path = out / "run.json"

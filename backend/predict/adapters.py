@@ -70,17 +70,21 @@ def merge(ops: list[PredictedOp]) -> list[PredictedOp]:
 
 
 def totals(ops: list[PredictedOp]) -> list[SchemeTotal]:
-    """Per-scheme totals of one rank's ops: S-sum, ring wire bytes and the paper's convention (recv apart)."""
-    out: dict[str, SchemeTotal] = {}
+    """Per-scheme totals of one rank's ops: S-sum, ring wire bytes and the paper's convention (recv apart).
+    Byte counts are rounded where calls are means over iterations (MoE routing)."""
+    acc: dict[str, list[float]] = {}  # s_sum, wire, paper, recv
     for o in ops:
-        t = out.setdefault(o.scheme, SchemeTotal(scheme=o.scheme, s_sum=0, wire_bytes=0.0, paper_bytes=0))
+        a = acc.setdefault(o.scheme, [0, 0.0, 0, 0])
         if o.op == "recv":
-            t.recv_bytes += o.msg_bytes * o.calls_per_iter
+            a[3] += o.msg_bytes * o.calls_per_iter
             continue
-        t.s_sum += o.msg_bytes * o.calls_per_iter
-        t.wire_bytes += o.msg_bytes * busbw_factor(o.op, o.group_size) * o.calls_per_iter
-        t.paper_bytes += o.msg_bytes * o.calls_per_iter * (2 if o.op == "all_reduce" else 1)
-    return sorted(out.values(), key=lambda t: t.scheme)
+        a[0] += o.msg_bytes * o.calls_per_iter
+        a[1] += o.msg_bytes * busbw_factor(o.op, o.group_size) * o.calls_per_iter
+        a[2] += o.msg_bytes * o.calls_per_iter * (2 if o.op == "all_reduce" else 1)
+    return [
+        SchemeTotal(scheme=scheme, s_sum=round(a[0]), wire_bytes=a[1], paper_bytes=round(a[2]), recv_bytes=round(a[3]))
+        for scheme, a in sorted(acc.items())
+    ]
 
 
 def mean_totals(stages: list[StagePrediction]) -> list[SchemeTotal]:
@@ -110,15 +114,16 @@ def mean_totals(stages: list[StagePrediction]) -> list[SchemeTotal]:
 def stage_ranks(inp: PredictInput, stage: int) -> list[int]:
     """Global ranks of a stage in Megatron's layout, rank = (pp_i * dp + dp_i) * tp + tp_i (cp inside dp)."""
     p = inp.parallel
-    per_stage = p.dp * p.cp * p.tp
+    per_stage = p.dp * p.ep * p.cp * p.tp
     return list(range(stage * per_stage, (stage + 1) * per_stage))
 
 
 def replica_ranks(inp: PredictInput, stage: int, replica: int) -> list[int]:
-    """Global ranks of one data-parallel replica of a stage (its cp x tp block of the stage's ranks)."""
+    """Global ranks of one data-parallel replica of a stage (its cp x tp block of the stage's ranks); with expert
+    parallelism each (dp, ep) pair is a replica, replica = dp_i · ep + ep_i."""
     p = inp.parallel
     block = p.cp * p.tp
-    start = stage * p.dp * block + replica * block
+    start = stage * p.dp * p.ep * block + replica * block
     return list(range(start, start + block))
 
 

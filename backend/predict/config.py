@@ -67,6 +67,9 @@ def _from_run_config(cfg: RunConfig) -> PredictInput:
             learned_pos=m.learned_pos,
             kv_heads=m.kv_heads,
             vocab_divisible_by=m.vocab_divisible_by,
+            experts=m.experts,
+            top_k=m.top_k,
+            capacity_factor=m.capacity_factor,
         ),
         parallel=ParallelSpec(
             dp=p.dp,
@@ -75,6 +78,7 @@ def _from_run_config(cfg: RunConfig) -> PredictInput:
             cp=p.cp,
             cp_style=p.cp_style,
             cp_rq=p.cp_rq,
+            ep=p.ep,
             zero=p.zero,
             sp=p.sp,
             micro_batches=p.micro_batches,
@@ -93,4 +97,5 @@ def _from_run_config(cfg: RunConfig) -> PredictInput:
         ),
         implementation=implementation,
         recorded_params=recorded,
+        moe_routing=[cfg.moe_routing[step] for step in sorted(cfg.moe_routing)],
     )

@@ -178,9 +178,10 @@ def persistence_note(inp: PredictInput, check: ParamCheck | None) -> str | None:
 
 def harness_sync(inp: PredictInput) -> str:
     """How the harness's dp group reduces gradients: none | ddp | allreduce (DDP under PP) | zero1-3. With context
-    parallelism the gradients are reduced over dp x cp (Megatron's data-parallel-with-cp group)."""
+    parallelism the gradients are reduced over dp x cp (Megatron's data-parallel-with-cp group); with expert
+    parallelism the dense gradients over dp x ep (the ep ranks are data-parallel replicas for them)."""
     p = inp.parallel
-    if p.dp * p.cp == 1:
+    if p.dp * p.cp * p.ep == 1:
         return "none"
     if p.zero == 0:
         return "ddp" if p.pp == 1 else "allreduce"
@@ -191,8 +192,8 @@ def _harness_op(stage: Stage, o: str, size: int, calls: int, what: str, per_micr
     inp = stage.inp
     return PredictedOp(
         scheme="dp",
-        group="dp" if inp.parallel.cp == 1 else "dp_cp",
-        group_size=inp.parallel.dp * inp.parallel.cp,
+        group="dp" if inp.parallel.cp * inp.parallel.ep == 1 else "dp_cp" if inp.parallel.ep == 1 else "dp_ep",
+        group_size=inp.parallel.dp * inp.parallel.cp * inp.parallel.ep,
         op=o,
         dtype=inp.dtypes.act,
         msg_bytes=size,

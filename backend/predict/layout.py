@@ -13,9 +13,30 @@ from .adapters import Param
 # ------------------------------------------------------------------------------------ frameworks
 
 
-def _layer(m: ModelSpec, tp: int, layer: int) -> list[Param]:
-    """One transformer layer's tensors on one TP rank, in the model's parameter order."""
-    h, f, qkv = m.hidden, m.f, m.hidden + 2 * m.h_kv
+def _mlp(m: ModelSpec, tp: int, ep: int) -> list[tuple[str, int]]:
+    """The MLP's tensors on one rank: dense and column/row parallel, or a router and the rank's experts."""
+    h, f = m.hidden, m.f
+    if not m.experts:
+        return [
+            ("mlp.fc1.weight", h * f // tp),
+            ("mlp.fc1.bias", f // tp),
+            ("mlp.fc2.weight", f * h // tp),
+            ("mlp.fc2.bias", h),
+        ]
+    out = [("mlp.router.weight", m.experts * h)]
+    for j in range(m.experts // ep):
+        out += [
+            (f"mlp.experts.{j}.fc1.weight", h * f),
+            (f"mlp.experts.{j}.fc1.bias", f),
+            (f"mlp.experts.{j}.fc2.weight", f * h),
+            (f"mlp.experts.{j}.fc2.bias", h),
+        ]
+    return out
+
+
+def _layer(m: ModelSpec, tp: int, layer: int, ep: int = 1) -> list[Param]:
+    """One transformer layer's tensors on one TP (and EP) rank, in the model's parameter order."""
+    h, qkv = m.hidden, m.hidden + 2 * m.h_kv
     counts = [
         ("ln1.weight", h),
         ("ln1.bias", h),
@@ -25,10 +46,7 @@ def _layer(m: ModelSpec, tp: int, layer: int) -> list[Param]:
         ("attn.proj.bias", h),
         ("ln2.weight", h),
         ("ln2.bias", h),
-        ("mlp.fc1.weight", h * f // tp),
-        ("mlp.fc1.bias", f // tp),
-        ("mlp.fc2.weight", f * h // tp),
-        ("mlp.fc2.bias", h),
+        *_mlp(m, tp, ep),
     ]
     return [(f"blocks.{layer}.{name}", (c,)) for name, c in counts]
 
@@ -45,7 +63,7 @@ def stage_parameters(m: ModelSpec, p: ParallelSpec, stage: int) -> list[Param]:
         if m.learned_pos:
             params.append(("embed.pos", (m.seq_len * m.hidden,)))
     for layer in range(stage * l_stage, (stage + 1) * l_stage):
-        params += _layer(m, t, layer)
+        params += _layer(m, t, layer, p.ep)
     if stage == p.pp - 1:
         params += [("ln_f.weight", (m.hidden,)), ("ln_f.bias", (m.hidden,))]
         if not m.tied_embeddings or p.pp > 1:
@@ -110,11 +128,23 @@ def harness_layout(inp: PredictInput, stage: int) -> list[Param]:
             (f"blocks.{i}.attn.proj.bias", (h,)),
             (f"blocks.{i}.ln2.weight", (h,)),
             (f"blocks.{i}.ln2.bias", (h,)),
-            (f"blocks.{i}.mlp.fc1.weight", (f // t, h)),
-            (f"blocks.{i}.mlp.fc1.bias", (f // t,)),
-            (f"blocks.{i}.mlp.fc2.weight", (h, f // t)),
-            (f"blocks.{i}.mlp.fc2.bias", (h,)),
         ]
+        if not m.experts:
+            out += [
+                (f"blocks.{i}.mlp.fc1.weight", (f // t, h)),
+                (f"blocks.{i}.mlp.fc1.bias", (f // t,)),
+                (f"blocks.{i}.mlp.fc2.weight", (h, f // t)),
+                (f"blocks.{i}.mlp.fc2.bias", (h,)),
+            ]
+            continue
+        out.append((f"blocks.{i}.mlp.router.weight", (m.experts, h)))
+        for j in range(m.experts // p.ep):
+            out += [
+                (f"blocks.{i}.mlp.experts.{j}.fc1.weight", (f, h)),
+                (f"blocks.{i}.mlp.experts.{j}.fc1.bias", (f,)),
+                (f"blocks.{i}.mlp.experts.{j}.fc2.weight", (h, f)),
+                (f"blocks.{i}.mlp.experts.{j}.fc2.bias", (h,)),
+            ]
     if stage == p.pp - 1:
         out += [("head.ln_f.weight", (h,)), ("head.ln_f.bias", (h,)), ("head.lm_head.weight", (vocab // t, h))]
     return out
@@ -130,7 +160,8 @@ def is_sp_param(name: str) -> bool:
 def gradient_ready_order(params: list[Param]) -> list[Param]:
     """The order autograd finishes the gradients of the harness GPT (measured on the model): modules in
     reverse; within a Linear bias before weight, within a LayerNorm weight before bias; head first
-    (lm_head, ln_f.weight, ln_f.bias), embedding last (wpe, wte)."""
+    (lm_head, ln_f.weight, ln_f.bias), embedding last (wpe, wte). A MoE block's router stands where the MLP's
+    tensors do; its experts are not listed (DDP leaves them to the ep layout)."""
     by_name = dict(params)
     order: list[str] = []
     if "head.lm_head.weight" in by_name:
@@ -144,6 +175,7 @@ def gradient_ready_order(params: list[Param]) -> list[Param]:
                 "mlp.fc2.weight",
                 "mlp.fc1.bias",
                 "mlp.fc1.weight",
+                "mlp.router.weight",
                 "ln2.weight",
                 "ln2.bias",
                 "attn.proj.bias",
@@ -156,7 +188,7 @@ def gradient_ready_order(params: list[Param]) -> list[Param]:
         ]
     if "embed.wte" in by_name:
         order += ["embed.wpe", "embed.wte"]
-    return [(n, by_name[n]) for n in order]
+    return [(n, by_name[n]) for n in order if n in by_name]
 
 
 # ------------------------------------------------------------------------------------ recorded counts

@@ -17,7 +17,7 @@ from commlens.contract.predict import (
 )
 from commlens.vocab import Scheme
 
-from . import cp, dp, layout, offload, pp, tp
+from . import cp, dp, ep, layout, offload, pp, tp
 from .adapters import Param, Stage, StageOps, mean_totals, merge, replica_ranks, stage_ranks, totals
 
 SchemePredictor = Callable[[Stage], StageOps]
@@ -61,6 +61,7 @@ PREDICTORS: dict[tuple[Scheme, Implementation], SchemePredictor] = {
     ("pp", "harness"): pp.harness_ops,
     ("dp", "harness"): dp.harness_ops,
     ("cp", "harness"): cp.harness_ops,
+    **_rows("ep", ep.ep_ops, (*FRAMEWORKS, "harness")),
 }
 
 # Notes in the order a prediction lists them (before the parameter check's own).
@@ -74,6 +75,7 @@ NOTES: tuple[tuple[tuple[Implementation, ...], NoteWriter], ...] = (
     (FRAMEWORKS, cp.attention2d_note),
     (FRAMEWORKS, offload.note),
     (FRAMEWORKS, dp.persistence_note),
+    ((*FRAMEWORKS, "harness"), ep.routing_note),
 )
 
 
@@ -123,10 +125,13 @@ def _stage_entries(inp: PredictInput, index: int, profile: Profile) -> list[Stag
 def _replica_groups(
     inp: PredictInput, index: int, split: list[list[list[PredictedOp]]]
 ) -> list[tuple[list[int], list[PredictedOp]]]:
-    """Data-parallel replicas with identical extra ops share one entry (in the order of their first replica)."""
+    """Data-parallel replicas (with EP, each (dp, ep) pair) with identical extra ops share one entry (in the order of
+    their first replica)."""
     groups: dict[tuple[str, ...], tuple[list[int], list[PredictedOp]]] = {}
-    for r in range(inp.parallel.dp):
-        extra = [o for per_replica in split for o in per_replica[r]]
+    n = inp.parallel.dp * inp.parallel.ep
+    for r in range(n):
+        # a scheme that lists dp replicas only gives every ep rank of dp replica r // ep the same ops
+        extra = [o for per_replica in split for o in per_replica[r * len(per_replica) // n]]
         key = tuple(o.model_dump_json() for o in extra)
         groups.setdefault(key, ([], extra))[0].extend(replica_ranks(inp, index, r))
     return list(groups.values())

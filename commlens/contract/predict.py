@@ -32,6 +32,11 @@ class ModelSpec(BaseModel):
     # Total parameters of a model the GPT formulas do not describe (a CNN, a recommender): DP and ZeRO
     # volumes then come from this count as one flat gradient; TP/PP/CP still use the shape fields.
     params_override: int | None = Field(default=None, ge=1)
+    # Mixture of experts (docs/models.md §6.9): routed experts per MLP (0: dense), experts per token, and the
+    # capacity factor F (tokens per expert capped at ceil(F·tokens·k/experts); None: no cap).
+    experts: int = Field(default=0, ge=0, le=MAX_DEGREE)
+    top_k: int = Field(default=1, ge=1, le=MAX_DEGREE)
+    capacity_factor: float | None = Field(default=None, gt=0, le=MAX_DEGREE)
 
     @property
     def f(self) -> int:
@@ -53,6 +58,7 @@ class ParallelSpec(BaseModel):
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
     cp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1, le=MAX_DEGREE)  # expert parallelism: ranks the experts spread over
     zero: Literal[0, 1, 2, 3] = 0
     sp: bool = False
     micro_batches: int = Field(default=1, ge=1)
@@ -106,7 +112,7 @@ class ParallelSpec(BaseModel):
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
+        return self.dp * self.tp * self.pp * self.cp * self.ep
 
     @property
     def cp_mesh(self) -> tuple[int, int]:
@@ -158,6 +164,10 @@ class PredictInput(BaseModel):
     buckets: BucketSpec = BucketSpec()
     implementation: Implementation = "paper"
     recorded_params: RecordedParams | None = None
+    # MoE routing as measured (a harness run.json's moe_routing): per iteration, global rank -> per dispatch
+    # all-to-all, the rows the rank sent to each ep rank. With it the EP prediction is exact; without it, the
+    # expectation under uniform routing with its spread.
+    moe_routing: list[dict[int, list[list[int]]]] = Field(default_factory=list, exclude_if=lambda v: not v)
 
     @model_validator(mode="after")
     def _vocab_padding(self) -> PredictInput:
@@ -188,6 +198,12 @@ class PredictInput(BaseModel):
             raise ValueError("layers must be divisible by pp x virtual_stages")
         if m.seq_len % p.cp:
             raise ValueError(f"seq_len ({m.seq_len}) must be divisible by cp ({p.cp})")
+        if p.ep > 1 and not m.experts:
+            raise ValueError(f"ep={p.ep} spreads experts over ranks: give model.experts (a multiple of ep)")
+        if m.experts and m.experts % p.ep:
+            raise ValueError(f"experts ({m.experts}) must be divisible by ep ({p.ep})")
+        if m.experts and m.top_k > m.experts:
+            raise ValueError(f"top_k ({m.top_k}) exceeds experts ({m.experts})")
         return self
 
 
@@ -198,9 +214,14 @@ class PredictedOp(BaseModel):
     op: str
     dtype: str
     msg_bytes: int
-    calls_per_iter: int
+    # Calls per iteration; a mean over the measured iterations (not a whole number) where their sizes differed
+    # (MoE routing that changed between steps).
+    calls_per_iter: int | float
     per_micro_step: bool = False  # issued every micro-step (ZeRO-2/3, TP, PP) rather than once per step
     what: str = ""  # which tensor(s)
+    # One standard deviation of msg_bytes when the size is an expectation (EP under uniform routing); absent
+    # when the size is exact.
+    spread_bytes: float | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class HostTransfer(BaseModel):

@@ -10,7 +10,9 @@ a persistent straggler (by arrival, never by time inside collectives), collectiv
 their duration, and memcpy that no compute overlaps.
 
 A timing finding states its stability across steps and ranks and is not raised on noise: fewer than
-MIN_STEPS steps, or a per-step spread (standard deviation) larger than the effect. Severity scales with
+MIN_STEPS steps (unless a single step shows it on each of MIN_RANKS ranks or more), or a spread across
+steps within a rank above NOISE_SPREAD of the effect (the straggler rule's test: the effect must be at
+least twice its spread). Severity scales with
 the cost (ms per step as a share of the step) and drops a level on thin evidence (under STRONG_STEPS
 steps or a single rank). Each check has a threshold below which it stays silent (module constants).
 """
@@ -19,7 +21,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from statistics import fmean, stdev
+from math import sqrt
+from statistics import fmean, variance
 from typing import Any
 
 import duckdb
@@ -40,6 +43,7 @@ from commlens.vocab import format_bytes
 from .bandwidth import bandwidth
 from .iterations import fresh_run_id
 from .ranks import rank_totals
+from .timing.stragglers import DEFAULT_RULE
 
 # Size below which a call counts as small when the run has no measured bandwidth curve for its op.
 DEFAULT_SMALL_BYTES = 64 * 1024
@@ -55,6 +59,8 @@ MIN_LARGE_CALLS = 3
 # Timing findings (module doc): evidence needs MIN_STEPS steps, a spread across steps no larger than the
 # effect, and a cost of MIN_TIME_SHARE of the mean step; STRONG_STEPS steps on 2+ ranks keep the severity.
 MIN_STEPS = 2
+NOISE_SPREAD = DEFAULT_RULE.max_spread  # the straggler rule's test of noise, for every timing finding
+MIN_RANKS = 4  # a single profiled step is evidence only when this many ranks show it
 STRONG_STEPS = 4
 MIN_TIME_SHARE = 0.05
 WAIT_DOMINATES = 0.5  # a collective's members spend at least this share of their time in it waiting
@@ -97,14 +103,56 @@ def _time_severity(share: float, steps: int, ranks: int) -> Severity | None:
     return sev
 
 
-def _noise(per_step: list[float]) -> str | None:
-    """Why per-step values are noise (too few steps, spread larger than the effect); None if they are not."""
-    if len(per_step) < MIN_STEPS:
-        return f"{len(per_step)} step(s): consistency needs {MIN_STEPS}"
-    mean, spread = fmean(per_step), stdev(per_step)
-    if mean <= 0 or spread > mean:
-        return f"spread across steps {_dur(spread)} is larger than the effect {_dur(mean)}"
-    return None
+@dataclass
+class _Cells:
+    """Values per (rank, step) of one quantity, with the steps' times."""
+
+    values: dict[tuple[int, int], float]
+    step_us: dict[tuple[int, int], float]
+
+    def per_step(self) -> dict[int, float]:
+        out: dict[int, list[float]] = {}
+        for (_, s), v in self.values.items():
+            out.setdefault(s, []).append(v)
+        return {s: fmean(v) for s, v in sorted(out.items())}
+
+    def per_rank(self) -> dict[int, float]:
+        out: dict[int, list[float]] = {}
+        for (r, _), v in self.values.items():
+            out.setdefault(r, []).append(v)
+        return {r: fmean(v) for r, v in sorted(out.items())}
+
+    def mean(self) -> float:
+        return fmean(self.values.values())
+
+    def mean_step(self) -> float:
+        return fmean(self.step_us.values())
+
+    def spread(self) -> float:
+        """The spread across steps within a rank (the root of the ranks' mean variance): ranks differ by
+        design (the one waited for waits least), so only each rank's own variation is noise."""
+        by_rank: dict[int, list[float]] = {}
+        for (r, _), v in self.values.items():
+            by_rank.setdefault(r, []).append(v)
+        return sqrt(fmean([variance(v) for v in by_rank.values() if len(v) > 1] or [0.0]))
+
+
+def _noise(cells: _Cells) -> str | None:
+    """Why a timing finding's values are noise; None when they are evidence. Over MIN_STEPS steps or
+    more the spread across steps within a rank must be at most NOISE_SPREAD of the effect; a single
+    step is evidence only when at least MIN_RANKS ranks each show MIN_TIME_SHARE of their step."""
+    steps, per_rank, mean = cells.per_step(), cells.per_rank(), cells.mean()
+    if len(steps) >= MIN_STEPS:
+        spread = cells.spread()
+        if mean <= 0 or spread > NOISE_SPREAD * mean:
+            return f"spread across steps {_dur(spread)} against an effect of {_dur(mean)}"
+        return None
+    if len(per_rank) < MIN_RANKS:
+        return (
+            f"{len(steps)} step(s) on {len(per_rank)} rank(s): consistency needs {MIN_STEPS} steps or {MIN_RANKS} ranks"
+        )
+    weak = sorted(r for (r, s), v in cells.values.items() if v < MIN_TIME_SHARE * cells.step_us[(r, s)])
+    return f"one step, and ranks {weak} show under {_pct(MIN_TIME_SHARE)} of it" if weak else None
 
 
 def _num(x: float, digits: int = 3) -> str:
@@ -141,8 +189,13 @@ def _shown(key: str, value: float | int | str) -> str:
     return f"{value:,}" if isinstance(value, int) else _num(value)
 
 
-def _stability(per_step: list[float], per_rank: dict[int, float]) -> str:
-    text = f"{_dur(fmean(per_step))} ± {_dur(stdev(per_step))} per step over {len(per_step)} steps"
+def _stability(cells: _Cells) -> str:
+    """Mean ± the spread across steps within a rank, and the range across ranks."""
+    per_step, per_rank = cells.per_step(), cells.per_rank()
+    if len(per_step) < MIN_STEPS:  # one step: only the ranks say how stable it is
+        text = f"one profiled step (stability across steps unknown): {_dur(cells.mean())}"
+    else:
+        text = f"{_dur(cells.mean())} ± {_dur(cells.spread())} per step over {len(per_step)} steps"
     if len(per_rank) > 1:
         lo, hi = min(per_rank, key=lambda r: (per_rank[r], r)), max(per_rank, key=lambda r: (per_rank[r], -r))
         text += f"; {_dur(per_rank[lo])} (rank {lo}) to {_dur(per_rank[hi])} (rank {hi}) across {len(per_rank)} ranks"
@@ -573,32 +626,6 @@ def _time_cells(con: duckdb.DuckDBPyConnection, run_id: int, column: str) -> lis
     ).fetchall()
 
 
-@dataclass
-class _Cells:
-    """Values per (rank, step) of one quantity, with the steps' times."""
-
-    values: dict[tuple[int, int], float]
-    step_us: dict[tuple[int, int], float]
-
-    def per_step(self) -> dict[int, float]:
-        out: dict[int, list[float]] = {}
-        for (_, s), v in self.values.items():
-            out.setdefault(s, []).append(v)
-        return {s: fmean(v) for s, v in sorted(out.items())}
-
-    def per_rank(self) -> dict[int, float]:
-        out: dict[int, list[float]] = {}
-        for (r, _), v in self.values.items():
-            out.setdefault(r, []).append(v)
-        return {r: fmean(v) for r, v in sorted(out.items())}
-
-    def mean(self) -> float:
-        return fmean(self.values.values())
-
-    def mean_step(self) -> float:
-        return fmean(self.step_us.values())
-
-
 def _cells_by_scheme(rows: list[tuple[Any, ...]]) -> dict[str | None, _Cells]:
     out: dict[str | None, _Cells] = {}
     for scheme, rank, step, step_us, value in rows:
@@ -618,11 +645,10 @@ def _timed(
     instances: list[int] | None = None,
 ) -> Finding | None:
     """A timing finding from per-(rank, step) costs (µs), or None below the threshold or on noise."""
-    per_step = cells.per_step()
-    if not per_step or _noise(list(per_step.values())) is not None:
+    if not cells.values or _noise(cells) is not None:
         return None
+    per_step, per_rank = cells.per_step(), cells.per_rank()
     share = cells.mean() / cells.mean_step()
-    per_rank = cells.per_rank()
     severity = _time_severity(share, len(per_step), len(per_rank))
     if severity is None:
         return None
@@ -636,7 +662,7 @@ def _timed(
         suggestion=suggestion,
         ms_per_step=cells.mean() / 1e3,
         step_share=share,
-        stability=_stability(list(per_step.values()), per_rank),
+        stability=_stability(cells),
         instances=instances or [],
         steps=sorted(per_step),
         ranks=sorted(per_rank),
@@ -724,7 +750,7 @@ def _stragglers(con: duckdb.DuckDBPyConnection, run_id: int, mean_step_us: float
             continue
         waited = _Cells(waiting, dict.fromkeys(waiting, mean_step_us or 0.0))
         per_step = waited.per_step()
-        if _noise(list(per_step.values())) is not None:
+        if _noise(waited) is not None:
             continue
         ids = [
             int(r[0])
@@ -739,7 +765,6 @@ def _stragglers(con: duckdb.DuckDBPyConnection, run_id: int, mean_step_us: float
         share = waited.mean() / mean_step_us if mean_step_us else 0.0
         ranks = sorted({r for r, _ in waiting} | {rank})
         severity = _time_severity(share, len(per_step), len(ranks)) or "low"
-        per_rank = waited.per_rank()
         out.append(
             Finding(
                 id=f"straggler:{group}",
@@ -765,7 +790,7 @@ def _stragglers(con: duckdb.DuckDBPyConnection, run_id: int, mean_step_us: float
                 ms_per_step=waited.mean() / 1e3,
                 step_share=share,
                 stability=f"caused most of the group's wait in {mostly} of {n_steps} steps; the others wait "
-                + _stability(list(per_step.values()), per_rank),
+                + _stability(waited),
                 instances=ids,
                 steps=sorted(per_step),
                 ranks=ranks,
@@ -779,7 +804,7 @@ def _wait_dominated(con: duckdb.DuckDBPyConnection, run_id: int, mean_step_us: f
     rows = con.execute(
         """
         SELECT coalesce(i.scheme, 'unattributed'), i.op, m.rank, i.step, sum(m.wait_us),
-               sum(m.end_ref_us - m.arrival_ref_us), count(*)
+               sum(m.end_ref_us - m.arrival_ref_us)
         FROM time_instances i
         JOIN time_instance_members m ON m.run_id = i.run_id AND m.instance_id = i.instance_id
         WHERE i.run_id = ? AND m.wait_us IS NOT NULL AND m.end_ref_us IS NOT NULL AND i.step IS NOT NULL
@@ -787,14 +812,18 @@ def _wait_dominated(con: duckdb.DuckDBPyConnection, run_id: int, mean_step_us: f
         """,
         [run_id],
     ).fetchall()
-    groups: dict[tuple[str, str], list[tuple[int, int, float, float, int]]] = {}
-    for scheme, op, rank, step, wait, dur, n in rows:
-        groups.setdefault((scheme, op), []).append((rank, step, wait, dur, n))
+    groups: dict[tuple[str, str], list[tuple[int, int, float, float]]] = {}
+    for scheme, op, rank, step, wait, dur in rows:
+        groups.setdefault((scheme, op), []).append((rank, step, wait, dur))
     out = []
     for (scheme, op), cells in sorted(groups.items()):
         wait, dur = sum(c[2] for c in cells), sum(c[3] for c in cells)
         if not dur or wait / dur < WAIT_DOMINATES:
             continue
+        n_instances = con.execute(
+            "SELECT count(*) FROM time_instances WHERE run_id = ? AND coalesce(scheme, 'unattributed') = ? AND op = ?",
+            [run_id, scheme, op],
+        ).fetchall()[0][0]
         cause = con.execute(
             """
             SELECT i.last_rank, sum(m.wait_us) AS w FROM time_instances i
@@ -824,7 +853,7 @@ def _wait_dominated(con: duckdb.DuckDBPyConnection, run_id: int, mean_step_us: f
                 "scheme": scheme,
                 "op": op,
                 "wait_share_of_duration": wait / dur,
-                "instances": sum(c[4] for c in cells),
+                "instances": n_instances,
                 "wait_mostly_caused_by_rank": cause[0][0] if cause else None,
                 "caused_share": cause[0][1] / wait if cause and wait else None,
             },

@@ -285,9 +285,10 @@ def test_a_trace_without_device_activity(tmp_path: Path) -> None:
 def _make_v3(path: Path) -> None:
     """A schema-3 store as the previous commlens made it (no time columns or tables), with one run."""
     v3 = store.schema_sql()
-    for ddl in store.MIGRATIONS[3]:
-        if ddl.startswith("CREATE"):
-            v3 = v3.replace(ddl, "")
+    for version, steps in store.MIGRATIONS.items():
+        for ddl in steps:
+            if version >= 3 and ddl.startswith("CREATE"):
+                v3 = v3.replace(ddl, "")
     v3 = re.sub(r"\n    (match_key|cpu_start_us|cpu_end_us|dev_start_us|dev_end_us) [^\n]*", "", v3)
     assert "timeline_intervals" not in v3 and "dev_end_us" not in v3 and "time_status" not in v3
     con = duckdb.connect(str(path))
@@ -316,7 +317,9 @@ def test_upgrade_from_schema_3(tmp_path: Path) -> None:
     with pytest.raises(store.StoreError, match="schema version 3"):
         store.connect(db, read_only=True)
     con = store.connect(db)
-    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [("4",)]
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [
+        (str(store.SCHEMA_VERSION),)
+    ]
     assert con.execute("SELECT count(*), count(match_key), count(dev_start_us) FROM comm_events").fetchall() == [
         (12, 0, 0)
     ]

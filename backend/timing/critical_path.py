@@ -91,14 +91,21 @@ def critical_path(
 
 
 def _classify_path(path: CriticalPath, spans: Mapping[int, RankSpans], clocks: ClockAlignment) -> None:
-    """Each path segment classified on its rank (in that rank's clock) and summed."""
+    """Each path segment classified on its rank (in that rank's clock) and summed; consecutive
+    segments on one rank are one window (the walk stays on a rank that keeps arriving last)."""
     cats = dict.fromkeys(CATEGORIES, 0.0)
     by_scheme: dict[str, float] = {}
-    for seg in path.segments:
-        off = clocks.offsets.get(seg.rank, 0.0)
+    windows: list[tuple[int, float, float]] = []
+    for seg in path.segments:  # latest first: a segment ends where the one before it in the list starts
         if seg.rank not in spans or seg.end <= seg.start:
             continue
-        totals, per_scheme = classify(spans[seg.rank], seg.start - off, seg.end - off)
+        if windows and windows[-1][0] == seg.rank and abs(windows[-1][1] - seg.end) <= EPS:
+            windows[-1] = (seg.rank, seg.start, windows[-1][2])
+        else:
+            windows.append((seg.rank, seg.start, seg.end))
+    for rank, start, end in windows:
+        off = clocks.offsets.get(rank, 0.0)
+        totals, per_scheme = classify(spans[rank], start - off, end - off)
         for c, v in totals.items():
             cats[c] += v
         for sc, parts in per_scheme.items():

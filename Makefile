@@ -40,7 +40,7 @@ system-test-deps:
 install-test: install system-test-deps
 	$(BIN)/pip install -q -e ".[harness,test]"
 
-# The demo: fresh harness runs of four schemes on CPU (gloo), each ingested as a run named after its
+# The demo: fresh harness runs of four schemes and two context-parallel styles on CPU (gloo), each ingested as a run named after its
 # directory, then three real jobs from the shared data (one run each), then a report. It rebuilds $(DB) and $(DEMO_OUT) from scratch.
 DEMO_OUT ?= demo-runs
 DEMO_MODEL ?= --layers 4 --hidden 128 --heads 4 --vocab 256 --seq-len 64 --micro-batch-size 2 --steps 4 --device cpu
@@ -52,6 +52,8 @@ demo: install
 	$(HARNESS) --out $(DEMO_OUT)/zero3 --dp 2 --zero 3
 	$(HARNESS) --out $(DEMO_OUT)/tp --tp 2 --sp
 	$(HARNESS) --out $(DEMO_OUT)/pp --pp 2 --micro-batches 4
+	$(HARNESS) --out $(DEMO_OUT)/cp-ring --cp 2
+	$(HARNESS) --out $(DEMO_OUT)/cp-attention2d --cp 4 --cp-style attention2d --cp-rq 2
 	@if [ -d "$(DATA)" ]; then \
 	  $(BIN)/commlens ingest $(DATA)/kineto-hta/nccl_parser_config --db $(DB) --run resnet50-ddp && \
 	  $(BIN)/commlens ingest $(DATA)/kineto-param/dlrm_kineto.tar.gz --db $(DB) --run dlrm && \

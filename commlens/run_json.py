@@ -48,6 +48,8 @@ class ParallelConfig(_Strict):
     cp_style: Literal["ring", "attention2d"] = "ring"  # ring attention or ATTENTION2D
     cp_rq: int | None = Field(None, ge=1)  # ATTENTION2D r_Q (None: sqrt(cp)); r_KV = cp / r_Q
     ep: int = Field(1, ge=1)  # expert parallelism (the harness's --ep)
+    offload: Literal["none", "optimizer"] = "none"  # ZeRO-3 optimizer on the host (the harness's --offload)
+    offload_gap: int = Field(1, ge=1)  # --offload-gpu-fraction 1/g: every g-th shard updated on the GPU
     recompute: Literal["none", "selective", "full"] = "none"
     virtual_stages: int = Field(1, ge=1)  # interleaved pipeline chunks per device
 

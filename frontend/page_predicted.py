@@ -50,10 +50,14 @@ NUMBER_FIELDS = [
     ("tp", "TP", "parallel", "tp"),
     ("pp", "PP", "parallel", "pp"),
     ("cp", "CP", "parallel", "cp"),
+    ("ep", "EP", "parallel", "ep"),
+    ("experts", "experts (MoE)", "model", "experts"),
+    ("topk", "top-k", "model", "top_k"),
     ("mb", "micro-batches", "parallel", "micro_batches"),
     ("mbs", "micro-batch size", "parallel", "micro_batch_size"),
 ]
-WHATIF_KEYS = [k for k, *_ in NUMBER_FIELDS] + ["zero", "sp", "impl", "dtype", "act"]
+CP_STYLES = ["ring", "attention2d"]
+WHATIF_KEYS = [k for k, *_ in NUMBER_FIELDS] + ["zero", "sp", "cpstyle", "impl", "dtype", "act"]
 
 
 def defaults_from_config(config: dict[str, Any] | None) -> dict[str, Any]:
@@ -69,6 +73,7 @@ def defaults_from_config(config: dict[str, Any] | None) -> dict[str, Any]:
     parallel = config.get("parallel") or {}
     out["zero"] = parallel.get("zero", 0) if parallel.get("zero") in (0, 1, 2, 3) else 0
     out["sp"] = bool(parallel.get("sp"))
+    out["cpstyle"] = parallel.get("cp_style") if parallel.get("cp_style") in CP_STYLES else "ring"
     out["impl"] = config.get("implementation") if config.get("implementation") in IMPLEMENTATIONS else "paper"
     dtypes = config.get("dtypes") or {}
     out["dtype"] = dtypes.get("grad") if dtypes.get("grad") in DTYPES else "bfloat16"
@@ -82,7 +87,7 @@ def from_query(q: dict[str, str], defaults: dict[str, Any]) -> dict[str, Any]:
         raw = q.get(f"w_{key}")
         if raw is None:
             continue
-        if key in ("impl", "dtype", "act"):
+        if key in ("impl", "dtype", "act", "cpstyle"):
             values[key] = raw
         elif key == "sp":
             values[key] = raw == "1"
@@ -135,6 +140,7 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
                 ],
                 className="field",
             ),
+            _drop("cpstyle", "CP style", CP_STYLES, values["cpstyle"]),
             _drop("impl", "implementation", IMPLEMENTATIONS, values["impl"]),
             _drop("dtype", "param/grad dtype", DTYPES, values["dtype"]),
             _drop("act", "activation dtype", DTYPES, values["act"]),
@@ -341,7 +347,7 @@ def stage_chart(stage: Any, p: Prediction) -> Any:
             legendgroup=name,
             showlegend=name not in seen,
             marker_color=OP_COLORS.get(o.op, "#777"),
-            marker_pattern_shape={"dp": "", "tp": "/", "pp": "x", "cp": "."}.get(o.scheme, ""),
+            marker_pattern_shape={"dp": "", "tp": "/", "pp": "x", "cp": ".", "ep": "+"}.get(o.scheme, ""),
             customdata=[[o.group, o.dtype, exact_bytes(o.msg_bytes), o.what]],
             hovertemplate=(
                 "<b>" + name + "</b> %{customdata[1]}<br>S = %{customdata[2]}<br>group "
@@ -379,7 +385,7 @@ def _ranks_text(ranks: list[int]) -> str:
 def build_input(v: dict[str, Any]) -> PredictInput:
     model = {field: v.get(key) for key, _, section, field in NUMBER_FIELDS if section == "model" and v.get(key)}
     parallel = {field: v.get(key) for key, _, section, field in NUMBER_FIELDS if section == "parallel" and v.get(key)}
-    parallel.update(zero=v.get("zero") or 0, sp=bool(v.get("sp")))
+    parallel.update(zero=v.get("zero") or 0, sp=bool(v.get("sp")), cp_style=v.get("cpstyle") or "ring")
     return PredictInput.model_validate(
         {
             "model": model,

@@ -339,7 +339,7 @@ def test_offload_uses_each_stages_own_partition() -> None:
             "needs offload='deep_optimizer_states'",
         ),
         ({"dp": 4, "zero": 3, "prefetch_gap": 2}, "deepspeed", "needs offload='deep_optimizer_states'"),
-        ({"dp": 4, "zero": 3, "offload": "zero_offload"}, "harness", "no CPU offload"),
+        ({"dp": 4, "zero": 3, "offload": "zero_offload", "pp_scatter_gather": True, "tp": 2}, "harness", "no PP"),
         ({"dp": 4, "zero": 3, "offload": "zero_offload"}, "fsdp", "FSDP CPUOffload"),
         (
             {"dp": 4, "zero": 3, "offload": "deep_optimizer_states", "prefetch_gap": 0},

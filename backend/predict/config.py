@@ -79,6 +79,12 @@ def _from_run_config(cfg: RunConfig) -> PredictInput:
             cp_style=p.cp_style,
             cp_rq=p.cp_rq,
             ep=p.ep,
+            offload="none"
+            if p.offload == "none"
+            else "zero_offload"
+            if p.offload_gap == 1
+            else "deep_optimizer_states",
+            prefetch_gap=p.offload_gap,
             zero=p.zero,
             sp=p.sp,
             micro_batches=p.micro_batches,

@@ -7,7 +7,7 @@ import math
 
 from commlens.contract.predict import HostTransfer, ParamCheck, PredictInput
 
-from .adapters import Stage, width
+from .adapters import Stage, numel, width
 
 
 def host_transfers(stage: Stage) -> list[HostTransfer]:
@@ -16,6 +16,8 @@ def host_transfers(stage: Stage) -> list[HostTransfer]:
     p, dt = stage.inp.parallel, stage.inp.dtypes
     if p.offload == "none":
         return []
+    if stage.inp.implementation == "harness":
+        return _harness_transfers(stage)
     psi_z = math.ceil(stage.n_params / (p.dp * p.cp))
     g_bytes, state = width(dt.grad), dt.optimizer_state_bytes
     gpu = psi_z // p.prefetch_gap if p.offload == "deep_optimizer_states" else 0
@@ -55,3 +57,32 @@ def note(inp: PredictInput, check: ParamCheck | None) -> str | None:
         f"2 bytes, optimizer state {inp.dtypes.optimizer_state_bytes} bytes per parameter; gradients move once "
         "per iteration as in the spec's table (a framework that copies them every micro-step moves m times that)"
     )
+
+
+def _harness_transfers(stage: Stage) -> list[HostTransfer]:
+    """The harness (harness/offload.py): per FSDP2 shard of each parameter (dim 0 in torch.chunk rows over dp, the
+    first dp rank's), in registration order, shard i is updated on the GPU when i mod g = g-1 (g > 1): its 12-byte
+    state moves both ways; otherwise its gradient goes to the host and the parameter comes back (w bytes each)."""
+    p, dt = stage.inp.parallel, stage.inp.dtypes
+    g = p.prefetch_gap if p.offload == "deep_optimizer_states" else 1
+    w, d = width(dt.param), p.dp
+    cpu = gpu = 0
+    for i, (_, shape) in enumerate(stage.params):
+        rows = math.ceil(shape[0] / d)
+        local = min(rows, shape[0]) * (numel(shape) // shape[0])
+        if g > 1 and i % g == g - 1:
+            gpu += local
+        else:
+            cpu += local
+    out = [
+        HostTransfer(direction="d2h", what="gradient shards to the host optimizer", bytes_per_iter=cpu * w),
+        HostTransfer(direction="h2d", what="updated parameter shards", bytes_per_iter=cpu * w),
+    ]
+    if gpu:
+        out += [
+            HostTransfer(
+                direction="h2d", what="optimizer state prefetched for the GPU update", bytes_per_iter=gpu * 12
+            ),
+            HostTransfer(direction="d2h", what="optimizer state written back", bytes_per_iter=gpu * 12),
+        ]
+    return out

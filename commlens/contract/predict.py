@@ -178,8 +178,8 @@ class PredictInput(BaseModel):
     @model_validator(mode="after")
     def _supported(self) -> PredictInput:
         p = self.parallel
-        if self.implementation == "harness" and (p.pp_scatter_gather or p.offload != "none"):
-            raise ValueError("the harness has no PP scatter/gather and no CPU offload")
+        if self.implementation == "harness" and p.pp_scatter_gather:
+            raise ValueError("the harness has no PP scatter/gather")
         if self.implementation == "fsdp" and p.offload != "none":
             raise ValueError(
                 "offload models DeepSpeed-style ZeRO-3 optimizer offload (docs/models.md §6.8); "

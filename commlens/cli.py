@@ -12,14 +12,14 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from commlens import cli_analysis
+from commlens import cli_analysis, describe
 from commlens.harness import cli as harness_cli  # no torch at import time
 from commlens.service.errors import ServiceError
 
 if TYPE_CHECKING:
     import duckdb
 
-    from commlens.service.ingest import IngestSummary
+    from commlens.service.ingest import IngestReport, IngestSummary
 from commlens.vocab import format_bytes
 
 app = typer.Typer(
@@ -33,6 +33,7 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 1000)
 app.command("harness", epilog=harness_cli.EPILOG)(harness_cli.harness)
 app.command("report")(cli_analysis.report)
 app.command("predict")(cli_analysis.predict)
+app.command("describe-model")(describe.describe_model_command)
 
 
 @app.callback()
@@ -52,8 +53,13 @@ def ingest(
     run: str = typer.Option(..., "--run", help="Run name to ingest into (created if missing)."),
     rank: int | None = typer.Option(None, "--rank", help="Global rank of a single-rank file whose trace does not say."),
     description: str | None = typer.Option(None, help="Description of a new run."),
+    one_run: bool = typer.Option(
+        False,
+        "--one-run",
+        help="Store every file in --run even where they look like several jobs (by default each job gets a run).",
+    ),
 ) -> None:
-    """Ingest NCCL debug logs and PyTorch profiler (Kineto) traces into the store."""
+    """Ingest NCCL debug logs and PyTorch profiler (Kineto) traces into the store, one run per training job."""
     from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, iter_inputs
     from commlens.ingest.records import RankHint
     from commlens.service.ingest import FileOutcome, ingest_run
@@ -77,9 +83,18 @@ def ingest(
                 err_console.print(f"[red]failed[/red] {escape(str(outcome.error))}")
 
         report = ingest_run(
-            con, run, iter_inputs(paths, DEFAULT_LIMITS), RankHint(rank=rank), on_file=on_file, description=description
+            con,
+            run,
+            iter_inputs(paths, DEFAULT_LIMITS),
+            RankHint(rank=rank),
+            on_file=on_file,
+            description=description,
+            split_jobs=not one_run,
         )
-    _print_summary(con, report)
+    if len(report.jobs) > 1:
+        _print_jobs(con, report)
+    else:
+        _print_summary(con, report)
     con.close()
     if report.attribution_error:
         err_console.print(f"[red]error:[/red] {escape(report.attribution_error)}")
@@ -87,13 +102,41 @@ def ingest(
         raise typer.Exit(1)
 
 
-def _print_summary(con: duckdb.DuckDBPyConnection, summary: IngestSummary) -> None:
+def _print_jobs(con: duckdb.DuckDBPyConnection, report: IngestReport) -> None:
+    """What went where when the files were of several jobs, with the evidence, then the files."""
+    from commlens.service.jobs_split import describe
+    from commlens.service.runs import comms_totals
+
+    console.print(
+        f"The files are of {len(report.jobs)} jobs: each is a run of its own "
+        f"(--one-run stores them all in {escape(report.run)})."
+    )
+    table = Table()
+    for col in ("run", "files", "calls", "job", "joined by", "apart from the first because"):
+        table.add_column(col, overflow="fold")
+    for job in report.jobs:
+        calls, _, _ = comms_totals(con, job.run)
+        table.add_row(
+            escape(job.run),
+            escape(", ".join(Path(f.path).name for f in job.files)),
+            str(sum(calls.values())),
+            escape(describe(job)),
+            escape("; ".join(job.joined_by) or "-"),
+            escape("; ".join(job.apart) or "-"),
+        )
+    console.print(table)
+    _print_summary(con, report, by_run=True)
+
+
+def _print_summary(con: duckdb.DuckDBPyConnection, summary: IngestSummary, by_run: bool = False) -> None:
+    """The files table, then (one run) its calls per op, then the counts."""
     from collections import Counter
 
     from commlens.service.runs import comms_totals
 
-    files = Table(title=f"run {escape(summary.run)}: files", show_lines=False)
-    for col in ("file", "kind", "status", "rank", "calls", "skipped", "error / warnings"):
+    console.print(f"{'files' if by_run else f'run {escape(summary.run)}: files'}")
+    files = Table(show_lines=False)
+    for col in ("file", *(["run"] if by_run else []), "kind", "status", "rank", "calls", "skipped", "error / warnings"):
         files.add_column(col, overflow="fold")
     for f in summary.files:
         skipped = ", ".join(f"{k}: {v}" for k, v in sorted(f.skipped.items()))
@@ -103,6 +146,7 @@ def _print_summary(con: duckdb.DuckDBPyConnection, summary: IngestSummary) -> No
         style = {"failed": "red", "duplicate": "yellow", "skipped": "dim"}.get(f.status)
         files.add_row(
             escape(f.path),
+            *([escape(f.run or summary.run)] if by_run else []),
             f.kind or "-",
             f.status,
             "-" if f.rank is None else str(f.rank),
@@ -112,13 +156,15 @@ def _print_summary(con: duckdb.DuckDBPyConnection, summary: IngestSummary) -> No
             style=style,
         )
     console.print(files)
-    calls, sizes, ranks = comms_totals(con, summary.run)
-    ops = Table(title=f"run {escape(summary.run)}: {ranks} ranks with known rank, calls per op")
-    for col in ("op", "calls", "bytes (sum of S)"):
-        ops.add_column(col, justify="right" if col != "op" else "left")
-    for op, n in sorted(calls.items()):
-        ops.add_row(op, str(n), format_bytes(sizes[op]))
-    console.print(ops)
+    if not by_run:
+        calls, sizes, ranks = comms_totals(con, summary.run)
+        console.print(f"run {escape(summary.run)}: {ranks} ranks with known rank, calls per op")
+        ops = Table()
+        for col in ("op", "calls", "bytes (sum of S)"):
+            ops.add_column(col, justify="right" if col != "op" else "left")
+        for op, n in sorted(calls.items()):
+            ops.add_row(op, str(n), format_bytes(sizes[op]))
+        console.print(ops)
     status = Counter(f.status for f in summary.files)
     skipped_total = sum(sum(f.skipped.values()) for f in summary.files)
     console.print(
@@ -263,6 +309,54 @@ def upload_command(
 
 users_app = typer.Typer(help="Users and their API tokens (tokens are stored hashed; shown once).", no_args_is_help=True)
 app.add_typer(users_app, name="users")
+
+
+CONFIG_FILES = typer.Argument(..., help="Model description, run.json, config.json, DeepSpeed JSON, Megatron args log.")
+
+
+@app.command("config")
+def config_command(
+    files: list[Path] = CONFIG_FILES,
+    db: Path = DB_OPTION,
+    run: str = typer.Option(..., "--run", help="Run to attach the configuration to."),
+    dp: int | None = typer.Option(None, "--dp", help="Data-parallel size (what the files do not say)."),
+    tp: int | None = typer.Option(None, "--tp", help="Tensor-parallel size."),
+    pp: int | None = typer.Option(None, "--pp", help="Pipeline-parallel size."),
+    cp: int | None = typer.Option(None, "--cp", help="Context-parallel size."),
+    ep: int | None = typer.Option(None, "--ep", help="Expert-parallel size."),
+    zero: int | None = typer.Option(None, "--zero", help="ZeRO stage (0-3)."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Training sequence length."),
+    micro_batches: int | None = typer.Option(None, "--micro-batches", help="Micro-batches per iteration."),
+    implementation: str | None = typer.Option(None, "--implementation", help="megatron, deepspeed, fsdp or paper."),
+) -> None:
+    """Attach configuration to a run, each file detected by its content (docs/model-descriptions.md)."""
+    from pydantic import ValidationError
+
+    from commlens.contract.model_description import ConfigFile, ParallelOptions
+    from commlens.service.config import attach_config
+
+    try:
+        options = ParallelOptions.model_validate(
+            {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "zero": zero, "seq_len": seq_len}
+            | {"micro_batches": micro_batches, "implementation": implementation}
+        )
+        texts = [ConfigFile(name=str(f), content=f.read_text(errors="replace")) for f in files]
+    except (ValidationError, OSError) as exc:
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    con = _open_store(db)
+    try:
+        result = attach_config(con, run, texts, options)
+    except (ServiceError, LookupError) as exc:
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    finally:
+        con.close()
+    for f in result.files:
+        console.print(f"{escape(f.name)}: {f.kind}")
+    console.print(f"run {escape(run)}: {result.stored}: {escape(result.summary)}")
+    for note in result.notes:
+        console.print(f"  note: {escape(note)}")
 
 
 def _open_store(db: Path) -> duckdb.DuckDBPyConnection:

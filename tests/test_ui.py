@@ -95,7 +95,8 @@ def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     tmp = tmp_path_factory.mktemp("ui")
     db = tmp / "ui.duckdb"
     _cli("ingest", str(data / KINETO), "--db", str(db), "--run", "hta")
-    _cli("ingest", *[str(data / f) for f in LOG_FILES], "--db", str(db), "--run", "nccl")
+    # two excerpts of different jobs, kept in one run on purpose (the topology page reads both)
+    _cli("ingest", *[str(data / f) for f in LOG_FILES], "--db", str(db), "--run", "nccl", "--one-run")
     _cli(
         "harness",
         "--out",

@@ -5,6 +5,8 @@ groups attributed to schemes.
 
 A file that fails is recorded with its error and rolled back alone; files with bytes already in the run
 are skipped as duplicates; a second profiler trace of a rank whose calls overlap the first is refused.
+With `split_jobs`, every file is parsed first and the files of different training jobs are stored as one
+run each (`commlens.service.jobs_split`), the table of what went where in `IngestReport.jobs`.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from commlens.ingest import formats
 from commlens.ingest.formats import Trait
 from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, Limits, iter_inputs
 from commlens.ingest.nccl_link import link_run
-from commlens.ingest.parse_file import first_line, parse_file
+from commlens.ingest.parse_file import ParsedFile, first_line, parse_file
 from commlens.ingest.records import ParseResult, RankHint
+from commlens.service.jobs_split import Job, evidence, split_jobs
 from commlens.store import aggregates
 
 log = logging.getLogger("commlens.service.ingest")
@@ -43,6 +46,7 @@ class FileOutcome:
     skipped: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     size: int = 0
+    run: str | None = None  # the run it went to, where a split sent files of one ingest to several
 
 
 @dataclass
@@ -58,6 +62,7 @@ class IngestSummary:
 @dataclass
 class IngestReport(IngestSummary):
     attribution_error: str | None = None  # the files are stored; their schemes are not
+    jobs: list[Job] = field(default_factory=list)  # with split_jobs: the runs the files went to, with evidence
 
 
 def ingest_run(
@@ -70,10 +75,14 @@ def ingest_run(
     description: str | None = None,
     replace: bool = False,
     attribute_schemes: bool = True,
+    split_jobs: bool = False,
 ) -> IngestReport:
     """Ingest the files into the run (created if missing; `replace` first removes what earlier files of it
     stored, its review and overrides kept), link and refresh it, and attribute its groups to schemes.
-    A file that fails is recorded with its error; an exception of `inputs` itself stops before the linking."""
+    A file that fails is recorded with its error; an exception of `inputs` itself stops before the linking.
+    With `split_jobs` the files are parsed first (all held in memory) and each job's go to a run of its own."""
+    if split_jobs:
+        return _ingest_split(con, run, list(inputs), hint or RankHint(), limits, on_file, description, replace)
     run_id = store.ensure_run(con, run, description=description)
     if replace:
         store.replace_run_data(con, run_id)
@@ -83,10 +92,55 @@ def ingest_run(
         report.files.append(outcome)
         if on_file is not None:
             on_file(item, outcome)
+    _finish(con, run_id, run, report, attribute_schemes)
+    return report
+
+
+def _finish(
+    con: duckdb.DuckDBPyConnection, run_id: int, run: str, report: IngestReport, attribute_schemes: bool
+) -> None:
+    """Link and refresh the run, attribute its groups, then its time analysis (with the schemes just set)."""
     finalize_run(con, run_id)
     if attribute_schemes:
-        report.attribution_error = attribute(con, run)
-    persist_run(con, run_id)  # the time analysis, with the schemes attribution just set
+        report.attribution_error = report.attribution_error or attribute(con, run)
+    persist_run(con, run_id)
+
+
+def _ingest_split(
+    con: duckdb.DuckDBPyConnection,
+    run: str,
+    items: list[InputFile],
+    hint: RankHint,
+    limits: Limits,
+    on_file: Callable[[InputFile, FileOutcome], None] | None,
+    description: str | None,
+    replace: bool,
+) -> IngestReport:
+    """Parse every file, group the parsed ones by job, then store each job as its own run. Files that could
+    not be parsed (and skipped ones) are recorded in the first job's run."""
+    parsed = {id(item): parse_file(item, hint, limits) for item in items if not item.skip and not item.error}
+    found = [
+        evidence(item.name, p.result)
+        for item in items
+        if (p := parsed.get(id(item))) is not None and p.result is not None
+    ]
+    jobs = split_jobs(run, found)
+    where = {f.path: job.run for job in jobs for f in job.files}
+    report = IngestReport(run, jobs=jobs)
+    run_ids: dict[str, int] = {}
+    for job in jobs:
+        run_ids[job.run] = store.ensure_run(con, job.run, description=description)
+        if replace:
+            store.replace_run_data(con, run_ids[job.run])
+    for item in items:
+        target = where.get(item.name, run)
+        outcome = ingest_file(con, run_ids[target], item, hint, limits, parsed.get(id(item)))
+        outcome.run = target
+        report.files.append(outcome)
+        if on_file is not None:
+            on_file(item, outcome)
+    for job in jobs:
+        _finish(con, run_ids[job.run], job.run, report, True)
     return report
 
 
@@ -113,13 +167,18 @@ def finalize_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
 
 
 def ingest_file(
-    con: duckdb.DuckDBPyConnection, run_id: int, item: InputFile, hint: RankHint, limits: Limits = DEFAULT_LIMITS
+    con: duckdb.DuckDBPyConnection,
+    run_id: int,
+    item: InputFile,
+    hint: RankHint,
+    limits: Limits = DEFAULT_LIMITS,
+    parsed: ParsedFile | None = None,
 ) -> FileOutcome:
-    """One file, written again when a concurrent transaction conflicted; a parser's bug fails the file
-    (recorded with its error), not the run."""
+    """One file (parsed here unless `parsed` is its parse already), written again when a concurrent
+    transaction conflicted; a parser's bug fails the file (recorded with its error), not the run."""
     for attempt in range(CONFLICT_RETRIES):
         try:
-            return _ingest_file(con, run_id, item, hint, limits)
+            return _ingest_file(con, run_id, item, hint, limits, parsed)
         except duckdb.TransactionException:
             if attempt == CONFLICT_RETRIES - 1:
                 error = f"{item.name}: could not be written: concurrent changes conflicted {CONFLICT_RETRIES} times"
@@ -133,7 +192,12 @@ def ingest_file(
 
 
 def _ingest_file(
-    con: duckdb.DuckDBPyConnection, run_id: int, item: InputFile, hint: RankHint, limits: Limits
+    con: duckdb.DuckDBPyConnection,
+    run_id: int,
+    item: InputFile,
+    hint: RankHint,
+    limits: Limits,
+    parsed: ParsedFile | None = None,
 ) -> FileOutcome:
     """Parse one file and store it (one transaction), or record why not; never raises for a bad file."""
     if item.skip:
@@ -141,7 +205,7 @@ def _ingest_file(
     if item.error:
         store.record_failure(con, run_id, item.name, "unknown", "", item.size, f"{item.name}: {item.error}")
         return FileOutcome(item.name, "failed", error=f"{item.name}: {item.error}", size=item.size)
-    parsed = parse_file(item, hint, limits)
+    parsed = parsed or parse_file(item, hint, limits)
     kind, sha, size, result = parsed.kind or "unknown", parsed.sha256, parsed.size, parsed.result
     if result is None:
         error = parsed.error or f"{item.name}: not parsed"

@@ -1,0 +1,131 @@
+"""One run per job: files of several jobs are split into runs, files of one job stay one run (real data)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from commlens.ingest.inputs import iter_inputs
+from commlens.service.ingest import ingest_run
+from commlens.service.jobs_split import FileEvidence, split_jobs
+
+
+def _runs(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
+    """Each run with the names of its ingested files."""
+    rows = con.execute(
+        "SELECT r.name, s.path FROM runs r JOIN sources s USING (run_id) WHERE s.status = 'ok' ORDER BY 1, 2"
+    ).fetchall()
+    out: dict[str, list[str]] = {}
+    for run, path in rows:
+        out.setdefault(run, []).append(Path(path.split("!")[-1]).name)
+    for files in out.values():
+        files.sort()
+    return out
+
+
+def test_nccl_log_excerpts_are_not_one_run(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
+    report = ingest_run(con, "logs", iter_inputs([data_dir / "nccl-logs"]), split_jobs=True)
+    runs = _runs(con)
+    assert len(report.jobs) == 19 and len(runs) == 19
+    assert all(len(files) == 1 for files in runs.values())  # no two excerpts share a job
+    assert runs["logs-nvidia-nccl-1193"] == ["nvidia-nccl-1193.log"]
+    assert con.execute("SELECT world_size FROM runs WHERE name = 'logs-nvidia-nccl-1193'").fetchone() == (128,)
+    job = next(j for j in report.jobs if j.run == "logs-nvidia-nccl-1357")
+    assert job.apart == ["nothing shows they are one job (no shared communicator, rank or time)"]
+    # 1193's four all-reduce calls and 203's seven are each in their own run, counted once
+    calls = dict(con.execute("SELECT run, count(*) FROM comms GROUP BY 1").fetchall())
+    assert calls["logs-nvidia-nccl-1193"] == 4 and calls["logs-nvidia-nccl-203"] == 7
+
+
+def test_hta_directory_is_split_by_world_size_rank_and_time(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
+    report = ingest_run(con, "hta", iter_inputs([data_dir / "kineto-hta"]), split_jobs=True)
+    runs = _runs(con)
+    assert runs == {
+        "hta": ["df_index_resolver.json.gz"],
+        "hta-distributed_info_not_found": ["distributed_info_not_found.json.gz"],
+        "hta-nccl_data": ["nccl_data.json.gz"],
+        "hta-rank-0.Apr_03_18_51_38.1102": ["rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"],
+        "hta-rank0": ["rank0.json.gz"],
+        # rank 0 without a world size and rank 3 of 8, recorded over the same step at the same time
+        "hta-rank_non_gpu": ["control.json.gz", "rank_non_gpu.json.gz"],
+    }
+    apart = {j.run: j.apart for j in report.jobs}
+    assert apart["hta-rank0"] == ["world size 2 vs 16"]
+    assert apart["hta-nccl_data"] == ["recorded 2022-11-30 04:48 UTC vs 2024-05-23 00:15 UTC"]
+    # the four rank-0 traces are in four runs, so no rank-0 trace was refused as a second trace of its rank
+    assert not report.failed
+    rank0 = con.execute("SELECT count(DISTINCT run) FROM comms WHERE rank = 0").fetchone()
+    assert rank0 == (4,)
+
+
+def test_dlrm_job_of_eight_ranks_stays_one_run(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
+    report = ingest_run(con, "dlrm", iter_inputs([data_dir / "kineto-param/dlrm_kineto.tar.gz"]), split_jobs=True)
+    assert [j.run for j in report.jobs] == ["dlrm"]
+    assert report.jobs[0].ranks == frozenset(range(8))
+    assert report.jobs[0].joined_by == ["ranks of one world, running at the same time"]
+    assert con.execute("SELECT count(*), count(DISTINCT rank) FROM comms WHERE run = 'dlrm'").fetchone() == (64, 8)
+
+
+def _ev(path: str, **kw: object) -> FileEvidence:
+    fields: dict[str, object] = {
+        "kind": "nccl_log",
+        "world_size": None,
+        "ranks": frozenset(),
+        "comm_ids": frozenset(),
+        "hosts": frozenset(),
+        "span_us": None,
+        "calls": 1,
+    }
+    fields.update(kw)
+    return FileEvidence(path, **fields)  # type: ignore[arg-type]
+
+
+def test_a_shared_communicator_joins_hosts_and_a_conflict_keeps_jobs_apart() -> None:
+    host_a = _ev("a.log", world_size=16, ranks=frozenset(range(8)), comm_ids=frozenset({"0x1"}), hosts=frozenset({"a"}))
+    host_b = _ev("b.log", world_size=16, ranks=frozenset(range(8, 16)), comm_ids=frozenset({"0x1"}))
+    other = _ev("c.log", world_size=8, comm_ids=frozenset({"0x1"}))  # same id, another world size: not joined
+    config = _ev("run.json", kind="run_config", calls=0, world_size=16)
+    jobs = split_jobs("x", [config, host_a, host_b, other])
+    assert [(j.run, [f.path for f in j.files]) for j in jobs] == [
+        ("x", ["run.json", "a.log", "b.log"]),
+        ("x-c", ["c.log"]),
+    ]
+    assert jobs[0].joined_by == ["communicator 0x1 in both"] and jobs[1].apart == ["world size 16 vs 8"]
+    # the same rank twice is two jobs even at the same time
+    t = (1.7e15, 1.7e15 + 10)
+    twice = split_jobs(
+        "y", [_ev("r0.json", ranks=frozenset({0}), span_us=t), _ev("r0b.json", ranks=frozenset({0}), span_us=t)]
+    )
+    assert [j.run for j in twice] == ["y", "y-r0b"] and twice[1].apart == ["rank 0 in both"]
+
+
+def _commlens(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "commlens.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+
+
+@pytest.mark.parametrize("one_run", [False, True])
+def test_cli_prints_what_went_where_and_one_run_merges(tmp_path: Path, data_dir: Path, one_run: bool) -> None:
+    db = tmp_path / "s.duckdb"
+    files = [str(data_dir / "nccl-logs" / f) for f in ("nvidia-nccl-1193.log", "nvidia-nccl-203.log")]
+    proc = _commlens("ingest", *files, "--db", str(db), "--run", "pair", *(["--one-run"] if one_run else []))
+    assert proc.returncode == 0, proc.stderr
+    con = duckdb.connect(str(db), read_only=True)
+    runs = sorted(r[0] for r in con.execute("SELECT name FROM runs").fetchall())
+    if one_run:
+        assert runs == ["pair"] and "jobs" not in proc.stdout
+    else:
+        assert runs == ["pair", "pair-nvidia-nccl-203"]
+        assert "The files are of 2 jobs: each is a run of its own (--one-run stores them all in pair)." in proc.stdout
+        assert "pair-nvidia-nccl-203" in proc.stdout and "world size 128" in proc.stdout

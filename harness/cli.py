@@ -75,6 +75,14 @@ def harness(
     capacity_factor: float | None = typer.Option(
         None, "--capacity-factor", help="Tokens per expert capped at ceil(F*tokens*top_k/experts) [default: no cap]."
     ),
+    offload: str = typer.Option(
+        "none", "--offload", help="optimizer: ZeRO-3's optimizer step on the host, its state in pinned memory (CUDA)."
+    ),
+    offload_gpu_fraction: str | None = typer.Option(
+        None,
+        "--offload-gpu-fraction",
+        help="1/g: every g-th parameter shard updated on the GPU (Deep Optimizer States) [default: all on the host].",
+    ),
     micro_batches: int = typer.Option(
         _DEFAULTS.micro_batches, "--micro-batches", help="Micro-batches per step (gradient accumulation / pipeline)."
     ),
@@ -142,6 +150,8 @@ def harness(
         "experts": experts,
         "top_k": top_k,
         "capacity_factor": capacity_factor,
+        "offload": offload,
+        "offload_gpu_fraction": offload_gpu_fraction,
         "micro_batches": micro_batches,
         "schedule": schedule,
         "layers": layers,

@@ -81,6 +81,10 @@ class HarnessConfig:
     experts: int = 0
     top_k: int = 1
     capacity_factor: float | None = None  # None: no token is dropped
+    # host offload of the ZeRO-3 optimizer (CUDA only): "none" or "optimizer"; with a fraction 1/g, every g-th
+    # parameter shard is updated on the GPU (Deep Optimizer States), the others on the host
+    offload: str = "none"
+    offload_gpu_fraction: str | None = None  # "1/g"
     # model
     layers: int = 2
     hidden: int = 64
@@ -226,7 +230,12 @@ def validation_errors(cfg: HarnessConfig, cuda_devices: int | None = None) -> li
     if errors:
         return errors
     return (
-        _layout_errors(cfg) + _device_errors(cfg, cuda_devices) + _delay_errors(cfg) + _cp_errors(cfg) + _ep_errors(cfg)
+        _layout_errors(cfg)
+        + _device_errors(cfg, cuda_devices)
+        + _delay_errors(cfg)
+        + _cp_errors(cfg)
+        + _ep_errors(cfg)
+        + _offload_errors(cfg)
     )
 
 
@@ -360,4 +369,41 @@ def _ep_errors(cfg: HarnessConfig) -> list[str]:
             f"--experts with {', '.join('--' + f for f in others)} is not supported by the harness: the ep ranks are "
             "its data-parallel replicas"
         )
+    return errors
+
+
+OFFLOADS = ("none", "optimizer")
+
+
+def gpu_fraction_gap(spec: str | None) -> int:
+    """g of `--offload-gpu-fraction 1/g` (1: no shard updated on the GPU when the option is absent)."""
+    if spec is None:
+        return 1
+    num, _, den = spec.partition("/")
+    if num.strip() != "1" or not den.strip().isdigit() or int(den) < 1:
+        raise ConfigError(f"--offload-gpu-fraction {spec!r}: expected 1/g with g a positive integer, e.g. 1/4")
+    return int(den)
+
+
+def _offload_errors(cfg: HarnessConfig) -> list[str]:
+    """Host offload moves optimizer state between host and GPU memory: it needs CUDA and ZeRO-3."""
+    errors = []
+    if cfg.offload not in OFFLOADS:
+        errors.append(f"--offload must be one of {', '.join(OFFLOADS)} (got {cfg.offload!r})")
+    if cfg.offload_gpu_fraction is not None:
+        if cfg.offload == "none":
+            errors.append("--offload-gpu-fraction splits the offloaded optimizer: it needs --offload optimizer")
+        try:
+            gpu_fraction_gap(cfg.offload_gpu_fraction)
+        except ConfigError as exc:
+            errors.append(str(exc))
+    if cfg.offload == "none":
+        return errors
+    if cfg.device != "cuda":
+        errors.append(
+            "--offload optimizer needs --device cuda: it measures host<->device copies of the optimizer step, and "
+            "on CPU there is no device memory to offload from"
+        )
+    if cfg.zero != 3:
+        errors.append(f"--offload optimizer offloads the ZeRO-3 optimizer: add --zero 3 (got --zero {cfg.zero})")
     return errors

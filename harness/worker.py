@@ -24,9 +24,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from . import cp as context
 from . import moe as experts
 from .comm import Mesh, build_mesh
-from .config import MESH_ORDER, HarnessConfig, validate
+from .config import MESH_ORDER, HarnessConfig, gpu_fraction_gap, validate
 from .data import global_batch, micro_batch
-from .dpsync import ADAMW, make_sync
+from .dpsync import ADAMW, Sync, make_sync
 from .model import GPTShape, TPInfo, build_stage, full_model
 from .schedule import StepRunner
 
@@ -86,9 +86,14 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
     stage = build_stage(shape, cfg.seed, tp, coords["pp"], cfg.pp, cp, moe).to(device=device, dtype=dtype)
     local_params = sum(p.numel() for p in stage.parameters())
     experts.prepare_for_ddp(stage, moe)
-    sync = make_sync(
-        stage, context.gradient_mesh(mesh), cfg.lr, cfg.dp_sync, [device.index] if cfg.device == "cuda" else None
-    )
+    if cfg.offload == "optimizer":  # ZeRO-3 with the optimizer on the host (harness/offload.py)
+        from .offload import OffloadSync
+
+        sync: Sync = OffloadSync(stage, mesh, cfg.lr, gpu_fraction_gap(cfg.offload_gpu_fraction))
+    else:
+        sync = make_sync(
+            stage, context.gradient_mesh(mesh), cfg.lr, cfg.dp_sync, [device.index] if cfg.device == "cuda" else None
+        )
     s_local = cfg.seq_len // cfg.tp if cfg.sp else cfg.seq_len
     delays: dict[str, float] = {}
     for d in cfg.delays:
@@ -229,6 +234,8 @@ def write_run_json(
             "cp_style": cfg.cp_style,
             "cp_rq": cfg.cp_rq,
             "ep": cfg.ep,
+            "offload": cfg.offload,
+            "offload_gap": gpu_fraction_gap(cfg.offload_gpu_fraction),
         },
         "mesh_dims": cfg.mesh_dims,
         "mesh_shape": cfg.mesh_shape,

@@ -41,13 +41,15 @@ install-test: install system-test-deps
 	$(BIN)/pip install -q -e ".[harness,test]"
 
 # The demo: fresh harness runs of four schemes and two context-parallel styles on CPU (gloo), each ingested as a run named after its
-# directory, then three real jobs from the shared data (one run each), then a report. It rebuilds $(DB) and $(DEMO_OUT) from scratch.
+# directory, then the real jobs of the shared data (one run per job: the NCCL log excerpts are 19), then a report. It rebuilds $(DB) and $(DEMO_OUT) from scratch.
 DEMO_OUT ?= demo-runs
 DEMO_MODEL ?= --layers 4 --hidden 128 --heads 4 --vocab 256 --seq-len 64 --micro-batch-size 2 --steps 4 --device cpu
 HARNESS = $(BIN)/commlens harness $(DEMO_MODEL) --ingest --db $(DB) --overwrite
 
+# A store that a running `commlens serve` holds is never deleted: the demo stops first and says what to do.
 demo: install
-	rm -rf $(DEMO_OUT) $(DB) $(DB).wal
+	@$(BIN)/python -m commlens.cli_server $(DB) $(PORT)
+	rm -rf $(DEMO_OUT) $(DB) $(DB).wal $(DB).server.json
 	$(HARNESS) --out $(DEMO_OUT)/ddp --dp 2
 	$(HARNESS) --out $(DEMO_OUT)/zero3 --dp 2 --zero 3
 	$(HARNESS) --out $(DEMO_OUT)/tp --tp 2 --sp
@@ -60,7 +62,7 @@ demo: install
 	  $(BIN)/commlens ingest $(DATA)/nccl-logs --db $(DB) --run nccl-logs; \
 	else echo "no $(DATA): skipping the shared real traces"; fi
 	$(BIN)/commlens report --db $(DB) --run zero3
-	@echo "store: $(DB) (runs: ddp zero3 tp pp resnet50-ddp dlrm nccl-logs); the dashboard follows (Ctrl-C stops it)"
+	@echo "store: $(DB) (runs: ddp zero3 tp pp resnet50-ddp dlrm, and one run per job of the NCCL logs: nccl-logs*); the dashboard follows (Ctrl-C stops it)"
 	$(BIN)/commlens serve --db $(DB) --host 127.0.0.1 --port $(PORT)
 
 # Lint: ruff's rule set and format check (pyproject.toml), and the import contracts (.importlinter: the dashboard

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,17 +33,37 @@ app = typer.Typer(
 console = Console(width=None if sys.stdout.isatty() else 1000)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 1000)
 app.command("harness", epilog=harness_cli.EPILOG)(harness_cli.harness)
-app.command("report")(cli_analysis.report)
 app.command("predict")(cli_analysis.predict)
 app.command("describe-model")(describe.describe_model_command)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from commlens import __version__
+
+        print(f"commlens {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """commlens: where does the communication of distributed training go, and is it what it should be?"""
 
 
 DB_OPTION = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store file (created if missing).")
+READ_DB_OPTION = typer.Option(
+    Path("commlens.duckdb"),
+    "--db",
+    help="DuckDB store file (never created; read through `commlens serve` while it holds the file).",
+)
+READ_API_OPTION = typer.Option(
+    None, "--api", help="Read through the commlens server at this URL (default: the one serving --db, if any)."
+)
+TOKEN_OPTION = typer.Option(None, "--token", envvar="COMMLENS_TOKEN", help="API token (or COMMLENS_TOKEN).")
 INGEST_PATHS = typer.Argument(..., help="Files, directories, .gz, .tar, .tar.gz or .zip archives.")
 UPLOAD_PATHS = typer.Argument(..., help="Files or directories (their files but hidden ones, not sub-folders).")
 
@@ -64,7 +86,7 @@ def ingest(
     from commlens.ingest.records import RankHint
     from commlens.service.ingest import FileOutcome, ingest_run
 
-    con = _open_store(db)
+    con = _open_store(db, f"commlens upload {' '.join(map(str, paths))} --run {run} --api {{url}}")
     progress = Progress(
         TextColumn("[bold]ingest[/bold] {task.description}"),
         BarColumn(),
@@ -193,8 +215,12 @@ def serve(
         "secret, best given as COMMLENS_ADMIN_TOKEN (docker-compose does).",
     ),
     admin_name: str = typer.Option("admin", "--admin-name", help="The admin that --admin-token belongs to."),
+    log_level: str = typer.Option(
+        "warning", "--log-level", help="Server log level: warning (no access log), info (every request), debug."
+    ),
 ) -> None:
     """Serve the API under /api (OpenAPI docs at /docs) and the dashboard at /; own the store while running."""
+    from commlens import cli_server
     from commlens.backend.api import Settings, StartupRefusedError
     from commlens.backend.api.server import serve as run_server
     from commlens.store import StoreError
@@ -209,16 +235,40 @@ def serve(
         max_file_bytes=int(max_file_mb * 2**20),
         max_request_bytes=int(max_request_mb * 2**20),
     )
+    held = cli_server.server_for(db)
+    if held is not None:
+        err_console.print(f"[red]error:[/red] {escape(f'{db} is already served at {held}')}: use it, or stop it first")
+        raise typer.Exit(2)
+    if cli_server.port_in_use(host, port):
+        err_console.print(
+            f"[red]error:[/red] port {port} on {escape(host)} is in use (another server?): stop it, or pass "
+            f"--port {port + 1} (make demo PORT={port + 1})"
+        )
+        raise typer.Exit(2)
     dashboard = None
     if ui:
         from commlens.frontend import create_ui
 
         dashboard = create_ui()
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    # uvicorn re-raises SIGTERM after its graceful shutdown: exit through Python so the marker is withdrawn
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    cli_server.announce(db, url)
+    err_console.print(
+        f"serving {escape(str(db))} at {url} (dashboard /, API /api, docs /docs); "
+        f"`commlens report --db {escape(str(db))} --run RUN` reads through it; Ctrl-C stops"
+    )
     try:
-        run_server(settings, ui=dashboard)
+        run_server(settings, ui=dashboard, log_level=log_level)
     except (StartupRefusedError, StoreError) as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
+    finally:
+        cli_server.withdraw(db)
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _ensure_admin(db: Path, name: str, token: str) -> None:
@@ -359,14 +409,136 @@ def config_command(
         console.print(f"  note: {escape(note)}")
 
 
-def _open_store(db: Path) -> duckdb.DuckDBPyConnection:
+def _open_store(db: Path, through_api: str | None = None) -> duckdb.DuckDBPyConnection:
+    """The store for a write command; while `commlens serve` holds it, say what to run instead
+    (`through_api` with `{url}` for the server's URL), or that the server must stop first."""
+    from commlens.cli_server import server_for
     from commlens.store import StoreError, connect
 
+    url = server_for(db)
+    if url is not None:
+        how = (
+            f"do it through the server: {through_api.format(url=url)}"
+            if through_api
+            else "stop that server first (Ctrl-C where it runs), then run this again"
+        )
+        err_console.print(f"[red]error:[/red] {escape(f'{db} is held by `commlens serve` at {url}; {how}')}")
+        raise typer.Exit(2)
     try:
         return connect(db)
     except StoreError as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
+
+
+def _read_through(db: Path, api: str | None) -> str | None:
+    """The server to read through (--api, or the `commlens serve` holding `db`), or None to read the file
+    itself; a store that does not exist is an error (read commands never create one)."""
+    from commlens.cli_server import server_for
+
+    if api:
+        return api
+    url = server_for(db)
+    if url is not None:
+        return url
+    if not db.is_file():
+        err_console.print(
+            f"[red]error:[/red] {escape(f'no store at {db}')} (read commands never create one): "
+            "ingest into it first, give --db the store's path, or --api a running server's URL"
+        )
+        raise typer.Exit(2)
+    return None
+
+
+@app.command("report")
+def report(
+    run: str = typer.Option(..., "--run", help="Run to report on."),
+    db: Path = READ_DB_OPTION,
+    fmt: str = typer.Option("md", "--format", help="json or md."),
+    config: Path | None = cli_analysis.CONFIG_OPTION,
+    api: str | None = READ_API_OPTION,
+    token: str | None = TOKEN_OPTION,
+) -> None:
+    """Attribution, histograms, predicted against measured, bandwidth, where the time goes and findings of one run."""
+    from commlens.frontend.client import ApiClient, ApiProblem
+
+    if fmt not in ("json", "md"):
+        err_console.print("[red]error:[/red] --format must be json or md")
+        raise typer.Exit(2)
+    url = _read_through(db, api)
+    if url is None:
+        cli_analysis.report(run=run, db=db, fmt=fmt, config=config)
+        return
+    if config is not None:
+        err_console.print(
+            f"[red]error:[/red] --config needs the store itself; through the server at {escape(url)}, attach the "
+            "configuration to the run (the dashboard's predicted page, or the API), or stop the server"
+        )
+        raise typer.Exit(2)
+    try:
+        sys.stdout.write(ApiClient(url, token).report(run, fmt))
+    except ApiProblem as exc:
+        err_console.print(f"[red]error:[/red] {escape(f'{url}: {exc}')}")
+        raise typer.Exit(2) from None
+
+
+@app.command("runs")
+def runs_command(
+    db: Path = READ_DB_OPTION,
+    api: str | None = READ_API_OPTION,
+    token: str | None = TOKEN_OPTION,
+    fmt: str = typer.Option("table", "--format", help="table or json."),
+) -> None:
+    """List the runs in the store (newest first): files, calls, world size, strategy."""
+    from commlens.contract.runs import RunSummary
+    from commlens.frontend.client import ApiClient, ApiProblem
+
+    if fmt not in ("table", "json"):
+        err_console.print("[red]error:[/red] --format must be table or json")
+        raise typer.Exit(2)
+    url = _read_through(db, api)
+    runs: list[RunSummary] = []
+    if url is None:
+        from commlens.service.runs import list_runs
+        from commlens.store import StoreError, connect
+
+        try:
+            con = connect(db, read_only=True)
+        except StoreError as exc:
+            err_console.print(f"[red]error:[/red] {escape(str(exc))} (or give --api the server's URL)")
+            raise typer.Exit(2) from None
+        items, _ = list_runs(con, limit=2**31 - 1, offset=0)
+        con.close()
+        runs = [RunSummary.model_validate(item) for item in items]
+    else:
+        client = ApiClient(url, token)
+        try:
+            while True:
+                page = client.runs(limit=1000, offset=len(runs))
+                runs.extend(page.items)
+                if page.next_offset is None:
+                    break
+        except ApiProblem as exc:
+            err_console.print(f"[red]error:[/red] {escape(f'{url}: {exc}')}")
+            raise typer.Exit(2) from None
+    if fmt == "json":
+        sys.stdout.write(json.dumps([r.model_dump(mode="json") for r in runs], indent=2) + "\n")
+        return
+    table = Table()
+    for col in ("run", "files", "failed", "calls", "world size", "strategy", "created"):
+        table.add_column(col, justify="right" if col in ("files", "failed", "calls", "world size") else "left")
+    for r in runs:
+        table.add_row(
+            escape(r.name),
+            str(r.sources.ok),
+            str(r.sources.failed),
+            str(r.events),
+            "-" if r.world_size is None else str(r.world_size),
+            escape(r.strategy or "-"),
+            r.created_at.strftime("%Y-%m-%d %H:%M"),
+        )
+    console.print(f"{len(runs)} runs in {escape(url or str(db))}")
+    console.print(table)
 
 
 @users_app.command("add")

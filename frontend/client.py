@@ -189,6 +189,10 @@ class ApiClient:
     def ranks(self, run: str) -> RankTotals:
         return self._get(f"/runs/{_seg(run)}/ranks", RankTotals)
 
+    def report(self, run: str, fmt: str = "json") -> str:
+        """The run's report as `commlens report` prints it: JSON or Markdown text."""
+        return self._request("GET", f"/runs/{_seg(run)}/report", params={"format": fmt}).text
+
     def findings(self, run: str, limit: int = 50, offset: int = 0) -> Page[Finding]:
         return self._get(f"/runs/{_seg(run)}/findings", Page[Finding], limit=limit, offset=offset)
 

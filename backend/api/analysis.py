@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Literal, get_args
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
 
 from commlens.backend import attribution
 from commlens.backend.bandwidth import bandwidth
@@ -202,6 +202,24 @@ def run_bandwidth(run: str, cur: Cursor) -> BandwidthReport:
 def ranks(run: str, cur: Cursor) -> RankTotals:
     with analysis_errors():
         return rank_totals(cur, run)
+
+
+@router.get(
+    "/runs/{run}/report",
+    responses={**problem_responses(404), 200: {"content": {"application/json": {}, "text/markdown": {}}}},
+    summary="The run's report as `commlens report` prints it (read through the server while it holds the store)",
+)
+def run_report(run: str, cur: Cursor, format: Literal["json", "md"] = "json") -> Response:
+    from commlens.backend.iterations import run_id_of
+    from commlens.backend.report import build_report, render_markdown
+    from commlens.service.time import time_summary
+
+    run_id_of(cur, run)  # 404 for an unknown run
+    with analysis_errors():
+        rep = build_report(cur, run, None, time_summary(cur, run))
+    if format == "md":
+        return Response(render_markdown(rep), media_type="text/markdown; charset=utf-8")
+    return Response(rep.model_dump_json(indent=2) + "\n", media_type="application/json")
 
 
 # ------------------------------------------------------------------------------------- findings

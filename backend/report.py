@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from commlens.contract.analysis import AttributionSummary, BandwidthReport, Finding, Histogram, RankTotals
 from commlens.contract.compare import Comparison
+from commlens.contract.hang import HangGroup
 from commlens.contract.predict import PredictInput
 from commlens.contract.time import TimeSummary
 from commlens.vocab import format_bytes
@@ -19,7 +20,9 @@ from .attribution import attribute_run, attribution_summary
 from .bandwidth import bandwidth
 from .compare import compare
 from .findings import findings
+from .hang import run_hang
 from .histograms import histogram
+from .iterations import run_id_of
 from .ranks import rank_totals
 
 
@@ -52,6 +55,7 @@ class Report(BaseModel):
     bandwidth: BandwidthReport
     ranks: RankTotals
     time: TimeSummary | None = None  # None when the caller did not read it
+    hang: list[HangGroup] = []  # groups whose latest collective did not complete (Flight Recorder); [] if none
 
 
 def build_report(
@@ -93,6 +97,7 @@ def build_report(
         bandwidth=bandwidth(con, run),
         ranks=rank_totals(con, run),
         time=time,
+        hang=run_hang(con, run_id_of(con, run)),
     )
 
 
@@ -220,6 +225,22 @@ def _time_md(t: TimeSummary) -> list[str]:
     return lines
 
 
+def _hang_md(groups: list[HangGroup]) -> list[str]:
+    """Groups that hung (Flight Recorder): who arrived, who never did and what they were doing; nothing when
+    every collective completed."""
+    if not groups:
+        return []
+    lines = ["", "## Hang (Flight Recorder)", ""]
+    for g in groups:
+        lines.append(
+            f"- **{g.group}** (`{g.group_key}`): {g.op} #{g.seq}: arrived {g.arrived_ranks}, "
+            f"**never arrived {g.missing_ranks}**"
+        )
+        lines += [f"  - rank {x.rank}: {x.doing}" for x in g.ranks if x.rank in g.missing_ranks]
+        lines += [f"  - mismatch: {m}" for m in g.mismatches]
+    return lines
+
+
 def render_markdown(r: Report) -> str:
     c = r.comparison
     lines = [f"# commlens report: {r.run}", ""]
@@ -270,6 +291,7 @@ def render_markdown(r: Report) -> str:
     lines += _histogram_md(r.histogram) + _bandwidth_md(r.bandwidth)
     if r.time is not None:
         lines += _time_md(r.time)
+    lines += _hang_md(r.hang)
     if c.inferences:
         lines += ["", "## Inferences (from the measurements, not facts)", ""]
         lines += [f"- {i.quantity}: {i.value:,.0f} — {i.evidence}" for i in c.inferences]

@@ -25,6 +25,7 @@ from commlens.contract.analysis import (
 )
 from commlens.contract.common import Page
 from commlens.contract.compare import Comparison, RunsComparison
+from commlens.contract.hang import HangReport, RankSourcesReport
 from commlens.contract.jobs import JobOut
 from commlens.contract.predict import PredictInput, Prediction
 from commlens.contract.review import Anchor, ReviewCreate, ReviewItem, ReviewUpdate
@@ -308,6 +309,14 @@ class ApiClient:
         return self._get(f"/runs/{_seg(run)}/time/mismatches", MismatchReport)
 
     # -------------------------------------------------------------------------------- review
+
+    def hang(self, run: str) -> HangReport:
+        """Groups whose latest collective did not complete, from the run's Flight Recorder dumps."""
+        return self._get(f"/runs/{_seg(run)}/hang", HangReport)
+
+    def rank_sources(self, run: str) -> RankSourcesReport:
+        """Per rank, the files that describe it and how many of their calls count."""
+        return self._get(f"/runs/{_seg(run)}/rank-sources", RankSourcesReport)
 
     def review(self, run: str, status: str | None = None, limit: int = 100, offset: int = 0) -> Page[ReviewItem]:
         return self._get(f"/runs/{_seg(run)}/review", Page[ReviewItem], status=status, limit=limit, offset=offset)

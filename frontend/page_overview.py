@@ -1,5 +1,6 @@
-"""`/runs/{run}`: the run at a glance: facts, schemes and how they were attributed, bytes per iteration
-per rank per scheme (predicted and measured), the top findings and the ingested sources."""
+"""`/runs/{run}`: the run at a glance: facts, a hang when Flight Recorder dumps show one, schemes and how
+they were attributed, bytes per iteration per rank per scheme (predicted and measured), the top findings,
+the ingested sources and, per rank, which of them describe it."""
 
 from __future__ import annotations
 
@@ -257,6 +258,60 @@ def sources(client: ApiClient, run: str) -> Any:
     )
 
 
+def hang(client: ApiClient, run: str) -> Any:
+    """Groups whose latest collective did not complete: arrived and missing ranks, what the missing did."""
+    h = client.hang(run)
+    if not h.dumped_ranks:
+        return empty("No Flight Recorder dump in this run.")
+    if not h.groups:
+        return empty(f"Every collective completed in the dumps of ranks {', '.join(map(str, h.dumped_ranks))}.")
+    rows, classes = [], []
+    for g in h.groups:
+        for x in g.ranks:
+            missing = x.rank in g.missing_ranks
+            rows.append(
+                [
+                    g.group,
+                    f"{g.op} #{g.seq}",
+                    td_num(x.rank),
+                    html.Strong("never arrived") if missing else "arrived",
+                    x.doing,
+                ]
+            )
+            classes.append("bad" if missing else None)
+    missing_all = sorted({r for g in h.groups for r in g.missing_ranks})
+    return html.Div(
+        [
+            message(f"Hung: ranks {', '.join(map(str, missing_all)) or 'none'} never arrived.", "error"),
+            html.Div(
+                table(["group", "collective", "rank", "state", "doing"], rows, id_="ov-hang", row_class=classes),
+                className="scroll",
+            ),
+        ]
+    )
+
+
+def rank_sources(client: ApiClient, run: str) -> Any:
+    """Per rank, the files that describe it and how many of their calls count (each call counts once)."""
+    r = client.rank_sources(run)
+    if not r.ranks:
+        return empty("No file names a rank yet.")
+    rows = [
+        [
+            td_num(x.rank),
+            ", ".join(sorted({s.kind for s in x.sources})),
+            html.Span("; ".join(s.path for s in x.sources), className="mono"),
+            td_num(sum(s.counted for s in x.sources)),
+            ", ".join(f"{s.kind}: {num(s.calls)}" for s in x.sources if s.calls and not s.counted) or "-",
+        ]
+        for x in r.ranks
+    ]
+    return html.Div(
+        table(["rank", "kinds", "files", "calls counted", "calls superseded"], rows, id_="ov-rank-sources"),
+        className="scroll",
+    )
+
+
 def register(app: Dash, cfg: UiConfig) -> None:
     @app.callback(Output("ov-content", "children"), Input("ov-run", "data"), State("token", "data"))
     @guarded()
@@ -266,6 +321,7 @@ def register(app: Dash, cfg: UiConfig) -> None:
         return html.Div(
             [
                 _section("Run", lambda: facts(client, run)),
+                _section("Hang (Flight Recorder)", lambda: hang(client, run)),
                 _section(
                     "Bytes per iteration per rank, predicted and measured",
                     lambda: volumes_chart(client.predicted_vs_measured(run)),
@@ -273,6 +329,7 @@ def register(app: Dash, cfg: UiConfig) -> None:
                 _section("Top findings", lambda: findings_list(client, run)),
                 _section("Schemes and how they were attributed", lambda: schemes(client, run)),
                 _section("Sources", lambda: sources(client, run)),
+                _section("Sources per rank", lambda: rank_sources(client, run)),
             ]
         )
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -14,7 +15,10 @@ from rich.table import Table
 
 from commlens.vocab import format_bytes
 
-from .config import ConfigError, HarnessConfig, parse_delays
+from .config import ConfigError, Hang, HarnessConfig, parse_delays
+
+if TYPE_CHECKING:
+    from .launch import PlannedRun
 
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
@@ -40,6 +44,12 @@ DELAY_OPTION = typer.Option(
     [],
     "--delay",
     help="RANK:MS[:PHASE]: that rank sleeps MS ms before PHASE (forward, backward, optimizer; default forward) of every step, in a 'commlens.delay' profiler range: a planted straggler (repeatable).",
+)
+HANG_OPTION = typer.Option(
+    None,
+    "--hang",
+    help="RANK:STEP: at that step the rank stops before its next collective and never arrives; the others time out "
+    "(--timeout), every rank leaves flight_recorder.rank<R>.json, and the job exits non-zero naming the hung ranks.",
 )
 
 
@@ -126,6 +136,7 @@ def harness(
         help="Replace the outputs of an earlier run in --out (and, with --ingest, its data in --db).",
     ),
     delay: list[str] = DELAY_OPTION,
+    hang: str | None = HANG_OPTION,
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Validate, write the config and print the torchrun commands; start nothing."
     ),
@@ -172,6 +183,7 @@ def harness(
     }
     try:
         options["delays"] = parse_delays(delay)
+        options["hang"] = _hang(hang) if hang is not None else None
         runs = launch.plan_runs(out, options, _nproc_per_cp(nproc, cp * ep), sweep, None if dry_run else gpus)
         for run in runs:
             old = launch.existing_outputs(run.out)
@@ -206,6 +218,8 @@ def harness(
             continue
         console.print(f"[bold]{header}[/bold] -> {run.out}")
         code = launch.launch(run, command)
+        if code != 0 and run.cfg.hang is not None:
+            _report_hang(run, code)
         if code != 0:
             err.print(
                 f"[red]run {run.name} failed[/red] (torchrun exit code {code}); the failing rank's traceback is above."
@@ -222,6 +236,56 @@ def harness(
                 err.print(f"[red]failed[/red] {f.error}", markup=False)
             if failed:
                 raise typer.Exit(1)
+
+
+def _hang(spec: str) -> Hang:
+    """--hang's value, refused by name when this torch records no Flight Recorder entries to dump."""
+    hang = Hang.parse(spec)
+    try:
+        import torch
+        from torch._C import _distributed_c10d as c10d
+    except ImportError:
+        raise ConfigError("--hang needs torch: pip install 'commlens[harness]'") from None
+    if not hasattr(c10d, "_dump_fr_trace_json"):
+        raise ConfigError(
+            f"--hang: torch {torch.__version__} cannot dump Flight Recorder entries (no _dump_fr_trace_json), "
+            "so the hang could not be analysed; use a torch that records them (2.6 or later)"
+        )
+    return hang
+
+
+def _report_hang(run: PlannedRun, code: int) -> None:
+    """Say which ranks never arrived, from the Flight Recorder dumps the ranks left, and exit non-zero."""
+    from commlens.backend.hang import FrCall, analyze, fr_call
+    from commlens.ingest.inputs import DEFAULT_LIMITS, iter_inputs
+    from commlens.ingest.parse_file import parse_file
+    from commlens.ingest.records import RankHint
+
+    dumps = sorted(run.out.glob("flight_recorder.rank*.json"))
+    calls: list[FrCall] = []
+    dumped: list[int] = []
+    for item in iter_inputs(dumps, DEFAULT_LIMITS):
+        parsed = parse_file(item, RankHint())
+        if parsed.result is None or parsed.result.rank is None:
+            err.print(f"[red]unreadable Flight Recorder dump[/red] {parsed.error}", markup=False)
+            continue
+        dumped.append(parsed.result.rank)
+        calls += [c for e in parsed.result.fr_entries if (c := fr_call(e)) is not None]
+    hung = analyze(calls, dumped)
+    err.print(
+        f"[red]run {run.name} hung[/red] (torchrun exit code {code}); Flight Recorder dumps: {len(dumps)} in {run.out}"
+    )
+    for g in hung:
+        err.print(
+            f"  group {g.group}: {g.op} #{g.seq}: ranks {g.missing_ranks} never arrived (arrived: {g.arrived_ranks})",
+            markup=False,
+        )
+        for r in g.ranks:
+            if r.rank in g.missing_ranks:
+                err.print(f"    rank {r.rank}: {r.doing}", markup=False)
+    missing = sorted({r for g in hung for r in g.missing_ranks})
+    err.print(f"hung ranks: {', '.join(map(str, missing)) if missing else 'none found in the dumps'}", markup=False)
+    raise typer.Exit(1)
 
 
 def _nproc_per_cp(nproc: int | None, cp: int) -> int | None:

@@ -49,6 +49,25 @@ class Delay:
         return cls(rank, ms, parts[2] if len(parts) == 3 else "forward")
 
 
+@dataclass(frozen=True)
+class Hang:
+    """A hang planted on purpose (--hang RANK:STEP): at `step` that rank stops before its next collective and
+    never arrives; the others time out (--timeout) and every rank dumps its Flight Recorder entries."""
+
+    rank: int
+    step: int
+
+    @classmethod
+    def parse(cls, spec: str) -> Hang:
+        parts = spec.split(":")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            return cls(int(parts[0]), int(parts[1]))
+        except ValueError:
+            raise ConfigError(f"--hang {spec!r}: expected RANK:STEP with two integers, for example 1:2") from None
+
+
 def parse_delays(specs: list[str]) -> list[Delay]:
     """Every --delay value, or one ConfigError listing each malformed one."""
     delays, errors = [], []
@@ -104,10 +123,13 @@ class HarnessConfig:
     profile_active: int = 2
     timeout_s: float = 300.0  # process-group timeout, so a dead peer ends the job instead of hanging it
     delays: list[Delay] = field(default_factory=list)  # injected stragglers (--delay)
+    hang: Hang | None = None  # a rank that never arrives (--hang)
 
     def __post_init__(self) -> None:
-        # A config read back from JSON holds the delays as dicts.
+        # A config read back from JSON holds the delays and the hang as dicts.
         self.delays = [d if isinstance(d, Delay) else Delay(**d) for d in self.delays]
+        if isinstance(self.hang, dict):
+            self.hang = Hang(**self.hang)
 
     @property
     def world_size(self) -> int:
@@ -233,6 +255,7 @@ def validation_errors(cfg: HarnessConfig, cuda_devices: int | None = None) -> li
         _layout_errors(cfg)
         + _device_errors(cfg, cuda_devices)
         + _delay_errors(cfg)
+        + _hang_errors(cfg)
         + _cp_errors(cfg)
         + _ep_errors(cfg)
         + _offload_errors(cfg)
@@ -337,6 +360,19 @@ def _delay_errors(cfg: HarnessConfig) -> list[str]:
             errors.append(f"{spec}: the delay must be a finite number of milliseconds > 0")
         if d.phase not in DELAY_PHASES:
             errors.append(f"{spec}: phase must be one of {', '.join(DELAY_PHASES)}")
+    return errors
+
+
+def _hang_errors(cfg: HarnessConfig) -> list[str]:
+    if cfg.hang is None:
+        return []
+    spec, errors = f"--hang {cfg.hang.rank}:{cfg.hang.step}", []
+    if not 0 <= cfg.hang.rank < cfg.world_size:
+        errors.append(f"{spec}: rank {cfg.hang.rank} is not in the job (ranks 0-{cfg.world_size - 1})")
+    if not 0 <= cfg.hang.step < cfg.steps:
+        errors.append(f"{spec}: step {cfg.hang.step} is not run (steps 0-{cfg.steps - 1})")
+    if cfg.world_size < 2:
+        errors.append(f"{spec}: a hang needs a peer that waits: world size must be >= 2")
     return errors
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import gc
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -39,11 +40,46 @@ def trace_path(out: Path, rank: int) -> Path:
     return out / f"trace.rank{rank}.json.gz"
 
 
+def flight_recorder_path(out: Path, rank: int) -> Path:
+    return out / f"flight_recorder.rank{rank}.json"
+
+
+def dump_flight_recorder(out: Path, rank: int) -> None:
+    """This rank's Flight Recorder entries as JSON (torch's _dump_fr_trace_json), for --hang."""
+    from torch._C import _distributed_c10d as c10d
+
+    # torch's stub (_distributed_c10d.pyi) does not declare the binding it has
+    flight_recorder_path(out, rank).write_bytes(c10d._dump_fr_trace_json(True, False))  # type: ignore[attr-defined]
+
+
+def _hang_here(cfg: HarnessConfig, out: Path, rank: int, step: int) -> None:
+    """--hang: the planted rank dumps its entries and stops before its next collective, never arriving; its
+    peers time out (--timeout) and torchrun then ends it. It leaves by itself if nobody does."""
+    print(
+        f"{PROGRESS_PREFIX} rank {rank} hangs at step {step} (--hang): it never enters its next collective", flush=True
+    )
+    dump_flight_recorder(out, rank)
+    time.sleep(2 * cfg.timeout_s + 30)
+    os._exit(3)
+
+
+def _dump_on_sigterm(out: Path, rank: int) -> None:
+    """torchrun ends the other ranks with SIGTERM once one fails: each dumps its entries first."""
+
+    def handler(signum: int, frame: object) -> None:
+        dump_flight_recorder(out, rank)
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def _init(cfg: HarnessConfig, out: Path) -> torch.device:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if "RANK" not in os.environ:  # started without torchrun: a world of one
         os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"})
     timeout = timedelta(seconds=cfg.timeout_s)
+    if cfg.hang is not None:  # Flight Recorder records only with a buffer, read when the first group is made
+        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "20000")
     if cfg.device == "cuda":
         for key, value in NCCL_ENV.items():
             os.environ.setdefault(key, value)
@@ -119,10 +155,14 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
     samples = replicas * cfg.micro_batches * cfg.micro_batch_size
     routing: dict[int, list[list[int]]] = {}  # profiled step -> rows sent to each ep rank, per all-to-all
     fail_rank = os.environ.get(FAIL_RANK_ENV)
+    if cfg.hang is not None:
+        _dump_on_sigterm(out, rank)
     with _profiler(cfg, out, rank) as prof:
         for step in range(cfg.steps):
             if step == 1 and fail_rank == str(rank):
                 raise RuntimeError(f"injected failure on rank {rank} ({FAIL_RANK_ENV})")
+            if cfg.hang is not None and (rank, step) == (cfg.hang.rank, cfg.hang.step):
+                _hang_here(cfg, out, rank, step)
             tokens = global_batch(cfg.seed, step, samples, cfg.seq_len, cfg.vocab)
             batches = [
                 context.local_tokens(
@@ -133,7 +173,7 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
             if moe is not None and step in cfg.profiled_steps:
                 moe.log = routing.setdefault(step, [])
             t0 = time.perf_counter()
-            loss = runner.step(batches)
+            loss = _step(runner, batches, cfg, out, rank)
             if moe is not None:
                 moe.log = None
             if cfg.device == "cuda":
@@ -165,6 +205,18 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
         path = write_run_json(cfg, out, gathered, mesh, shape, command)
         print(f"{PROGRESS_PREFIX} wrote {path}", flush=True)
     dist.barrier()
+
+
+def _step(runner: StepRunner, batches: list[torch.Tensor], cfg: HarnessConfig, out: Path, rank: int) -> float | None:
+    """One step; under --hang a collective that times out leaves this rank's Flight Recorder dump behind."""
+    if cfg.hang is None:
+        return runner.step(batches)
+    try:
+        return runner.step(batches)
+    except Exception:
+        dump_flight_recorder(out, rank)
+        print(f"{PROGRESS_PREFIX} rank {rank}: a collective timed out (--hang); Flight Recorder dumped", flush=True)
+        raise
 
 
 def _groups(infos: list[dict], mesh: Mesh) -> list[dict]:

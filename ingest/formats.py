@@ -17,9 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .flight_recorder import PICKLE_PROTOCOLS, parse_flight_recorder
 from .inputs import ZIP_MAGIC, Limits, open_content
+from .inspector import parse_inspector
 from .kineto import parse_kineto
 from .nccl_log import parse_nccl_log
+from .nsys_sqlite import SQLITE_MAGIC, parse_nsys_sqlite
 from .records import ParseError, ParseResult, RankHint
 from .run_json_parser import parse_run_config
 
@@ -48,6 +51,9 @@ class Trait(enum.Flag):
     # A log whose calls of a rank stop counting when a PER_RANK_TIMED_TRACE of that rank is in the run
     # (the trace has the steps and the device durations).
     SUPERSEDED_BY_TRACE = enum.auto()
+    # Calls of a rank that also stop counting when an NCCL log (a SUPERSEDED_BY_TRACE format without this
+    # trait) describes that rank: Inspector records and Flight Recorder entries repeat the log's calls.
+    SUPERSEDED_BY_LOG = enum.auto()
     # Its events name communicators by per-process pointers, grouped across the run by `nccl_link`.
     NCCL_COMMUNICATORS = enum.auto()
     # Detected only to be refused by name: a file people mistake for an input (sources.kind says what it is).
@@ -141,6 +147,50 @@ def _refuse_chakra(stream: io.BufferedReader, name: str, hint: RankHint, limits:
     raise ParseError(f"a Chakra execution trace (protobuf, version {version}), {_NOT_A_PROFILER_TRACE}", "byte 0")
 
 
+def _claims_inspector(head: bytes) -> Claim:
+    """NCCL Inspector JSON lines: every record carries its format version (the plugin names files *.log)."""
+    text = _json_text(head)
+    if text is None or not text.startswith(b"{"):
+        return Claim.NONE
+    return Claim.SURE if b'"inspector_output_format_version"' in head and b'"header"' in head else Claim.NONE
+
+
+# NCCL_INSPECTOR_PROM_DUMP=1 writes Prometheus gauges per communicator, collective and size bucket.
+_INSPECTOR_PROM = re.compile(
+    rb"^nccl_(?:p2p_)?(?:bus_bandwidth_gbs|collective_exec_time_microseconds|p2p_exec_time_microseconds)\{", re.M
+)
+
+
+def _claims_inspector_prom(head: bytes) -> Claim:
+    return Claim.SURE if _INSPECTOR_PROM.search(head) else Claim.NONE
+
+
+def _refuse_inspector_prom(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
+    raise ParseError(
+        "NCCL Inspector Prometheus output (NCCL_INSPECTOR_PROM_DUMP=1): bandwidth and time per communicator and "
+        "size bucket, without call counts, so no call can be counted from it; record the JSON output "
+        "(NCCL_INSPECTOR_PROM_DUMP=0, the default) instead",
+        "line 1",
+    )
+
+
+def _claims_flight_recorder(head: bytes) -> Claim:
+    """A Flight Recorder dump: JSON with its entry keys, or any pickle (refused unless it is a plain dump)."""
+    if head[:2] in PICKLE_PROTOCOLS:
+        return Claim.SURE
+    if (
+        _json_text(head) is not None
+        and b'"entries"' in head
+        and (b'"comm_lib_version"' in head or b'"profiling_name"' in head or b'"pg_config"' in head)
+    ):
+        return Claim.SURE
+    return Claim.NONE
+
+
+def _claims_sqlite(head: bytes) -> Claim:
+    return Claim.SURE if head.startswith(SQLITE_MAGIC) else Claim.NONE
+
+
 def _mostly_binary(head: bytes) -> bool:
     sample = head[:4096]
     try:
@@ -161,6 +211,34 @@ FORMATS: tuple[Format, ...] = (
         _claims_nccl_log,
         parse_nccl_log,
         Trait.SUPERSEDED_BY_TRACE | Trait.NCCL_COMMUNICATORS,
+    ),
+    Format(
+        "nccl_inspector",
+        "NCCL Inspector output",
+        _claims_inspector,
+        parse_inspector,
+        Trait.SUPERSEDED_BY_TRACE | Trait.SUPERSEDED_BY_LOG | Trait.NCCL_COMMUNICATORS,
+    ),
+    Format(
+        "nccl_inspector_prom",
+        "NCCL Inspector Prometheus output",
+        _claims_inspector_prom,
+        _refuse_inspector_prom,
+        Trait.REFUSED,
+    ),
+    Format(
+        "flight_recorder",
+        "a PyTorch Flight Recorder dump",
+        _claims_flight_recorder,
+        parse_flight_recorder,
+        Trait.SUPERSEDED_BY_TRACE | Trait.SUPERSEDED_BY_LOG,
+    ),
+    Format(
+        "nsys_sqlite",
+        "an Nsight Systems SQLite export",
+        _claims_sqlite,
+        parse_nsys_sqlite,
+        Trait.PER_RANK_TIMED_TRACE,
     ),
     Format("pytorch_et", "a PyTorch execution trace", _claims_execution_trace, _refuse_execution_trace, Trait.REFUSED),
     Format("chakra_et", "a Chakra execution trace", _claims_chakra, _refuse_chakra, Trait.REFUSED),

@@ -175,7 +175,9 @@ def link_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
 def count_each_call_once(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     """An NCCL log and a profiler trace of the same rank describe the same calls: the trace's count (its
     profiler steps are the iterations, its kernels the durations) and the log's calls of that rank are
-    kept, for communicators and topology, with `counted = false`. Ranks without a trace count from the log."""
+    kept, for communicators and topology, with `counted = false`. Ranks without a trace count from the log;
+    Inspector records and Flight Recorder entries (SUPERSEDED_BY_LOG) of a rank count only when neither a trace
+    nor an NCCL log describes it."""
     covered = [
         r
         for (r,) in con.execute(
@@ -190,6 +192,24 @@ def count_each_call_once(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
           AND source_id IN (SELECT source_id FROM sources WHERE run_id = $run AND list_contains($logs, kind))
           AND counted <> NOT (rank IS NOT NULL AND list_contains($covered, rank))""",
         {"run": run_id, "covered": covered, "logs": formats.kinds_with(Trait.SUPERSEDED_BY_TRACE)},
+    )
+    # Inspector records and Flight Recorder entries of a rank an NCCL log describes repeat the log's calls.
+    repeats = formats.kinds_with(Trait.SUPERSEDED_BY_LOG)
+    logs = [k for k in formats.kinds_with(Trait.SUPERSEDED_BY_TRACE) if k not in repeats]
+    covered += [
+        r
+        for (r,) in con.execute(
+            """SELECT DISTINCT e.rank FROM comm_events e JOIN sources s ON s.source_id = e.source_id
+        WHERE e.run_id = ? AND list_contains(?, s.kind) AND e.rank IS NOT NULL""",
+            [run_id, logs],
+        ).fetchall()
+    ]
+    con.execute(
+        """UPDATE comm_events SET counted = NOT (rank IS NOT NULL AND list_contains($covered, rank))
+        WHERE run_id = $run
+          AND source_id IN (SELECT source_id FROM sources WHERE run_id = $run AND list_contains($repeats, kind))
+          AND counted <> NOT (rank IS NOT NULL AND list_contains($covered, rank))""",
+        {"run": run_id, "covered": covered, "repeats": repeats},
     )
 
 
@@ -382,18 +402,21 @@ def _event_map(members: list[_Member]) -> pa.Table:
 
 
 def _rank_map(members: list[_Member], world_rank: dict[tuple, int]) -> pa.Table:
-    """process label -> global rank; "host:pid" only when that process has a single device in the world."""
-    devs: dict[tuple, set[tuple]] = defaultdict(set)
+    """process label -> global rank; "host:pid" only when that process has a single device in the world (a
+    member without a device, as NCCL Inspector's, takes the process's one device when another source names it)."""
+    devs: dict[tuple, set[int | None]] = defaultdict(set)
     for context in world_rank:
-        devs[context[:2]].add(context)
+        devs[context[:2]].add(context[2])
     labels: dict[str, int] = {}
     for context, g in world_rank.items():
         host, pid, dev = context
         if host is None:
             labels[f"unknown/cuda:{dev}"] = g
             continue
-        labels[f"{host}:{pid}/cuda:{dev}"] = g
-        if len(devs[(host, pid)]) == 1:
+        known = devs[(host, pid)] - {None}
+        if dev is not None:
+            labels[f"{host}:{pid}/cuda:{dev}"] = g
+        if len(known) == 1 if dev is not None else not known:
             labels[f"{host}:{pid}"] = g
     return pa.table(
         {

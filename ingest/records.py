@@ -52,6 +52,7 @@ class ParseResult:
     warnings: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     run_config: dict[str, Any] | None = None  # a validated run.json, when the file is one
+    fr_entries: list[dict[str, Any]] = field(default_factory=list)  # Flight Recorder entries (hang.sql)
 
     @property
     def n_events(self) -> int:

@@ -29,11 +29,22 @@ def _detect(raw: bytes) -> str:
 
 def test_each_kind_is_declared_once_with_its_traits() -> None:
     kinds = [f.kind for f in formats.FORMATS]
-    assert kinds == ["kineto", "run_config", "nccl_log", "pytorch_et", "chakra_et"]
-    assert formats.kinds_with(Trait.REFUSED) == ["pytorch_et", "chakra_et"]
-    assert formats.kinds_with(Trait.PER_RANK_TIMED_TRACE) == ["kineto"]
-    assert formats.kinds_with(Trait.SUPERSEDED_BY_TRACE) == ["nccl_log"]
-    assert formats.kinds_with(Trait.NCCL_COMMUNICATORS) == ["nccl_log"]
+    assert kinds == [
+        "kineto",
+        "run_config",
+        "nccl_log",
+        "nccl_inspector",
+        "nccl_inspector_prom",
+        "flight_recorder",
+        "nsys_sqlite",
+        "pytorch_et",
+        "chakra_et",
+    ]
+    assert formats.kinds_with(Trait.REFUSED) == ["nccl_inspector_prom", "pytorch_et", "chakra_et"]
+    assert formats.kinds_with(Trait.PER_RANK_TIMED_TRACE) == ["kineto", "nsys_sqlite"]
+    assert formats.kinds_with(Trait.SUPERSEDED_BY_TRACE) == ["nccl_log", "nccl_inspector", "flight_recorder"]
+    assert formats.kinds_with(Trait.SUPERSEDED_BY_LOG) == ["nccl_inspector", "flight_recorder"]
+    assert formats.kinds_with(Trait.NCCL_COMMUNICATORS) == ["nccl_log", "nccl_inspector"]
     assert formats.get("nccl_log").has(Trait.SUPERSEDED_BY_TRACE) and not formats.get("run_config").traits
     with pytest.raises(KeyError):
         formats.get("pickle")
@@ -72,7 +83,11 @@ def test_detection_by_claims(head: bytes, kind: str) -> None:
 
 
 def test_nothing_claims_binary_or_empty_heads() -> None:
-    with pytest.raises(ParseError, match=r"binary data, not a Kineto JSON trace, a commlens run.json or an NCCL"):
+    with pytest.raises(
+        ParseError,
+        match=r"binary data, not a Kineto JSON trace, a commlens run.json, an NCCL debug log, NCCL Inspector output, "
+        r"a PyTorch Flight Recorder dump or an Nsight Systems SQLite export",
+    ):
         _detect(b"\x89PNG\r\n\x1a\n\x00\x00")
     with pytest.raises(ParseError, match="empty file"):
         _detect(b" \n\t")
@@ -205,3 +220,39 @@ def test_execution_traces_are_refused_by_their_real_kind(tmp_path: Path, con, ra
 def test_a_run_json_with_a_schema_is_not_an_execution_trace() -> None:
     assert _detect(RUN_JSON) == "run_config"
     assert _detect(b'{"schema": "commlens.run/1", "nodes": []}') == "run_config"
+
+
+INSPECTOR_LINE = (
+    b'{"header":{"id":"0x7f8c496ae9f661","comm_name":"unknown","rank":2,"n_ranks":8,"nnodes":1},"metadata":'
+    b'{"inspector_output_format_version":"v4.0","git_rev":"","rec_mechanism":"nccl_profiler_interface",'
+    b'"dump_timestamp_us":1748030377748202,"hostname":"example-hostname","pid":1639453},"coll_perf":{"coll":'
+    b'"AllReduce","coll_sn":1407,"coll_msg_size_bytes":17179869184,"coll_exec_time_us":61974,'
+    b'"coll_timing_source":"kernel_gpu","coll_algobw_gbs":277.210914,"coll_busbw_gbs":485.119099}}\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("head", "kind"),
+    [
+        (INSPECTOR_LINE, "nccl_inspector"),
+        (b'nccl_bus_bandwidth_gbs{version="v5.1",node="n"} 678.263\n', "nccl_inspector_prom"),
+        (
+            b'{"comm_lib_version": "", "entries": [{"collective_seq_id": 1, "profiling_name": "gloo:all_reduce"}]}',
+            "flight_recorder",
+        ),
+        (b"\x80\x02}q\x00(X\x07\x00\x00\x00version", "flight_recorder"),
+        (b"SQLite format 3\x00" + bytes(84), "nsys_sqlite"),
+    ],
+)
+def test_new_sources_are_detected_by_content_whatever_their_name(head: bytes, kind: str) -> None:
+    assert _detect(head) == kind
+
+
+def test_the_upload_check_names_the_new_kinds(tmp_path: Path) -> None:
+    """The API's upload check asks the registry: an Inspector file named like an NCCL log is Inspector."""
+    path = tmp_path / "example-hostname-pid1639453.log"
+    path.write_bytes(INSPECTOR_LINE)
+    assert formats.sniff_file(path, DEFAULT_LIMITS) == "nccl_inspector"
+    gz = tmp_path / "records.jsonl.gz"
+    gz.write_bytes(gzip.compress(INSPECTOR_LINE))
+    assert formats.sniff_file(gz, DEFAULT_LIMITS) == "nccl_inspector"

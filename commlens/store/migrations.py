@@ -18,8 +18,8 @@ from .errors import StoreError
 from .tables import AGG_TABLES, TIME_TABLES
 from .transaction import transaction
 
-SCHEMA_VERSION = 4
-SCHEMA_FILES = ("trace.sql", "review.sql", "jobs.sql", "aggregates.sql", "time.sql")
+SCHEMA_VERSION = 5
+SCHEMA_FILES = ("trace.sql", "review.sql", "jobs.sql", "aggregates.sql", "time.sql", "hang.sql")
 META_SQL = """CREATE TABLE IF NOT EXISTS meta (
     key   VARCHAR PRIMARY KEY,
     value VARCHAR NOT NULL
@@ -62,6 +62,7 @@ _TIME_COLUMNS = (
 # 3 -> 4: the time analysis: comm_events gains match_key and the CPU/device spans of each call (NULL for
 #         calls ingested before: their run's next ingest fills them), timeline_intervals and the result
 #         tables of time.sql, empty until each run's next ingest or attribution computes them.
+# 4 -> 5: fr_entries (hang.sql), empty: Flight Recorder dumps ingested from now on fill it.
 MIGRATIONS: dict[int, list[str]] = {
     1: _create_tables("aggregates.sql", AGG_TABLES),
     2: ["ALTER TABLE comm_events ADD COLUMN counted BOOLEAN DEFAULT true"],
@@ -70,6 +71,7 @@ MIGRATIONS: dict[int, list[str]] = {
         *_create_tables("trace.sql", ("timeline_intervals",)),
         *_create_tables("time.sql", TIME_TABLES),
     ],
+    4: _create_tables("hang.sql", ("fr_entries",)),
 }
 
 

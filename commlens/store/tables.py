@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 # Rows parsed from a run's files (each has run_id and source_id).
-TRACE_TABLES = ("comm_events", "steps", "timeline_intervals", "nccl_comms", "nccl_topology", "nccl_tuning")
+TRACE_TABLES = (
+    "comm_events",
+    "steps",
+    "timeline_intervals",
+    "nccl_comms",
+    "nccl_topology",
+    "nccl_tuning",
+    "fr_entries",  # hang.sql: Flight Recorder entries with their state
+)
 
 # Every table holding a run's aggregates (each has run_id), in refresh order (aggregates.py).
 AGG_TABLES = (

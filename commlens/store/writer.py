@@ -140,6 +140,29 @@ _COLUMNS: dict[str, dict[str, pa.DataType]] = {
         "transport": pa.string(),
         "detail": pa.string(),
     },
+    "fr_entries": {
+        "rank": pa.int32(),
+        "record_id": pa.int64(),
+        "group_key": pa.string(),
+        "group_name": pa.string(),
+        "group_desc": pa.string(),
+        "group_ranks": pa.list_(pa.int32()),
+        "collective_seq": pa.int64(),
+        "p2p_seq": pa.int64(),
+        "op_id": pa.int64(),
+        "op": pa.string(),
+        "raw_name": pa.string(),
+        "is_p2p": pa.bool_(),
+        "dtype": pa.string(),
+        "msg_bytes": pa.int64(),
+        "state": pa.string(),
+        "created_us": pa.float64(),
+        "started_us": pa.float64(),
+        "completed_us": pa.float64(),
+        "duration_us": pa.float64(),
+        "timeout_ms": pa.float64(),
+        "retired": pa.bool_(),
+    },
     "nccl_tuning": {
         "host": pa.string(),
         "pid": pa.int32(),
@@ -271,6 +294,7 @@ def _write_result(
     _insert_rows(con, "nccl_comms", run_id, source_id, result.nccl_comms)
     _insert_rows(con, "nccl_topology", run_id, source_id, result.topology)
     _insert_rows(con, "nccl_tuning", run_id, source_id, result.tuning)
+    _insert_rows(con, "fr_entries", run_id, source_id, result.fr_entries)
     _merge_groups(con, run_id, result.groups)
     if result.run_config is not None:
         set_run_config(con, run_id, result.run_config)

@@ -1,0 +1,242 @@
+"""PyTorch Flight Recorder dumps: the last N collectives of one rank, written when a job hangs or times out.
+
+Read as PyTorch 2.13 writes them (`torch/csrc/distributed/c10d/FlightRecorder.hpp`, dump version "2.10";
+earlier versions not checked): a dict with `version`, `pg_config`
+(group name -> {name, desc, ranks}), `pg_status` and `entries`, each entry one call with `record_id`,
+`pg_id`, `process_group` [name, desc], `collective_seq_id`, `p2p_seq_id`, `op_id`, `profiling_name`
+("nccl:all_reduce", "gloo:broadcast"), `input_sizes`/`output_sizes` (one shape per tensor), their dtypes
+(c10 names: "Float", "BFloat16"), `state` (scheduled | started | completed), `time_created_ns`,
+`time_discovered_started_ns`/`..._completed_ns` (0: not seen), `duration_ms` (NCCL with timing only),
+`timeout_ms`, `retired`, `is_p2p`.
+
+Two encodings: `_dump_fr_trace_json` (JSON, no stack frames) and `_dump_fr_trace` (pickle, what
+`TORCH_FR_DUMP_TEMP_FILE` files hold). A pickle is code: it is read by `SafeUnpickler`, which builds only
+plain containers and scalars and refuses any global (class or function) by its name.
+
+The dump does not say its rank: the file name does (`nccl_trace_rank_3`, `host1-rank3.json`, `fr.rank3`),
+else `--rank`. Each entry becomes a call (comm_events, group `pg:<name>` as in profiler traces, `match_key`
+the collective sequence number) and an `fr_entries` row with its state for the hang analysis.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import pickle
+from typing import Any
+
+from commlens.vocab import C10_DTYPES, dtype_size, normalize_op
+
+from .inputs import Limits
+from .records import ParseError, ParseResult, RankHint
+
+MAX_DUMP_BYTES = 512 * 2**20  # a dump holds at most TORCH_FR_BUFFER_SIZE entries: far below this
+STATES = ("scheduled", "started", "completed")
+PICKLE_PROTOCOLS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+
+__all__ = ["STATES", "SafeUnpickler", "parse_flight_recorder", "read_dump"]
+
+
+class SafeUnpickler(pickle.Unpickler):
+    """Builds dicts, lists, tuples, strings, numbers, bools and None; any global is refused by name, so
+    a pickle that would import or call something (os.system, builtins.eval, a class) never runs it."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise ParseError(
+            f"a pickle that would load {module}.{name}: refused (a Flight Recorder dump holds only plain "
+            "containers and scalars; an uploaded pickle is code)",
+            "pickle",
+        )
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise ParseError("a pickle with persistent ids: refused (not a Flight Recorder dump)", "pickle")
+
+
+def _read_bounded(stream: io.BufferedReader) -> bytes:
+    data = stream.read(MAX_DUMP_BYTES + 1)
+    if len(data) > MAX_DUMP_BYTES:
+        raise ParseError(f"larger than {MAX_DUMP_BYTES >> 20} MiB: not a Flight Recorder dump", "byte 0")
+    return data
+
+
+def read_dump(data: bytes, limits: Limits) -> tuple[dict[str, Any], str]:
+    """The dump as a dict and its encoding ("json" or "pickle"), from JSON or (restricted) pickle bytes;
+    ParseError naming what is wrong."""
+    if data[:2] in PICKLE_PROTOCOLS:
+        try:
+            obj = SafeUnpickler(io.BytesIO(data)).load()
+        except ParseError:
+            raise
+        except RecursionError:
+            raise ParseError("pickle nested too deeply", "pickle") from None
+        except Exception as exc:  # any malformed pickle (truncated, bad opcode)
+            raise ParseError(f"unreadable pickle ({type(exc).__name__}: {exc})", "pickle") from None
+        where = encoding = "pickle"
+    else:
+        try:
+            obj = json.loads(data, parse_constant=_no_constant)
+        except RecursionError:
+            raise ParseError(f"JSON nested deeper than {limits.max_json_depth} levels", "$") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            line = getattr(exc, "lineno", 1)
+            raise ParseError(f"truncated or malformed JSON ({exc})", f"line {line}") from None
+        where, encoding = "$", "json"
+    if not isinstance(obj, dict) or not isinstance(obj.get("entries"), list):
+        raise ParseError("not a Flight Recorder dump: no 'entries' list", where)
+    return obj, encoding
+
+
+def _no_constant(token: str) -> None:
+    raise ParseError(f"{token} is not JSON", "$")
+
+
+def _shape_elems(shapes: Any) -> int | None:
+    """Elements of the first tensor of a call (input_sizes/output_sizes: one shape per tensor)."""
+    if not isinstance(shapes, list | tuple) or not shapes or not isinstance(shapes[0], list | tuple):
+        return None
+    dims = shapes[0]
+    if not all(isinstance(d, int) and d >= 0 for d in dims):
+        return None
+    return math.prod(dims)
+
+
+def _dtype(names: Any) -> str | None:
+    if isinstance(names, list | tuple) and names and isinstance(names[0], str):
+        return C10_DTYPES.get(names[0], names[0].lower())
+    return None
+
+
+def _ns_to_us(v: Any) -> float | None:
+    return v / 1000.0 if isinstance(v, int | float) and v > 0 else None
+
+
+def _group_ranks(pg_config: Any) -> dict[str, list[int]]:
+    """group name -> global ranks, from pg_config (its `ranks` is a JSON list written as a string)."""
+    out: dict[str, list[int]] = {}
+    if not isinstance(pg_config, dict):
+        return out
+    for key, cfg in pg_config.items():
+        if not isinstance(cfg, dict):
+            continue
+        ranks = cfg.get("ranks")
+        if isinstance(ranks, str):
+            try:
+                ranks = json.loads(ranks)
+            except json.JSONDecodeError:
+                continue
+        if isinstance(ranks, list) and ranks and all(isinstance(r, int) for r in ranks):
+            out[str(cfg.get("name") or key)] = ranks
+    return out
+
+
+def parse_flight_recorder(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
+    """One rank's dump: calls in comm_events, each entry with its state in fr_entries."""
+    dump, encoding = read_dump(_read_bounded(stream), limits)
+    if hint.rank is None:
+        raise ParseError(
+            "a Flight Recorder dump does not say its rank: name the file with it (nccl_trace_rank_3, "
+            "host-rank3.json) or pass --rank",
+            None,
+        )
+    rank = hint.rank
+    version = str(dump.get("version", ""))
+    result = ParseResult(kind="flight_recorder", rank=rank, world_size=hint.world_size)
+    ranks_of = _group_ranks(dump.get("pg_config"))
+    seen_groups: dict[str, dict[str, Any]] = {}
+    for i, entry in enumerate(dump["entries"]):
+        where = f"$.entries[{i}]"
+        if not isinstance(entry, dict):
+            raise ParseError("an entry is not an object", where)
+        raw = entry.get("profiling_name")
+        if not isinstance(raw, str):
+            raise ParseError("entry without profiling_name", where)
+        op = normalize_op(raw)
+        if op is None:
+            result.skip(f"not a communication op: {raw[:60]}")
+            continue
+        state = entry.get("state")
+        if state not in STATES:
+            raise ParseError(f"state {state!r} is none of {', '.join(STATES)}", f"{where}.state")
+        pg = entry.get("process_group")
+        pg_name, pg_desc = (str(pg[0]), str(pg[1])) if isinstance(pg, list | tuple) and len(pg) == 2 else (None, None)
+        group_key = f"pg:{pg_name}" if pg_name is not None else None
+        elems_in, elems_out = _shape_elems(entry.get("input_sizes")), _shape_elems(entry.get("output_sizes"))
+        dtype = _dtype(entry.get("input_dtypes")) or _dtype(entry.get("output_dtypes"))
+        size = dtype_size(dtype)
+        msg = max(elems_in or 0, elems_out or 0) * size if size and (elems_in or elems_out) is not None else None
+        group_ranks = ranks_of.get(pg_name or "")
+        dur_ms = entry.get("duration_ms")
+        dur_us = float(dur_ms) * 1000.0 if isinstance(dur_ms, int | float) and dur_ms >= 0 else None
+        created = _ns_to_us(entry.get("time_created_ns"))
+        seq_id = entry.get("collective_seq_id")
+        p2p_seq = entry.get("p2p_seq_id")
+        is_p2p = bool(entry.get("is_p2p"))
+        result.events.append(
+            {
+                "rank": rank,
+                "process": f"rank{rank}",
+                "seq": i,
+                "op": op,
+                "dtype": dtype,
+                "msg_bytes": msg,
+                "elems_in": elems_in,
+                "elems_out": elems_out,
+                "group_size": len(group_ranks) if group_ranks else None,
+                "group_key": group_key,
+                "ts_us": created,
+                "dur_us": dur_us,
+                "dur_source": "kernel" if dur_us is not None else None,
+                "raw_name": raw,
+                "match_key": p2p_seq if is_p2p else seq_id,
+            }
+        )
+        result.fr_entries.append(
+            {
+                "rank": rank,
+                "record_id": entry.get("record_id"),
+                "group_key": group_key,
+                "group_name": pg_name,
+                "group_desc": pg_desc,
+                "group_ranks": group_ranks,
+                "collective_seq": seq_id,
+                "p2p_seq": p2p_seq,
+                "op_id": entry.get("op_id"),
+                "op": op,
+                "raw_name": raw,
+                "is_p2p": is_p2p,
+                "dtype": dtype,
+                "msg_bytes": msg,
+                "state": state,
+                "created_us": created,
+                "started_us": _ns_to_us(entry.get("time_discovered_started_ns")),
+                "completed_us": _ns_to_us(entry.get("time_discovered_completed_ns")),
+                "duration_us": dur_us,
+                "timeout_ms": entry.get("timeout_ms") if isinstance(entry.get("timeout_ms"), int | float) else None,
+                "retired": bool(entry.get("retired")),
+            }
+        )
+        if group_key is not None and group_key not in seen_groups:
+            seen_groups[group_key] = {
+                "group_key": group_key,
+                "name": pg_name,
+                "description": pg_desc,
+                "ranks": group_ranks,
+                "size": len(group_ranks) if group_ranks else None,
+                "origin": "event",
+            }
+    result.groups = list(seen_groups.values())
+    completed = [e for e in result.fr_entries if e["state"] == "completed"]
+    result.meta = {
+        "format": "flight_recorder",
+        "version": version,
+        "encoding": encoding,
+        "entries": len(result.fr_entries),
+        "records_completion": bool(completed) or any(e["started_us"] for e in result.fr_entries),
+    }
+    if result.fr_entries and not result.meta["records_completion"]:
+        result.warn(
+            "no entry of this dump is started or completed: the backend (gloo) records when calls are scheduled "
+            "only, so the hang analysis compares sequence numbers across ranks"
+        )
+    return result

@@ -1,0 +1,297 @@
+"""Nsight Systems SQLite exports (`nsys export --type sqlite`): NCCL kernels as calls, sized by NCCL's own
+NVTX ranges, and every kernel, memcpy and memset on the rank's timeline for the time analysis.
+
+Read as the export documents its tables (Nsight Systems "SQLite Export Schema Reference"): StringIds
+(id, value), CUPTI_ACTIVITY_KIND_KERNEL (start, end in ns, deviceId, streamId, correlationId, shortName ->
+StringIds), CUPTI_ACTIVITY_KIND_MEMCPY (start, end, bytes, copyKind, streamId), CUPTI_ACTIVITY_KIND_MEMSET,
+CUPTI_ACTIVITY_KIND_RUNTIME (start, end, globalTid, correlationId) and NVTX_EVENTS (start, end, text or
+textId, globalTid, jsonText). The schema version is META_DATA_EXPORT's EXPORT_SCHEMA_VERSION; majors other
+than those in SCHEMA_MAJORS are refused by name. NCCL (2.19+ with NVTX payloads, `src/collectives.cc` at
+v2.30.3-1) opens an `ncclAllReduce`-style range around each call whose payload "Message size [bytes]" is
+count x type size; the kernel a call launches is found through the launch's correlationId inside the range.
+
+The file is hostile until read: spooled to a temporary file within MAX_DB_BYTES, opened read-only and
+immutable through a `file:` URI, extension loading off, and an authorizer that allows only reads of the
+tables above (no ATTACH, PRAGMA, writes or function calls); a trigger, or a view that calls functions, refuses
+the file by name.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sqlite3
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from commlens.vocab import msg_bytes_from_nccl_count, normalize_op
+
+from .inputs import Limits
+from .kineto_timeline import COMM, COMPUTE, INTERVAL_SCHEMA, MEMSET, merge_intervals
+from .records import ParseError, ParseResult, RankHint
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+MAX_DB_BYTES = 8 * 2**30
+SCHEMA_MAJORS = (2, 3)
+META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")
+READ_TABLES = frozenset(
+    {
+        *META_TABLES,
+        "StringIds",
+        "CUPTI_ACTIVITY_KIND_KERNEL",
+        "CUPTI_ACTIVITY_KIND_MEMCPY",
+        "CUPTI_ACTIVITY_KIND_MEMSET",
+        "CUPTI_ACTIVITY_KIND_RUNTIME",
+        "NVTX_EVENTS",
+        "sqlite_master",
+    }
+)
+# CUPTI copyKind -> timeline kind (CUpti_ActivityMemcpyKind: 1 HtoD, 2 DtoH, 8 DtoD, 10 PtoP)
+COPY_KINDS = {1: "memcpy_htod", 2: "memcpy_dtoh", 8: "memcpy_dtod", 10: "memcpy_ptop"}
+_NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+_NCCL_RANGE = re.compile(
+    r"^nccl(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|AlltoAll|Send|Recv|Gather|Scatter)$"
+)
+_CALLS_FUNCTION = re.compile(r"\b[A-Za-z_]\w*\s*\(")
+_KEYWORDS_WITH_PAREN = frozenset({"as", "in", "values", "from", "join", "on", "where", "and", "or", "not", "exists"})
+
+__all__ = ["MAX_DB_BYTES", "SCHEMA_MAJORS", "SQLITE_MAGIC", "parse_nsys_sqlite"]
+
+
+def _authorizer(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
+    """Reads of the known tables and SELECT only: no ATTACH, PRAGMA, write, function or view body."""
+    if action == sqlite3.SQLITE_SELECT:
+        return sqlite3.SQLITE_OK
+    if action == sqlite3.SQLITE_READ and arg1 in READ_TABLES and trigger is None:
+        return sqlite3.SQLITE_OK
+    return sqlite3.SQLITE_DENY
+
+
+def _spool(stream: io.BufferedReader) -> Path:
+    tmp = tempfile.NamedTemporaryFile(prefix="commlens-nsys-", suffix=".sqlite", delete=False)  # noqa: SIM115
+    path = Path(tmp.name)
+    try:
+        with tmp:
+            copied = 0
+            while chunk := stream.read(1 << 20):
+                copied += len(chunk)
+                if copied > MAX_DB_BYTES:
+                    raise ParseError(f"SQLite export larger than {MAX_DB_BYTES >> 30} GiB: refused", "byte 0")
+                tmp.write(chunk)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    con = sqlite3.connect(f"{path.as_uri()}?mode=ro&immutable=1", uri=True)
+    if hasattr(con, "enable_load_extension"):  # absent where CPython cannot load extensions at all
+        con.enable_load_extension(False)
+    con.set_authorizer(_authorizer)
+    return con
+
+
+def _check_schema(con: sqlite3.Connection) -> tuple[set[str], str]:
+    """The export's tables and schema version; triggers and function-calling views refused by name."""
+    try:
+        rows = con.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise ParseError(f"not a readable SQLite database ({exc})", "byte 0") from None
+    tables: set[str] = set()
+    for kind, name, sql in rows:
+        if kind == "trigger":
+            raise ParseError(f"SQLite trigger {name!r}: refused (an Nsight Systems export has none)", "sqlite_master")
+        if kind == "view" and any(
+            m.group(0).split("(")[0].strip().lower() not in _KEYWORDS_WITH_PAREN
+            for m in _CALLS_FUNCTION.finditer(sql or "")
+        ):
+            raise ParseError(f"SQLite view {name!r} calls functions: refused", "sqlite_master")
+        if kind == "table":
+            tables.add(name)
+    if "StringIds" not in tables or "CUPTI_ACTIVITY_KIND_KERNEL" not in tables:
+        raise ParseError(
+            "a SQLite database without StringIds and CUPTI_ACTIVITY_KIND_KERNEL: not an Nsight Systems export "
+            "with CUDA kernels (nsys profile --trace cuda,nvtx; nsys export --type sqlite)",
+            "sqlite_master",
+        )
+    meta = next((t for t in META_TABLES if t in tables), None)
+    if meta is None:
+        raise ParseError("no META_DATA_EXPORT table: the export's schema version is unknown, refused", "sqlite_master")
+    found = con.execute(f"SELECT value FROM {meta} WHERE name = 'EXPORT_SCHEMA_VERSION'").fetchall()
+    version = str(found[0][0]) if found else ""
+    major = version.split(".")[0]
+    if not major.isdigit() or int(major) not in SCHEMA_MAJORS:
+        raise ParseError(
+            f"Nsight Systems export schema {version or '(none)'} is unknown (read: "
+            f"{', '.join(f'{m}.x' for m in SCHEMA_MAJORS)})",
+            f"{meta}.EXPORT_SCHEMA_VERSION",
+        )
+    return tables, version
+
+
+def _columns(con: sqlite3.Connection, table: str) -> set[str]:
+    sql = con.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", [table]).fetchone()
+    return set(re.findall(r"[(,]\s*\[?(\w+)\]?\s", sql[0])) if sql and sql[0] else set()
+
+
+def _dtype_of_kernel(name: str) -> str | None:
+    for token, dtype in (
+        ("_bf16", "bfloat16"),
+        ("_f16", "float16"),
+        ("_f32", "float32"),
+        ("_f64", "float64"),
+        ("_i8", "int8"),
+        ("_u8", "uint8"),
+        ("_i32", "int32"),
+        ("_i64", "int64"),
+    ):
+        if token in name:
+            return dtype
+    return None
+
+
+def _nvtx_sizes(con: sqlite3.Connection, tables: set[str]) -> tuple[dict[int, tuple[str, int]], dict[int, int]]:
+    """correlationId of a kernel launch -> (op, payload bytes) of the NCCL range around it; commHash -> nranks."""
+    if "NVTX_EVENTS" not in tables or "CUPTI_ACTIVITY_KIND_RUNTIME" not in tables:
+        return {}, {}
+    cols = _columns(con, "NVTX_EVENTS")
+    text = "n.text" if "text" in cols else "NULL"
+    json_text = "n.jsonText" if "jsonText" in cols else "NULL"
+    strings = dict(con.execute("SELECT id, value FROM StringIds").fetchall())
+    ranges: dict[int, list[tuple[int, int, str, int | None, int | None]]] = defaultdict(list)
+    nranks_of: dict[int, int] = {}
+    text_id = "n.textId" if "textId" in cols else "NULL"
+    for start, end, tid, txt, tid_text, payload in con.execute(
+        f"SELECT n.start, n.[end], n.globalTid, {text}, {text_id}, {json_text} FROM NVTX_EVENTS n"
+    ):
+        name = txt if isinstance(txt, str) else strings.get(tid_text, "")
+        data = _payload(payload)
+        comm = data.get("NCCL communicator ID")
+        if name.startswith("ncclCommInit") and isinstance(comm, int) and isinstance(data.get("No. of ranks"), int):
+            nranks_of[comm] = data["No. of ranks"]
+        m = _NCCL_RANGE.match(name or "")
+        if m and end is not None:
+            size = data.get("Message size [bytes]")
+            ranges[tid].append((start, end, m.group(1), size if isinstance(size, int) else None, comm))
+    out: dict[int, tuple[str, int]] = {}
+    for start, tid, corr in con.execute(
+        "SELECT r.start, r.globalTid, r.correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME r"
+    ):
+        for s, e, op, size, comm in ranges.get(tid, ()):
+            if s <= start <= e and size is not None:
+                normalized = normalize_op(op) or op
+                n = nranks_of.get(comm, 0) if isinstance(comm, int) else 0
+                if normalized in ("all_gather", "reduce_scatter") and not n:
+                    break
+                out[corr] = (normalized, msg_bytes_from_nccl_count(normalized, size, 1, n))
+                break
+    return out, nranks_of
+
+
+def _payload(text: Any) -> dict[str, Any]:
+    if not isinstance(text, str) or not text.startswith("{") or len(text) > 1 << 16:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def parse_nsys_sqlite(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
+    """One rank's export (rank from the file name or --rank): NCCL kernels as calls, the timeline as intervals."""
+    path = _spool(stream)
+    try:
+        con = _open(path)
+        try:
+            return _read(con, hint)
+        except sqlite3.DatabaseError as exc:
+            raise ParseError(f"SQLite read refused or failed: {exc}", "sqlite") from None
+        finally:
+            con.close()
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _read(con: sqlite3.Connection, hint: RankHint) -> ParseResult:
+    tables, version = _check_schema(con)
+    result = ParseResult(kind="nsys_sqlite", rank=hint.rank, world_size=hint.world_size)
+    if hint.rank is None:
+        result.warn("the export does not say its rank: name the file with it (rank3.sqlite) or pass --rank")
+    strings = dict(con.execute("SELECT id, value FROM StringIds").fetchall())
+    sized, _ = _nvtx_sizes(con, tables)
+    lanes: dict[tuple[str, int], list[tuple[float, float, int]]] = defaultdict(list)
+    devices: set[int] = set()
+    n = 0
+    for start, end, dev, stream_id, corr, short in con.execute(
+        "SELECT k.start, k.[end], k.deviceId, k.streamId, k.correlationId, k.shortName "
+        "FROM CUPTI_ACTIVITY_KIND_KERNEL k ORDER BY k.start"
+    ):
+        kname = strings.get(short, "") if isinstance(short, int) else str(short)
+        s_us, e_us = start / 1000.0, end / 1000.0
+        devices.add(dev)
+        m = _NCCL_KERNEL.match(kname)
+        lanes[(COMM if m else COMPUTE, int(stream_id))].append((s_us, e_us, 0))
+        if not m:
+            continue
+        op_s, msg = sized.get(corr, (None, None))
+        op = op_s or normalize_op(m.group(1))
+        if op is None:  # ncclDevKernel_Generic / SendRecv without a range: a call we cannot name
+            result.skip(f"NCCL kernel without an NCCL NVTX range naming its call: {kname[:60]}")
+            continue
+        result.events.append(
+            {
+                "rank": hint.rank,
+                "process": f"cuda:{dev}",
+                "seq": n,
+                "op": op,
+                "dtype": _dtype_of_kernel(kname),
+                "msg_bytes": msg,
+                "ts_us": s_us,
+                "dur_us": e_us - s_us,
+                "dur_source": "kernel",
+                "raw_name": kname,
+                "dev_start_us": s_us,
+                "dev_end_us": e_us,
+            }
+        )
+        n += 1
+    if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables:
+        for start, end, nbytes, kind, stream_id in con.execute(
+            "SELECT m.start, m.[end], m.bytes, m.copyKind, m.streamId FROM CUPTI_ACTIVITY_KIND_MEMCPY m"
+        ):
+            lanes[(COPY_KINDS.get(kind, "memcpy_dtod"), int(stream_id))].append((start / 1e3, end / 1e3, int(nbytes)))
+    if "CUPTI_ACTIVITY_KIND_MEMSET" in tables:
+        for start, end, nbytes, stream_id in con.execute(
+            "SELECT m.start, m.[end], m.bytes, m.streamId FROM CUPTI_ACTIVITY_KIND_MEMSET m"
+        ):
+            lanes[(MEMSET, int(stream_id))].append((start / 1e3, end / 1e3, int(nbytes)))
+    result.intervals = _intervals(hint.rank, lanes)
+    if len(devices) > 1:
+        result.warn(f"the export holds {len(devices)} devices: their calls are kept apart by process cuda:<device>")
+    unsized = sum(1 for e in result.events if e["msg_bytes"] is None)
+    if unsized:
+        result.warn(f"{unsized} NCCL kernels without an NVTX payload size (NCCL before 2.19, or --trace without nvtx)")
+    result.meta = {"format": "nsys_sqlite", "export_schema_version": version, "devices": sorted(devices)}
+    return result
+
+
+def _intervals(rank: int | None, lanes: dict[tuple[str, int], list[tuple[float, float, int]]]) -> pa.Table:
+    cols: dict[str, list[Any]] = {k: [] for k in INTERVAL_SCHEMA.names}
+    for (kind, stream_id), spans in sorted(lanes.items()):
+        arr = np.array(spans, dtype=np.float64).reshape(-1, 3)
+        s, e, b = merge_intervals(arr[:, 0], arr[:, 1], arr[:, 2].astype(np.int64))
+        cols["rank"] += [rank] * len(s)
+        cols["kind"] += [kind] * len(s)
+        cols["stream"] += [stream_id] * len(s)
+        cols["start_us"] += s.tolist()
+        cols["end_us"] += e.tolist()
+        cols["nbytes"] += b.tolist()
+    return pa.table(cols, schema=INTERVAL_SCHEMA)

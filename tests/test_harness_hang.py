@@ -1,0 +1,90 @@
+"""`commlens harness --hang RANK:STEP`: real torchrun/gloo processes where one rank never arrives.
+
+The planted rank stops before its next collective; its peers' gloo all-reduce times out (--timeout), every
+rank leaves its Flight Recorder dump (torch 2.13 records gloo collectives when TORCH_FR_BUFFER_SIZE is set),
+the command exits non-zero naming the rank, and the dumps ingested into a store give the report's "hang"."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from commlens.backend.report import build_report
+from commlens.harness.config import ConfigError, Hang, HarnessConfig, validation_errors
+from commlens.service.hang import hang_report
+from commlens.service.ingest import ingest_paths
+
+
+def test_bad_hang_specs_are_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match=r"--hang '1-2': expected RANK:STEP with two integers, for example 1:2"):
+        Hang.parse("1-2")
+    cfg = HarnessConfig(dp=2, steps=4, hang=Hang(2, 4))
+    assert validation_errors(cfg) == [
+        "--hang 2:4: rank 2 is not in the job (ranks 0-1)",
+        "--hang 2:4: step 4 is not run (steps 0-3)",
+    ]
+    assert HarnessConfig(**json.loads(HarnessConfig(dp=2, hang=Hang(1, 2)).to_json())).hang == Hang(1, 2)
+
+
+def test_a_rank_that_never_arrives_is_named(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "hang"
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="400")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "commlens.cli",
+            "harness",
+            "--out",
+            str(out),
+            "--dp",
+            "2",
+            "--device",
+            "cpu",
+            "--steps",
+            "4",
+            "--hang",
+            "1:2",
+            "--timeout",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "[commlens harness] rank 1 hangs at step 2 (--hang)" in proc.stdout
+    assert "hung ranks: 1" in proc.stderr
+    assert "ranks [1] never arrived (arrived: [0])" in proc.stderr
+    dumps = sorted(p.name for p in out.glob("flight_recorder.rank*.json"))
+    assert dumps == ["flight_recorder.rank0.json", "flight_recorder.rank1.json"]
+
+    from commlens import store
+
+    con = store.connect(tmp_path / "s.duckdb")
+    try:
+        summary = ingest_paths(con, [out / d for d in dumps], "hang")
+        assert [(f.kind, f.rank, f.status) for f in summary.files] == [
+            ("flight_recorder", 0, "ok"),
+            ("flight_recorder", 1, "ok"),
+        ]
+        report = hang_report(con, "hang")
+        [g] = report.groups
+        assert (g.group, g.op, g.arrived_ranks, g.missing_ranks) == ("default_pg", "all_reduce", [0], [1])
+        # rank 0 entered one more DDP bucket all-reduce than rank 1 (which stopped before step 2's forward)
+        rank1 = next(r for r in g.ranks if r.rank == 1)
+        assert rank1.last_seq == g.seq - 1 and rank1.last_op == "all_reduce"
+        hang = json.loads(build_report(con, "hang").model_dump_json())["hang"]
+        assert [(h["group"], h["op"], h["seq"], h["arrived_ranks"], h["missing_ranks"]) for h in hang] == [
+            ("default_pg", "all_reduce", g.seq, [0], [1])
+        ]
+    finally:
+        con.close()

@@ -181,7 +181,9 @@ def _insert_rows(
 ) -> None:
     if not rows:
         return
-    struct = pa.struct(list(_COLUMNS[table].items()))  # keys not in the table are ignored, missing ones NULL
+    present = set().union(*(r.keys() for r in rows))
+    # keys not in the table are ignored; columns no row has are left to their default (NULL)
+    struct = pa.struct([(k, t) for k, t in _COLUMNS[table].items() if k in present])
     _insert_table(con, table, run_id, source_id, pa.Table.from_struct_array(pa.array(rows, type=struct)))
 
 

@@ -113,11 +113,14 @@ def test_dp_delay_finding_names_rank_1_with_its_ms_per_step(harness_con) -> None
 @pytest.mark.slow
 def test_tp_delay_finding_names_rank_1_in_its_tp_group(harness_con) -> None:
     found = findings(harness_con("dp-tp-delay"), "dp-tp-delay")
-    tp = [f for f in _stragglers(found) if f.evidence["scheme"] == "tp"]
+    # rank 1's tp group is ranks 0 and 1 (the other, ranks 2 and 3, has nobody sleeping, though a crowded
+    # host can make one of them a straggler of its own)
+    tp = [f for f in _stragglers(found) if f.evidence["scheme"] == "tp" and f.ranks == [0, 1]]
     assert [f.evidence["rank"] for f in tp] == [1], [f.title for f in found]
     assert tp[0].evidence["imposed_ms_per_step"] == pytest.approx(DELAY_MS, rel=0.2)
-    assert tp[0].ranks == [0, 1] and len(tp[0].steps) == 8 and tp[0].severity == "high"
-    assert all(f.evidence["rank"] == 1 for f in _stragglers(found))  # rank 0 only passes its wait on
+    assert len(tp[0].steps) == 8 and tp[0].severity == "high"
+    # rank 0 reaches its dp all-reduce last only because it waited for rank 1: it passes that wait on
+    assert not [f for f in _stragglers(found) if f.evidence["rank"] == 0]
 
 
 @pytest.mark.slow

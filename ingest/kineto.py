@@ -95,7 +95,7 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
         "timeline": {
             "has_device": act.has_device,
             "intervals": result.intervals.num_rows,
-            "notes": timeline_notes(result, act.has_device),
+            "notes": timeline_notes(result, act.has_device, bool(top.get("deviceProperties"))),
         },
     }
     return result

@@ -294,7 +294,7 @@ def timeline_of(result: ParseResult, name: str) -> RankTimeline:
     return RankTimeline(name, result.rank, result.world_size, bool(tl.get("has_device")), iv, steps, calls, notes)
 
 
-def timeline_notes(result: ParseResult, has_device: bool) -> list[str]:
+def timeline_notes(result: ParseResult, has_device: bool, lists_devices: bool) -> list[str]:
     """What the trace's timeline lacks, and why (kept in the source's meta)."""
     notes = []
     if result.rank is None:
@@ -307,6 +307,11 @@ def timeline_notes(result: ParseResult, has_device: bool) -> list[str]:
             f"{no_end} of {len(result.events)} calls have no measured duration (NCCL without its kernels "
             "records only the enqueue): no real time or end for them"
         )
-    if not has_device:
+    if not has_device and lists_devices:
+        notes.append(
+            "no device activity although the trace lists devices: communication is the collectives' CPU "
+            "time, compute is unknown (CPU ops are read only from traces without devices)"
+        )
+    elif not has_device:
         notes.append("no device activity: communication is the collectives' CPU time (gloo), compute the other CPU ops")
     return notes

@@ -1,6 +1,10 @@
 """Predicted against measured: per scheme bytes per iteration per rank, per (op, dtype, S) calls,
 calls measured but not predicted and predicted but missing, and inferences for runs without a config.
 
+A run's configuration is what the caller supplies, else what is attached to the run (a predictor input, a
+harness run.json or a model description); without one, each scheme says what the measurements support
+(`prediction_sources`: "config", "inferred" or "none"). Calls without a process group are UNATTRIBUTED.
+
 Measured calls count only inside complete iterations (profiler steps for traces, detected periods
 for NCCL logs), so set-up traffic stays out, as the models require (docs/models.md §8.4). Measured
 counts come from the run's aggregates (comm_agg), not from the calls themselves."""
@@ -14,15 +18,20 @@ from typing import Literal
 import duckdb
 
 from commlens import store
+from commlens.contract.analysis import UNATTRIBUTED
 from commlens.contract.compare import Comparison, Inference, OpComparison, SchemeResult
+from commlens.contract.model_description import ModelDescription
 from commlens.contract.predict import PredictInput, Prediction, StagePrediction
 from commlens.store.aggregates import ensure_fresh
 from commlens.vocab import DTYPE_BYTES, busbw_factor
 
 from .iterations import iteration_info
-from .predict import predict, predict_input_from_config
+from .predict import predict, predict_described, predict_input_from_config
 
 OpKey = tuple[str, str, str | None, int | None]  # scheme, op, dtype, msg_bytes
+Config = PredictInput | ModelDescription
+PredictionSource = Literal["config", "inferred", "none"]
+DESCRIPTION_KEY = "model_description"  # a run's stored config holding an attached model description
 
 
 def _measured(con: duckdb.DuckDBPyConnection, run: str) -> tuple[dict[str, dict[OpKey, int]], dict[str, int], str, str]:
@@ -34,13 +43,13 @@ def _measured(con: duckdb.DuckDBPyConnection, run: str) -> tuple[dict[str, dict[
     info = iteration_info(con, run, run_id)
     rows = con.execute(
         """
-        SELECT a.rank_key AS rk, coalesce(g.scheme, 'other') AS scheme, a.op, a.dtype, a.msg_bytes, sum(a.calls)
+        SELECT a.rank_key AS rk, coalesce(g.scheme, ?) AS scheme, a.op, a.dtype, a.msg_bytes, sum(a.calls)
         FROM comm_agg a
         LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
         WHERE a.run_id = ? AND a.in_iteration
         GROUP BY ALL
         """,
-        [run_id],
+        [UNATTRIBUTED, run_id],
     ).fetchall()
     calls: dict[str, dict[OpKey, int]] = defaultdict(dict)
     for rk, scheme, op, dtype, size, n in rows:
@@ -89,17 +98,28 @@ ConfigSource = Literal["run", "supplied", "none"]
 _BUCKETED_OPS = ("all_reduce", "reduce_scatter", "all_gather", "reduce")
 
 
-def compare(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput | None = None) -> Comparison:
+def _prediction(config: Config | None) -> tuple[Prediction | None, str | None]:
+    """The prediction of a configuration and the implementation name the comparison shows."""
+    if config is None:
+        return None, None
+    if isinstance(config, ModelDescription):
+        return predict_described(config), f"described:{config.strategy.kind}"
+    pred = predict(config)
+    return pred, pred.implementation
+
+
+def compare(con: duckdb.DuckDBPyConnection, run: str, config: Config | None = None) -> Comparison:
     """Predicted against measured for a run; `config` overrides (or supplies) the run's configuration."""
     calls, iterations, mode, message = _measured(con, run)
     config, source, notes = _configuration(con, run, config)
-    pred = predict(config) if config else None
+    pred, implementation = _prediction(config)
     rank_keys = _complete_ranks(calls, iterations)
     skipped = sorted(set(calls) - set(rank_keys))
     if skipped:
         notes.append(f"ranks without complete iterations left out: {', '.join(skipped)}")
     predicted = _mean_predicted(pred, rank_keys)
-    by_scheme = _op_comparisons(pred, predicted, _mean_measured(calls, iterations, rank_keys))
+    exact_buckets = isinstance(config, ModelDescription) or (pred is not None and pred.implementation == "harness")
+    by_scheme = _op_comparisons(pred, predicted, _mean_measured(calls, iterations, rank_keys), exact_buckets)
     group_sizes, measured_sizes = _group_sizes(pred), _measured_group_sizes(con, run)
     schemes = [_scheme_result(scheme, ops, group_sizes, measured_sizes) for scheme, ops in sorted(by_scheme.items())]
     if pred is None:
@@ -112,7 +132,7 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput | Non
     return Comparison(
         run=run,
         config_source=source,
-        implementation=pred.implementation if pred else None,
+        implementation=implementation,
         iterations_mode=mode,
         iterations_message=message,
         ranks=rank_keys,
@@ -130,16 +150,19 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: PredictInput | Non
 
 
 def _configuration(
-    con: duckdb.DuckDBPyConnection, run: str, supplied: PredictInput | None
-) -> tuple[PredictInput | None, ConfigSource, list[str]]:
+    con: duckdb.DuckDBPyConnection, run: str, supplied: Config | None
+) -> tuple[Config | None, ConfigSource, list[str]]:
     """The supplied config, else the run's stored one; a stored config the predictor cannot read is a note."""
     if supplied is not None:
         return supplied, "supplied", []
     row = con.execute("SELECT config FROM runs WHERE name = ?", [run]).fetchone()
     if not (row and row[0]):
         return None, "none", []
+    stored = json.loads(row[0])
     try:
-        return predict_input_from_config(json.loads(row[0])), "run", []
+        if isinstance(stored, dict) and DESCRIPTION_KEY in stored:
+            return ModelDescription.model_validate(stored[DESCRIPTION_KEY]), "run", []
+        return predict_input_from_config(stored), "run", []
     except ValueError as exc:
         return None, "none", [f"the run's config could not be used for a prediction: {exc}"]
 
@@ -179,22 +202,23 @@ def _measured_group_sizes(con: duckdb.DuckDBPyConnection, run: str) -> dict[str,
     return dict(
         con.execute(
             """
-        SELECT coalesce(g.scheme, 'other') || '/' || a.op, max(a.max_group_size)
+        SELECT coalesce(g.scheme, ?) || '/' || a.op, max(a.max_group_size)
         FROM comm_agg a JOIN runs r ON r.run_id = a.run_id
         LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
         WHERE r.name = ? GROUP BY ALL
         """,
-            [run],
+            [UNATTRIBUTED, run],
         ).fetchall()
     )
 
 
 def _op_comparisons(
-    pred: Prediction | None, predicted: dict[OpKey, float], measured: dict[OpKey, float]
+    pred: Prediction | None, predicted: dict[OpKey, float], measured: dict[OpKey, float], exact_buckets: bool
 ) -> dict[str, list[OpComparison]]:
-    """Every (scheme, op, dtype, S) measured or predicted, with its status, per scheme."""
+    """Every (scheme, op, dtype, S) measured or predicted, with its status, per scheme; a framework prediction's
+    DP buckets are compared on totals unless the prediction knows every bucket (harness, model description)."""
     bucketed: set[tuple[str, str]] = set()
-    if pred is not None and pred.implementation != "harness":
+    if pred is not None and not exact_buckets:
         bucketed = {(k[0], k[1]) for k in predicted if k[0] == "dp" and k[1] in _BUCKETED_OPS}
     by_scheme: dict[str, list[OpComparison]] = defaultdict(list)
     for key in sorted(set(measured) | set(predicted), key=lambda k: (k[0], k[1], str(k[2]), k[3] or -1)):
@@ -262,37 +286,89 @@ def _scheme_result(
 
 def infer(schemes: list[SchemeResult]) -> list[Inference]:
     """Quantities the measurements imply, stated as inferences (not facts)."""
+    return [i for s in schemes for i in infer_scheme(s)]
+
+
+def prediction_sources(c: Comparison) -> dict[str, PredictionSource]:
+    """Per scheme, where its prediction comes from: the run's configuration, what its measurements support
+    (inferred), or nothing (measured only: a neutral state, not an error)."""
+    out: dict[str, PredictionSource] = {}
+    for s in c.schemes:
+        if c.implementation is not None and s.predicted_bytes_per_iter > 0:
+            out[s.scheme] = "config"
+        elif c.implementation is None and infer_scheme(s):
+            out[s.scheme] = "inferred"
+        else:
+            out[s.scheme] = "none"
+    return out
+
+
+def _sent(s: SchemeResult) -> list[OpComparison]:
+    return [
+        o for o in s.ops if o.op != "recv" and o.msg_bytes and o.dtype in DTYPE_BYTES and o.measured_calls_per_iter > 0
+    ]
+
+
+def _per_dtype(ops: list[OpComparison]) -> dict[str, float]:
+    """Elements per iteration per rank, per dtype."""
+    out: dict[str, float] = defaultdict(float)
+    for o in ops:
+        out[str(o.dtype)] += (o.msg_bytes or 0) * o.measured_calls_per_iter / DTYPE_BYTES[str(o.dtype)]
+    return dict(out)
+
+
+def _elements(per_dtype: dict[str, float]) -> str:
+    return ", ".join(f"{n:,.0f} {dtype}" for dtype, n in sorted(per_dtype.items()))
+
+
+def infer_scheme(s: SchemeResult) -> list[Inference]:
+    """What one scheme's measured calls imply: DP gradient volume as parameters, DP broadcasts as DDP's buffer
+    sync, all-gathers as ZeRO-3/FSDP units (S is the gathered unit, a shard is S / group), TP/PP activations."""
+    sent = _sent(s)
     out: list[Inference] = []
-    for s in schemes:
-        sent = [
-            o
-            for o in s.ops
-            if o.op != "recv" and o.msg_bytes and o.dtype in DTYPE_BYTES and o.measured_calls_per_iter > 0
-        ]
-        if not sent:
-            continue
-        if s.scheme == "dp":
-            ar = [o for o in sent if o.op == "all_reduce"]
-            if ar:
-                w = DTYPE_BYTES[str(ar[0].dtype)]
-                params = sum((o.msg_bytes or 0) * o.measured_calls_per_iter for o in ar) / w
-                out.append(
-                    Inference(
-                        quantity="parameters per rank (from DP all_reduce volume)",
-                        value=params,
-                        evidence=f"{params * w:.0f} B of {ar[0].dtype} gradients all-reduced per iteration per rank; "
-                        "assumes one gradient sync per iteration (no ZeRO, no per-micro-step sync)",
-                    )
-                )
-        if s.scheme in ("tp", "pp"):
-            top = max(sent, key=lambda o: o.measured_calls_per_iter * (o.msg_bytes or 0))
-            elems = (top.msg_bytes or 0) / DTYPE_BYTES[str(top.dtype)]
+    if s.scheme == "dp":
+        ar = [o for o in sent if o.op == "all_reduce"]
+        if ar:
+            grads = _per_dtype(ar)
             out.append(
                 Inference(
-                    quantity=f"b x s x h (from {s.scheme.upper()} {top.op} messages)",
-                    value=elems,
-                    evidence=f"the dominant {s.scheme} {top.op} carries {top.msg_bytes} B of {top.dtype} "
-                    f"({top.measured_calls_per_iter:g} per iteration per rank); divide by t with sequence parallelism",
+                    quantity="parameters per rank (from DP all_reduce volume)",
+                    value=sum(grads.values()),
+                    evidence=f"{_elements(grads)} gradient elements all-reduced per iteration per rank; assumes one "
+                    "gradient sync per iteration (no ZeRO, no per-micro-step sync)",
                 )
             )
+        bc = [o for o in sent if o.op == "broadcast"]
+        if bc:
+            bufs = _per_dtype(bc)
+            out.append(
+                Inference(
+                    quantity="buffer elements (from DP broadcasts: DDP's buffer sync before each forward)",
+                    value=sum(bufs.values()),
+                    evidence=f"{_elements(bufs)} broadcast per iteration, one call per dtype as DDP's "
+                    "broadcast_buffers coalesces them (BatchNorm: 2 float32 statistics per channel, 1 int64 counter)",
+                )
+            )
+        ag = [o for o in sent if o.op == "all_gather"]
+        if ag:
+            gathered = _per_dtype(ag)
+            out.append(
+                Inference(
+                    quantity="parameters gathered per iteration (from DP all_gather sizes: ZeRO-3/FSDP units)",
+                    value=sum(gathered.values()),
+                    evidence=f"{_elements(gathered)} gathered per iteration in {len(ag)} distinct unit sizes; each "
+                    "rank holds 1/group of every unit",
+                )
+            )
+    if s.scheme in ("tp", "pp") and sent:
+        top = max(sent, key=lambda o: o.measured_calls_per_iter * (o.msg_bytes or 0))
+        elems = (top.msg_bytes or 0) / DTYPE_BYTES[str(top.dtype)]
+        out.append(
+            Inference(
+                quantity=f"b x s x h (from {s.scheme.upper()} {top.op} messages)",
+                value=elems,
+                evidence=f"the dominant {s.scheme} {top.op} carries {top.msg_bytes} B of {top.dtype} "
+                f"({top.measured_calls_per_iter:g} per iteration per rank); divide by t with sequence parallelism",
+            )
+        )
     return out

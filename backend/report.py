@@ -12,13 +12,14 @@ from pydantic import BaseModel
 from commlens.contract.analysis import AttributionSummary, BandwidthReport, Finding, Histogram, RankTotals
 from commlens.contract.compare import Comparison
 from commlens.contract.hang import HangGroup
+from commlens.contract.model_description import ModelDescription
 from commlens.contract.predict import PredictInput
 from commlens.contract.time import TimeSummary
 from commlens.vocab import format_bytes
 
 from .attribution import attribute_run, attribution_summary
 from .bandwidth import bandwidth
-from .compare import compare
+from .compare import PredictionSource, compare, prediction_sources
 from .findings import findings
 from .hang import run_hang
 from .histograms import histogram
@@ -41,6 +42,9 @@ class ReportScheme(BaseModel):
     measured_bytes_per_iter: float
     unexplained_bytes_per_iter: float
     ratio: float | None  # measured calls the model explains / predicted
+    # config: predicted from the run's configuration; inferred: what the measurements support (the comparison's
+    # inferences); none: measured only
+    prediction_source: PredictionSource
     ops: list[ReportOp]
 
 
@@ -59,11 +63,15 @@ class Report(BaseModel):
 
 
 def build_report(
-    con: duckdb.DuckDBPyConnection, run: str, config: PredictInput | None = None, time: TimeSummary | None = None
+    con: duckdb.DuckDBPyConnection,
+    run: str,
+    config: PredictInput | ModelDescription | None = None,
+    time: TimeSummary | None = None,
 ) -> Report:
     attribute_run(con, run)
     comparison = compare(con, run, config)
     has_prediction = comparison.implementation is not None
+    sources = prediction_sources(comparison)
     schemes = [
         ReportScheme(
             scheme=s.scheme,
@@ -71,6 +79,7 @@ def build_report(
             measured_bytes_per_iter=s.measured_bytes_per_iter,
             unexplained_bytes_per_iter=s.unexplained_bytes_per_iter,
             ratio=s.ratio,
+            prediction_source=sources[s.scheme],
             ops=[
                 ReportOp(
                     op=o.op,

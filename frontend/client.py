@@ -27,6 +27,7 @@ from commlens.contract.common import Page
 from commlens.contract.compare import Comparison, RunsComparison
 from commlens.contract.hang import HangReport, RankSourcesReport
 from commlens.contract.jobs import JobOut
+from commlens.contract.model_description import AttachedConfig, ConfigUpload
 from commlens.contract.predict import PredictInput, Prediction
 from commlens.contract.review import Anchor, ReviewCreate, ReviewItem, ReviewUpdate
 from commlens.contract.runs import RunCreate, RunDetail, RunSummary, RunUpdate, SourceOut
@@ -151,6 +152,10 @@ class ApiClient:
             "POST", f"/runs/{_seg(run)}/files", params={"rank": rank}, files=parts, timeout=UPLOAD_TIMEOUT
         )
         return JobOut.model_validate_json(resp.content)
+
+    def attach_config(self, run: str, body: ConfigUpload) -> AttachedConfig:
+        """The run's configuration from files (model description, run.json, config.json, DeepSpeed, Megatron)."""
+        return self._send("PUT", f"/runs/{_seg(run)}/config", AttachedConfig, body)
 
     def job(self, job_id: str) -> JobOut:
         return self._get(f"/jobs/{_seg(job_id)}", JobOut)

@@ -13,7 +13,7 @@ from fastapi.routing import APIRoute
 from commlens import __version__
 from commlens.service.users import user_count
 
-from . import analysis, errors, export, hang, review, runs, uploads, users
+from . import analysis, config, errors, export, hang, review, runs, uploads, users
 from . import time as time_routes
 from .bodies import JsonBodyGuard
 from .db import Database
@@ -85,14 +85,14 @@ def create_app(settings: Settings, ui: Any = None, db: Database | None = None) -
     app.state.ctx = AppContext(settings=settings, db=db, ingest_queue=ingest_queue)
     errors.install(app)
     api = APIRouter(prefix="/api")
-    for module in (users, runs, uploads, export, analysis, review, time_routes, hang):
+    for module in (users, runs, uploads, export, analysis, review, time_routes, hang, config):
         api.include_router(module.router)
     app.include_router(api)
     _install_api_fallback(
         app,
         [
             r
-            for m in (users, runs, uploads, export, analysis, review, time_routes, hang)
+            for m in (users, runs, uploads, export, analysis, review, time_routes, hang, config)
             for r in m.router.routes
             if isinstance(r, APIRoute)
         ],

@@ -12,6 +12,7 @@ from commlens.contract.predict import BucketSpec, DtypeSpec, ModelSpec, Parallel
 
 from .adapters import ddp_buckets
 from .config import config_kind, predict_input_from_config
+from .described import predict_described
 from .layout import param_count
 from .registry import predict
 
@@ -26,5 +27,6 @@ __all__ = [
     "ddp_buckets",
     "param_count",
     "predict",
+    "predict_described",
     "predict_input_from_config",
 ]

@@ -1,0 +1,260 @@
+"""`commlens config` / `PUT /api/runs/{run}/config`: files detected by content, combined with the options they
+lack, stored as the run's configuration, and refused naming the file and the line or field that is wrong."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+from test_resnet50_prediction import RESNET50_PARAMS, resnet50_description
+
+from commlens import store
+from commlens.backend.api import Settings
+from commlens.backend.api.testing import ServerThread
+from commlens.backend.compare import compare
+from commlens.backend.iterations import UnknownRunError
+from commlens.backend.report import build_report
+from commlens.contract.model_description import ConfigFile, ConfigUpload, ParallelOptions
+from commlens.frontend.client import ApiClient, ApiProblem
+from commlens.service.config import attach_config
+from commlens.service.errors import InvalidError
+from commlens.service.runs import create_run, predict_input_for_run, run_detail
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HF_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 22,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 2048,
+    "vocab_size": 32000,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+DEEPSPEED = {
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 4,
+    "bf16": {"enabled": True},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": 50_000_000, "stage3_param_persistence_threshold": "auto"},
+}
+MEGATRON_LOG = """\
+[default0]:using world size: 16, data-parallel size: 2, context-parallel size: 1, tensor-model-parallel size: 4
+[default0]:------------------------ arguments ------------------------
+[default0]:  accumulate_allreduce_grads_in_fp32 .............. True
+[default0]:  bf16 ............................................ True
+[default0]:  data_parallel_size .............................. 2
+[default0]:  ffn_hidden_size ................................. 16384
+[default0]:  global_batch_size ............................... 64
+[default0]:  hidden_size ..................................... 4096
+[default0]:  make_vocab_size_divisible_by .................... 128
+[default0]:  micro_batch_size ................................ 1
+[default0]:  num_attention_heads ............................. 32
+[default0]:  num_layers ...................................... 32
+[default0]:  padded_vocab_size ............................... 50688
+[default0]:  params_dtype .................................... torch.bfloat16
+[default0]:  pipeline_model_parallel_size .................... 2
+[default0]:  position_embedding_type ......................... rope
+[default0]:  sequence_parallel ............................... True
+[default0]:  seq_length ...................................... 4096
+[default0]:  tensor_model_parallel_size ...................... 4
+[default0]:  untie_embeddings_and_output_weights ............. True
+[default0]:  use_distributed_optimizer ....................... True
+[default0]:-------------------- end of arguments ---------------------
+[default0]:setting number of micro-batches to constant 32
+"""
+
+
+def _file(name: str, doc: object) -> ConfigFile:
+    return ConfigFile(name=name, content=doc if isinstance(doc, str) else json.dumps(doc, indent=2))
+
+
+def test_a_description_makes_the_resnet_trace_exact(resnet) -> None:
+    got = attach_config(resnet, "resnet", [_file("resnet50.json", resnet50_description(dp=1))], ParallelOptions(dp=2))
+    assert got.stored == "model_description"
+    assert [(f.name, f.kind) for f in got.files] == [("resnet50.json", "model_description")]
+    assert got.summary.startswith(f"torchvision.models:resnet50: 161 parameters ({RESNET50_PARAMS:,} elements)")
+    detail = run_detail(resnet, "resnet")
+    assert (detail["strategy"], detail["world_size"]) == ("ddp", 2)
+    assert predict_input_for_run(resnet, "resnet") is None  # not a transformer input: the comparison reads it
+    c = compare(resnet, "resnet")
+    assert (c.config_source, c.implementation, c.exact) == ("run", "described:ddp", True)
+    report = json.loads(build_report(resnet, "resnet").model_dump_json())
+    assert [(s["scheme"], s["prediction_source"]) for s in report["schemes"]] == [("dp", "config")]
+
+
+def test_without_configuration_the_trace_explains_itself(resnet) -> None:
+    report = build_report(resnet, "resnet")
+    assert [(s.scheme, s.prediction_source, s.predicted_bytes_per_iter) for s in report.schemes] == [
+        ("dp", "inferred", None)
+    ]
+    inferred = {i.quantity.split(" (")[0]: i for i in report.comparison.inferences}
+    assert inferred["parameters per rank"].value == RESNET50_PARAMS
+    assert inferred["buffer elements"].value == 53_120 + 53
+    assert "53,120 float32, 53 int64" in inferred["buffer elements"].evidence
+
+
+def test_hugging_face_and_deepspeed_combine_with_options(con) -> None:
+    create_run(con, "llama")
+    got = attach_config(
+        con, "llama", [_file("config.json", HF_LLAMA), _file("ds.json", DEEPSPEED)], ParallelOptions(dp=8, seq_len=1024)
+    )
+    assert [f.kind for f in got.files] == ["hf_config", "deepspeed_config"]
+    assert got.stored == "predict_input"
+    inp = predict_input_for_run(con, "llama")
+    assert inp is not None
+    m, p = inp.model, inp.parallel
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.vocab, m.seq_len) == (
+        22,
+        2048,
+        32,
+        4,
+        5632,
+        32000,
+        1024,
+    )
+    assert (m.tied_embeddings, m.learned_pos) == (False, False)
+    assert (p.dp, p.zero, p.micro_batches, p.micro_batch_size) == (8, 3, 4, 2)
+    assert (inp.implementation, inp.dtypes.param, inp.buckets.deepspeed_reduce_bucket_elems) == (
+        "deepspeed",
+        "bfloat16",
+        50_000_000,
+    )
+    assert any("stage3_param_persistence_threshold is 'auto'" in n for n in got.notes)
+    assert run_detail(con, "llama")["world_size"] == 8
+
+
+def test_megatron_arguments_from_a_log(con) -> None:
+    create_run(con, "gpt")
+    got = attach_config(con, "gpt", [_file("train.log", MEGATRON_LOG)])
+    assert [f.kind for f in got.files] == ["megatron_args"]
+    inp = predict_input_for_run(con, "gpt")
+    assert inp is not None
+    assert inp.implementation == "megatron"
+    m, p = inp.model, inp.parallel
+    assert (m.layers, m.hidden, m.vocab, m.seq_len, m.learned_pos, m.tied_embeddings) == (
+        32,
+        4096,
+        50688,
+        4096,
+        False,
+        False,
+    )
+    assert (p.dp, p.tp, p.pp, p.sp, p.zero, p.micro_batches) == (2, 4, 2, True, 1, 32)
+    assert (inp.dtypes.param, inp.dtypes.grad) == ("bfloat16", "float32")
+    assert p.world_size == 16
+
+
+@pytest.mark.parametrize(
+    ("files", "options", "message"),
+    [
+        ([("cfg.json", '{\n  "model_type": "llama",\n  "hidden_size": 20,,\n}')], {}, "cfg.json: line 3 column 21"),
+        ([("x.json", {"foo": 1})], {}, "x.json: not a configuration commlens reads"),
+        ([("notes.txt", "hello")], {}, "notes.txt: neither JSON"),
+        ([("ds.json", DEEPSPEED)], {}, "says how the model is trained, not what it is"),
+        ([("config.json", HF_LLAMA | {"hidden_size": "big"})], {}, "model.hidden"),
+        (
+            [("config.json", {k: v for k, v in HF_LLAMA.items() if k != "vocab_size"})],
+            {},
+            "config.json: no 'vocab_size'",
+        ),
+        (
+            [("train.log", MEGATRON_LOG.replace("  bf16 ....", "  bf16 broken"))],
+            {},
+            "train.log: line 4: not an argument line",
+        ),
+        (
+            [("train.log", MEGATRON_LOG.split("[default0]:---------------- end")[0][:900])],
+            {},
+            "no '---- end of arguments",
+        ),
+        (
+            [("d.json", resnet50_description() | {"buffers": [{"name": "b", "shape": [1], "dtype": "f32"}]})],
+            {},
+            "d.json: buffers.0",
+        ),
+        ([("d.json", resnet50_description())], {"tp": 2}, "a model description takes only --dp (got tp)"),
+        ([("d.json", resnet50_description()), ("config.json", HF_LLAMA)], {}, "attach it alone"),
+        (
+            [("config.json", HF_LLAMA), ("ds.json", DEEPSPEED | {"gradient_accumulation_steps": "four"})],
+            {},
+            "ds.json: gradient_accumulation_steps: a number",
+        ),
+    ],
+)
+def test_bad_files_name_the_line_or_field(con, files: list[tuple[str, object]], options: dict, message: str) -> None:
+    create_run(con, "r")
+    with pytest.raises(InvalidError) as err:
+        attach_config(con, "r", [_file(n, d) for n, d in files], ParallelOptions(**options))
+    assert message in str(err.value)
+    assert run_detail(con, "r")["config"] is None
+
+
+def test_an_unknown_run_is_refused_before_reading(con) -> None:
+    with pytest.raises(UnknownRunError):
+        attach_config(con, "nope", [_file("x.json", {"foo": 1})])
+
+
+def test_cli_attaches_and_explains_refusals(tmp_path: Path, db_path: Path) -> None:
+    con = store.connect(db_path)
+    create_run(con, "llama")
+    con.close()
+    (tmp_path / "config.json").write_text(json.dumps(HF_LLAMA))
+    (tmp_path / "bad.json").write_text("{\n  oops\n}")
+    cli = str(ROOT / ".venv" / "bin" / "commlens")
+    ok = subprocess.run(
+        [
+            cli,
+            "config",
+            "--db",
+            str(db_path),
+            "--run",
+            "llama",
+            str(tmp_path / "config.json"),
+            "--dp",
+            "4",
+            "--tp",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "config.json: hf_config" in ok.stdout
+    assert "run llama: predict_input: fsdp: 22 layers, hidden 2048" in ok.stdout and "dp 4 tp 2" in ok.stdout
+    bad = subprocess.run(
+        [cli, "config", "--db", str(db_path), "--run", "llama", str(tmp_path / "bad.json")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert bad.returncode == 2
+    assert "bad.json: line 2 column 3" in bad.stderr
+
+
+def test_api_put_config_and_the_client(tmp_path: Path) -> None:
+    db = tmp_path / "api.duckdb"
+    con = store.connect(db)
+    create_run(con, "gpt")
+    con.close()
+    with ServerThread(Settings(db=db)) as srv:
+        client = ApiClient(srv.url)
+        got = client.attach_config("gpt", ConfigUpload(files=[_file("train.log", MEGATRON_LOG)]))
+        assert got.stored == "predict_input" and got.files[0].kind == "megatron_args"
+        assert client.run("gpt").world_size == 16
+        with pytest.raises(ApiProblem) as err:
+            client.attach_config("gpt", ConfigUpload(files=[_file("x.json", {"foo": 1})]))
+        assert err.value.status == 422 and "x.json: not a configuration" in err.value.detail
+        r = httpx.put(f"{srv.url}/api/runs/missing/config", json={"files": [{"name": "a", "content": "{}"}]})
+        assert r.status_code == 404
+        r = httpx.put(f"{srv.url}/api/runs/gpt/config", json={"files": [], "options": {"dp": 0}})
+        assert r.status_code == 422 and "files" in r.text

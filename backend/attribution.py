@@ -636,3 +636,35 @@ def attribution_summary(con: duckdb.DuckDBPyConnection, run: str) -> Attribution
         ).fetchall()
     }
     return AttributionSummary(run=run, groups=groups, unattributed_events=unattributed, events_by_scheme=by_scheme)
+
+
+# The op patterns that attribute calls recorded without a process group (one world job, no group ids): ops
+# present -> per op (scheme, reason). Only patterns a single job's structure explains; anything else stays
+# UNATTRIBUTED.
+_UNGROUPED_PATTERNS: dict[frozenset[str], dict[str, tuple[str, str]]] = {
+    frozenset({"all_reduce", "all_to_all"}): {
+        "all_reduce": (
+            "dp",
+            "no process group; all_reduce beside all_to_all: the dense layers' gradient sync of a hybrid-parallel "
+            "recommender (DLRM / TorchRec), data-parallel",
+        ),
+        "all_to_all": (
+            "other",
+            "no process group; all_to_all beside all_reduce: embedding lookups exchanged between model-parallel "
+            "embedding-table shards (DLRM / TorchRec), not a dp/tp/pp/cp/ep dimension",
+        ),
+    },
+    frozenset({"all_reduce"}): {
+        "all_reduce": ("dp", "no process group; only all_reduce calls: data-parallel gradient sync"),
+    },
+    frozenset({"all_reduce", "broadcast"}): {
+        "all_reduce": ("dp", "no process group; all_reduce with broadcasts: DDP's gradient buckets"),
+        "broadcast": ("dp", "no process group; broadcasts beside gradient all_reduce: DDP's buffer sync"),
+    },
+}
+
+
+def ungrouped_pattern(ops: set[str]) -> dict[str, tuple[str, str]]:
+    """Per op, the (scheme, reason) of calls without a process group, from the pattern of the ops those calls use
+    (empty when the pattern supports no attribution)."""
+    return _UNGROUPED_PATTERNS.get(frozenset(ops), {})

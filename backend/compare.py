@@ -25,6 +25,7 @@ from commlens.contract.predict import PredictInput, Prediction, StagePrediction
 from commlens.store.aggregates import ensure_fresh
 from commlens.vocab import DTYPE_BYTES, busbw_factor
 
+from .attribution import ungrouped_pattern
 from .iterations import iteration_info
 from .predict import predict, predict_described, predict_input_from_config
 
@@ -34,8 +35,11 @@ PredictionSource = Literal["config", "inferred", "none"]
 DESCRIPTION_KEY = "model_description"  # a run's stored config holding an attached model description
 
 
-def _measured(con: duckdb.DuckDBPyConnection, run: str) -> tuple[dict[str, dict[OpKey, int]], dict[str, int], str, str]:
-    """Calls per rank key and (scheme, op, dtype, S) inside complete iterations; iterations per rank key."""
+def _measured(
+    con: duckdb.DuckDBPyConnection, run: str
+) -> tuple[dict[str, dict[OpKey, int]], dict[str, int], str, str, list[str]]:
+    """Calls per rank key and (scheme, op, dtype, S) inside complete iterations; iterations per rank key; notes on
+    calls without a process group attributed by their op pattern (attribution.ungrouped_pattern)."""
     run_id = store.get_run_id(con, run)
     if run_id is None:
         raise KeyError(f"no run named {run!r}")
@@ -43,18 +47,22 @@ def _measured(con: duckdb.DuckDBPyConnection, run: str) -> tuple[dict[str, dict[
     info = iteration_info(con, run, run_id)
     rows = con.execute(
         """
-        SELECT a.rank_key AS rk, coalesce(g.scheme, ?) AS scheme, a.op, a.dtype, a.msg_bytes, sum(a.calls)
+        SELECT a.rank_key AS rk, g.scheme, a.group_key IS NULL, a.op, a.dtype, a.msg_bytes, sum(a.calls)
         FROM comm_agg a
         LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
         WHERE a.run_id = ? AND a.in_iteration
         GROUP BY ALL
         """,
-        [UNATTRIBUTED, run_id],
+        [run_id],
     ).fetchall()
+    pattern = ungrouped_pattern({op for _, _, ungrouped, op, *_ in rows if ungrouped})
     calls: dict[str, dict[OpKey, int]] = defaultdict(dict)
-    for rk, scheme, op, dtype, size, n in rows:
-        calls[rk][(scheme, op, dtype, size)] = n
-    return calls, dict(info.iterations), info.mode, info.message
+    for rk, scheme, ungrouped, op, dtype, size, n in rows:
+        by_pattern = pattern.get(op, (UNATTRIBUTED, ""))[0] if ungrouped else UNATTRIBUTED
+        key = (scheme or by_pattern, op, dtype, size)
+        calls[rk][key] = calls[rk].get(key, 0) + n
+    notes = [f"{op} calls without a process group: {scheme} ({reason})" for op, (scheme, reason) in pattern.items()]
+    return calls, dict(info.iterations), info.mode, info.message, notes
 
 
 def _entry_for(pred: Prediction, rank_key: str) -> StagePrediction | None:
@@ -110,8 +118,9 @@ def _prediction(config: Config | None) -> tuple[Prediction | None, str | None]:
 
 def compare(con: duckdb.DuckDBPyConnection, run: str, config: Config | None = None) -> Comparison:
     """Predicted against measured for a run; `config` overrides (or supplies) the run's configuration."""
-    calls, iterations, mode, message = _measured(con, run)
+    calls, iterations, mode, message, pattern_notes = _measured(con, run)
     config, source, notes = _configuration(con, run, config)
+    notes += pattern_notes
     pred, implementation = _prediction(config)
     rank_keys = _complete_ranks(calls, iterations)
     skipped = sorted(set(calls) - set(rank_keys))

@@ -12,6 +12,8 @@ import os
 from collections import Counter
 from typing import Any
 
+from commlens.contract.common import MAX_RANK
+
 from .inputs import DEFAULT_LIMITS, Limits
 from .kineto_calls import call_row, parse_ranks, step_of
 from .kineto_events import LAUNCH_PREFIXES, PREFIXES, Collector, build_calls
@@ -19,7 +21,7 @@ from .kineto_fields import has, spelling
 from .kineto_json import scan_trace
 from .kineto_model import TraceContext, as_int
 from .kineto_timeline import Activity, RankTimeline, call_times, timeline_notes, timeline_of
-from .records import ParseResult, RankHint
+from .records import ParseError, ParseResult, RankHint
 
 
 def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
@@ -37,6 +39,8 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
 
     dist, gen_dist = _distributed_info(top.get("distributedInfo"), result)
     rank = as_int(dist.get("rank"))
+    if rank is not None and not 0 <= rank <= MAX_RANK:
+        raise ParseError(f"rank {rank} is outside 0..{MAX_RANK}", "$.distributedInfo.rank")
     if rank is None:
         rank = hint.rank
         if rank is not None:

@@ -379,29 +379,45 @@ def config_command(
     micro_batches: int | None = typer.Option(None, "--micro-batches", help="Micro-batches per iteration."),
     implementation: str | None = typer.Option(None, "--implementation", help="megatron, deepspeed, fsdp or paper."),
 ) -> None:
-    """Attach configuration to a run, each file detected by its content (docs/model-descriptions.md)."""
+    """Attach configuration to a run, each file detected by its content (docs/model-descriptions.md); through
+    the server while `commlens serve` holds the store."""
     from pydantic import ValidationError
 
-    from commlens.contract.model_description import ConfigFile, ParallelOptions
+    from commlens.cli_server import server_for
+    from commlens.contract.model_description import ConfigFile, ConfigUpload, ParallelOptions
+    from commlens.frontend.client import ApiClient, ApiProblem
     from commlens.service.config import attach_config
 
     try:
-        options = ParallelOptions.model_validate(
-            {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "zero": zero, "seq_len": seq_len}
-            | {"micro_batches": micro_batches, "implementation": implementation}
+        upload = ConfigUpload(
+            files=[ConfigFile(name=str(f), content=f.read_text(errors="replace")) for f in files],
+            options=ParallelOptions.model_validate(
+                {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "zero": zero, "seq_len": seq_len}
+                | {"micro_batches": micro_batches, "implementation": implementation}
+            ),
         )
-        texts = [ConfigFile(name=str(f), content=f.read_text(errors="replace")) for f in files]
     except (ValidationError, OSError) as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
-    con = _open_store(db)
+    url = server_for(db)
+    if url is None and not db.exists():
+        err_console.print(f"[red]error:[/red] {escape(f'no store at {db}; ingest the run first')}")
+        raise typer.Exit(2)
     try:
-        result = attach_config(con, run, texts, options)
+        if url is not None:
+            result = ApiClient(url).attach_config(run, upload)
+        else:
+            con = _open_store(db)
+            try:
+                result = attach_config(con, run, upload.files, upload.options)
+            finally:
+                con.close()
     except (ServiceError, LookupError) as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
-    finally:
-        con.close()
+    except ApiProblem as exc:
+        err_console.print(f"[red]error:[/red] {escape(exc.detail)}")
+        raise typer.Exit(2) from None
     for f in result.files:
         console.print(f"{escape(f.name)}: {f.kind}")
     console.print(f"run {escape(run)}: {result.stored}: {escape(result.summary)}")

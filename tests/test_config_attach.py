@@ -17,6 +17,7 @@ from commlens.backend.api.testing import ServerThread
 from commlens.backend.compare import compare
 from commlens.backend.iterations import UnknownRunError
 from commlens.backend.report import build_report
+from commlens.cli_server import announce, withdraw
 from commlens.contract.model_description import ConfigFile, ConfigUpload, ParallelOptions
 from commlens.frontend.client import ApiClient, ApiProblem
 from commlens.service.config import attach_config
@@ -258,3 +259,28 @@ def test_api_put_config_and_the_client(tmp_path: Path) -> None:
         assert r.status_code == 404
         r = httpx.put(f"{srv.url}/api/runs/gpt/config", json={"files": [], "options": {"dp": 0}})
         assert r.status_code == 422 and "files" in r.text
+        # the CLI goes through the server that holds the store (the file itself is locked by it)
+        (tmp_path / "config.json").write_text(json.dumps(HF_LLAMA))
+        announce(db, srv.url)
+        try:
+            cli = [str(ROOT / ".venv" / "bin" / "commlens"), "config", "--db", str(db), "--run", "gpt"]
+            ok = subprocess.run(
+                [*cli, str(tmp_path / "config.json"), "--dp", "2"],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=120,
+            )
+            assert ok.returncode == 0, ok.stderr
+            assert "run gpt: predict_input: fsdp: 22 layers" in ok.stdout
+            assert client.run("gpt").world_size == 2
+            bad = subprocess.run(
+                [*cli, str(tmp_path / "config.json"), "--tp", "3"],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=120,
+            )
+            assert bad.returncode == 2 and "heads (32) must be divisible by tp (3)" in bad.stderr
+        finally:
+            withdraw(db)

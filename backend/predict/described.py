@@ -1,5 +1,5 @@
 """Prediction from a model description (commlens.contract.model_description): the collectives PyTorch's
-DistributedDataParallel issues for exactly these parameters and buffers, to the byte (docs/models.md §7).
+DistributedDataParallel issues for exactly these parameters and buffers, to the byte (docs/models.md §6.10).
 
 The transformer formulas of the other scheme modules need shapes a CNN or a recommender does not have; a
 description lists every tensor instead, so DDP's own rules apply directly: the Reducer's bucket assignment

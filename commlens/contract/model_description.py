@@ -70,7 +70,7 @@ class Strategy(BaseModel):
     # DDP: the bucket cap in MiB; None means DDP's default (25 MiB, with the small first bucket).
     bucket_cap_mb: float | None = Field(default=None, gt=0, le=1 << 20)
     # DDP: the first bucket's cap in bytes as the describing PyTorch computes it (None: the predictor's rule for
-    # the recorded version, docs/models.md §7).
+    # the recorded version, docs/models.md §6.10).
     first_bucket_bytes: int | None = Field(default=None, ge=1)
     broadcast_buffers: bool = True
     broadcast_bucket_bytes: int = Field(default=DEFAULT_BROADCAST_BUCKET_BYTES, ge=1)

@@ -331,3 +331,29 @@ def test_upgrade_from_schema_3(tmp_path: Path) -> None:
     assert rows == [("order", 2, 1, pytest.approx(50.0))] * 6
     assert con.execute("SELECT count(*) FROM comms").fetchall() == [(12,)]
     con.close()
+
+
+def test_a_scheme_override_recomputes_the_time_tables(tmp_path: Path) -> None:
+    """The time tables carry each call's scheme: pinning a communicator's scheme re-labels its instances at
+    once, and dropping the pin restores what the evidence says."""
+    from commlens.service.schemes import clear_scheme_override, override_scheme
+
+    con = _ingest(tmp_path / "n.duckdb", "nccl", _nccl_log(tmp_path / "job.log", {0: [1, 2, 3], 1: [1, 2, 3]}))
+    run_id = _run_id(con, "nccl")
+    (group, before), *rest = con.execute(
+        "SELECT group_key, any_value(scheme) FROM time_instances WHERE run_id = ? GROUP BY group_key", [run_id]
+    ).fetchall()
+    assert rest == []
+
+    def schemes() -> list[tuple[str | None, int]]:
+        return con.execute(
+            "SELECT scheme, count(*) FROM time_instances WHERE run_id = ? AND group_key = ? GROUP BY scheme",
+            [run_id, group],
+        ).fetchall()
+
+    target = "tp" if before != "tp" else "pp"
+    override_scheme(con, "nccl", group, target, "the job's tensor-parallel communicator")
+    assert schemes() == [(target, 3)]
+    clear_scheme_override(con, "nccl", group)
+    assert schemes() == [(before, 3)]
+    con.close()

@@ -33,8 +33,8 @@ from commlens.contract.compare import Comparison, RunComparison, RunsComparison
 from commlens.contract.predict import PredictInput, Prediction
 from commlens.contract.review import Anchor, ReviewItem
 from commlens.service.nccl import nccl_rows
-from commlens.service.runs import WRITE_ATTEMPTS, predict_input_for_run, run_layout
-from commlens.store import retry_conflicts, transaction
+from commlens.service.runs import predict_input_for_run, run_layout
+from commlens.service.schemes import clear_scheme_override, override_scheme
 from commlens.vocab import Op
 
 from .deps import Cursor, Limit, Offset, Writer, next_offset
@@ -92,7 +92,7 @@ def groups(run: str, cur: Cursor, limit: Limit = 100, offset: Offset = 0) -> Gro
 def override_group(run: str, group_key: str, body: GroupOverride, cur: Cursor, _: Writer) -> GroupAttribution:
     with analysis_errors():
         if body.scheme is None:
-            result = retry_conflicts(lambda: attribution.clear_override(cur, run, group_key))
+            result = clear_scheme_override(cur, run, group_key)
             hit = [g for g in result if g.group_key == group_key]
             if not hit:
                 raise ApiError(404, f"run {run!r} has no process group {group_key!r}", "unknown-group")
@@ -102,7 +102,7 @@ def override_group(run: str, group_key: str, body: GroupOverride, cur: Cursor, _
             raise ApiError(
                 422, "an override needs a reason: what you know that the traces do not say", "invalid-argument"
             )
-        return transaction(cur, lambda c: attribution.set_override(c, run, group_key, scheme, reason), WRITE_ATTEMPTS)
+        return override_scheme(cur, run, group_key, scheme, reason)
 
 
 # -------------------------------------------------------------------------------- distributions

@@ -25,6 +25,35 @@ from commlens.store.aggregates import measured_calls
 
 from .iterations import fresh_run_id, run_id_of
 
+# commlens.store.aggregates.CALLS_SQL's reasons whose explanation depends on the kind of file
+NO_DURATION = "no measured duration"
+ENQUEUE_ONLY = "CPU enqueue time of an NCCL call is not its transfer time"
+WHY = {"group size unknown": "the files name no process group for them, and busbw needs the group's size"}
+
+
+def _why_no_bandwidth(con: duckdb.DuckDBPyConnection, run_id: int, excluded: dict[str, int]) -> str:
+    """The real reason a run has no bandwidth, from its own files: what left its calls out, and for calls
+    without a duration what their kind of file lacks (an NCCL log has no durations; a trace's NCCL calls
+    need their device kernels)."""
+    kinds = {
+        str(r[0])
+        for r in con.execute(
+            "SELECT DISTINCT kind FROM sources WHERE run_id = ? AND status = 'ok'", [run_id]
+        ).fetchall()
+    }
+    if kinds <= {"nccl_log", "run_config"}:
+        lacking = "NCCL logs carry no durations; a profiler trace of the same ranks gives them"
+    else:
+        lacking = (
+            "an NCCL call's CPU time is only its launch: the profiler must record CUDA activities so the trace "
+            "holds its kernels; gloo calls are timed on the CPU"
+        )
+    parts = [
+        f"{n} calls: {reason} ({lacking if reason in (NO_DURATION, ENQUEUE_ONLY) else WHY.get(reason, 'left out')})"
+        for reason, n in excluded.items()
+    ]
+    return "no bandwidth: " + ("; ".join(parts) if parts else f"no call has a measured duration ({lacking})")
+
 
 def bandwidth(con: duckdb.DuckDBPyConnection, run: str) -> BandwidthReport:
     """Per (op, size bin) medians of algbw and busbw, the half-bandwidth size per op, and per scheme.
@@ -77,12 +106,7 @@ def bandwidth(con: duckdb.DuckDBPyConnection, run: str) -> BandwidthReport:
         )
         for r in bins
     ]
-    notes = []
-    if not total:
-        notes.append(
-            "no call has a measured duration (NCCL logs carry no time; traces need device kernels "
-            "or gloo CPU ops): no bandwidth"
-        )
+    notes = [] if total else [_why_no_bandwidth(con, run_id, excluded)]
     return BandwidthReport(
         run=run,
         calls_with_duration=total,

@@ -1,5 +1,6 @@
 """Message-size histograms per scheme x op x dtype: power-of-two bins, weighted by calls or bytes,
-normalised per rank per iteration when iterations are known.
+normalised per rank per iteration when iterations are known for every rank (else per rank over all calls,
+so no rank's calls are dropped).
 
 Bin k holds [2^k, 2^(k+1)) bytes (1024 B is in the 1 KiB-2 KiB bin); zero-byte calls have their own
 '0 B' bin and calls without a size an 'unknown size' bin. Normalisation divides each rank's calls by
@@ -130,9 +131,22 @@ def _rows_sql(run_id: int, step: int | None, rank: int | None) -> tuple[str, lis
     )
 
 
-def iterations_only(info: IterationInfo, normalize: bool) -> bool:
-    """Whether a histogram counts only the calls inside complete iterations (normalised, iterations known)."""
-    return normalize and info.mode != "none"
+def iterations_only(info: IterationInfo, normalize: bool, rank_keys: set[str] | None) -> bool:
+    """Whether a histogram counts only the calls inside complete iterations: normalised, with iterations
+    known for every rank in scope (`rank_keys`; None when one iteration is selected). Where some rank has
+    no known iterations the histogram is per rank over all calls, so no rank's calls are dropped."""
+    if not normalize or info.mode == "none":
+        return False
+    return rank_keys is None or all(info.iterations.get(k) for k in rank_keys)
+
+
+def _scope_rank_keys(con: duckdb.DuckDBPyConnection, run_id: int, rank: int | None) -> set[str]:
+    """The ranks (rank keys) with calls in the run, or the one rank of the rank filter."""
+    rows = con.execute(
+        "SELECT DISTINCT rank_key FROM comm_agg WHERE run_id = ?" + (" AND rank = ?" if rank is not None else ""),
+        [run_id, *([rank] if rank is not None else [])],
+    ).fetchall()
+    return {str(r[0]) for r in rows}
 
 
 def histogram(
@@ -151,8 +165,8 @@ def histogram(
 
     `step` selects one iteration: the profiler step number for traces with steps, the detected
     iteration index (0-based) for logs. With `normalize`, values are per rank per iteration when
-    iterations are known (calls outside complete iterations are left out and counted in `excluded`),
-    else per rank."""
+    iterations are known for every rank in scope (calls outside complete iterations are left out and
+    counted in `excluded`), else per rank over all calls (a note says what per iteration would leave out)."""
     if weight not in ("calls", "bytes"):
         raise ValueError(f"weight must be 'calls' or 'bytes', not {weight!r}")
     run_id = fresh_run_id(con, run)
@@ -170,15 +184,24 @@ def histogram(
 
     notes: list[str] = []
     iterations = info.iterations
-    known = iterations_only(info, normalize)
+    known = iterations_only(info, normalize, None if step is not None else all_ranks)
     normalization: Literal["per_rank_per_iteration", "per_rank", "none"]
     if not normalize:
         normalization = "none"
     elif known:
         normalization = "per_rank_per_iteration"
-    else:
+    elif info.mode == "none":
         normalization = "per_rank"
         notes.append("iterations unknown (no profiler steps, no repeating pattern): values are per rank, all calls")
+    else:
+        normalization = "per_rank"
+        without = sorted(r for r in all_ranks if not iterations.get(r))
+        left = sum(r[8] for r in scoped if r[3] in without)
+        notes.append(
+            f"iterations are known for {len(all_ranks) - len(without)} of {len(all_ranks)} ranks: values are per "
+            f"rank over all calls, so the {left} calls of ranks without iterations count too "
+            "(per iteration would leave them out)"
+        )
     if known:
         # Only ranks with known iterations take part in a per-iteration average.
         all_ranks = {r for r in all_ranks if iterations.get(r)}
@@ -277,7 +300,8 @@ def bar_calls(
     then `total` is the bar's value times ranks and iterations, else it is the bar's raw count."""
     spec = bin_spec(bin) if bin is not None else None
     run_id = fresh_run_id(con, run)
-    only_iterations = iterations_only(iteration_info(con, run, run_id), normalize)
+    scope_ranks = None if step is not None else _scope_rank_keys(con, run_id, rank)
+    only_iterations = iterations_only(iteration_info(con, run, run_id), normalize, scope_ranks)
     scope, params = scope_calls_sql(
         "e.rank, e.process, e.seq, e.op, e.dtype, e.msg_bytes, e.elems_in, e.elems_out, e.group_size, e.group_key, "
         "e.peer, e.step, e.ts_us, e.dur_us, e.source_id",

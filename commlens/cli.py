@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -193,6 +194,28 @@ def _print_summary(con: duckdb.DuckDBPyConnection, summary: IngestSummary, by_ru
         f"{len(summary.files)} files: {status['ok']} ingested, {status['duplicate']} already present, "
         f"{status['failed']} failed, {status['skipped']} passed over; {skipped_total} lines/events skipped (reasons above)."
     )
+    for hint in _hints(con, summary):
+        console.print(f"hint: {escape(hint)}")
+
+
+def _hints(con: duckdb.DuckDBPyConnection, summary: IngestSummary) -> list[str]:
+    """What to do about each gap the files leave: logs without COLL lines, runs whose calls have no rank."""
+    from commlens.service.runs import comms_totals
+
+    hints = [
+        f"{f.path} has no COLL lines, so no calls: NCCL logs each collective only with NCCL_DEBUG=INFO "
+        "NCCL_DEBUG_SUBSYS=COLL (add INIT,GRAPH for the topology)"
+        for f in summary.files
+        if f.status == "ok" and f.kind == "nccl_log" and f.events == 0
+    ]
+    for run in dict.fromkeys(f.run or summary.run for f in summary.files if f.status == "ok"):
+        calls, _, ranks = comms_totals(con, run)
+        if calls and not ranks:
+            hints.append(
+                f"no call of run {run} has a known global rank: for a single-rank file, ingest it again with "
+                "--rank N (into a new run, or after deleting this one)"
+            )
+    return hints
 
 
 @app.command()
@@ -215,9 +238,7 @@ def serve(
         "secret, best given as COMMLENS_ADMIN_TOKEN (docker-compose does).",
     ),
     admin_name: str = typer.Option("admin", "--admin-name", help="The admin that --admin-token belongs to."),
-    log_level: str = typer.Option(
-        "warning", "--log-level", help="Server log level: warning (no access log), info (every request), debug."
-    ),
+    access_log: bool = typer.Option(False, "--access-log/--no-access-log", help="Log every request."),
 ) -> None:
     """Serve the API under /api (OpenAPI docs at /docs) and the dashboard at /; own the store while running."""
     from commlens import cli_server
@@ -227,6 +248,8 @@ def serve(
 
     if admin_token is not None:
         _ensure_admin(db, admin_name, admin_token)
+    if port == 0:  # any free port, chosen here so that the marker names it
+        port = cli_server.free_port(host)
     settings = Settings(
         db=db,
         host=host,
@@ -251,15 +274,15 @@ def serve(
 
         dashboard = create_ui()
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    # uvicorn re-raises SIGTERM after its graceful shutdown: exit through Python so the marker is withdrawn
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    # uvicorn re-raises SIGTERM after its graceful shutdown: withdraw the marker, then die of the signal
+    signal.signal(signal.SIGTERM, lambda signum, _: _die_of(signum, db))
     cli_server.announce(db, url)
     err_console.print(
         f"serving {escape(str(db))} at {url} (dashboard /, API /api, docs /docs); "
         f"`commlens report --db {escape(str(db))} --run RUN` reads through it; Ctrl-C stops"
     )
     try:
-        run_server(settings, ui=dashboard, log_level=log_level)
+        run_server(settings, ui=dashboard, access_log=access_log)
     except (StartupRefusedError, StoreError) as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
@@ -267,8 +290,12 @@ def serve(
         cli_server.withdraw(db)
 
 
-def _exit_on_signal(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
+def _die_of(signum: int, db: Path) -> None:
+    from commlens.cli_server import withdraw
+
+    withdraw(db)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _ensure_admin(db: Path, name: str, token: str) -> None:
@@ -438,7 +465,9 @@ def _open_store(db: Path, through_api: str | None = None) -> duckdb.DuckDBPyConn
             if through_api
             else "stop that server first (Ctrl-C where it runs), then run this again"
         )
-        err_console.print(f"[red]error:[/red] {escape(f'{db} is held by `commlens serve` at {url}; {how}')}")
+        err_console.print(
+            f"[red]error:[/red] {escape(f'{db} is held by another process, `commlens serve` at {url}; {how}')}"
+        )
         raise typer.Exit(2)
     try:
         return connect(db)

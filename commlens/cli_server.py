@@ -63,6 +63,13 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+def free_port(host: str) -> int:
+    """A port nothing listens on now (the system's choice)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 def demo_check(db: Path, port: int) -> str | None:
     """Why `make demo` must not start now (a server holds its store, or its port is taken), with what to do."""
     url = server_for(db)

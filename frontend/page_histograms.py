@@ -145,7 +145,9 @@ def panel(h: Histogram, scheme: str | None, series: list[HistogramSeries]) -> ht
     unit = "bytes" if h.weight == "bytes" else "calls"
     norm = NORM_TEXT[h.normalization]
     fig = figure(
-        f"{title_scheme}: {unit} {norm} by message size", "message size S (power-of-two bin)", f"{unit} {norm}"
+        f"{title_scheme}: {unit} {norm} by message size",
+        "message size S (power-of-two bin)",
+        f"{unit} {norm} (log scale)",
     )
     top = 0.0
     for s in series:
@@ -171,8 +173,10 @@ def panel(h: Histogram, scheme: str | None, series: list[HistogramSeries]) -> ht
         xaxis={"type": "category", "categoryorder": "array", "categoryarray": labels, "tickangle": -35},
         clickmode="event",
     )
-    if h.weight == "bytes":
-        fig.update_layout(yaxis=byte_axis(top))
+    # Log scale: message counts and volumes span orders of magnitude; a few huge buckets must not flatten
+    # the many small calls that matter for latency.
+    low = min((v for s in series for v in s.values if v > 0), default=1.0)
+    fig.update_layout(yaxis={"type": "log", **(byte_axis(top, low, log=True) if h.weight == "bytes" else {})})
     cols = ["op", "dtype", "size bin", "bin from (B)", "bin to (B)", f"calls {norm}", f"bytes {norm}"]
     display, raw = [], []
     for s in series:
@@ -212,7 +216,16 @@ def histogram_view(h: Histogram) -> Any:
         notes.append(f"{num(h.unattributed_events)} calls have no group and so no scheme")
     head = html.Ul([html.Li(n) for n in notes], className="note-list") if notes else None
     if not h.series:
-        return html.Div([head, empty("No calls match these filters.")])
+        chosen = {k: v for k, v in h.filters.items() if v is not None}
+        if chosen:
+            why = "No calls match these filters (" + ", ".join(f"{k} {v}" for k, v in chosen.items()) + ")."
+        else:
+            why = (
+                "No collective calls in this run: an NCCL log lists calls only with NCCL_DEBUG=INFO "
+                "NCCL_DEBUG_SUBSYS=COLL; a profiler trace needs its collectives' ops or kernels "
+                "(the run's files and what was skipped are on the Runs page)."
+            )
+        return html.Div([head, empty(why)])
     order: list[str | None] = []
     for s in h.series:
         if s.scheme not in order:

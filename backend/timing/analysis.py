@@ -4,7 +4,7 @@ stragglers and each step's critical path."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .breakdown import Breakdown, rank_spans, step_breakdown
 from .clocks import ClockAlignment, align_clocks
@@ -12,7 +12,7 @@ from .critical_path import CriticalPath, critical_path
 from .instances import InstanceStats, instance_stats
 from .matching import MatchResult, match_instances
 from .model import RankInput
-from .stragglers import DEFAULT_RULE, StragglerReport, StragglerRule, find_stragglers
+from .stragglers import DEFAULT_RULE, HOST_CLOCK_FLOOR_US, StragglerReport, StragglerRule, find_stragglers
 
 
 @dataclass
@@ -32,8 +32,11 @@ def analyze(
     schemes: Mapping[str, str] | None = None,
     rule: StragglerRule = DEFAULT_RULE,
 ) -> TimeAnalysis:
-    """`schemes`: group key (matching.WORLD for unnamed groups) -> scheme; `hosts`: rank -> host."""
+    """`schemes`: group key (matching.WORLD for unnamed groups) -> scheme; `hosts`: rank -> host. Arrivals
+    timed by host clocks only (no rank has device activity) name stragglers above the host clock floor."""
     schemes = schemes or {}
+    if ranks and not any(d.has_device for d in ranks.values()):
+        rule = replace(rule, min_imposed_us=max(rule.min_imposed_us, HOST_CLOCK_FLOOR_US))
     match = match_instances({r: d.calls for r, d in ranks.items()}, world_size)
     clocks = align_clocks(match.instances, sorted(ranks), hosts)
     stats = instance_stats(match.instances, clocks)

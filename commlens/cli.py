@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -29,6 +30,10 @@ app = typer.Typer(
     help="commlens: where does the communication of distributed training go, and is it what it should be?",
     no_args_is_help=True,
     add_completion=False,
+    # Plain click help: one line per option, no boxes or "<bool>" types, readable in a pipe or a file, as wide
+    # as the terminal (200 columns when there is none, so commands in the help stay on one line).
+    rich_markup_mode=None,
+    context_settings={"terminal_width": shutil.get_terminal_size((200, 24)).columns, "max_content_width": 200},
 )
 # Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 1000)
@@ -65,8 +70,10 @@ READ_API_OPTION = typer.Option(
     None, "--api", help="Read through the commlens server at this URL (default: the one serving --db, if any)."
 )
 TOKEN_OPTION = typer.Option(None, "--token", envvar="COMMLENS_TOKEN", help="API token (or COMMLENS_TOKEN).")
-INGEST_PATHS = typer.Argument(..., help="Files, directories, .gz, .tar, .tar.gz or .zip archives.")
-UPLOAD_PATHS = typer.Argument(..., help="Files or directories (their files but hidden ones, not sub-folders).")
+INGEST_PATHS = typer.Argument(..., metavar="PATH", help="Files, directories, .gz, .tar, .tar.gz or .zip archives.")
+UPLOAD_PATHS = typer.Argument(
+    ..., metavar="PATH", help="Files or directories (their files but hidden ones, not sub-folders)."
+)
 
 
 @app.command()

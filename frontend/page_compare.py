@@ -267,14 +267,28 @@ def flat_config(config: dict[str, Any] | None, prefix: str = "") -> dict[str, fl
 
 
 def varied_keys(configs: dict[str, dict[str, float]]) -> list[str]:
-    """Configuration keys that at least two runs hold with different values; sequence length first."""
+    """The configuration keys a sweep may follow: the runs differ in exactly one parameter (keys that vary
+    together, such as parallel.dp and world_size, are one parameter under several names); none when a run
+    has no configuration or the runs differ in more than one parameter (its effect would be mixed with the
+    others'). Sequence length first."""
+    if len(configs) < 2 or not all(configs.values()):
+        return []
     keys: list[str] = []
     for cfg in configs.values():
         for k in cfg:
             if k not in keys:
                 keys.append(k)
-    varied = [k for k in keys if len({c[k] for c in configs.values() if k in c}) > 1]
+    runs = list(configs.values())
+    varied = [k for k in keys if len({c.get(k) for c in runs}) > 1]
+    partitions = {tuple(_groups([c.get(k) for c in runs])) for k in varied}
+    if len(partitions) != 1 or any(k not in c for k in varied for c in runs):
+        return []
     return sorted(varied, key=lambda k: (k != "model.seq_len", not k.startswith(("model.", "parallel.")), k))
+
+
+def _groups(values: list[float | None]) -> list[int]:
+    """Which runs share a value: each run's index of the first run with its value."""
+    return [values.index(v) for v in values]
 
 
 def sweep_chart(rc: RunsComparison, configs: dict[str, dict[str, float]], key: str) -> Any:
@@ -419,8 +433,8 @@ def register(app: Dash, cfg: UiConfig) -> None:
             return empty("Choose at least two runs for a sweep.")
         if not key:
             return empty(
-                "These runs' configurations do not differ in any numeric value (or they have none): "
-                "nothing to sweep over."
+                "A sweep needs runs whose configurations differ in exactly one parameter: these runs have none, "
+                "or do not differ, or differ in several at once (their effects would be mixed)."
             )
         client = cfg.client(token)
         return sweep_chart(client.compare_runs(runs), _configs(client, runs), key)

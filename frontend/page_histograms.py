@@ -8,7 +8,7 @@ from typing import Any
 from dash import ALL, Dash, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
-from commlens.contract.analysis import NO_DTYPE, Histogram, HistogramSeries
+from commlens.contract.analysis import NO_DTYPE, BarCall, Histogram, HistogramSeries
 from commlens.contract.analysis import UNATTRIBUTED as NO_SCHEME
 from commlens.vocab import OPS, SCHEMES
 
@@ -359,11 +359,25 @@ def register(app: Dash, cfg: UiConfig) -> None:
             "group",
             "group size",
             "step / iteration",
-            "start (µs)",
+            "start (ms after the step's first call)",
             "duration",
             "source",
             "file",
         ]
+        # Wall-clock microseconds since 1970 say nothing at a glance: a call's start is shown from the first
+        # call of its file, rank and step (the CSV keeps ts_us as recorded).
+        first: dict[tuple[str, int | None, int | None], float] = {}
+        for r in rows:
+            if r.ts_us is not None:
+                key = (r.file, r.rank, r.iteration)
+                first[key] = min(first.get(key, r.ts_us), r.ts_us)
+
+        def since_step(r: BarCall) -> Any:
+            if r.ts_us is None:
+                return td_num(None, "-")
+            ms = (r.ts_us - first[(r.file, r.rank, r.iteration)]) / 1e3
+            return td_num(ms, f"{ms:,.3f}")
+
         display = [
             [
                 td_num(r.rank),
@@ -373,7 +387,7 @@ def register(app: Dash, cfg: UiConfig) -> None:
                 html.Span(r.group_key or "-", className="mono"),
                 td_num(r.group_size),
                 td_num(r.iteration),
-                td_num(r.ts_us, "-" if r.ts_us is None else f"{r.ts_us:,.1f}"),
+                since_step(r),
                 td_num(r.dur_us, duration_us(r.dur_us)),
                 r.source_kind,
                 html.Span(r.file, className="mono"),

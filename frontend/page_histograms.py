@@ -369,8 +369,8 @@ def register(app: Dash, cfg: UiConfig) -> None:
         first: dict[tuple[str, int | None, int | None], float] = {}
         for r in rows:
             if r.ts_us is not None:
-                key = (r.file, r.rank, r.iteration)
-                first[key] = min(first.get(key, r.ts_us), r.ts_us)
+                at = (r.file, r.rank, r.iteration)
+                first[at] = min(first.get(at, r.ts_us), r.ts_us)
 
         def since_step(r: BarCall) -> Any:
             if r.ts_us is None:

@@ -13,13 +13,14 @@ from fastapi.routing import APIRoute
 from commlens import __version__
 from commlens.service.users import user_count
 
-from . import analysis, config, errors, export, hang, review, runs, uploads, users
+from . import analysis, config, errors, export, hang, pairs, review, runs, uploads, users
 from . import time as time_routes
 from .bodies import JsonBodyGuard
 from .db import Database
 from .deps import AppContext
 from .errors import ApiError
 from .ingest_queue import IngestQueue
+from .origin import OriginGuard
 from .settings import Settings
 
 log = logging.getLogger("commlens.api")
@@ -85,14 +86,14 @@ def create_app(settings: Settings, ui: Any = None, db: Database | None = None) -
     app.state.ctx = AppContext(settings=settings, db=db, ingest_queue=ingest_queue)
     errors.install(app)
     api = APIRouter(prefix="/api")
-    for module in (users, runs, uploads, export, analysis, review, time_routes, hang, config):
+    for module in (users, runs, uploads, export, analysis, review, time_routes, hang, config, pairs):
         api.include_router(module.router)
     app.include_router(api)
     _install_api_fallback(
         app,
         [
             r
-            for m in (users, runs, uploads, export, analysis, review, time_routes, hang, config)
+            for m in (users, runs, uploads, export, analysis, review, time_routes, hang, config, pairs)
             for r in m.router.routes
             if isinstance(r, APIRoute)
         ],
@@ -100,6 +101,7 @@ def create_app(settings: Settings, ui: Any = None, db: Database | None = None) -
     if ui is not None:
         app.mount("/", as_asgi(ui), name="ui")
     app.add_middleware(JsonBodyGuard, max_bytes=settings.max_json_body_bytes)
+    app.add_middleware(OriginGuard, loopback_bind=settings.loopback)  # outermost: refuses before a body is read
     return app
 
 

@@ -40,6 +40,8 @@ OP_COLORS = {
     "barrier": "#444444",
 }
 MAX_TABLE_ROWS = 1000
+# Runs side by side (Compare) get their own colours, apart from the ops' and schemes' above.
+RUN_COLORS = ["#393b79", "#ad494a", "#637939", "#8c6d31", "#7b4173", "#3182bd", "#e6550d", "#31a354"]
 SCHEME_COLORS = {
     "dp": "#1f77b4",
     "tp": "#ff7f0e",
@@ -208,23 +210,20 @@ def figure(title: str, x_title: str, y_title: str, height: int = 340) -> go.Figu
 
 
 def tidy_legend(fig: go.Figure) -> None:
-    """Many legend entries go below the plot, where they cannot cover the title."""
+    """Many legend entries go below the plot, where they cannot cover the title: anchored to the bottom of
+    the figure itself (yref container) under a margin that holds the tick labels and the x-axis title first,
+    so the legend never lies over an axis title however the ticks are tilted."""
     entries = sum(1 for t in fig.data if t.showlegend is not False and t.type != "heatmap")
     if entries <= 4:
         return
     rows = -(-entries // 4)
-    height = (fig.layout.height or 340) + 22 * rows
+    legend_px = 22 * rows + 8
     tilted = fig.layout.xaxis.tickangle not in (None, 0)
+    axis_px = 70 + (45 if tilted else 0)  # tick labels and the axis title
     fig.update_layout(
-        height=height,
-        margin={"b": 90 + 22 * rows + (30 if tilted else 0)},
-        legend={
-            "orientation": "h",
-            "y": -0.22 - (0.12 if tilted else 0) - 0.02 * rows,
-            "yanchor": "top",
-            "x": 0,
-            "xanchor": "left",
-        },
+        height=(fig.layout.height or 340) + legend_px,
+        margin={"b": axis_px + legend_px},
+        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0, "xanchor": "left"},
     )
 
 

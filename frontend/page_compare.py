@@ -12,13 +12,13 @@ from commlens.contract.compare import RunsComparison
 from commlens.vocab import OPS, SCHEMES
 
 from .client import ApiClient, ApiProblem
-from .components import chart_block, empty, figure, guarded, loading, problem_box, push_state, td_num
+from .components import RUN_COLORS, chart_block, empty, figure, guarded, loading, problem_box, push_state, td_num
 from .config import UiConfig
 from .fmt import byte_axis, exact_bytes, num
 from .urls import query
 
 MAX_RUNS = 8
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+PALETTE = RUN_COLORS  # runs are told apart by colour; ops and schemes keep theirs on every page
 
 
 def _runs(value: str | None) -> list[str]:

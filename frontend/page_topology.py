@@ -68,7 +68,7 @@ def _cell(v: Any) -> Any:
 
 def generic_table(t: TopologyRows, rows: list[dict[str, Any]], cols: list[str], table_id: str) -> Any:
     body = [
-        [html.Span(r.get(c), className="mono") if c == "file" and r.get(c) else _cell(r.get(c)) for c in cols]
+        [html.Td(r.get(c), className="mono") if c == "file" and r.get(c) else _cell(r.get(c)) for c in cols]
         for r in rows
     ]
     return html.Div(table(cols, body, id_=table_id), className="scroll short")
@@ -110,7 +110,7 @@ def connections_chart(rows: list[dict[str, Any]], run: str) -> Any:
             r["transport"] or "-",
             r["host"],
             td_num(r["pid"], str(r["pid"])),
-            html.Span(r["detail"], className="mono"),
+            html.Td(r["detail"], className="mono"),
         ]
         for r in conns
     ]
@@ -126,7 +126,7 @@ def rings_table(rows: list[dict[str, Any]]) -> Any:
         return empty("No ring lines in the logs.")
     body = [
         [
-            html.Span(r["group_key"] or "-", className="mono"),
+            html.Td(r["group_key"] or "-", className="mono"),
             td_num(r["channel"]),
             " → ".join(map(str, r["ranks"] or [])),
             r["host"] or "-",
@@ -140,29 +140,33 @@ def rings_table(rows: list[dict[str, Any]]) -> Any:
 
 
 def trees_table(rows: list[dict[str, Any]]) -> Any:
+    """One row per tree position, its channels together: NCCL prints the same tree on every channel, and a
+    row per line made this table most of the page's components (the dashboard slows with their number)."""
     trees = [r for r in rows if r["kind"] in ("tree", "nvls_tree")]
     if not trees:
         return empty("No tree lines in the logs.")
-    body = []
+    positions: dict[tuple[Any, ...], list[Any]] = {}
     for r in trees:
         ranks = r["ranks"] or []
-        down = [str(x) for x in ranks[:3] if x is not None and x >= 0]
+        down = ", ".join(str(x) for x in ranks[:3] if x is not None and x >= 0) or "-"
         me = ranks[3] if len(ranks) > 3 else None
         up = ranks[4] if len(ranks) > 4 and ranks[4] is not None and ranks[4] >= 0 else None
-        body.append(
-            [
-                html.Span(r["group_key"] or "-", className="mono"),
-                r["kind"],
-                td_num(r["channel"]),
-                td_num(me),
-                "-" if up is None else str(up),
-                ", ".join(down) or "-",
-                r["host"] or "-",
-                html.Span(r["detail"] or "", className="mono"),
-            ]
-        )
+        key = (r["group_key"] or "-", r["kind"], me, "-" if up is None else str(up), down, r["host"] or "-", r["pid"])
+        positions.setdefault(key, []).append(r["channel"])
+    body = [
+        [
+            html.Td(comm, className="mono"),
+            kind,
+            ", ".join("-" if c is None else str(c) for c in channels),
+            td_num(me),
+            up,
+            down,
+            host,
+        ]
+        for (comm, kind, me, up, down, host, _), channels in positions.items()
+    ]
     return html.Div(
-        table(["communicator", "kind", "channel", "rank", "parent", "children", "host", "line"], body, id_="tp-trees"),
+        table(["communicator", "kind", "channels", "rank", "parent", "children", "host"], body, id_="tp-trees"),
         className="scroll",
     )
 
@@ -174,10 +178,10 @@ def other_lines(rows: list[dict[str, Any]]) -> Any:
     body = [
         [
             r["kind"],
-            html.Span(r["group_key"] or "-", className="mono"),
+            html.Td(r["group_key"] or "-", className="mono"),
             r["host"] or "-",
             _cell(r["pid"]),
-            html.Span(r["detail"] or "", className="mono"),
+            html.Td(r["detail"] or "", className="mono"),
         ]
         for r in rest
     ]

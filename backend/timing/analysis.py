@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from .breakdown import Breakdown, rank_spans, step_breakdown
 from .clocks import ClockAlignment, align_clocks
-from .critical_path import CriticalPath, critical_path
+from .critical_path import CriticalPath, critical_paths
 from .instances import InstanceStats, instance_stats
 from .matching import MatchResult, match_instances
 from .model import RankInput
@@ -44,6 +44,5 @@ def analyze(
     mean_step = sum(bd.step_us) / len(bd.step_us) if bd.step_us else None
     strag = find_stragglers(match.instances, stats, mean_step, schemes, rule)
     spans = {r: rank_spans(r, d, match.instances, stats, clocks, schemes) for r, d in ranks.items()}
-    steps = sorted({n for d in ranks.values() for n in d.steps.step})
-    paths = [critical_path(n, ranks, spans, match.instances, stats, clocks) for n in steps]
+    paths = critical_paths(ranks, spans, match.instances, stats, clocks)
     return TimeAnalysis(match, clocks, stats, bd, strag, paths)

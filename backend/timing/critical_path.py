@@ -11,7 +11,8 @@ and per scheme.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .breakdown import CATEGORIES, RankSpans, classify
@@ -41,20 +42,38 @@ class CriticalPath:
     note: str | None = None
 
 
-def critical_path(
-    step: int,
+def critical_paths(
     ranks: Mapping[int, RankInput],
     spans: Mapping[int, RankSpans],
     inst: Instances,
     stats: InstanceStats,
     clocks: ClockAlignment,
-) -> CriticalPath:
-    windows: dict[int, tuple[float, float]] = {}
+) -> list[CriticalPath]:
+    """Every profiled step's path. Step windows and instances are indexed by step once: a scan of the
+    run per step would make the whole quadratic in the number of steps."""
+    windows: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
     for r, data in ranks.items():
         st = data.steps
         for n, s, e in zip(st.step, st.start, st.end, strict=True):
-            if n == step:
-                windows[r] = (clocks.to_reference(r, s), clocks.to_reference(r, e))
+            windows[n][r] = (clocks.to_reference(r, s), clocks.to_reference(r, e))
+    by_step: dict[int | None, list[int]] = defaultdict(list)
+    for k, (n, last) in enumerate(zip(inst.step, stats.last_rank, strict=True)):
+        if last is not None:
+            by_step[n].append(k)
+    return [critical_path(n, windows[n], by_step.get(n, []), spans, inst, stats, clocks) for n in sorted(windows)]
+
+
+def critical_path(
+    step: int,
+    windows: Mapping[int, tuple[float, float]],
+    instances: Sequence[int],
+    spans: Mapping[int, RankSpans],
+    inst: Instances,
+    stats: InstanceStats,
+    clocks: ClockAlignment,
+) -> CriticalPath:
+    """One step's path: `windows` are the ranks' step windows on the reference clock, `instances` the
+    step's instances that have a last arrival, in instance order."""
     if not windows:
         return CriticalPath(step, 0.0, 0.0, note=f"step {step} is on no rank")
     start = min(s for s, _ in windows.values())
@@ -64,9 +83,7 @@ def critical_path(
     if not clocks.trusted:
         path.note = f"no path across ranks: {clocks.reason}"
     ends: dict[int, list[tuple[float, int]]] = {}
-    for k in range(len(inst)):
-        if inst.step[k] != step or stats.last_rank[k] is None:
-            continue
+    for k in instances:
         for r, end_r in zip(inst.member_rank[k], inst.member_end[k], strict=True):
             if end_r is not None:
                 ends.setdefault(r, []).append((clocks.to_reference(r, end_r), k))

@@ -3,7 +3,7 @@ calls measured but not predicted and predicted but missing, and inferences for r
 
 A run's configuration is what the caller supplies, else what is attached to the run (a predictor input, a
 harness run.json or a model description); without one, each scheme says what the measurements support
-(`prediction_sources`: "config", "inferred" or "none"). Calls without a process group are UNATTRIBUTED.
+(each scheme's `prediction_source`: "config", "inferred" or "none"). Calls without a process group are UNATTRIBUTED.
 
 Measured calls count only inside complete iterations (profiler steps for traces, detected periods
 for NCCL logs), so set-up traffic stays out, as the models require (docs/models.md §8.4). Measured
@@ -19,7 +19,7 @@ import duckdb
 
 from commlens import store
 from commlens.contract.analysis import UNATTRIBUTED
-from commlens.contract.compare import Comparison, Inference, OpComparison, SchemeResult
+from commlens.contract.compare import Comparison, Inference, OpComparison, PredictionSource, SchemeResult
 from commlens.contract.model_description import ModelDescription
 from commlens.contract.predict import PredictInput, Prediction, StagePrediction
 from commlens.store.aggregates import ensure_fresh
@@ -31,7 +31,6 @@ from .predict import predict, predict_described, predict_input_from_config
 
 OpKey = tuple[str, str, str | None, int | None]  # scheme, op, dtype, msg_bytes
 Config = PredictInput | ModelDescription
-PredictionSource = Literal["config", "inferred", "none"]
 DESCRIPTION_KEY = "model_description"  # a run's stored config holding an attached model description
 
 
@@ -130,7 +129,10 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: Config | None = No
     exact_buckets = isinstance(config, ModelDescription) or (pred is not None and pred.implementation == "harness")
     by_scheme = _op_comparisons(pred, predicted, _mean_measured(calls, iterations, rank_keys), exact_buckets)
     group_sizes, measured_sizes = _group_sizes(pred), _measured_group_sizes(con, run)
-    schemes = [_scheme_result(scheme, ops, group_sizes, measured_sizes) for scheme, ops in sorted(by_scheme.items())]
+    schemes = [
+        _scheme_result(scheme, ops, group_sizes, measured_sizes, pred is not None)
+        for scheme, ops in sorted(by_scheme.items())
+    ]
     if pred is None:
         notes.append("no configuration: measured volumes only; supply a config for predictions")
     if mode == "none":
@@ -264,9 +266,15 @@ def _status(p: float, m: float, predicted: bool, bucketed: bool) -> Status:
 
 
 def _scheme_result(
-    scheme: str, ops: list[OpComparison], group_sizes: dict[tuple[str, str], int], measured_sizes: dict[str, int]
+    scheme: str,
+    ops: list[OpComparison],
+    group_sizes: dict[tuple[str, str], int],
+    measured_sizes: dict[str, int],
+    predicted: bool,
 ) -> SchemeResult:
-    """A scheme's predicted and measured volumes (S-sums and wire bytes) over its ops."""
+    """A scheme's predicted and measured volumes (S-sums and wire bytes) over its ops, and where its prediction
+    comes from: the configuration where it predicts this scheme, else the inferences where the measurements
+    support any (only without a configuration), else none (measured only: a neutral state, not an error)."""
 
     def volume(attr: str, wire: bool) -> float:
         total = 0.0
@@ -281,6 +289,11 @@ def _scheme_result(
     ub = sum(
         (o.msg_bytes or 0) * o.measured_calls_per_iter for o in ops if o.status == "unexplained" and o.op != "recv"
     )
+    source: PredictionSource = "none"
+    if predicted and pb > 0:
+        source = "config"
+    elif not predicted and infer_scheme(scheme, ops):
+        source = "inferred"
     return SchemeResult(
         scheme=scheme,
         predicted_bytes_per_iter=pb,
@@ -289,32 +302,24 @@ def _scheme_result(
         ratio=((mb - ub) / pb) if pb else None,
         predicted_wire_bytes_per_iter=volume("predicted_calls_per_iter", True),
         measured_wire_bytes_per_iter=volume("measured_calls_per_iter", True),
+        prediction_source=source,
         ops=ops,
     )
 
 
 def infer(schemes: list[SchemeResult]) -> list[Inference]:
     """Quantities the measurements imply, stated as inferences (not facts)."""
-    return [i for s in schemes for i in infer_scheme(s)]
+    return [i for s in schemes for i in infer_scheme(s.scheme, s.ops)]
 
 
 def prediction_sources(c: Comparison) -> dict[str, PredictionSource]:
-    """Per scheme, where its prediction comes from: the run's configuration, what its measurements support
-    (inferred), or nothing (measured only: a neutral state, not an error)."""
-    out: dict[str, PredictionSource] = {}
-    for s in c.schemes:
-        if c.implementation is not None and s.predicted_bytes_per_iter > 0:
-            out[s.scheme] = "config"
-        elif c.implementation is None and infer_scheme(s):
-            out[s.scheme] = "inferred"
-        else:
-            out[s.scheme] = "none"
-    return out
+    """Per scheme, where its prediction comes from (the report's per-scheme `prediction_source`)."""
+    return {s.scheme: s.prediction_source for s in c.schemes}
 
 
-def _sent(s: SchemeResult) -> list[OpComparison]:
+def _sent(ops: list[OpComparison]) -> list[OpComparison]:
     return [
-        o for o in s.ops if o.op != "recv" and o.msg_bytes and o.dtype in DTYPE_BYTES and o.measured_calls_per_iter > 0
+        o for o in ops if o.op != "recv" and o.msg_bytes and o.dtype in DTYPE_BYTES and o.measured_calls_per_iter > 0
     ]
 
 
@@ -330,12 +335,12 @@ def _elements(per_dtype: dict[str, float]) -> str:
     return ", ".join(f"{n:,.0f} {dtype}" for dtype, n in sorted(per_dtype.items()))
 
 
-def infer_scheme(s: SchemeResult) -> list[Inference]:
+def infer_scheme(scheme: str, ops: list[OpComparison]) -> list[Inference]:
     """What one scheme's measured calls imply: DP gradient volume as parameters, DP broadcasts as DDP's buffer
     sync, all-gathers as ZeRO-3/FSDP units (S is the gathered unit, a shard is S / group), TP/PP activations."""
-    sent = _sent(s)
+    sent = _sent(ops)
     out: list[Inference] = []
-    if s.scheme == "dp":
+    if scheme == "dp":
         ar = [o for o in sent if o.op == "all_reduce"]
         if ar:
             grads = _per_dtype(ar)
@@ -369,14 +374,14 @@ def infer_scheme(s: SchemeResult) -> list[Inference]:
                     "rank holds 1/group of every unit",
                 )
             )
-    if s.scheme in ("tp", "pp") and sent:
+    if scheme in ("tp", "pp") and sent:
         top = max(sent, key=lambda o: o.measured_calls_per_iter * (o.msg_bytes or 0))
         elems = (top.msg_bytes or 0) / DTYPE_BYTES[str(top.dtype)]
         out.append(
             Inference(
-                quantity=f"b x s x h (from {s.scheme.upper()} {top.op} messages)",
+                quantity=f"b x s x h (from {scheme.upper()} {top.op} messages)",
                 value=elems,
-                evidence=f"the dominant {s.scheme} {top.op} carries {top.msg_bytes} B of {top.dtype} "
+                evidence=f"the dominant {scheme} {top.op} carries {top.msg_bytes} B of {top.dtype} "
                 f"({top.measured_calls_per_iter:g} per iteration per rank); divide by t with sequence parallelism",
             )
         )

@@ -5,18 +5,28 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+if TYPE_CHECKING:
+    from commlens.contract.model_description import ModelDescription
+    from commlens.contract.predict import PredictInput
+
 console = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
 
 # Options whose values are paths are declared once here (a call in a default would run at import anyway).
 DB_OPTION = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store file.")
-CONFIG_OPTION = typer.Option(None, "--config", help="A run.json or predictor-input JSON for runs without one.")
+CONFIG_OPTION = typer.Option(
+    None,
+    "--config",
+    help="A model description (commlens describe-model), run.json or predictor-input JSON, detected by content, "
+    "used instead of the run's own configuration.",
+)
 RUN_JSON_OPTION = typer.Option(None, "--run-json", help="Predict for a harness run.json (or predictor-input JSON).")
 
 
@@ -44,13 +54,53 @@ def report(
         names = run_names(con)
         err.print(f"[red]error:[/red] {escape(f'no run {run!r} in {db}; runs: ' + (', '.join(names) or 'none'))}")
         raise typer.Exit(2)
-    inp = _load_config(config) if config else None
+    inp = _report_config(config) if config else None
     rep = build_report(con, run, inp, time_summary(con, run))
     con.close()
     if fmt == "json":
         sys.stdout.write(rep.model_dump_json(indent=2) + "\n")
     else:
         sys.stdout.write(render_markdown(rep))
+
+
+# Files that say part of a configuration (the model, or how it is trained), as messages name them
+_PARTIAL = {
+    "hf_config": "a Hugging Face config.json",
+    "deepspeed_config": "a DeepSpeed config",
+    "megatron_args": "Megatron-LM's argument block",
+}
+
+
+def _report_config(path: Path) -> PredictInput | ModelDescription:
+    """A file that says everything a prediction needs, detected by content as `commlens config` detects it; a
+    file that says only part of it (config.json, DeepSpeed, Megatron's arguments) goes through `commlens config`,
+    whose options complete it."""
+    from pydantic import ValidationError
+
+    from commlens.backend.predict import predict_input_from_config
+    from commlens.contract import model_description as md
+    from commlens.service.config import detect
+    from commlens.service.errors import InvalidError
+
+    try:
+        kind, doc = detect(md.ConfigFile(name=str(path), content=path.read_text()))
+        if kind == "model_description":
+            return md.ModelDescription.model_validate(doc)
+        if kind in ("run_json", "predict_input"):
+            return predict_input_from_config(doc)
+        message = (
+            f"{path}: {_PARTIAL[kind]} says only part of a configuration: attach it with "
+            "`commlens config --run RUN FILE... --dp/--tp/--seq-len ...`, then report without --config"
+        )
+    except InvalidError as exc:
+        message = str(exc)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        message = f"{path}: {'.'.join(str(x) for x in e['loc']) or 'document'}: {e['msg']}"
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        message = f"{path}: {exc}"
+    err.print(f"[red]error:[/red] {escape(message)}")
+    raise typer.Exit(2)
 
 
 def _load_config(path: Path):

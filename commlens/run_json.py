@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-RUN_SCHEMA = "commlens.run/1"
+RunSchema = Literal["commlens.run/1"]  # the version a run.json declares; a new layout gets a new literal
+RUN_SCHEMA: RunSchema = "commlens.run/1"
 
 
 class _Strict(BaseModel):
@@ -116,7 +117,7 @@ class DelayConfig(_Strict):
 
 
 class RunConfig(_Strict):
-    schema_: Literal["commlens.run/1"] = Field(RUN_SCHEMA, alias="schema")
+    schema_: RunSchema = Field(RUN_SCHEMA, alias="schema")
     strategy: str
     world_size: int = Field(ge=1)
     model: ModelConfig

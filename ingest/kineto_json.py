@@ -263,7 +263,7 @@ def _decode_key(raw: bytes) -> str:
         return raw.decode("utf-8", "replace")
 
 
-def _skip_value(data: bytes, pos: int, prefix: list[Any], depth0: int, max_depth: int, win: _Window) -> int:
+def _skip_value(data: bytes | bytearray, pos: int, prefix: list[Any], depth0: int, max_depth: int, win: _Window) -> int:
     """End (exclusive) of the JSON value starting at data[pos]; checks nesting depth with its path."""
     c = data[pos : pos + 1]
     if c == b'"':
@@ -393,7 +393,7 @@ class _Scanner:
         except orjson.JSONDecodeError as exc:
             raise self._json_error(exc, self.win.data[pos:end], pos, _path(parts)) from None
 
-    def _json_error(self, exc: orjson.JSONDecodeError, doc: bytes, doc_pos: int, where: str) -> ParseError:
+    def _json_error(self, exc: orjson.JSONDecodeError, doc: bytes | bytearray, doc_pos: int, where: str) -> ParseError:
         """A ParseError at the absolute place of an orjson error in `doc`, which starts at data[doc_pos]."""
         bpos = len(doc.decode("utf-8", "replace")[: exc.pos].encode("utf-8"))
         loc = self.win.loc(doc_pos + min(bpos, len(doc)))
@@ -488,7 +488,7 @@ class _Scanner:
             self.result.events_total = self.index
         return self.pos + 1  # after ']'
 
-    def _element(self, value: Any, where_pos: int, raw: bytes | memoryview | None = None) -> None:
+    def _element(self, value: Any, where_pos: int, raw: bytes | bytearray | None = None) -> None:
         """Handle one parsed element of traceEvents (`raw`: its text, when at hand)."""
         if not isinstance(value, dict):
             idx = "?" if self.index is None else self.index
@@ -617,7 +617,7 @@ class _Scanner:
                 count -= 1
         return False
 
-    def _event_start(self, data: bytes, p: int, lower: int) -> int | None:
+    def _event_start(self, data: bytes | bytearray, p: int, lower: int) -> int | None:
         """The '{' that opens the element containing p: the nearest one preceded by ',' or '['."""
         i = p
         while True:
@@ -671,7 +671,7 @@ class _Scanner:
                         value = orjson.loads(raw)
                     except orjson.JSONDecodeError:
                         value = None
-                if not isinstance(value, dict):
+                if s is None or not isinstance(value, dict):
                     action, scan = "fallback", e.end()
                     break
                 self.result.fast_bytes += e.end() - self.pos

@@ -241,6 +241,21 @@ def test_openapi_shapes_come_from_the_contract(client: httpx.Client) -> None:
     assert get_args(SchemeFilter) == (*SCHEMES, UNATTRIBUTED)  # the scheme filter follows the vocabulary
 
 
+def test_one_name_for_unattributed_calls() -> None:
+    """The time contract, the time service and the breakdown name calls without a scheme by the contract's one
+    constant (issue 12): none spells the word itself."""
+    import inspect
+
+    from commlens.backend.timing import breakdown
+    from commlens.contract import analysis
+    from commlens.contract import time as time_contract
+    from commlens.service import time as time_service
+
+    assert time_contract.UNATTRIBUTED is analysis.UNATTRIBUTED == "unattributed"
+    for module in (time_contract, time_service, breakdown):
+        assert '"unattributed"' not in inspect.getsource(module), module.__name__
+
+
 # ----------------------------------------------------------------------- a real gloo run with a straggler
 
 DELAY_MS = 60.0

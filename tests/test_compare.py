@@ -27,7 +27,7 @@ def test_resnet50_ddp_trace_against_a_ddp_prediction(resnet) -> None:
     bcast = sum(o.msg_bytes * o.measured_calls_per_iter for o in dp.ops if o.op == "broadcast")
     assert dp.unexplained_bytes_per_iter == bcast > 0
     assert dp.measured_bytes_per_iter == RESNET50_PARAMS * 4 + bcast
-    assert dp.ratio == 1.0
+    assert dp.ratio == 1.0 and dp.prediction_source == "config"
     measured_ar = [o for o in dp.ops if o.op == "all_reduce" and o.measured_calls_per_iter]
     assert len(measured_ar) == 5 and all(o.status == "bucketed" for o in dp.ops if o.op == "all_reduce")
     # DDP's per-forward BatchNorm buffer broadcasts are real traffic the gradient model does not contain
@@ -42,6 +42,8 @@ def test_without_a_config_only_measurements_and_inferences(resnet) -> None:
     c = compare(resnet, "resnet")
     assert c.config_source == "none" and c.implementation is None
     assert c.schemes[0].predicted_bytes_per_iter == 0 and c.schemes[0].ratio is None
+    # the gradient volume and the buffer broadcasts explain themselves: the API's comparison says so per scheme
+    assert [(s.scheme, s.prediction_source) for s in c.schemes] == [("dp", "inferred")]
     assert any("no configuration" in n for n in c.notes)
 
 
@@ -82,7 +84,7 @@ def test_dlrm_calls_without_groups_are_attributed_by_their_pattern(con, data_dir
     assert not ingest_paths(con, [data_dir / "kineto-param/dlrm_kineto.tar.gz"], "dlrm").failed
     attribute_run(con, "dlrm")
     c = compare(con, "dlrm")
-    assert [s.scheme for s in c.schemes] == ["dp", "other"]
+    assert [(s.scheme, s.prediction_source) for s in c.schemes] == [("dp", "inferred"), ("other", "none")]
     dp, other = c.schemes
     assert {o.op for o in dp.ops} == {"all_reduce"} and {o.op for o in other.ops} == {"all_to_all"}
     assert dp.measured_bytes_per_iter == 448 + 907_840 + 1_576_964

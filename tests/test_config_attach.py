@@ -4,6 +4,7 @@ lack, stored as the run's configuration, and refused naming the file and the lin
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -82,10 +83,11 @@ def test_a_description_makes_the_resnet_trace_exact(resnet) -> None:
     assert [(f.name, f.kind) for f in got.files] == [("resnet50.json", "model_description")]
     assert got.summary.startswith(f"torchvision.models:resnet50: 161 parameters ({RESNET50_PARAMS:,} elements)")
     detail = run_detail(resnet, "resnet")
-    assert (detail["strategy"], detail["world_size"]) == ("ddp", 2)
+    assert (detail["strategy"], detail["world_size"], detail["config_kind"]) == ("ddp", 2, "model_description")
     assert predict_input_for_run(resnet, "resnet") is None  # not a transformer input: the comparison reads it
     c = compare(resnet, "resnet")
     assert (c.config_source, c.implementation, c.exact) == ("run", "described:ddp", True)
+    assert [(s.scheme, s.prediction_source) for s in c.schemes] == [("dp", "config")]
     report = json.loads(build_report(resnet, "resnet").model_dump_json())
     assert [(s["scheme"], s["prediction_source"]) for s in report["schemes"]] == [("dp", "config")]
 
@@ -99,6 +101,48 @@ def test_without_configuration_the_trace_explains_itself(resnet) -> None:
     assert inferred["parameters per rank"].value == RESNET50_PARAMS
     assert inferred["buffer elements"].value == 53_120 + 53
     assert "53,120 float32, 53 int64" in inferred["buffer elements"].evidence
+
+
+def test_report_config_reads_a_model_description(resnet, db_path: Path, tmp_path: Path) -> None:
+    """`commlens report --config` detects its file by content as `commlens config` does: a model description
+    makes the ResNet-50 trace exact without attaching anything; a file that says only part of a configuration,
+    or a description with a bad field, is refused naming the file (and the field)."""
+    resnet.close()  # the CLI opens the store itself
+    (tmp_path / "resnet50.json").write_text(json.dumps(resnet50_description(dp=2)))
+    (tmp_path / "config.json").write_text(json.dumps(HF_LLAMA))
+    broken = resnet50_description(dp=2)
+    broken["parameters"][0]["shape"] = "wide"
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    cli = [str(ROOT / ".venv" / "bin" / "commlens"), "report", "--db", str(db_path), "--run", "resnet"]
+
+    def report(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cli, "--format", "json", "--config", str(tmp_path / name)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+            env={**os.environ, "COLUMNS": "400"},
+        )
+
+    ok = report("resnet50.json")
+    assert ok.returncode == 0, ok.stderr
+    doc = json.loads(ok.stdout)
+    assert (doc["exact"], doc["comparison"]["config_source"], doc["comparison"]["implementation"]) == (
+        True,
+        "supplied",
+        "described:ddp",
+    )
+    assert [(s["scheme"], s["prediction_source"], s["predicted_bytes_per_iter"]) for s in doc["schemes"]] == [
+        ("dp", "config", RESNET50_PARAMS * 4 + 53_120 * 4 + 53 * 8)
+    ]
+    partial = report("config.json")
+    assert (
+        partial.returncode == 2
+        and "config.json: a Hugging Face config.json says only part of a configuration" in partial.stderr
+    )
+    bad = report("broken.json")
+    assert bad.returncode == 2 and "broken.json: parameters.0.shape" in bad.stderr
 
 
 def test_hugging_face_and_deepspeed_combine_with_options(con) -> None:

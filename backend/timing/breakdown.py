@@ -11,7 +11,7 @@ first category that applies, in this precedence:
   idle        nothing runs on the device
 So compute > communication (wait before transfer) > memcpy > idle, as in DESIGN's rule; the six
 categories sum to the step's duration. Communication time is split per scheme by the call covering it
-(the earliest-started call when several do; "unattributed" when no call does, e.g. a kernel the ingest
+(the earliest-started call when several do; UNATTRIBUTED when no call does, e.g. a kernel the ingest
 skipped, or the group has no scheme).
 """
 
@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from commlens.contract.analysis import UNATTRIBUTED
+
 from .clocks import ClockAlignment
 from .instances import InstanceStats
 from .matching import WORLD, Instances
 from .model import COMM, COMPUTE, EPS, MEMORY_KINDS, Calls, Intervals, RankInput
 
 CATEGORIES = ("compute", "overlapped", "wait", "exposed", "memcpy", "idle")
-UNATTRIBUTED = "unattributed"
 Spans = list[tuple[float, float]]
 
 

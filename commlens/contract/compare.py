@@ -9,6 +9,10 @@ from pydantic import BaseModel
 from .analysis import ComparisonInput, SchemeComparison
 from .predict import ParamCheck
 
+# Where a scheme's prediction comes from: the run's configuration, what its measurements support (the comparison's
+# inferences), or nothing (measured only: a neutral state, not an error)
+PredictionSource = Literal["config", "inferred", "none"]
+
 
 class OpComparison(BaseModel):
     scheme: str
@@ -31,6 +35,7 @@ class SchemeResult(BaseModel):
     ratio: float | None  # (measured - unexplained) / predicted
     predicted_wire_bytes_per_iter: float
     measured_wire_bytes_per_iter: float
+    prediction_source: PredictionSource
     ops: list[OpComparison]
 
 

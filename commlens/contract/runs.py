@@ -48,7 +48,7 @@ class RunSummary(BaseModel):
     tags: list[str]
     strategy: str | None
     world_size: int | None
-    config_kind: Literal["run_config", "predict_input", "other"] | None
+    config_kind: Literal["run_config", "predict_input", "model_description", "other"] | None
     sources: SourceCounts
     events: int
     jobs_active: int

@@ -11,13 +11,12 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from .analysis import UNATTRIBUTED as UNATTRIBUTED  # the time models name calls without a scheme as everywhere
 from .common import Page
 
 # The breakdown's categories in precedence order: each microsecond of a step goes to the first that applies.
 TimeCategory = Literal["compute", "overlapped", "wait", "exposed", "memcpy", "idle"]
 TIME_CATEGORIES: tuple[str, ...] = ("compute", "overlapped", "wait", "exposed", "memcpy", "idle")
-# The scheme of communication no call or no attributed group covers.
-UNATTRIBUTED = "unattributed"
 
 
 # ---------------------------------------------------------------------------------- status
@@ -67,7 +66,7 @@ class ClockOffsets(BaseModel):
 class SchemeTime(BaseModel):
     """Communication of one scheme in one rank's step, split by the breakdown's precedence."""
 
-    scheme: str  # dp, tp, ... or "unattributed"
+    scheme: str  # dp, tp, ... or UNATTRIBUTED
     overlapped_us: float
     wait_us: float
     exposed_us: float

@@ -13,6 +13,7 @@ from typing import Any
 import duckdb
 from pydantic import ValidationError
 
+from commlens.backend.compare import DESCRIPTION_KEY
 from commlens.backend.iterations import run_id_of
 from commlens.backend.predict import config_kind as kind_of_config
 from commlens.backend.predict import predict_input_from_config
@@ -61,9 +62,12 @@ def validate_config(config: dict[str, Any]) -> tuple[str, dict[str, Any], str | 
 
 
 def config_kind(config: dict[str, Any] | None) -> str | None:
-    """run_config, predict_input, other, or None without a config."""
+    """run_config, predict_input, model_description (attached by `commlens config`), other, or None without a
+    config."""
     if config is None:
         return None
+    if DESCRIPTION_KEY in config:
+        return "model_description"
     if kind_of_config(config) == "run_config":
         return "run_config"
     try:

@@ -14,6 +14,7 @@ from typing import Any
 import duckdb
 
 from commlens.backend.iterations import run_id_of
+from commlens.contract.analysis import UNATTRIBUTED
 from commlens.contract.time import (
     BreakdownReport,
     ClockOffsets,
@@ -40,7 +41,6 @@ from commlens.contract.time import (
 )
 
 Con = duckdb.DuckDBPyConnection
-_UNATTRIBUTED = "unattributed"
 
 
 def _rows(con: Con, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
@@ -116,7 +116,7 @@ def _verdicts(con: Con, run_id: int) -> tuple[list[Straggler], list[GroupVerdict
         """SELECT group_key, coalesce(scheme, ?), straggler, rank, candidate_rank, arrived_last_share,
                   steps_mostly_last, steps, imposed_us_per_step, instances, reason
            FROM time_stragglers WHERE run_id = ? ORDER BY group_key""",
-        [_UNATTRIBUTED, run_id],
+        [UNATTRIBUTED, run_id],
     )
     named: list[Straggler] = []
     groups: list[GroupVerdict] = []
@@ -276,7 +276,7 @@ def instances(
         f"""SELECT instance_id, group_key, coalesce(scheme, ?), match_key, keyed_by, op, dtype, msg_bytes, step,
                    skew_us, last_rank, first_arrival_ref_us, last_arrival_ref_us, real_us, algbw_gbps, busbw_gbps
             FROM time_instances i WHERE {where} ORDER BY instance_id LIMIT ? OFFSET ?""",
-        [_UNATTRIBUTED, *params, limit, offset],
+        [UNATTRIBUTED, *params, limit, offset],
     )
     members: dict[int, list[InstanceMember]] = defaultdict(list)
     if rows:
@@ -362,7 +362,7 @@ def stragglers(con: Con, run: str) -> StragglerReport:
             """SELECT group_key, coalesce(scheme, ?), rank, instances, arrived_last, imposed_us, wait_us, steps,
                       steps_mostly_last
                FROM time_arrivals WHERE run_id = ? ORDER BY group_key, rank""",
-            [_UNATTRIBUTED, run_id],
+            [UNATTRIBUTED, run_id],
         )
     ]
     return StragglerReport(run=run, stragglers=named, groups=groups, ranks=ranks)

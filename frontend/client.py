@@ -28,6 +28,7 @@ from commlens.contract.compare import Comparison, RunsComparison
 from commlens.contract.hang import HangReport, RankSourcesReport
 from commlens.contract.jobs import JobOut
 from commlens.contract.model_description import AttachedConfig, ConfigUpload
+from commlens.contract.pairs import PairsReport
 from commlens.contract.predict import PredictInput, Prediction
 from commlens.contract.review import Anchor, ReviewCreate, ReviewItem, ReviewUpdate
 from commlens.contract.runs import RunCreate, RunDetail, RunSummary, RunUpdate, SourceOut
@@ -194,6 +195,10 @@ class ApiClient:
 
     def ranks(self, run: str) -> RankTotals:
         return self._get(f"/runs/{_seg(run)}/ranks", RankTotals)
+
+    def pairs(self, run: str, group: str | None = None, step: int | None = None) -> PairsReport:
+        """Sender x receiver bytes of the run's all_to_all calls per group, over the run or one step."""
+        return self._get(f"/runs/{_seg(run)}/pairs", PairsReport, group=group, step=step)
 
     def report(self, run: str, fmt: str = "json") -> str:
         """The run's report as `commlens report` prints it: JSON or Markdown text."""

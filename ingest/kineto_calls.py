@@ -301,6 +301,7 @@ class CallFacts:
     group: dict[str, Any] | None  # process_groups row of the group the call names
     notes: tuple[str, ...] = ()  # warnings
     tally: Counter[str] = field(default_factory=Counter)  # which metadata generation sized it
+    peer_bytes: tuple[int, ...] | None = None  # all_to_all: bytes sent to each group rank, when recorded
 
 
 def call_row(call: Call, ctx: TraceContext, result: ParseResult, gen: Counter[str]) -> dict[str, Any] | None:
@@ -314,6 +315,12 @@ def call_row(call: Call, ctx: TraceContext, result: ParseResult, gen: Counter[st
     if facts.group is not None:
         result.groups.append(facts.group)
     gen.update(facts.tally)
+    if facts.peer_bytes is not None:
+        # the caller numbers its rows in order (seq = the row's index among the file's calls) on result.rank
+        seq = len(result.events)
+        result.a2a_pairs += [
+            {"rank": result.rank, "seq": seq, "peer": peer, "bytes": n} for peer, n in enumerate(facts.peer_bytes)
+        ]
     return facts.row
 
 
@@ -370,7 +377,39 @@ def describe_call(call: Call, ctx: TraceContext) -> CallFacts | None:
             "origin": "event",
             "mesh_dim": group.mesh_dim,
         }
-    return CallFacts(row, group_row, notes, tally)
+    peer_bytes = _peer_bytes(call, size, gsize) if op == "all_to_all" else None
+    return CallFacts(row, group_row, notes, tally, peer_bytes)
+
+
+def _peer_bytes(call: Call, size: Sizes, gsize: int | None) -> tuple[int, ...] | None:
+    """Bytes an all_to_all sends to each group rank, from its input split list (rows per peer): the
+    metadata's `In split size`, else the c10d `alltoall_base_` argument 4 (Concrete Inputs); an empty
+    list is an even split. None when no split list is recorded or it does not fit the input's size."""
+    es = DTYPE_BYTES.get(size.dtype) if size.dtype else None
+    if size.elems_in is None or es is None:
+        return None
+    splits = _input_splits(call)
+    if splits == [] and gsize:
+        splits = [1] * gsize
+    if not splits or (gsize and len(splits) != gsize):
+        return None
+    rows = sum(splits)
+    if rows == 0:
+        return tuple(0 for _ in splits) if size.elems_in == 0 else None
+    if size.elems_in % rows:
+        return None
+    return tuple(n * (size.elems_in // rows) * es for n in splits)
+
+
+def _input_splits(call: Call) -> list[int] | None:
+    for args in [ev.args for ev in call.members if ev.name == "record_param_comms"] + [k.args for k in call.kernels]:
+        if has(args, "in_splits"):
+            return parse_ranks(meta(args, "in_splits"))
+    for ev in call.members:
+        conc = ev.args.get("Concrete Inputs")
+        if ev.name.rsplit("::", 1)[-1] == "alltoall_base_" and isinstance(conc, list) and len(conc) > 4:
+            return parse_ranks(conc[4])
+    return None
 
 
 def _metadata(call: Call, op: str, ctx: TraceContext) -> tuple[list[tuple[str, Sizes]], GroupInfo, Counter[str]]:

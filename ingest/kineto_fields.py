@@ -27,6 +27,7 @@ Field = Literal[
     "rank",
     "src_rank",
     "dst_rank",
+    "in_splits",
 ]
 
 
@@ -77,6 +78,12 @@ GENERATIONS: tuple[Generation, ...] = (
             "rank": "Rank",
             "src_rank": "Src Rank",
             "dst_rank": "Dst Rank",
+        },
+    ),
+    Generation(
+        "all_to_allv split lists (rows per peer, '[]' for an even split), seen from the Apr 2024 traces on",
+        {
+            "in_splits": "In split size",
         },
     ),
 )

@@ -53,6 +53,9 @@ class ParseResult:
     meta: dict[str, Any] = field(default_factory=dict)
     run_config: dict[str, Any] | None = None  # a validated run.json, when the file is one
     fr_entries: list[dict[str, Any]] = field(default_factory=list)  # Flight Recorder entries (hang.sql)
+    # a2a_pairs rows (pairs.sql): bytes each all_to_all call (rank, seq of its comm_events row) sends to
+    # each member of its group (peer = the member's group rank)
+    a2a_pairs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def n_events(self) -> int:

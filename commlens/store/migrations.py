@@ -2,7 +2,7 @@
 
 The DDL is split by owner: `trace.sql` (ingested rows and the `comms` view), `review.sql` (users, review
 items), `jobs.sql` (the API's ingest jobs), `aggregates.sql` (per-run aggregates), `time.sql` (the time
-analysis's results). A new store gets all
+analysis's results), `pairs.sql` (all-to-all bytes per sender and receiver). A new store gets all
 of them at the current version; an older one is upgraded step by step, each step in one transaction.
 """
 
@@ -18,8 +18,8 @@ from .errors import StoreError
 from .tables import AGG_TABLES, TIME_TABLES
 from .transaction import transaction
 
-SCHEMA_VERSION = 5
-SCHEMA_FILES = ("trace.sql", "review.sql", "jobs.sql", "aggregates.sql", "time.sql", "hang.sql")
+SCHEMA_VERSION = 6
+SCHEMA_FILES = ("trace.sql", "review.sql", "jobs.sql", "aggregates.sql", "time.sql", "hang.sql", "pairs.sql")
 META_SQL = """CREATE TABLE IF NOT EXISTS meta (
     key   VARCHAR PRIMARY KEY,
     value VARCHAR NOT NULL
@@ -63,6 +63,8 @@ _TIME_COLUMNS = (
 #         calls ingested before: their run's next ingest fills them), timeline_intervals and the result
 #         tables of time.sql, empty until each run's next ingest or attribution computes them.
 # 4 -> 5: fr_entries (hang.sql), empty: Flight Recorder dumps ingested from now on fill it.
+# 5 -> 6: a2a_pairs (pairs.sql), empty: traces ingested from now on fill it (a run ingested before shows
+#         no all-to-all matrix until its files are ingested again).
 MIGRATIONS: dict[int, list[str]] = {
     1: _create_tables("aggregates.sql", AGG_TABLES),
     2: ["ALTER TABLE comm_events ADD COLUMN counted BOOLEAN DEFAULT true"],
@@ -72,6 +74,7 @@ MIGRATIONS: dict[int, list[str]] = {
         *_create_tables("time.sql", TIME_TABLES),
     ],
     4: _create_tables("hang.sql", ("fr_entries",)),
+    5: _create_tables("pairs.sql", ("a2a_pairs",)),
 }
 
 

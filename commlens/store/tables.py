@@ -11,6 +11,7 @@ TRACE_TABLES = (
     "nccl_topology",
     "nccl_tuning",
     "fr_entries",  # hang.sql: Flight Recorder entries with their state
+    "a2a_pairs",  # pairs.sql: bytes per (all_to_all call, receiver)
 )
 
 # Every table holding a run's aggregates (each has run_id), in refresh order (aggregates.py).

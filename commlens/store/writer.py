@@ -163,6 +163,7 @@ _COLUMNS: dict[str, dict[str, pa.DataType]] = {
         "timeout_ms": pa.float64(),
         "retired": pa.bool_(),
     },
+    "a2a_pairs": {"rank": pa.int32(), "seq": pa.int64(), "peer": pa.int32(), "bytes": pa.int64()},
     "nccl_tuning": {
         "host": pa.string(),
         "pid": pa.int32(),
@@ -297,6 +298,7 @@ def _write_result(
     _insert_rows(con, "nccl_topology", run_id, source_id, result.topology)
     _insert_rows(con, "nccl_tuning", run_id, source_id, result.tuning)
     _insert_rows(con, "fr_entries", run_id, source_id, result.fr_entries)
+    _insert_rows(con, "a2a_pairs", run_id, source_id, result.a2a_pairs)
     _merge_groups(con, run_id, result.groups)
     if result.run_config is not None:
         set_run_config(con, run_id, result.run_config)

@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from commlens.service.ingest import IngestReport
 
 CONFIG_NAME = ".harness-config.json"  # hidden: `commlens ingest DIR` skips it
-OUTPUT_GLOBS = ("run.json", "trace.rank*.json.gz", "nccl.*.log")
+# In ingestion order: run.json first (it labels the groups), then traces, NCCL logs and the Flight Recorder dumps
+# a --hang run leaves (ingested beside the traces, they show where the job stopped)
+OUTPUT_GLOBS = ("run.json", "trace.rank*.json.gz", "nccl.*.log", "flight_recorder.rank*.json")
 
 
 @dataclass
@@ -80,7 +82,8 @@ def plan_runs(
 
 
 def existing_outputs(out: Path) -> list[Path]:
-    return sorted(p for pattern in OUTPUT_GLOBS for p in out.glob(pattern)) if out.is_dir() else []
+    """The harness's outputs in `out`, in OUTPUT_GLOBS order (each kind sorted by name)."""
+    return [p for pattern in OUTPUT_GLOBS for p in sorted(out.glob(pattern))] if out.is_dir() else []
 
 
 def torchrun_command(run: PlannedRun, command: list[str]) -> list[str]:
@@ -138,7 +141,7 @@ def launch(run: PlannedRun, command: list[str], timeout_s: float | None = None) 
 
 
 def output_files(out: Path) -> list[Path]:
-    """The run's files in ingestion order: run.json first (it labels the groups), then traces and logs."""
+    """The run's files in ingestion order: run.json first (it labels the groups), then traces, logs and dumps."""
     return existing_outputs(out)
 
 

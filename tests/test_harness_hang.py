@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from commlens.backend.report import build_report
+from commlens.harness import launch
 from commlens.harness.config import ConfigError, Hang, HarnessConfig, validation_errors
 from commlens.service.hang import hang_report
 from commlens.service.ingest import ingest_paths
@@ -29,6 +30,28 @@ def test_bad_hang_specs_are_refused_by_name() -> None:
         "--hang 2:4: step 4 is not run (steps 0-3)",
     ]
     assert HarnessConfig(**json.loads(HarnessConfig(dp=2, hang=Hang(1, 2)).to_json())).hang == Hang(1, 2)
+
+
+def test_flight_recorder_dumps_are_harness_outputs(tmp_path: Path) -> None:
+    """Dumps a --hang run left are outputs: listed for ingestion after run.json and the traces, seen by the
+    'already holds outputs' check, and deleted by --overwrite."""
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in ("flight_recorder.rank1.json", "flight_recorder.rank0.json", "trace.rank0.json.gz", "run.json"):
+        (out / name).write_text("{}")
+    assert [p.name for p in launch.output_files(out)] == [
+        "run.json",
+        "trace.rank0.json.gz",
+        "flight_recorder.rank0.json",
+        "flight_recorder.rank1.json",
+    ]
+    for name in ("run.json", "trace.rank0.json.gz"):
+        (out / name).unlink()
+    run = launch.PlannedRun(name="run", out=out, cfg=HarnessConfig(dp=2))
+    with pytest.raises(ConfigError, match=r"already holds harness outputs \(flight_recorder.rank0.json, ...\)"):
+        launch.prepare(run, overwrite=False)
+    launch.prepare(run, overwrite=True)
+    assert launch.existing_outputs(out) == [] and (out / launch.CONFIG_NAME).is_file()
 
 
 def test_a_rank_that_never_arrives_is_named(tmp_path: Path) -> None:
@@ -66,6 +89,7 @@ def test_a_rank_that_never_arrives_is_named(tmp_path: Path) -> None:
     assert "ranks [1] never arrived (arrived: [0])" in proc.stderr
     dumps = sorted(p.name for p in out.glob("flight_recorder.rank*.json"))
     assert dumps == ["flight_recorder.rank0.json", "flight_recorder.rank1.json"]
+    assert [p.name for p in launch.output_files(out) if p.name.startswith("flight_recorder.")] == dumps
 
     from commlens import store
 

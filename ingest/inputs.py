@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING, BinaryIO
+from typing import IO, TYPE_CHECKING, BinaryIO, cast
 
 from .records import ParseError
 
@@ -398,12 +398,18 @@ def _iter_zip(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
             yield InputFile(label, info.file_size, lambda s=spooled: _rewound(s))  # type: ignore[misc]
 
 
-def sha256_of(open_raw: Callable[[], BinaryIO]) -> str:
-    h = hashlib.sha256()
-    with open_raw() as f:
-        while chunk := f.read(1 << 20):
+def gzip_content_sha256(open_raw: Callable[[], BinaryIO], name: str, limits: Limits = DEFAULT_LIMITS) -> str | None:
+    """sha256 of a gzip file's decompressed content (within the limits), None for a file that is not gzip.
+    A file's identity is its content: `x.log` and `x.log.gz` are the same file."""
+    with open_raw() as raw:
+        buffered = io.BufferedReader(cast(io.RawIOBase, raw), 1 << 20)  # every opener's stream has readinto
+        if buffered.peek(2)[:2] != GZIP_MAGIC:
+            return None
+        h = hashlib.sha256()
+        content = open_content(buffered, name, limits)
+        while chunk := content.read(1 << 20):
             h.update(chunk)
-    return h.hexdigest()
+        return h.hexdigest()
 
 
 def file_rank_hint(name: str) -> int | None:

@@ -23,13 +23,14 @@ from commlens.backend.attribution import attribute_run
 from commlens.backend.timing.persist import persist_run
 from commlens.ingest import formats
 from commlens.ingest.formats import Trait
-from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, Limits, iter_inputs
+from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, Limits, gzip_content_sha256, iter_inputs
 from commlens.ingest.nccl_link import link_run
 from commlens.ingest.parse_file import ParsedFile, first_line, parse_file
 from commlens.ingest.records import ParseResult, RankHint
 from commlens.service.jobs_split import Job, evidence, split_jobs
 from commlens.store import aggregates
 
+from commlens.store.overlap import same_nccl_process
 log = logging.getLogger("commlens.service.ingest")
 
 CONFLICT_RETRIES = 3
@@ -119,15 +120,24 @@ def _ingest_split(
     """Parse every file, group the parsed ones by job, then store each job as its own run. Files that could
     not be parsed (and skipped ones) are recorded in the first job's run."""
     parsed = {id(item): parse_file(item, hint, limits) for item in items if not item.skip and not item.error}
-    found = [
-        evidence(item.name, p.result)
-        for item in items
-        if (p := parsed.get(id(item))) is not None and p.result is not None
-    ]
+    first_of: dict[str, str] = {}  # content identity -> the first file with it
+    twin: dict[str, str] = {}  # a file -> the earlier file with its content: it goes where that one goes
+    found = []
+    for item in items:
+        p = parsed.get(id(item))
+        if p is None or p.result is None:
+            continue
+        identity = gzip_content_sha256(item.open_raw, item.name, limits) or p.sha256
+        if identity in first_of:
+            twin[item.name] = first_of[identity]
+            continue
+        first_of[identity] = item.name
+        found.append(evidence(item.name, p.result))
     jobs = split_jobs(run, found)
     where = {f.path: job.run for job in jobs for f in job.files}
     report = IngestReport(run, jobs=jobs)
     run_ids: dict[str, int] = {}
+    where.update({name: where[first] for name, first in twin.items() if first in where})
     for job in jobs:
         run_ids[job.run] = store.ensure_run(con, job.run, description=description)
         if replace:
@@ -211,12 +221,25 @@ def _ingest_file(
         error = parsed.error or f"{item.name}: not parsed"
         store.record_failure(con, run_id, item.name, kind, sha, size, error)
         return FileOutcome(item.name, "failed", kind=parsed.kind, error=error, size=size)
-    existing = store.find_source(con, run_id, sha)
+    content_sha = gzip_content_sha256(item.open_raw, item.name, limits)
+    existing = store.find_source(con, run_id, content_sha or sha)
+    if existing is None and content_sha is not None:
+        existing = store.find_source(con, run_id, sha)  # stored before identity was the content
     if existing is not None:
-        error = f"same bytes as {existing[1]}, already ingested"
+        error = f"{_same_what(con, existing[0], size)} as {existing[1]}, already ingested"
         return FileOutcome(item.name, "duplicate", kind=kind, error=error, size=size)
     other = _same_rank_trace(con, run_id, result)
     if other is not None:
+    sha = content_sha or sha
+    process = _same_nccl_process(con, run_id, result)
+    if process is not None:
+        error = (
+            f"{item.name}: NCCL process {process[0]} is already in this run from {process[1]}: the same host, pid, "
+            "communicator, op counts and calls, so they would count twice. "
+            "Ingest it into another run, or delete the run and ingest the files you mean"
+        )
+        store.record_failure(con, run_id, item.name, kind, sha, size, error)
+        return FileOutcome(item.name, "failed", kind=kind, rank=result.rank, error=error, size=size)
         error = (
             f"{item.name}: rank {result.rank} already has a profiler trace in this run ({other}) whose "
             f"{'steps' if result.steps else 'time span'} overlap this one's; its calls would count twice. "
@@ -262,6 +285,32 @@ def _same_rank_trace(con: duckdb.DuckDBPyConnection, run_id: int, result: ParseR
 
 def attribute(con: duckdb.DuckDBPyConnection, run: str) -> str | None:
     """Scheme attribution after new files; a failure leaves the files stored and says so."""
+def _same_what(con: duckdb.DuckDBPyConnection, source_id: int, size: int) -> str:
+    """'same bytes' for a file as stored before, 'same content' for its content in another compression."""
+    row = con.execute("SELECT size_bytes FROM sources WHERE source_id = ?", [source_id]).fetchone()
+    return "same bytes" if row is not None and row[0] == size else "same content (decompressed)"
+
+
+def _same_nccl_process(con: duckdb.DuckDBPyConnection, run_id: int, result: ParseResult) -> tuple[str, str] | None:
+    """(process, path) of an NCCL log already in the run with calls of one of this log's processes: the same
+    "host:pid", communicator pointer, opCount, op and size. One process writes one log, so a second file
+    with its calls is a copy or an overlapping excerpt of it."""
+    logs = [k for k in formats.kinds_with(Trait.NCCL_COMMUNICATORS) if not formats.get(k).has(Trait.SUPERSEDED_BY_LOG)]
+    if result.kind not in logs:
+        return None
+    calls: dict[tuple[str, str], set[tuple[int, str, int | None]]] = {}
+    for e in result.events:
+        process, comm, count = e.get("process"), e.get("comm_ptr"), e.get("op_count")
+        if not process or process.startswith("unknown") or not comm or count is None:
+            continue  # a paste without host and pid names no process
+        calls.setdefault((process, comm), set()).add((count, e["op"], e["msg_bytes"]))
+    for (process, comm), keys in calls.items():
+        path = same_nccl_process(con, run_id, logs, process, comm, keys)
+        if path is not None:
+            return process, path
+    return None
+
+
     try:
         attribute_run(con, run)
     except Exception as exc:  # the files are stored whatever attribution makes of them

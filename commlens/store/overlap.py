@@ -1,5 +1,5 @@
-"""Whether a rank's profiler trace is already in a run: the ingest service refuses a second trace of a rank
-whose calls would count twice."""
+"""Whether a rank's profiler trace, or an NCCL process's log, is already in a run: the ingest service refuses a
+second file whose calls would count twice."""
 
 from __future__ import annotations
 
@@ -32,3 +32,24 @@ def same_rank_trace(
     else:
         return None
     return str(row[0]) if row else None
+
+
+def same_nccl_process(
+    con: duckdb.DuckDBPyConnection,
+    run_id: int,
+    kinds: list[str],
+    process: str,
+    comm_ptr: str,
+    calls: set[tuple[int, str, int | None]],
+) -> str | None:
+    """The path of a source of one of `kinds` in the run with any of `calls` (opCount, op, msg_bytes) of this
+    NCCL process ("host:pid") on this communicator pointer; None if there is none."""
+    counts = [c[0] for c in calls]
+    rows = con.execute(
+        """SELECT DISTINCT e.op_count, e.op, e.msg_bytes, s.path FROM comm_events e
+        JOIN sources s ON s.source_id = e.source_id
+        WHERE e.run_id = ? AND list_contains(?, s.kind) AND e.process = ? AND e.comm_ptr = ?
+        AND e.op_count BETWEEN ? AND ?""",
+        [run_id, kinds, process, comm_ptr, min(counts), max(counts)],
+    ).fetchall()
+    return next((str(r[3]) for r in rows if (r[0], r[1], r[2]) in calls), None)

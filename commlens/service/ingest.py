@@ -29,8 +29,8 @@ from commlens.ingest.parse_file import ParsedFile, first_line, parse_file
 from commlens.ingest.records import ParseResult, RankHint
 from commlens.service.jobs_split import Job, evidence, split_jobs
 from commlens.store import aggregates
-
 from commlens.store.overlap import same_nccl_process
+
 log = logging.getLogger("commlens.service.ingest")
 
 CONFLICT_RETRIES = 3
@@ -135,9 +135,9 @@ def _ingest_split(
         found.append(evidence(item.name, p.result))
     jobs = split_jobs(run, found)
     where = {f.path: job.run for job in jobs for f in job.files}
+    where.update({name: where[first] for name, first in twin.items() if first in where})
     report = IngestReport(run, jobs=jobs)
     run_ids: dict[str, int] = {}
-    where.update({name: where[first] for name, first in twin.items() if first in where})
     for job in jobs:
         run_ids[job.run] = store.ensure_run(con, job.run, description=description)
         if replace:
@@ -228,8 +228,6 @@ def _ingest_file(
     if existing is not None:
         error = f"{_same_what(con, existing[0], size)} as {existing[1]}, already ingested"
         return FileOutcome(item.name, "duplicate", kind=kind, error=error, size=size)
-    other = _same_rank_trace(con, run_id, result)
-    if other is not None:
     sha = content_sha or sha
     process = _same_nccl_process(con, run_id, result)
     if process is not None:
@@ -240,6 +238,8 @@ def _ingest_file(
         )
         store.record_failure(con, run_id, item.name, kind, sha, size, error)
         return FileOutcome(item.name, "failed", kind=kind, rank=result.rank, error=error, size=size)
+    other = _same_rank_trace(con, run_id, result)
+    if other is not None:
         error = (
             f"{item.name}: rank {result.rank} already has a profiler trace in this run ({other}) whose "
             f"{'steps' if result.steps else 'time span'} overlap this one's; its calls would count twice. "
@@ -283,8 +283,6 @@ def _same_rank_trace(con: duckdb.DuckDBPyConnection, run_id: int, result: ParseR
     )
 
 
-def attribute(con: duckdb.DuckDBPyConnection, run: str) -> str | None:
-    """Scheme attribution after new files; a failure leaves the files stored and says so."""
 def _same_what(con: duckdb.DuckDBPyConnection, source_id: int, size: int) -> str:
     """'same bytes' for a file as stored before, 'same content' for its content in another compression."""
     row = con.execute("SELECT size_bytes FROM sources WHERE source_id = ?", [source_id]).fetchone()
@@ -311,6 +309,8 @@ def _same_nccl_process(con: duckdb.DuckDBPyConnection, run_id: int, result: Pars
     return None
 
 
+def attribute(con: duckdb.DuckDBPyConnection, run: str) -> str | None:
+    """Scheme attribution after new files; a failure leaves the files stored and says so."""
     try:
         attribute_run(con, run)
     except Exception as exc:  # the files are stored whatever attribution makes of them

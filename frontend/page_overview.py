@@ -63,6 +63,7 @@ def facts(client: ApiClient, run: str) -> Any:
                 {
                     "run_config": "harness run.json",
                     "predict_input": "predictor input",
+                    "model_description": "model description (commlens describe-model)",
                     "other": "other (not usable for predictions)",
                 }.get(d.config_kind or "", "none"),
             ),
@@ -142,7 +143,8 @@ def volumes_chart(c: Comparison, graph_id: Any = "ov-volumes") -> Any:
     fig = figure("Bytes per iteration per rank, by scheme", "scheme", "bytes per iteration per rank (sum of S)")
     predicted = [s.predicted_bytes_per_iter for s in c.schemes]
     measured = [s.measured_bytes_per_iter for s in c.schemes]
-    unexplained = [s.unexplained_bytes_per_iter for s in c.schemes]
+    # only a scheme the configuration predicts can leave bytes unexplained; measured only is neutral
+    unexplained = [s.unexplained_bytes_per_iter if s.prediction_source == "config" else 0.0 for s in c.schemes]
     if c.config_source != "none":
         fig.add_bar(
             name="predicted",
@@ -160,14 +162,15 @@ def volumes_chart(c: Comparison, graph_id: Any = "ov-volumes") -> Any:
         customdata=[exact_bytes(v) for v in measured],
         hovertemplate="%{x} measured: %{customdata}<extra></extra>",
     )
-    fig.add_bar(
-        name="of which unexplained",
-        x=names,
-        y=unexplained,
-        marker_color="#f0a35e",
-        customdata=[exact_bytes(v) for v in unexplained],
-        hovertemplate="%{x} unexplained: %{customdata}<extra></extra>",
-    )
+    if any(s.prediction_source == "config" for s in c.schemes):
+        fig.add_bar(
+            name="of which unexplained",
+            x=names,
+            y=unexplained,
+            marker_color="#f0a35e",
+            customdata=[exact_bytes(v) for v in unexplained],
+            hovertemplate="%{x} unexplained: %{customdata}<extra></extra>",
+        )
     top = max(predicted + measured + [0.0])
     fig.update_layout(barmode="group", yaxis=byte_axis(top), bargap=0.35 if len(names) > 1 else 0.6)
     cols = ["scheme", "predicted", "measured", "unexplained", "measured / predicted"]

@@ -9,7 +9,8 @@ from typing import Any
 from dash import Dash, Input, Output, State, dcc, html
 from pydantic import ValidationError
 
-from commlens.contract.compare import Comparison, OpComparison
+from commlens.contract.analysis import UNATTRIBUTED
+from commlens.contract.compare import Comparison, OpComparison, PredictionSource, SchemeResult
 from commlens.contract.predict import ParallelSpec, PredictInput, Prediction
 from commlens.vocab import SCHEMES, format_bytes
 
@@ -35,6 +36,13 @@ from .urls import query
 
 FILTERS = {"": "all", "unexplained": "unexplained", "missing": "missing", "mismatch": "more or fewer than predicted"}
 STATUS_CLASS = {"unexplained": "flag", "missing": "bad", "more": "flag", "fewer": "flag"}
+# A scheme's prediction_source as the page labels it (badge text, badge class); measured only is neutral grey
+SOURCE_BADGE: dict[PredictionSource, tuple[str, str]] = {
+    "config": ("predicted from the configuration", "st-ok"),
+    "inferred": ("inferred from the measurements", "st-open"),
+    "none": ("measured only", "sev-info"),
+}
+SCHEME_OPTIONS = (*SCHEMES, UNATTRIBUTED)  # calls without a process group or pattern form a scheme of their own
 IMPLEMENTATIONS = ["paper", "megatron", "deepspeed", "fsdp", "harness"]
 DTYPES = ["bfloat16", "float16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"]
 # What-if fields: (url key, label, section of PredictInput, field, kind)
@@ -160,8 +168,9 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
                             html.Label("Scheme", htmlFor="pv-scheme"),
                             dcc.Dropdown(
                                 id="pv-scheme",
-                                options=[{"label": "all", "value": ""}] + [{"label": s, "value": s} for s in SCHEMES],
-                                value=q.get("scheme", ""),
+                                options=[{"label": "all", "value": ""}]
+                                + [{"label": s, "value": s} for s in SCHEME_OPTIONS],
+                                value=q.get("scheme") if q.get("scheme") in SCHEME_OPTIONS else "",
                                 clearable=False,
                                 searchable=False,
                             ),
@@ -204,7 +213,9 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
     )
 
 
-def op_table(ops: list[OpComparison], table_id: str) -> Any:
+def op_table(ops: list[OpComparison], table_id: str, predicted: bool = True) -> Any:
+    """The scheme's calls against the prediction; a scheme nothing predicts lists them as measured, unflagged
+    (measured only is a neutral state: nothing was expected, so nothing is unexplained)."""
     cols = ["op", "dtype", "S", "predicted calls / iter", "measured calls / iter", "difference", "status"]
     rows = [
         [
@@ -214,11 +225,35 @@ def op_table(ops: list[OpComparison], table_id: str) -> Any:
             td_num(o.predicted_calls_per_iter),
             td_num(o.measured_calls_per_iter),
             td_num(o.difference, f"{o.difference:+,.4g}"),
-            html.Span(o.status, className=f"badge st-{o.status}"),
+            html.Span(o.status, className=f"badge st-{o.status}")
+            if predicted
+            else html.Span("measured", className="badge sev-info"),
         ]
         for o in ops
     ]
-    return table(cols, rows, id_=table_id, row_class=[STATUS_CLASS.get(o.status) for o in ops])
+    flags = [STATUS_CLASS.get(o.status) if predicted else None for o in ops]
+    return table(cols, rows, id_=table_id, row_class=flags)
+
+
+def scheme_head(s: SchemeResult, configured: bool) -> html.H3:
+    """The scheme's volumes and where its prediction comes from; only a configuration's prediction can leave
+    calls unexplained, so only it raises the red count."""
+    text, badge = SOURCE_BADGE[s.prediction_source]
+    if s.prediction_source == "none" and configured:
+        text = "measured only: the configuration predicts nothing for this scheme"
+    flagged = sum(1 for o in s.ops if o.status == "unexplained") if s.prediction_source == "config" else 0
+    volumes = (
+        f"predicted {format_bytes(s.predicted_bytes_per_iter)}, measured "
+        if s.prediction_source == "config"
+        else "measured "
+    )
+    return html.H3(
+        [
+            f"{s.scheme}: {volumes}{format_bytes(s.measured_bytes_per_iter)} per iteration per rank ",
+            html.Span(text, className=f"badge {badge}", id=f"pv-source-{s.scheme}"),
+            html.Span(f" {flagged} unexplained", className="badge st-failed") if flagged else None,
+        ]
+    )
 
 
 def _keep(o: OpComparison, filt: str) -> bool:
@@ -232,9 +267,10 @@ def comparison_view(c: Comparison, scheme: str, filt: str) -> Any:
     if c.config_source == "none":
         parts.append(
             message(
-                "This run has no configuration: every measured call is unexplained. Use the what-if "
-                "form below, or PATCH the run's config through the API.",
-                "warn",
+                "This run has no configuration: measured volumes, with what the measurements support labelled "
+                f"inferred. Attach one (commlens config, or PUT /api/runs/{c.run}/config) for predictions, or use "
+                "the what-if form below.",
+                "info",
             )
         )
     elif c.exact:
@@ -242,22 +278,21 @@ def comparison_view(c: Comparison, scheme: str, filt: str) -> Any:
     for s in c.schemes:
         if scheme and s.scheme != scheme:
             continue
-        ops = [o for o in s.ops if _keep(o, filt)]
-        flagged = sum(1 for o in s.ops if o.status == "unexplained")
-        head = html.H3(
-            [
-                f"{s.scheme}: predicted {format_bytes(s.predicted_bytes_per_iter)}, measured "
-                f"{format_bytes(s.measured_bytes_per_iter)} per iteration per rank",
-                html.Span(f" {flagged} unexplained", className="badge st-failed") if flagged else None,
-            ]
+        predicted = s.prediction_source == "config"
+        ops = [o for o in s.ops if _keep(o, filt)] if predicted or not filt else []
+        body = (
+            op_table(ops, f"pv-ops-{s.scheme}", predicted)
+            if ops
+            else empty("No calls of this scheme match the filter.")
         )
-        body = op_table(ops, f"pv-ops-{s.scheme}") if ops else empty("No calls of this scheme match the filter.")
-        parts.append(html.Div([head, html.Div(body, className="scroll")], className="card"))
+        parts.append(
+            html.Div([scheme_head(s, c.config_source != "none"), html.Div(body, className="scroll")], className="card")
+        )
     if c.inferences:
         parts.append(
             html.Div(
                 [
-                    html.H3("Inferred from the measurements"),
+                    html.H3("Inferred from the measurements (not a prediction: what the calls imply)"),
                     table(
                         ["quantity", "value", "evidence"],
                         [[i.quantity, td_num(i.value), i.evidence] for i in c.inferences],

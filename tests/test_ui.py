@@ -416,6 +416,38 @@ def test_a_bar_of_an_nccl_log_iteration_lists_its_calls(tab: Tab, api: httpx.Cli
     expect(page.locator("#hg-calls-title")).to_contain_text(h["bins"][k]["label"])
 
 
+def test_predicted_page_labels_where_each_scheme_prediction_comes_from(tab: Tab, api: httpx.Client) -> None:
+    """A run without configuration is measured only, in neutral colours: each scheme says where its prediction
+    comes from (the API's prediction_source), no row or bar is flagged unexplained; a configured run's schemes
+    say they are predicted from it. The scheme filter offers calls without a group (unattributed)."""
+    labels = {
+        "config": "predicted from the configuration",
+        "inferred": "inferred from the measurements",
+        "none": "measured only",
+    }
+    page = tab.open("/runs/hta/predicted")
+    comparison = api.get("/runs/hta/comparison").json()
+    assert comparison["config_source"] == "none"
+    assert [(s["scheme"], s["prediction_source"]) for s in comparison["schemes"]] == [("dp", "inferred")]
+    for s in comparison["schemes"]:
+        expect(page.locator(f"#pv-source-{s['scheme']}")).to_have_text(labels[s["prediction_source"]])
+        rows = tab.cells(f"pv-ops-{s['scheme']}", len(s["ops"]))
+        assert [(r[0], int(r[2]), _num(r[4]), r[6]) for r in rows] == [
+            (o["op"], o["msg_bytes"], o["measured_calls_per_iter"], "measured") for o in s["ops"]
+        ]
+    assert page.locator("#pv-content .st-failed, #pv-content tr.flag, #pv-content .msg-warn").count() == 0
+    expect(page.locator("#pv-content .msg-info").first).to_contain_text("This run has no configuration")
+    volumes = {t["name"]: t for t in tab.figure_data("pv-volumes")}
+    assert set(volumes) == {"measured"}  # no orange "of which unexplained" bars
+
+    page = tab.open(f"/runs/{HARNESS_RUN}/predicted?scheme=unattributed")
+    expect(page.locator("#pv-scheme")).to_contain_text("unattributed")
+    page = tab.open(f"/runs/{HARNESS_RUN}/predicted")
+    configured = api.get(f"/runs/{HARNESS_RUN}/comparison").json()
+    assert [s["prediction_source"] for s in configured["schemes"]] == ["config"]
+    expect(page.locator("#pv-source-dp")).to_have_text(labels["config"])
+
+
 def test_predicted_ranks_topology_compare_equal_the_api(tab: Tab, api: httpx.Client) -> None:
     tab.open(f"/runs/{HARNESS_RUN}/predicted")
     comparison = api.get(f"/runs/{HARNESS_RUN}/comparison").json()

@@ -1,5 +1,6 @@
-"""`/runs/{run}/ranks`: bytes or time per rank and scheme as a heatmap with the imbalance marked, and the
-bus bandwidth by message size per op where the traces have measured durations."""
+"""`/runs/{run}/ranks`: bytes or time per rank and scheme as a heatmap with the imbalance marked, the
+bytes each rank's all-to-all calls send to each receiver (sender x receiver, per group, over the run or one
+step), and the bus bandwidth by message size per op where the traces have measured durations."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import plotly.graph_objects as go
 from dash import Dash, Input, Output, State, dcc, html
 
 from commlens.contract.analysis import BandwidthReport, Finding, RankSchemeTotal, RankTotals
+from commlens.contract.pairs import PairMatrix, PairsReport
 from commlens.vocab import format_bytes
 
 from .client import ApiProblem
@@ -35,6 +37,13 @@ UNATTRIBUTED = "unattributed"
 def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> html.Div:
     metric = q.get("metric") if q.get("metric") in METRICS else "bytes"
     basis = q.get("basis") if q.get("basis") in BASES else "per_iteration"
+    pairs_step = q.get("pairs_step") or WHOLE_RUN
+    if not pairs_step.lstrip("-").isdigit():
+        pairs_step = WHOLE_RUN
+    # the URL's step is an option from the start: a dropdown drops a value its options lack
+    step_options = [{"label": "whole run", "value": WHOLE_RUN}]
+    if pairs_step != WHOLE_RUN:
+        step_options.append({"label": f"step {pairs_step}", "value": pairs_step})
     return html.Div(
         [
             dcc.Store(id="rk-run", data=run),
@@ -71,6 +80,24 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
                 className="controls",
             ),
             loading(html.Div(id="rk-content")),
+            html.H2("All-to-all bytes between ranks", id="pairs"),
+            html.Div(
+                html.Div(
+                    [
+                        html.Label("Step"),
+                        dcc.Dropdown(
+                            id="rk-pairs-step",
+                            options=step_options,
+                            value=pairs_step,
+                            clearable=False,
+                            style={"width": "220px"},
+                        ),
+                    ],
+                    className="field",
+                ),
+                className="controls",
+            ),
+            loading(html.Div(id="rk-pairs")),
             html.H2("Bandwidth by message size", id="bandwidth"),
             loading(html.Div(id="rk-bandwidth")),
         ]
@@ -237,6 +264,59 @@ def imbalance_table(t: RankTotals, findings: list[Finding]) -> Any:
     )
 
 
+WHOLE_RUN = "run"
+
+
+def pairs_view(p: PairsReport) -> Any:
+    """One heatmap per group (sender on y, receiver on x), or the report's reason for none."""
+    if not p.matrices:
+        return empty(f"No all-to-all matrix: {p.reason}.")
+    scope = "the whole run" if p.step is None else f"step {p.step}"
+    blocks: list[Any] = [pairs_heatmap(m, scope, p.run, i) for i, m in enumerate(p.matrices)]
+    return html.Div([*blocks, html.Ul([html.Li(n) for n in p.notes], className="note-list")])
+
+
+def pairs_heatmap(m: PairMatrix, scope: str, run: str, index: int) -> Any:
+    labels = [str(r) for r in m.ranks]
+    text = [[exact_bytes(v) if v is not None else "" for v in row] for row in m.bytes]
+    scheme = m.scheme or UNATTRIBUTED
+    fig = figure(
+        f"All-to-all bytes sent, {m.group_key} ({scheme}), {scope}",
+        "receiver (global rank)",
+        "sender (global rank)",
+        height=min(620, max(320, 140 + 40 * len(labels))),
+    )
+    values = [v for row in m.bytes for v in row if v is not None]
+    colorbar: dict[str, Any] = {"title": {"text": "bytes"}, "tickmode": "array", **byte_axis(max(values, default=0))}
+    fig.add_trace(
+        go.Heatmap(
+            x=labels,
+            y=labels,
+            z=m.bytes,
+            text=text,
+            colorscale="Blues",
+            zmin=0,
+            zmax=max(values, default=0) or 1,  # Plotly ignores zmin without zmax: the scale starts at 0 B
+            hoverongaps=False,
+            colorbar=colorbar,
+            texttemplate="%{text}" if len(labels) <= 16 else None,
+            hovertemplate="rank %{y} sent rank %{x}: %{text}<extra></extra>",
+        )
+    )
+    fig.update_yaxes(type="category", autorange="reversed")
+    fig.update_xaxes(type="category", side="top")
+    cols = ["sender", "receiver", "bytes"]
+    cells = [(s, r, v) for s, row in zip(m.ranks, m.bytes, strict=True) for r, v in zip(m.ranks, row, strict=True)]
+    display = [[s, r, td_num(v, exact_bytes(v) if v is not None else "no trace")] for s, r, v in cells]
+    raw = [[s, r, v] for s, r, v in cells]
+    missing = [s for s, row in zip(m.ranks, m.bytes, strict=True) if row[0] is None]
+    note = (
+        f"{num(m.calls)} all_to_all calls, {exact_bytes(m.total_bytes)} in all; the diagonal is what a rank keeps."
+        + (f" No split-recorded call from rank {', '.join(map(str, missing))} (empty rows)." if missing else "")
+    )
+    return chart_block(f"rk-pairs-{index}", fig, cols, display, raw, f"{run}-a2a-{m.group_key}.csv", note=note)
+
+
 def bandwidth_view(b: BandwidthReport) -> Any:
     if not b.bins:
         why = ", ".join(f"{k}: {num(v)}" for k, v in b.excluded.items())
@@ -355,15 +435,17 @@ def register(app: Dash, cfg: UiConfig) -> None:
         Output("rendered", "data", allow_duplicate=True),
         Input("rk-metric", "value"),
         Input("rk-basis", "value"),
+        Input("rk-pairs-step", "value"),
         State("rk-focus", "data"),
         State("rendered", "data"),
         prevent_initial_call=True,
     )
-    def sync(metric: str, basis: str, focus: dict, rendered: dict | None) -> Any:
+    def sync(metric: str, basis: str, pairs_step: str, focus: dict[str, Any], rendered: dict[str, str] | None) -> Any:
         search = query(
             {
                 "metric": None if metric == "bytes" else metric,
                 "basis": None if basis == "per_iteration" else basis,
+                "pairs_step": None if pairs_step == WHOLE_RUN else pairs_step,
                 **(focus or {}),
             }
         )
@@ -378,7 +460,7 @@ def register(app: Dash, cfg: UiConfig) -> None:
         State("token", "data"),
     )
     @guarded()
-    def show(metric: str, basis: str, focus: dict, run: str, token: str | None) -> Any:
+    def show(metric: str, basis: str, focus: dict[str, Any], run: str, token: str | None) -> Any:
         client = cfg.client(token)
         totals = client.ranks(run)
         try:
@@ -386,6 +468,20 @@ def register(app: Dash, cfg: UiConfig) -> None:
         except ApiProblem:
             findings = []  # the heatmap stands without the flags
         return heatmap(totals, metric, basis, findings, focus or {})
+
+    @app.callback(
+        Output("rk-pairs", "children"),
+        Output("rk-pairs-step", "options"),
+        Input("rk-pairs-step", "value"),
+        State("rk-run", "data"),
+        State("token", "data"),
+    )
+    @guarded(outputs=2)
+    def pairs(step: str, run: str, token: str | None) -> Any:
+        report = cfg.client(token).pairs(run, step=None if step == WHOLE_RUN else int(step))
+        options = [{"label": "whole run", "value": WHOLE_RUN}]
+        options += [{"label": f"step {s}", "value": str(s)} for s in report.steps]
+        return pairs_view(report), options
 
     @app.callback(Output("rk-bandwidth", "children"), Input("rk-run", "data"), State("token", "data"))
     @guarded()

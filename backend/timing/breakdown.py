@@ -29,6 +29,7 @@ from .clocks import ClockAlignment
 from .instances import InstanceStats
 from .matching import WORLD, Instances
 from .model import COMM, COMPUTE, EPS, MEMORY_KINDS, Calls, Intervals, RankInput
+from .segments import classify_windows, memory_busy
 
 CATEGORIES = ("compute", "overlapped", "wait", "exposed", "memcpy", "idle")
 Spans = list[tuple[float, float]]
@@ -45,17 +46,8 @@ class RankSpans:
     calls: list[tuple[float, float, str]]  # (start, end, scheme)
     _index: dict[str, _SpanIndex] = field(default_factory=dict, repr=False)
 
-    def window(self, name: str, t0: float, t1: float) -> npt.NDArray[np.float64]:
-        """The spans of `name` (compute, comm, memory, wait) meeting [t0, t1], clipped to it, as rows
-        (start, end)."""
-        return self._index_of(name).clip(t0, t1)[0]
-
-    def calls_in(self, t0: float, t1: float) -> list[tuple[float, float, str]]:
-        """The calls meeting [t0, t1], clipped to it, earliest (clipped) start first."""
-        rows, idx = self._index_of("calls").clip(t0, t1)
-        return sorted((s, e, self.calls[i][2]) for (s, e), i in zip(rows.tolist(), idx.tolist(), strict=True))
-
-    def _index_of(self, name: str) -> _SpanIndex:
+    def index_of(self, name: str) -> _SpanIndex:
+        """The index of `name`'s spans (compute, comm, memory, wait, calls), built on first use."""
         if name not in self._index:
             rows = [(a, e) for a, e, _ in self.calls] if name == "calls" else getattr(self, name)
             self._index[name] = _SpanIndex(rows)
@@ -72,14 +64,6 @@ class _SpanIndex:
         self.start = arr[self.order, 0]
         self.end = arr[self.order, 1]
         self.reach = np.maximum.accumulate(self.end) if len(self.end) else self.end
-
-    def clip(self, t0: float, t1: float) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.intp]]:
-        """The clipped rows meeting [t0, t1] and their positions in the spans given."""
-        lo = int(np.searchsorted(self.reach, t0, side="right"))
-        hi = int(np.searchsorted(self.start, t1, side="left"))
-        s, e = self.start[lo:hi], self.end[lo:hi]
-        keep = e > t0
-        return np.column_stack((np.maximum(s[keep], t0), np.minimum(e[keep], t1))), self.order[lo:hi][keep]
 
 
 @dataclass
@@ -151,38 +135,7 @@ def _cover(bounds: npt.NDArray[np.float64], spans: npt.NDArray[np.float64] | Spa
 
 def classify(spans: RankSpans, t0: float, t1: float) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """Microseconds per category in [t0, t1] (rank clock), and per scheme: overlapped/wait/exposed."""
-    parts = {n: spans.window(n, t0, t1) for n in ("compute", "comm", "memory", "wait")}
-    calls = spans.calls_in(t0, t1)
-    call_pts = np.asarray([x for s, e, _ in calls for x in (s, e)], dtype=np.float64)
-    bounds = np.unique(np.concatenate([np.asarray([t0, t1]), *(p.ravel() for p in parts.values()), call_pts]))
-    width = np.diff(bounds)
-    comp, comm = _cover(bounds, parts["compute"]), _cover(bounds, parts["comm"])
-    mem, wait = _cover(bounds, parts["memory"]), _cover(bounds, parts["wait"])
-    cats = {
-        "compute": comp & ~comm,
-        "overlapped": comp & comm,
-        "wait": ~comp & comm & wait,
-        "exposed": ~comp & comm & ~wait,
-        "memcpy": ~comp & ~comm & mem,
-    }
-    totals = {name: float(width[mask].sum()) for name, mask in cats.items()}
-    totals["idle"] = max(0.0, (t1 - t0) - sum(totals.values()))
-    owner = np.full(len(width), -1, dtype=np.int64)
-    names: list[str] = []
-    for s, e, sc in calls:  # earliest-started call first: it keeps the segments it covers
-        if sc not in names:
-            names.append(sc)
-        i0, i1 = int(np.searchsorted(bounds, s)), int(np.searchsorted(bounds, e))
-        seg = owner[i0:i1]
-        seg[seg < 0] = names.index(sc)
-    per_scheme: dict[str, dict[str, float]] = {}
-    for cat in ("overlapped", "wait", "exposed"):
-        mask = cats[cat]
-        for code, sc in [*enumerate(names), (-1, UNATTRIBUTED)]:
-            us = float(width[mask & (owner == code)].sum())
-            if us > 0:
-                per_scheme.setdefault(sc, {"overlapped": 0.0, "wait": 0.0, "exposed": 0.0})[cat] += us
-    return totals, per_scheme
+    return classify_windows(spans, np.asarray([t0]), np.asarray([t1]))[0]
 
 
 def step_breakdown(
@@ -204,9 +157,13 @@ def step_breakdown(
         if not data.has_device:
             out.notes.append(f"rank {rank}: no device activity: compute is CPU ops, communication the calls' CPU time")
         spans = rank_spans(rank, data, inst, stats, clocks, schemes)
-        copies = _copies(data.intervals)
-        for n, t0, t1 in zip(st.step, st.start, st.end, strict=True):
-            totals, per_scheme = classify(spans, t0, t1)
+        t0s = np.asarray(st.start, dtype=np.float64)
+        t1s = np.asarray(st.end, dtype=np.float64)
+        htod, dtoh = _moved(_copies(data.intervals), t0s, t1s)
+        busy = memory_busy(spans, t0s, t1s).tolist()
+        classes = classify_windows(spans, t0s, t1s)
+        for j, (n, t0, t1) in enumerate(zip(st.step, st.start, st.end, strict=True)):
+            totals, per_scheme = classes[j]
             out.rank.append(rank)
             out.step.append(n)
             out.step_us.append(t1 - t0)
@@ -216,10 +173,9 @@ def step_breakdown(
             out.exposed_us.append(totals["exposed"])
             out.memcpy_us.append(totals["memcpy"])
             out.idle_us.append(totals["idle"])
-            htod, dtoh, busy = _memcpy_lane(copies, spans, t0, t1)
-            out.htod_bytes.append(htod)
-            out.dtoh_bytes.append(dtoh)
-            out.memcpy_busy_us.append(busy)
+            out.htod_bytes.append(htod[j])
+            out.dtoh_bytes.append(dtoh[j])
+            out.memcpy_busy_us.append(busy[j])
             for sc, v in sorted(per_scheme.items()):
                 out.by_scheme.append((rank, n, sc, v["overlapped"], v["wait"], v["exposed"]))
     return out
@@ -241,17 +197,14 @@ def _copies(iv: Intervals) -> _Copies:
     )
 
 
-def _memcpy_lane(copies: _Copies, spans: RankSpans, t0: float, t1: float) -> tuple[int, int, float]:
-    """Host-to-device and device-to-host bytes of the copies starting in [t0, t1), and the time any
-    memory operation runs there (GB/s per step = bytes / busy time)."""
+def _moved(copies: _Copies, t0s: npt.NDArray[np.float64], t1s: npt.NDArray[np.float64]) -> tuple[list[int], list[int]]:
+    """Per window, host-to-device and device-to-host bytes of the copies starting in [t0, t1) (GB/s per
+    step = bytes / the memory busy time, segments.memory_busy)."""
     start, htod, dtoh = copies
-    lo, hi = np.searchsorted(start, t0, side="left"), np.searchsorted(start, t1, side="left")
-    moved = int(htod[lo:hi].sum()), int(dtoh[lo:hi].sum())
-    mem = spans.window("memory", t0, t1)
-    if not len(mem):
-        return moved[0], moved[1], 0.0
-    bounds = np.unique(mem.ravel())
-    return moved[0], moved[1], float(np.diff(bounds)[_cover(bounds, mem)].sum())
+    lo, hi = np.searchsorted(start, t0s, side="left"), np.searchsorted(start, t1s, side="left")
+    h = np.concatenate([[0], np.cumsum(htod)])
+    d = np.concatenate([[0], np.cumsum(dtoh)])
+    return (h[hi] - h[lo]).tolist(), (d[hi] - d[lo]).tolist()
 
 
 def comm_comp_overlap(iv: Intervals, before: float | None = None) -> float | None:

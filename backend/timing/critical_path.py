@@ -15,11 +15,14 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .breakdown import CATEGORIES, RankSpans, classify
+import numpy as np
+
+from .breakdown import CATEGORIES, RankSpans
 from .clocks import ClockAlignment
 from .instances import InstanceStats
 from .matching import Instances
 from .model import EPS, RankInput
+from .segments import classify_windows
 
 
 @dataclass
@@ -57,22 +60,23 @@ def critical_paths(
         for n, s, e in zip(st.step, st.start, st.end, strict=True):
             windows[n][r] = (clocks.to_reference(r, s), clocks.to_reference(r, e))
     by_step: dict[int | None, list[int]] = defaultdict(list)
-    for k, (n, last) in enumerate(zip(inst.step, stats.last_rank, strict=True)):
+    for k, (step, last) in enumerate(zip(inst.step, stats.last_rank, strict=True)):
         if last is not None:
-            by_step[n].append(k)
-    return [critical_path(n, windows[n], by_step.get(n, []), spans, inst, stats, clocks) for n in sorted(windows)]
+            by_step[step].append(k)
+    paths = [_walk(n, windows[n], by_step.get(n, []), inst, stats, clocks) for n in sorted(windows)]
+    _classify_paths(paths, spans, clocks)
+    return paths
 
 
-def critical_path(
+def _walk(
     step: int,
     windows: Mapping[int, tuple[float, float]],
     instances: Sequence[int],
-    spans: Mapping[int, RankSpans],
     inst: Instances,
     stats: InstanceStats,
     clocks: ClockAlignment,
 ) -> CriticalPath:
-    """One step's path: `windows` are the ranks' step windows on the reference clock, `instances` the
+    """One step's path, unclassified: `windows` are the ranks' step windows on the reference clock, `instances` the
     step's instances that have a last arrival, in instance order."""
     if not windows:
         return CriticalPath(step, 0.0, 0.0, note=f"step {step} is on no rank")
@@ -103,15 +107,12 @@ def critical_path(
         if last >= t - EPS:
             break  # no progress: the data is inconsistent
         rank, t = nxt, last
-    _classify_path(path, spans, clocks)
     return path
 
 
-def _classify_path(path: CriticalPath, spans: Mapping[int, RankSpans], clocks: ClockAlignment) -> None:
-    """Each path segment classified on its rank (in that rank's clock) and summed; consecutive
-    segments on one rank are one window (the walk stays on a rank that keeps arriving last)."""
-    cats = dict.fromkeys(CATEGORIES, 0.0)
-    by_scheme: dict[str, float] = {}
+def _windows(path: CriticalPath, spans: Mapping[int, RankSpans]) -> list[tuple[int, float, float]]:
+    """The path's segments as windows per rank; consecutive segments on one rank are one window (the
+    walk stays on a rank that keeps arriving last)."""
     windows: list[tuple[int, float, float]] = []
     for seg in path.segments:  # latest first: a segment ends where the one before it in the list starts
         if seg.rank not in spans or seg.end <= seg.start:
@@ -120,13 +121,34 @@ def _classify_path(path: CriticalPath, spans: Mapping[int, RankSpans], clocks: C
             windows[-1] = (seg.rank, seg.start, windows[-1][2])
         else:
             windows.append((seg.rank, seg.start, seg.end))
-    for rank, start, end in windows:
-        off = clocks.offsets.get(rank, 0.0)
-        totals, per_scheme = classify(spans[rank], start - off, end - off)
-        for c, v in totals.items():
-            cats[c] += v
-        for sc, parts in per_scheme.items():
-            by_scheme[sc] = by_scheme.get(sc, 0.0) + parts["wait"] + parts["exposed"]
-    path.categories = cats
-    length = path.end - path.start
-    path.exposed_share_by_scheme = {sc: v / length for sc, v in sorted(by_scheme.items())} if length > 0 else {}
+    return windows
+
+
+def _classify_paths(paths: list[CriticalPath], spans: Mapping[int, RankSpans], clocks: ClockAlignment) -> None:
+    """Each path's windows classified on their rank (in that rank's clock), all windows of a rank at
+    once, then summed per path in the path's order."""
+    per_path = [_windows(p, spans) for p in paths]
+    asked: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    where: list[list[tuple[int, int]]] = []
+    for windows in per_path:
+        where.append([])
+        for rank, start, end in windows:
+            off = clocks.offsets.get(rank, 0.0)
+            where[-1].append((rank, len(asked[rank])))
+            asked[rank].append((start - off, end - off))
+    classes = {
+        r: classify_windows(spans[r], np.asarray([a for a, _ in w]), np.asarray([b for _, b in w]))
+        for r, w in asked.items()
+    }
+    for path, places in zip(paths, where, strict=True):
+        cats = dict.fromkeys(CATEGORIES, 0.0)
+        by_scheme: dict[str, float] = {}
+        for rank, i in places:
+            totals, per_scheme = classes[rank][i]
+            for c, v in totals.items():
+                cats[c] += v
+            for sc, parts in per_scheme.items():
+                by_scheme[sc] = by_scheme.get(sc, 0.0) + parts["wait"] + parts["exposed"]
+        path.categories = cats
+        length = path.end - path.start
+        path.exposed_share_by_scheme = {sc: v / length for sc, v in sorted(by_scheme.items())} if length > 0 else {}

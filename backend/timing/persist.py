@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,44 +111,44 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
         """,
         params=[run_id],
     ).to_arrow_table()
-    cols = [c.to_pylist() for c in calls.columns]
     timed = False
-    for r, src, seq, op, dtype, size, gk, gsize, key, step, arr, end in zip(*cols, strict=True):
-        c = rank_of(r).calls
-        c.source_id.append(src)
-        c.seq.append(seq)
-        c.op.append(op)
-        c.dtype.append(dtype)
-        c.msg_bytes.append(size)
-        c.group_key.append(gk)
-        c.group_ranks.append(group_ranks.get(gk) if gk else None)
-        c.group_size.append(gsize)
-        c.match_key.append(key)
-        c.step.append(step)
-        c.arrival.append(arr)
-        c.end.append(end)
-        timed = timed or arr is not None
-    for r, step, ts, dur in con.execute(
+    for r, rows in _by_rank(calls):
+        src, seq, op, dtype, size, gk, gsize, key, step, arr, end = rows
+        ranks[r] = StoredRank(
+            r,
+            False,
+            StoredIntervals(),
+            StoredSteps(),
+            StoredCalls(
+                src,
+                seq,
+                op,
+                dtype,
+                size,
+                gk,
+                [group_ranks.get(g) if g else None for g in gk],
+                gsize,
+                key,
+                step,
+                arr,
+                end,
+            ),
+        )
+        timed = timed or any(a is not None for a in arr)
+    steps = con.sql(
         "SELECT rank, step, ts_us, ts_us + dur_us FROM steps WHERE run_id = ? AND rank IS NOT NULL "
         "AND ts_us IS NOT NULL AND dur_us IS NOT NULL ORDER BY rank, ts_us",
-        [run_id],
-    ).fetchall():
-        st = rank_of(r).steps
-        st.step.append(step)
-        st.start.append(ts)
-        st.end.append(dur)
+        params=[run_id],
+    ).to_arrow_table()
+    for r, (step, ts, end) in _by_rank(steps):
+        rank_of(r).steps = StoredSteps(step, ts, end)
     iv = con.sql(
         "SELECT rank, kind, stream, start_us, end_us, nbytes FROM timeline_intervals "
         "WHERE run_id = ? AND rank IS NOT NULL ORDER BY rank, kind, stream, start_us",
         params=[run_id],
     ).to_arrow_table()
-    for r, kind, stream, s, e, b in zip(*(c.to_pylist() for c in iv.columns), strict=True):
-        x = rank_of(r).intervals
-        x.kind.append(kind)
-        x.stream.append(stream)
-        x.start.append(s)
-        x.end.append(e)
-        x.nbytes.append(b)
+    for r, (kind, stream, s, e, b) in _by_rank(iv):
+        rank_of(r).intervals = StoredIntervals(kind, stream, s, e, b)
     notes: list[str] = []
     for r, has_device, tl_notes in con.execute(
         """
@@ -174,6 +174,19 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
     )
     world = con.execute("SELECT world_size FROM runs WHERE run_id = ?", [run_id]).fetchone()
     return RunInput(ranks, world[0] if world else None, hosts or None, schemes, timed, notes)
+
+
+def _by_rank(table: pa.Table) -> Iterator[tuple[int, list[list[Any]]]]:
+    """The rows of a table sorted by its first column (rank), as that rank's columns (Python lists):
+    one conversion per column, not one per row."""
+    if not table.num_rows:
+        return
+    rank = table.column(0).to_numpy()
+    cut = np.flatnonzero(rank[1:] != rank[:-1]) + 1
+    starts, ends = [0, *cut.tolist()], [*cut.tolist(), table.num_rows]
+    cols = [c.to_pylist() for c in table.columns[1:]]
+    for a, b in zip(starts, ends, strict=True):
+        yield int(rank[a]), [c[a:b] for c in cols]
 
 
 def persist_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:

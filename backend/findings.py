@@ -7,7 +7,8 @@ best, ZeRO-2/3 traffic multiplied by gradient accumulation (the run's config, or
 given a comparison with the prediction, volume above prediction and unexplained calls. Checks on the
 time analysis computed at ingest (the `time_*` tables, docs/time.md): exposed communication per scheme,
 a persistent straggler (by arrival, never by time inside collectives), collectives whose wait dominates
-their duration, and memcpy that no compute overlaps.
+their duration, and memcpy that no compute overlaps. Those read per-rank sums that the ingest service
+stores after the time tables (`store_timing_inputs`), never the run's (rank, step) cells or member rows.
 
 A timing finding states its stability across steps and ranks and is not raised on noise: fewer than
 MIN_STEPS steps (unless a single step shows it on each of MIN_RANKS ranks or more), or a spread across
@@ -20,9 +21,10 @@ steps or a single rank). Each check has a threshold below which it stays silent 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from math import sqrt
-from statistics import fmean, variance
+from math import fsum, sqrt
+from statistics import fmean
 from typing import Any
 
 import duckdb
@@ -37,6 +39,7 @@ from commlens.contract.analysis import (
     RankTotals,
     Severity,
 )
+from commlens.store import transaction
 from commlens.store.aggregates import measured_kind_sql, registered
 from commlens.vocab import format_bytes
 
@@ -103,55 +106,57 @@ def _time_severity(share: float, steps: int, ranks: int) -> Severity | None:
     return sev
 
 
+@dataclass(frozen=True)
+class _Rank:
+    """One rank's (rank, step) cells of a quantity, summarised at ingest (time_finding_cells)."""
+
+    cells: int
+    value_us: float  # the cells' values summed
+    m2: float  # squared deviations from the rank's mean value, summed
+    step_us: float  # the cells' step times summed
+    weak: bool  # some cell is under MIN_TIME_SHARE of its step
+
+
 @dataclass
 class _Cells:
-    """Values per (rank, step) of one quantity, with the steps' times."""
+    """A quantity's values per (rank, step), as per-rank sums: a request reads O(ranks) numbers, not the
+    run's cells. `steps` reads the sorted steps the cells span (only for a finding that is raised)."""
 
-    values: dict[tuple[int, int], float]
-    step_us: dict[tuple[int, int], float]
-
-    def per_step(self) -> dict[int, float]:
-        out: dict[int, list[float]] = {}
-        for (_, s), v in self.values.items():
-            out.setdefault(s, []).append(v)
-        return {s: fmean(v) for s, v in sorted(out.items())}
+    ranks: dict[int, _Rank]
+    n_steps: int
+    steps: Callable[[], list[int]]
 
     def per_rank(self) -> dict[int, float]:
-        out: dict[int, list[float]] = {}
-        for (r, _), v in self.values.items():
-            out.setdefault(r, []).append(v)
-        return {r: fmean(v) for r, v in sorted(out.items())}
+        return {r: x.value_us / x.cells for r, x in sorted(self.ranks.items())}
+
+    def count(self) -> int:
+        return sum(x.cells for x in self.ranks.values())
 
     def mean(self) -> float:
-        return fmean(self.values.values())
+        return fsum(x.value_us for x in self.ranks.values()) / self.count()
 
     def mean_step(self) -> float:
-        return fmean(self.step_us.values())
+        return fsum(x.step_us for x in self.ranks.values()) / self.count()
 
     def spread(self) -> float:
         """The spread across steps within a rank (the root of the ranks' mean variance): ranks differ by
         design (the one waited for waits least), so only each rank's own variation is noise."""
-        by_rank: dict[int, list[float]] = {}
-        for (r, _), v in self.values.items():
-            by_rank.setdefault(r, []).append(v)
-        return sqrt(fmean([variance(v) for v in by_rank.values() if len(v) > 1] or [0.0]))
+        return sqrt(fmean([x.m2 / (x.cells - 1) for x in self.ranks.values() if x.cells > 1] or [0.0]))
 
 
 def _noise(cells: _Cells) -> str | None:
     """Why a timing finding's values are noise; None when they are evidence. Over MIN_STEPS steps or
     more the spread across steps within a rank must be at most NOISE_SPREAD of the effect; a single
     step is evidence only when at least MIN_RANKS ranks each show MIN_TIME_SHARE of their step."""
-    steps, per_rank, mean = cells.per_step(), cells.per_rank(), cells.mean()
-    if len(steps) >= MIN_STEPS:
+    n_steps, per_rank, mean = cells.n_steps, cells.per_rank(), cells.mean()
+    if n_steps >= MIN_STEPS:
         spread = cells.spread()
         if mean <= 0 or spread > NOISE_SPREAD * mean:
             return f"spread across steps {_dur(spread)} against an effect of {_dur(mean)}"
         return None
     if len(per_rank) < MIN_RANKS:
-        return (
-            f"{len(steps)} step(s) on {len(per_rank)} rank(s): consistency needs {MIN_STEPS} steps or {MIN_RANKS} ranks"
-        )
-    weak = sorted(r for (r, s), v in cells.values.items() if v < MIN_TIME_SHARE * cells.step_us[(r, s)])
+        return f"{n_steps} step(s) on {len(per_rank)} rank(s): consistency needs {MIN_STEPS} steps or {MIN_RANKS} ranks"
+    weak = [r for r, x in sorted(cells.ranks.items()) if x.weak]
     return f"one step, and ranks {weak} show under {_pct(MIN_TIME_SHARE)} of it" if weak else None
 
 
@@ -191,11 +196,11 @@ def _shown(key: str, value: float | int | str) -> str:
 
 def _stability(cells: _Cells) -> str:
     """Mean ± the spread across steps within a rank, and the range across ranks."""
-    per_step, per_rank = cells.per_step(), cells.per_rank()
-    if len(per_step) < MIN_STEPS:  # one step: only the ranks say how stable it is
+    per_rank = cells.per_rank()
+    if cells.n_steps < MIN_STEPS:  # one step: only the ranks say how stable it is
         text = f"one profiled step (stability across steps unknown): {_dur(cells.mean())}"
     else:
-        text = f"{_dur(cells.mean())} ± {_dur(cells.spread())} per step over {len(per_step)} steps"
+        text = f"{_dur(cells.mean())} ± {_dur(cells.spread())} per step over {cells.n_steps} steps"
     if len(per_rank) > 1:
         lo, hi = min(per_rank, key=lambda r: (per_rank[r], r)), max(per_rank, key=lambda r: (per_rank[r], -r))
         text += f"; {_dur(per_rank[lo])} (rank {lo}) to {_dur(per_rank[hi])} (rank {hi}) across {len(per_rank)} ranks"
@@ -218,15 +223,23 @@ class _Steps:
         return per_step / 1e3, per_step / self.mean_us if self.mean_us else None
 
 
+# The run's profiled steps: (rank, step) pairs, ranks, the mean of each pair's longest duration.
+_STEPS_SQL = """
+    SELECT count(*), count(DISTINCT rank), avg(d) FROM (
+        SELECT rank, step, max(dur_us) AS d FROM steps WHERE run_id = $run AND rank IS NOT NULL GROUP BY rank, step
+    )"""
+
+
 def _steps(con: duckdb.DuckDBPyConnection, run_id: int) -> _Steps:
-    n, ranks, mean = con.execute(
-        """
-        SELECT count(*), count(DISTINCT rank), avg(d) FROM (
-            SELECT rank, step, max(dur_us) AS d FROM steps WHERE run_id = ? AND rank IS NOT NULL GROUP BY rank, step
-        )
-        """,
-        [run_id],
-    ).fetchall()[0]
+    """The run's steps as stored with its timing inputs, else (a run not analysed since the store's upgrade)
+    from its steps."""
+    rows = (
+        con.execute(
+            "SELECT rank_steps, ranks, mean_step_us FROM time_finding_runs WHERE run_id = ?", [run_id]
+        ).fetchall()
+        or con.execute(_STEPS_SQL, {"run": run_id}).fetchall()
+    )
+    n, ranks, mean = rows[0]
     return _Steps(int(n), int(ranks), mean)
 
 
@@ -592,6 +605,202 @@ def _comparison(comparison: ComparisonInput) -> list[Finding]:
 
 # ------------------------------------------------------------------------------------- time
 
+# ---------------------------------------------------------------------------- timing inputs at ingest
+
+# The cells of each timing finding's quantity, (key, op, rank, step, step_us, v, dur) per (rank, step):
+# the breakdown's cells are every (rank, step) with a step time, a scheme absent from one counting 0 there;
+# the waits' cells are the instance members' waits, against the mean step.
+_WHOLE = """
+    whole AS (
+        SELECT rank, step, step_us, memcpy_us FROM time_breakdown
+        WHERE run_id = $run AND scheme IS NULL AND step_us > 0
+    )"""
+_SCHEME_CELLS = (
+    _WHOLE
+    + """, schemes AS (SELECT DISTINCT scheme FROM time_breakdown WHERE run_id = $run AND scheme IS NOT NULL),
+    cells AS (
+        SELECT s.scheme AS key, '' AS op, w.rank, w.step, w.step_us, coalesce({column}, 0) AS v, NULL::DOUBLE AS dur
+        FROM schemes s CROSS JOIN whole w
+        LEFT JOIN time_breakdown b ON b.run_id = $run AND b.scheme = s.scheme AND b.rank = w.rank AND b.step = w.step
+    )"""
+)
+_CELLS = {
+    "exposed": _SCHEME_CELLS.format(column="b.wait_us + b.exposed_us"),
+    "wait": _SCHEME_CELLS.format(column="b.wait_us"),
+    "memcpy": _WHOLE
+    + """, cells AS (
+        SELECT '' AS key, '' AS op, rank, step, step_us, coalesce(memcpy_us, 0) AS v, NULL::DOUBLE AS dur FROM whole
+    )""",
+    # the wait of every member but the straggler, per group with one
+    "straggler": """
+    cells AS (
+        SELECT i.group_key AS key, '' AS op, m.rank, i.step, $mean::DOUBLE AS step_us, sum(m.wait_us) AS v,
+               NULL::DOUBLE AS dur
+        FROM time_stragglers t
+        JOIN time_instances i ON i.run_id = t.run_id AND i.group_key = t.group_key
+        JOIN time_instance_members m ON m.run_id = i.run_id AND m.instance_id = i.instance_id
+        WHERE t.run_id = $run AND t.straggler AND m.wait_us IS NOT NULL AND m.rank IS DISTINCT FROM t.rank
+        GROUP BY i.group_key, m.rank, i.step
+    )""",
+    "wait_dominated": """
+    cells AS (
+        SELECT coalesce(i.scheme, 'unattributed') AS key, i.op, m.rank, i.step, $mean::DOUBLE AS step_us,
+               sum(m.wait_us) AS v, sum(m.end_ref_us - m.arrival_ref_us) AS dur
+        FROM time_instances i
+        JOIN time_instance_members m ON m.run_id = i.run_id AND m.instance_id = i.instance_id
+        WHERE i.run_id = $run AND m.wait_us IS NOT NULL AND m.end_ref_us IS NOT NULL AND i.step IS NOT NULL
+        GROUP BY ALL
+    )""",
+}
+
+
+def store_timing_inputs(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+    """Summarise the run's time tables into what its timing findings read (time_finding_cells per kind,
+    key and rank; time_finding_keys per kind and key; time_finding_runs: its steps and memcpy totals),
+    replacing the run's rows in one transaction. A findings request then reads O(keys x ranks) rows
+    instead of every (rank, step) cell and member row: call it after every write of the time tables
+    (commlens.backend.timing.persist.persist_run)."""
+
+    def write(c: duckdb.DuckDBPyConnection) -> None:
+        for table in ("time_finding_cells", "time_finding_keys", "time_finding_runs"):
+            c.execute(f"DELETE FROM {table} WHERE run_id = $run", {"run": run_id})
+        c.execute(
+            f"""
+            INSERT INTO time_finding_runs
+            WITH s AS ({_STEPS_SQL}), m AS (
+                SELECT direction, sum(bytes) AS b, sum(busy_us) AS busy FROM time_memcpy WHERE run_id = $run
+                GROUP BY direction
+            )
+            SELECT $run, s.*,
+                   (SELECT b FROM m WHERE direction = 'htod'), (SELECT busy FROM m WHERE direction = 'htod'),
+                   (SELECT b FROM m WHERE direction = 'dtoh'), (SELECT busy FROM m WHERE direction = 'dtoh')
+            FROM s
+            """,
+            {"run": run_id},
+        )
+        mean_step = c.execute(
+            "SELECT avg(step_us) FROM time_breakdown WHERE run_id = ? AND scheme IS NULL AND step_us > 0", [run_id]
+        ).fetchall()[0][0]
+        for kind, cells in _CELLS.items():
+            params = {"run": run_id, "kind": kind, "share": MIN_TIME_SHARE} | (
+                {"mean": mean_step} if "$mean" in cells else {}
+            )
+            c.execute(
+                f"""
+                INSERT INTO time_finding_cells
+                WITH {cells}
+                SELECT $run, $kind, key, op, rank, count(*), fsum(v), coalesce(var_pop(v), 0) * count(*),
+                       fsum(step_us), coalesce(bool_or(v < $share * step_us), false), fsum(dur)
+                FROM cells GROUP BY key, op, rank
+                """,
+                params,
+            )
+            c.execute(
+                f"""
+                INSERT INTO time_finding_keys (run_id, kind, key, op, n_steps, steps)
+                WITH {cells}
+                SELECT $run, $kind, key, op, count(DISTINCT step), list(DISTINCT step ORDER BY step)
+                FROM cells GROUP BY key, op
+                """,
+                {"run": run_id, "kind": kind} | ({"mean": mean_step} if "$mean" in cells else {}),
+            )
+        # the instances each finding links (the largest skews first); the rank that caused most of a
+        # collective's wait by arriving last
+        c.execute(
+            """
+            UPDATE time_finding_keys k SET top_instances = s.ids FROM (
+                SELECT t.group_key, list(i.instance_id ORDER BY i.skew_us DESC NULLS LAST, i.instance_id)[:$top] AS ids
+                FROM time_stragglers t
+                JOIN time_instances i ON i.run_id = t.run_id AND i.group_key = t.group_key AND i.last_rank = t.rank
+                WHERE t.run_id = $run AND t.straggler GROUP BY t.group_key
+            ) s
+            WHERE k.run_id = $run AND k.kind = 'straggler' AND k.key = s.group_key
+            """,
+            {"run": run_id, "top": TOP_INSTANCES},
+        )
+        c.execute(
+            """
+            UPDATE time_finding_keys k
+            SET instances = s.n, top_instances = s.ids, cause_rank = w.last_rank, cause_wait_us = w.w
+            FROM (
+                SELECT coalesce(scheme, 'unattributed') AS key, op, count(*) AS n,
+                       list(instance_id ORDER BY skew_us DESC NULLS LAST, instance_id)[:$top] AS ids
+                FROM time_instances WHERE run_id = $run GROUP BY ALL
+            ) s LEFT JOIN (
+                SELECT key, op, first(last_rank ORDER BY w DESC, last_rank) AS last_rank, max(w) AS w FROM (
+                    SELECT coalesce(i.scheme, 'unattributed') AS key, i.op, i.last_rank, sum(m.wait_us) AS w
+                    FROM time_instances i
+                    JOIN time_instance_members m ON m.run_id = i.run_id AND m.instance_id = i.instance_id
+                    WHERE i.run_id = $run AND m.wait_us IS NOT NULL GROUP BY ALL
+                ) GROUP BY key, op
+            ) w ON w.key = s.key AND w.op = s.op
+            WHERE k.run_id = $run AND k.kind = 'wait_dominated' AND k.key = s.key AND k.op = s.op
+            """,
+            {"run": run_id, "top": TOP_INSTANCES},
+        )
+
+    transaction(con, write)
+
+
+@dataclass(frozen=True)
+class _Key:
+    """One key's row of time_finding_keys besides its steps."""
+
+    n_steps: int
+    instances: int | None
+    top_instances: list[int]
+    cause_rank: int | None
+    cause_wait_us: float | None
+
+
+class _Inputs:
+    """The run's timing-finding inputs, read once per request."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+        self.con, self.run_id = con, run_id
+        self.ranks: dict[tuple[str, str, str], dict[int, _Rank]] = {}
+        self.dur: dict[tuple[str, str, str], float] = {}
+        for kind, key, op, rank, n, value, m2, step, weak, dur in con.execute(
+            """
+            SELECT kind, key, op, rank, cells, value_us, m2_us2, step_us, weak, dur_us
+            FROM time_finding_cells WHERE run_id = ? ORDER BY kind, key, op, rank
+            """,
+            [run_id],
+        ).fetchall():
+            self.ranks.setdefault((kind, key, op), {})[rank] = _Rank(n, value, m2, step or 0.0, weak)
+            self.dur[(kind, key, op)] = self.dur.get((kind, key, op), 0.0) + (dur or 0.0)
+        self.keys = {
+            (kind, key, op): _Key(n, inst, list(top or []), cause, cause_w)
+            for kind, key, op, n, inst, top, cause, cause_w in con.execute(
+                """
+                SELECT kind, key, op, n_steps, instances, top_instances, cause_rank, cause_wait_us
+                FROM time_finding_keys WHERE run_id = ?
+                """,
+                [run_id],
+            ).fetchall()
+        }
+
+    def of(self, kind: str) -> list[tuple[str, str]]:
+        """The (key, op) pairs of a kind, in order."""
+        return sorted({(key, op) for k, key, op in self.ranks if k == kind})
+
+    def cells(self, kind: str, key: str, op: str = "") -> _Cells | None:
+        ranks = self.ranks.get((kind, key, op))
+        if not ranks:
+            return None
+
+        def steps() -> list[int]:
+            return [
+                int(s)
+                for s in self.con.execute(
+                    "SELECT steps FROM time_finding_keys WHERE run_id = ? AND kind = ? AND key = ? AND op = ?",
+                    [self.run_id, kind, key, op],
+                ).fetchall()[0][0]
+            ]
+
+        return _Cells(ranks, self.keys[(kind, key, op)].n_steps, steps)
+
+
 _SUGGEST_EXPOSED = {
     "dp": "Overlap the gradient reduction with the backward: DDP/FSDP buckets that fill earlier (a smaller "
     "first bucket, bucket_cap_mb), no_sync during accumulation, and no host synchronisation (loss.item(), "
@@ -606,35 +815,6 @@ _SUGGEST_EXPOSED = {
 }
 
 
-def _time_cells(con: duckdb.DuckDBPyConnection, run_id: int, column: str) -> list[tuple[Any, ...]]:
-    """(scheme or None, rank, step, step_us, value) for every (rank, step) with a step time; `column` is a
-    breakdown expression; a scheme absent from a (rank, step) counts 0 there."""
-    return con.execute(
-        f"""
-        WITH whole AS (
-            SELECT rank, step, step_us, memcpy_us FROM time_breakdown
-            WHERE run_id = ? AND scheme IS NULL AND step_us > 0
-        ), schemes AS (SELECT DISTINCT scheme FROM time_breakdown WHERE run_id = ? AND scheme IS NOT NULL)
-        SELECT s.scheme, w.rank, w.step, w.step_us, coalesce({column}, 0)
-        FROM schemes s CROSS JOIN whole w
-        LEFT JOIN time_breakdown b ON b.run_id = ? AND b.scheme = s.scheme AND b.rank = w.rank AND b.step = w.step
-        UNION ALL
-        SELECT NULL, rank, step, step_us, coalesce(memcpy_us, 0) FROM whole
-        ORDER BY 1 NULLS FIRST, 2, 3
-        """,
-        [run_id, run_id, run_id],
-    ).fetchall()
-
-
-def _cells_by_scheme(rows: list[tuple[Any, ...]]) -> dict[str | None, _Cells]:
-    out: dict[str | None, _Cells] = {}
-    for scheme, rank, step, step_us, value in rows:
-        c = out.setdefault(scheme, _Cells({}, {}))
-        c.values[(rank, step)] = value
-        c.step_us[(rank, step)] = step_us
-    return out
-
-
 def _timed(
     fid: str,
     title: str,
@@ -645,11 +825,11 @@ def _timed(
     instances: list[int] | None = None,
 ) -> Finding | None:
     """A timing finding from per-(rank, step) costs (µs), or None below the threshold or on noise."""
-    if not cells.values or _noise(cells) is not None:
+    if not cells.ranks or _noise(cells) is not None:
         return None
-    per_step, per_rank = cells.per_step(), cells.per_rank()
+    per_rank = cells.per_rank()
     share = cells.mean() / cells.mean_step()
-    severity = _time_severity(share, len(per_step), len(per_rank))
+    severity = _time_severity(share, cells.n_steps, len(per_rank))
     if severity is None:
         return None
     return Finding(
@@ -664,19 +844,18 @@ def _timed(
         step_share=share,
         stability=_stability(cells),
         instances=instances or [],
-        steps=sorted(per_step),
+        steps=cells.steps(),
         ranks=sorted(per_rank),
     )
 
 
-def _exposed(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
-    total = _cells_by_scheme(_time_cells(con, run_id, "b.wait_us + b.exposed_us"))
-    wait = _cells_by_scheme(_time_cells(con, run_id, "b.wait_us"))
+def _exposed(inputs: _Inputs) -> list[Finding]:
     out = []
-    for scheme, cells in total.items():
-        if scheme is None:
+    for scheme, _ in inputs.of("exposed"):
+        cells, wait = inputs.cells("exposed", scheme), inputs.cells("wait", scheme)
+        if cells is None or wait is None:
             continue
-        waiting = wait[scheme].mean() / cells.mean() if cells.mean() else 0.0
+        waiting = wait.mean() / cells.mean() if cells.mean() else 0.0
         hint = (
             " Most of it is waiting for a late member: see the straggler and wait findings first."
             if waiting >= 0.5
@@ -686,7 +865,7 @@ def _exposed(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
             f"exposed-comm:{scheme}",
             f"{scheme}: {{ms}} of exposed communication per step ({{share}} of the step, no compute running)",
             cells,
-            {"scheme": scheme, "wait_ms_per_step": wait[scheme].mean() / 1e3, "wait_share": waiting},
+            {"scheme": scheme, "wait_ms_per_step": wait.mean() / 1e3, "wait_share": waiting},
             {"page": "time", "scheme": scheme},
             _SUGGEST_EXPOSED.get(scheme, "Overlap these collectives with independent compute.") + hint,
         )
@@ -695,21 +874,18 @@ def _exposed(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
     return out
 
 
-def _memcpy(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
-    cells = _cells_by_scheme(_time_cells(con, run_id, "NULL")).get(None)
+def _memcpy(con: duckdb.DuckDBPyConnection, run_id: int, inputs: _Inputs) -> list[Finding]:
+    cells = inputs.cells("memcpy", "")
     if cells is None:
         return []
-    moved = {
-        d: (b, busy)
-        for d, b, busy in con.execute(
-            "SELECT direction, sum(bytes), sum(busy_us) FROM time_memcpy WHERE run_id = ? GROUP BY direction",
-            [run_id],
-        ).fetchall()
-    }
-    n = len(cells.values)
+    (htod, htod_busy, dtoh, dtoh_busy) = con.execute(
+        "SELECT htod_bytes, htod_busy_us, dtoh_bytes, dtoh_busy_us FROM time_finding_runs WHERE run_id = ?", [run_id]
+    ).fetchall()[0]
+    moved = {"htod": (htod or 0, htod_busy or 0.0), "dtoh": (dtoh or 0, dtoh_busy or 0.0)}
+    n = cells.count()
     evidence: dict[str, float | int | str | None] = {}
     for d in ("htod", "dtoh"):
-        b, busy = moved.get(d, (0, 0.0))
+        b, busy = moved[d]
         evidence[f"{d}_bytes_per_step"] = int(b / n)
         evidence[f"{d}_gbps"] = b / (busy * 1e3) if busy else None
     f = _timed(
@@ -725,7 +901,9 @@ def _memcpy(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
     return [] if f is None else [f]
 
 
-def _stragglers(con: duckdb.DuckDBPyConnection, run_id: int, mean_step_us: float | None) -> list[Finding]:
+def _stragglers(
+    con: duckdb.DuckDBPyConnection, run_id: int, inputs: _Inputs, mean_step_us: float | None
+) -> list[Finding]:
     rows = con.execute(
         """
         SELECT group_key, coalesce(scheme, 'unattributed'), rank, arrived_last_share, steps_mostly_last, steps,
@@ -736,35 +914,12 @@ def _stragglers(con: duckdb.DuckDBPyConnection, run_id: int, mean_step_us: float
     ).fetchall()
     out = []
     for group, scheme, rank, last_share, mostly, n_steps, imposed, n_inst in rows:
-        members = con.execute(
-            """
-            SELECT m.rank, i.step, sum(m.wait_us) FROM time_instances i
-            JOIN time_instance_members m ON m.run_id = i.run_id AND m.instance_id = i.instance_id
-            WHERE i.run_id = ? AND i.group_key = ? AND m.wait_us IS NOT NULL
-            GROUP BY m.rank, i.step
-            """,
-            [run_id, group],
-        ).fetchall()
-        waiting = {(r, s): w for r, s, w in members if r != rank}
-        if not waiting:
+        waited = inputs.cells("straggler", group)
+        if waited is None or _noise(waited) is not None:
             continue
-        waited = _Cells(waiting, dict.fromkeys(waiting, mean_step_us or 0.0))
-        per_step = waited.per_step()
-        if _noise(waited) is not None:
-            continue
-        ids = [
-            int(r[0])
-            for r in con.execute(
-                """
-                SELECT instance_id FROM time_instances WHERE run_id = ? AND group_key = ? AND last_rank = ?
-                ORDER BY skew_us DESC NULLS LAST, instance_id LIMIT ?
-                """,
-                [run_id, group, rank, TOP_INSTANCES],
-            ).fetchall()
-        ]
         share = waited.mean() / mean_step_us if mean_step_us else 0.0
-        ranks = sorted({r for r, _ in waiting} | {rank})
-        severity = _time_severity(share, len(per_step), len(ranks)) or "low"
+        ranks = sorted({*waited.ranks, rank})
+        severity = _time_severity(share, waited.n_steps, len(ranks)) or "low"
         out.append(
             Finding(
                 id=f"straggler:{group}",
@@ -791,77 +946,44 @@ def _stragglers(con: duckdb.DuckDBPyConnection, run_id: int, mean_step_us: float
                 step_share=share,
                 stability=f"caused most of the group's wait in {mostly} of {n_steps} steps; the others wait "
                 + _stability(waited),
-                instances=ids,
-                steps=sorted(per_step),
+                instances=inputs.keys[("straggler", group, "")].top_instances,
+                steps=waited.steps(),
                 ranks=ranks,
             )
         )
     return out
 
 
-def _wait_dominated(con: duckdb.DuckDBPyConnection, run_id: int, mean_step_us: float | None) -> list[Finding]:
+def _wait_dominated(inputs: _Inputs) -> list[Finding]:
     """Collectives (per scheme and op) whose members spend most of their time in them waiting."""
-    rows = con.execute(
-        """
-        SELECT coalesce(i.scheme, 'unattributed'), i.op, m.rank, i.step, sum(m.wait_us),
-               sum(m.end_ref_us - m.arrival_ref_us)
-        FROM time_instances i
-        JOIN time_instance_members m ON m.run_id = i.run_id AND m.instance_id = i.instance_id
-        WHERE i.run_id = ? AND m.wait_us IS NOT NULL AND m.end_ref_us IS NOT NULL AND i.step IS NOT NULL
-        GROUP BY ALL
-        """,
-        [run_id],
-    ).fetchall()
-    groups: dict[tuple[str, str], list[tuple[int, int, float, float]]] = {}
-    for scheme, op, rank, step, wait, dur in rows:
-        groups.setdefault((scheme, op), []).append((rank, step, wait, dur))
     out = []
-    for (scheme, op), cells in sorted(groups.items()):
-        wait, dur = sum(c[2] for c in cells), sum(c[3] for c in cells)
-        if not dur or wait / dur < WAIT_DOMINATES:
+    for scheme, op in inputs.of("wait_dominated"):
+        cells = inputs.cells("wait_dominated", scheme, op)
+        dur = inputs.dur[("wait_dominated", scheme, op)]
+        if cells is None or not dur:
             continue
-        n_instances = con.execute(
-            "SELECT count(*) FROM time_instances WHERE run_id = ? AND coalesce(scheme, 'unattributed') = ? AND op = ?",
-            [run_id, scheme, op],
-        ).fetchall()[0][0]
-        cause = con.execute(
-            """
-            SELECT i.last_rank, sum(m.wait_us) AS w FROM time_instances i
-            JOIN time_instance_members m ON m.run_id = i.run_id AND m.instance_id = i.instance_id
-            WHERE i.run_id = ? AND coalesce(i.scheme, 'unattributed') = ? AND i.op = ? AND m.wait_us IS NOT NULL
-            GROUP BY i.last_rank ORDER BY w DESC, i.last_rank LIMIT 1
-            """,
-            [run_id, scheme, op],
-        ).fetchall()
-        ids = [
-            int(r[0])
-            for r in con.execute(
-                """
-                SELECT instance_id FROM time_instances
-                WHERE run_id = ? AND coalesce(scheme, 'unattributed') = ? AND op = ?
-                ORDER BY skew_us DESC NULLS LAST, instance_id LIMIT ?
-                """,
-                [run_id, scheme, op, TOP_INSTANCES],
-            ).fetchall()
-        ]
+        wait = fsum(x.value_us for x in cells.ranks.values())
+        if wait / dur < WAIT_DOMINATES:
+            continue
+        key = inputs.keys[("wait_dominated", scheme, op)]
         f = _timed(
             f"wait-dominated:{scheme}:{op}",
             f"{scheme} {op}: {{ms}} per step waiting inside the collective ({{share}} of the step), "
             f"{_pct(wait / dur)} of its time",
-            _Cells({(c[0], c[1]): c[2] for c in cells}, {(c[0], c[1]): mean_step_us or 0.0 for c in cells}),
+            cells,
             {
                 "scheme": scheme,
                 "op": op,
                 "wait_share_of_duration": wait / dur,
-                "instances": n_instances,
-                "wait_mostly_caused_by_rank": cause[0][0] if cause else None,
-                "caused_share": cause[0][1] / wait if cause and wait else None,
+                "instances": key.instances,
+                "wait_mostly_caused_by_rank": key.cause_rank,
+                "caused_share": key.cause_wait_us / wait if key.cause_wait_us is not None and wait else None,
             },
             {"page": "time", "scheme": scheme, "op": op},
             "The collective itself is quick; its members wait for the last one to arrive. Find who arrives "
             "last (the straggler finding, the wait heatmap) and what delays it before this call; if no single "
             "rank does, the imbalance is in the work between calls (uneven shards, data loading, host syncs).",
-            ids,
+            key.top_instances,
         )
         if f is not None:
             out.append(f)
@@ -871,12 +993,12 @@ def _wait_dominated(con: duckdb.DuckDBPyConnection, run_id: int, mean_step_us: f
 def _time_findings(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[Finding], bool]:
     """The timing findings and whether the run has the arrival analysis (a straggler verdict per group)."""
     by_arrival = bool(con.execute("SELECT count(*) FROM time_stragglers WHERE run_id = ?", [run_id]).fetchall()[0][0])
-    mean_step = con.execute(
-        "SELECT avg(step_us) FROM time_breakdown WHERE run_id = ? AND scheme IS NULL AND step_us > 0", [run_id]
-    ).fetchall()[0][0]
-    found = _exposed(con, run_id) + _memcpy(con, run_id)
+    inputs = _Inputs(con, run_id)
+    whole = inputs.cells("memcpy", "")  # every (rank, step) with a step time
+    mean_step = whole.mean_step() if whole is not None else None
+    found = _exposed(inputs) + _memcpy(con, run_id, inputs)
     if by_arrival and mean_step:
-        found += _stragglers(con, run_id, mean_step) + _wait_dominated(con, run_id, mean_step)
+        found += _stragglers(con, run_id, inputs, mean_step) + _wait_dominated(inputs)
     return found, by_arrival
 
 

@@ -48,6 +48,7 @@ def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
     """Ingest the real trace (in-process, the same service the API's ingest queue calls) and scale it up."""
     from commlens import store
     from commlens.backend.attribution import attribute_run
+    from commlens.backend.findings import store_timing_inputs
     from commlens.contract.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
     from commlens.service.ingest import ingest_paths
     from commlens.store import aggregates
@@ -131,6 +132,10 @@ def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     time_rows = build_time_rows(con, run_id, src[0])
     time_s = time.perf_counter() - t0
+    # what the ingest service does after the time tables: the timing findings' inputs
+    t0 = time.perf_counter()
+    store_timing_inputs(con, run_id)
+    inputs_s = time.perf_counter() - t0
     calls = con.execute("SELECT count(*) FROM comm_events WHERE run_id = ?", [run_id]).fetchone()[0]
     con.execute("CHECKPOINT")
     con.close()
@@ -143,6 +148,7 @@ def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
         "refresh_s": refresh_s,
         "attribute_s": attribute_s,
         "time_s": time_s,
+        "inputs_s": inputs_s,
         **time_rows,
         "db_mb": db.stat().st_size / 2**20,
     }
@@ -546,7 +552,8 @@ def render(
         f"with a ResNet-50 DDP config attached, so comparison and findings include the prediction. "
         f"Time rows generated beside the calls (`build_time_rows`): {store_info['instances']:,} instances with "
         f"{store_info['members']:,} members, {store_info['breakdown_rows']:,} breakdown rows, in "
-        f"{store_info['time_s']:.1f} s. "
+        f"{store_info['time_s']:.1f} s; the timing findings' inputs stored from them (`store_timing_inputs`, as "
+        f"ingest does) in {store_info['inputs_s']:.1f} s. "
         f"Server: `commlens serve` in its own process, client sequential "
         f"after {args.warmup} warm-up request(s), {args.n} timed requests per endpoint. Target: p50 under 100 ms.",
         "",
@@ -581,7 +588,11 @@ page reads its (rank, step) rows with a filter on rank or step, then the scheme 
 of the page's range; an instances page counts the filtered instances, reads one page and its members
 by the page's instance-id range (a rank filter is a semi-join on the members); the critical path reads
 one step's rows. Here the time rows are generated (`build_time_rows`), with the row counts of a real
-analysis of the scaled run: one instance per call of a rank, one member row per call.
+analysis of the scaled run: one instance per call of a rank, one member row per call. The timing
+findings read no cell or member row per request: after the time tables the ingest service stores their
+inputs (`backend/findings.py` `store_timing_inputs`: per finding kind, key and rank the cells' count,
+sum and squared deviations, per key its steps and linked instances, per run its steps and memcpy
+totals), so a request reads O(keys x ranks) rows.
 
 **How the analyses answer.** Every run has precomputed aggregates (schema 2, `docs/store.md`,
 written by `commlens/store/aggregates.py`): calls per rank key, group, op, dtype, size, iteration membership

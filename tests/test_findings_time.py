@@ -1,7 +1,8 @@
 """Timing findings on real runs: the planted straggler of `commlens harness --delay` (torchrun/gloo, ingested
 by the harness into a store) and the 8-rank DLRM job's exposed communication. A persistent straggler is
 named by arrival with the ms per step its peers wait; a run without delay raises no timing finding, the
-same on every call; each finding links the steps, ranks and instances it rests on."""
+same on every call; each finding links the steps, ranks and instances it rests on; the inputs stored at
+ingest follow a scheme override."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from commlens.backend.findings import findings
 from commlens.contract.analysis import Finding
 from commlens.ingest.inputs import iter_inputs
 from commlens.service.ingest import ingest_run
+from commlens.service.schemes import override_scheme
 
 DELAY_MS = 60.0
 MODEL = [
@@ -157,3 +159,20 @@ def test_dlrm_exposed_communication_with_its_evidence(tmp_path: Path, data_dir: 
     # the all_to_alls) barely shows: a single step counts only where every rank shows it
     assert not [i for i in found if i.startswith(("straggler:", "wait-dominated:"))]
     con.close()
+
+
+@pytest.mark.slow
+def test_an_override_moves_the_timing_findings_with_the_stored_inputs(harness_con) -> None:
+    con = harness_con("dp-delay")
+    (before,) = _stragglers(findings(con, "dp-delay"))
+    group = before.evidence["group"]
+    override_scheme(con, "dp-delay", group, "other", "test: the dp group pinned elsewhere")
+    found = findings(con, "dp-delay")
+    (after,) = _stragglers(found)
+    # the same straggler and waits, now under the pinned scheme; no timing finding names dp any more
+    assert (after.id, after.evidence["rank"], after.evidence["scheme"]) == (f"straggler:{group}", 1, "other")
+    assert after.ms_per_step == pytest.approx(before.ms_per_step) and (after.steps, after.ranks) == (
+        before.steps,
+        before.ranks,
+    )
+    assert not [f.id for f in found if f.evidence.get("scheme") == "dp"]

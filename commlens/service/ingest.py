@@ -20,6 +20,7 @@ import duckdb
 
 from commlens import store
 from commlens.backend.attribution import attribute_run
+from commlens.backend.findings import store_timing_inputs
 from commlens.backend.timing.persist import persist_run
 from commlens.ingest import formats
 from commlens.ingest.formats import Trait
@@ -105,6 +106,7 @@ def _finish(
     if attribute_schemes:
         report.attribution_error = report.attribution_error or attribute(con, run)
     persist_run(con, run_id)
+    store_timing_inputs(con, run_id)
 
 
 def _ingest_split(

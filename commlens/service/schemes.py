@@ -9,6 +9,7 @@ from __future__ import annotations
 import duckdb
 
 from commlens.backend import attribution
+from commlens.backend.findings import store_timing_inputs
 from commlens.backend.iterations import run_id_of
 from commlens.backend.timing.persist import persist_run
 from commlens.contract.analysis import GroupAttribution
@@ -24,7 +25,8 @@ def override_scheme(
 
     def pin(c: duckdb.DuckDBPyConnection) -> GroupAttribution:
         result = attribution.set_override(c, run, group_key, scheme, reason)
-        persist_run(c, run_id_of(c, run))
+        persist_run(c, run_id := run_id_of(c, run))
+        store_timing_inputs(c, run_id)
         return result
 
     return transaction(con, pin, WRITE_ATTEMPTS)
@@ -35,7 +37,8 @@ def clear_scheme_override(con: duckdb.DuckDBPyConnection, run: str, group_key: s
 
     def unpin(c: duckdb.DuckDBPyConnection) -> list[GroupAttribution]:
         result = attribution.clear_override(c, run, group_key)
-        persist_run(c, run_id_of(c, run))
+        persist_run(c, run_id := run_id_of(c, run))
+        store_timing_inputs(c, run_id)
         return result
 
     return transaction(con, unpin, WRITE_ATTEMPTS)

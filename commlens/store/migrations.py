@@ -18,7 +18,7 @@ from .errors import StoreError
 from .tables import AGG_TABLES, TIME_TABLES
 from .transaction import transaction
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 SCHEMA_FILES = ("trace.sql", "review.sql", "jobs.sql", "aggregates.sql", "time.sql", "hang.sql", "pairs.sql")
 META_SQL = """CREATE TABLE IF NOT EXISTS meta (
     key   VARCHAR PRIMARY KEY,
@@ -65,6 +65,8 @@ _TIME_COLUMNS = (
 # 4 -> 5: fr_entries (hang.sql), empty: Flight Recorder dumps ingested from now on fill it.
 # 5 -> 6: a2a_pairs (pairs.sql), empty: traces ingested from now on fill it (a run ingested before shows
 #         no all-to-all matrix until its files are ingested again).
+# 6 -> 7: the timing findings' inputs (time_finding_cells, _keys, _runs in time.sql), empty: a run's timing
+#         findings appear at its next ingest or scheme change, which fills them after its time tables.
 MIGRATIONS: dict[int, list[str]] = {
     1: _create_tables("aggregates.sql", AGG_TABLES),
     2: ["ALTER TABLE comm_events ADD COLUMN counted BOOLEAN DEFAULT true"],
@@ -75,6 +77,7 @@ MIGRATIONS: dict[int, list[str]] = {
     ],
     4: _create_tables("hang.sql", ("fr_entries",)),
     5: _create_tables("pairs.sql", ("a2a_pairs",)),
+    6: _create_tables("time.sql", ("time_finding_cells", "time_finding_keys", "time_finding_runs")),
 }
 
 

@@ -198,3 +198,51 @@ CREATE TABLE IF NOT EXISTS time_critical_schemes (
     exposed_share DOUBLE NOT NULL,
     PRIMARY KEY (run_id, step, scheme)
 );
+
+-- The timing findings' inputs (backend/findings.py store_timing_inputs, written after the tables above):
+-- each finding's quantity per (rank, step) summarised per rank, so a findings request reads O(keys x ranks)
+-- rows. kind: exposed, wait (key = scheme), memcpy (key ''), straggler (key = group_key: the waits of the
+-- others), wait_dominated (key = scheme, with op).
+CREATE TABLE IF NOT EXISTS time_finding_cells (
+    run_id   INTEGER NOT NULL,
+    kind     VARCHAR NOT NULL,
+    key      VARCHAR NOT NULL,
+    op       VARCHAR NOT NULL,  -- '' except for wait_dominated
+    rank     INTEGER NOT NULL,
+    cells    BIGINT NOT NULL,   -- the rank's (rank, step) cells
+    value_us DOUBLE NOT NULL,   -- their values summed
+    m2_us2   DOUBLE NOT NULL,   -- squared deviations of the values from the rank's mean, summed
+    step_us  DOUBLE,            -- the cells' step times summed (the mean step per cell for waits)
+    weak     BOOLEAN NOT NULL,  -- some cell is under the findings' minimum share of its step
+    dur_us   DOUBLE,            -- wait_dominated: the members' time inside the collective
+    PRIMARY KEY (run_id, kind, key, op, rank)
+);
+
+-- Per kind and key: the steps the cells span, the instances a finding links (largest skews first) and,
+-- for wait_dominated, its number of instances and the rank whose late arrivals caused most of the wait.
+CREATE TABLE IF NOT EXISTS time_finding_keys (
+    run_id        INTEGER NOT NULL,
+    kind          VARCHAR NOT NULL,
+    key           VARCHAR NOT NULL,
+    op            VARCHAR NOT NULL,
+    n_steps       INTEGER NOT NULL,
+    steps         INTEGER[] NOT NULL,
+    instances     BIGINT,
+    top_instances INTEGER[],
+    cause_rank    INTEGER,
+    cause_wait_us DOUBLE,
+    PRIMARY KEY (run_id, kind, key, op)
+);
+
+-- Per run: its profiled steps (from `steps`: (rank, step) pairs, ranks, the mean of each pair's longest
+-- duration) and the memcpy lane's totals per direction, as the findings read them.
+CREATE TABLE IF NOT EXISTS time_finding_runs (
+    run_id       INTEGER PRIMARY KEY,
+    rank_steps   BIGINT NOT NULL,
+    ranks        BIGINT NOT NULL,
+    mean_step_us DOUBLE,
+    htod_bytes   HUGEINT,
+    htod_busy_us DOUBLE,
+    dtoh_bytes   HUGEINT,
+    dtoh_busy_us DOUBLE
+);

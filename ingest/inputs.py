@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Limits:
     max_decompressed_bytes: int = 16 * 2**30  # per file
-    max_ratio: float = 200.0  # decompressed / compressed, enforced once past ratio_floor_bytes
-    ratio_floor_bytes: int = 256 * 2**20
+    max_ratio: float = 200.0  # decompressed / compressed read so far, enforced once past ratio_floor_bytes
+    ratio_floor_bytes: int = 2**20  # from the first MiB on: a bomb is refused before it costs any time
     max_members: int = 100_000
     max_line_bytes: int = 16 * 2**20  # NCCL log lines longer than this are skipped
     max_json_depth: int = 64
@@ -167,7 +167,9 @@ class BoundedGzipReader(io.RawIOBase):
             raise ParseError(
                 f"decompressed size exceeds the limit of {lim.max_decompressed_bytes} bytes (decompression bomb?)"
             )
-        if self.decompressed > lim.ratio_floor_bytes and self.decompressed > lim.max_ratio * max(self.compressed, 1):
+        # against the compressed bytes the decompressor has consumed, not those read ahead into its input
+        consumed = self.compressed - len(self._dec.unconsumed_tail) - len(self._pending)
+        if self.decompressed > lim.ratio_floor_bytes and self.decompressed > lim.max_ratio * max(consumed, 1):
             raise ParseError(
                 f"compression ratio above {lim.max_ratio:.0f}:1 after {self.decompressed} bytes (decompression bomb?)"
             )
@@ -251,10 +253,11 @@ class ArchiveBombError(ParseError):
 
 @dataclass
 class _Budget:
-    """Decompressed bytes of one archive so far, against its own size on disk: the limits hold for the
-    archive as a whole, so many members each under the limits cannot add up to a bomb."""
+    """Decompressed bytes of one archive so far, against the archive's bytes read so far (`read`): the
+    limits hold for the archive as a whole, so many members each under the limits cannot add up to a bomb,
+    and a bomb is refused from its first MiB, not once its whole size on disk has been multiplied."""
 
-    compressed: int
+    read: Callable[[], int]
     used: int = 0
 
     def charge(self, n: int, limits: Limits) -> None:
@@ -263,10 +266,11 @@ class _Budget:
             raise ArchiveBombError(
                 f"archive expands past the limit of {limits.max_decompressed_bytes} bytes (decompression bomb?)"
             )
-        if self.used > limits.ratio_floor_bytes and self.used > limits.max_ratio * max(self.compressed, 1):
+        read = self.read()
+        if self.used > limits.ratio_floor_bytes and self.used > limits.max_ratio * max(read, 1):
             raise ArchiveBombError(
                 f"archive expands more than {limits.max_ratio:.0f}:1 ({self.used} bytes out of "
-                f"{self.compressed}; decompression bomb?)"
+                f"{read}; decompression bomb?)"
             )
 
 
@@ -291,7 +295,8 @@ def _iter_tar(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
         yield InputFile(name, path.stat().st_size, lambda: io.BytesIO(b""), error=f"cannot read archive: {exc}")
         return
     archive_size = path.stat().st_size
-    budget = _Budget(archive_size)
+    raw = getattr(tar.fileobj, "fileobj", None)  # a .tar.gz's compressed file under tarfile's GzipFile
+    budget = _Budget(raw.tell if raw is not None else lambda: archive_size)
     count = 0
     with tar:
         try:
@@ -352,7 +357,8 @@ def _iter_zip(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
     except (zipfile.BadZipFile, OSError) as exc:
         yield InputFile(name, path.stat().st_size, lambda: io.BytesIO(b""), error=f"cannot read archive: {exc}")
         return
-    budget = _Budget(path.stat().st_size)
+    archive_size = path.stat().st_size
+    budget = _Budget(lambda: archive_size)
     with zf:
         infos = zf.infolist()
         if len(infos) > limits.max_members:

@@ -811,5 +811,16 @@ def parse_nccl_log(stream: io.BufferedReader, name: str, hint: RankHint, limits:
             continue
         data = body.removeprefix(b"\xef\xbb\xbf") if first else body
         first = False
-        line_no += parser.block(data, line_no)
+        # Blank and foreign lines before a block's first NCCL line and after its last are counted, never split
+        # (a log padded with millions of empty lines costs what reading it costs).
+        hits = [i for i in (data.find(b"CCL"), data.find(b"opCount")) if i >= 0]
+        if not hits:
+            line_no += data.count(b"\n") + 1
+            continue
+        start = data.rfind(b"\n", 0, min(hits)) + 1
+        end = data.find(b"\n", max(data.rfind(b"CCL"), data.rfind(b"opCount")))
+        end = len(data) if end < 0 else end
+        line_no += data.count(b"\n", 0, start)
+        line_no += parser.block(data[start:end], line_no)
+        line_no += data.count(b"\n", end)
     return parser.finish()

@@ -1,15 +1,18 @@
-"""Upload jobs: spooled files are ingested in order by one background thread.
+"""Upload jobs: spooled files are ingested by a pool of background threads.
 
 Each job is one call of commlens.service.ingest.ingest_run (one transaction per file: all rows or
 none). The job row is updated after every uploaded file; live byte progress of the current file is
 kept in memory. Jobs left queued or running by a stopped or killed server are marked failed at start-up.
+
+One job never blocks the others: `Settings.ingest_workers` threads take the oldest job they may run, a
+user holds at most all workers but one (the last is left for everybody else's jobs), and the jobs of one
+run go one at a time (each ends by linking and analysing its whole run).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import queue
 import shutil
 import threading
 import uuid
@@ -87,15 +90,26 @@ def new_job_id() -> str:
     return uuid.uuid4().hex
 
 
+@dataclass(frozen=True)
+class Queued:
+    job_id: str
+    run: str
+    user: str  # who uploaded it: the unit of the per-user share
+
+
 class IngestQueue:
     def __init__(self, db: Database, settings: Settings):
         self.db = db
         self.settings = settings
         self.spool = settings.spool
         self.run_lock = threading.Lock()  # held while a job is created or a run deleted
-        self._queue: queue.Queue[str | None] = queue.Queue()
+        self.workers = max(1, settings.ingest_workers)
+        self.per_user = max(1, self.workers - 1)
+        self._ready = threading.Condition()
+        self._waiting: list[Queued] = []  # oldest first
+        self._running: dict[str, Queued] = {}
         self._live: dict[str, Live] = {}
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
 
     # --------------------------------------------------------------------------- lifecycle
@@ -103,17 +117,20 @@ class IngestQueue:
     def start(self) -> None:
         self.spool.mkdir(parents=True, exist_ok=True)
         self.recover()
-        self._thread = threading.Thread(target=self._loop, name="commlens-ingest", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"commlens-ingest-{i}", daemon=True) for i in range(self.workers)
+        ]
+        for t in self._threads:
+            t.start()
 
     def stop(self, timeout: float = 10.0) -> bool:
-        """Ask the queue to stop after the current file; True when it did within the timeout."""
+        """Ask the workers to stop after their current file; True when all did within the timeout."""
         self._stopping.set()
-        self._queue.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
-            return not self._thread.is_alive()
-        return True
+        with self._ready:
+            self._ready.notify_all()
+        for t in self._threads:
+            t.join(timeout)
+        return not any(t.is_alive() for t in self._threads)
 
     def recover(self) -> None:
         """Jobs a previous server left unfinished are failed (their rows stay: each file was all-or-none)."""
@@ -128,31 +145,49 @@ class IngestQueue:
             for run, error in attribute_pending(cur).items():
                 log.warning("%s: %s", run, error)
 
-    def submit(self, job_id: str) -> None:
+    def submit(self, job_id: str, run: str, user: str) -> None:
         self._live[job_id] = Live()
-        self._queue.put(job_id)
+        with self._ready:
+            self._waiting.append(Queued(job_id, run, user))
+            self._ready.notify()
 
     def live(self, job_id: str) -> Live | None:
         return self._live.get(job_id)
 
     def pending(self) -> int:
-        return self._queue.qsize()
+        with self._ready:
+            return len(self._waiting)
 
     # ------------------------------------------------------------------------------- work
 
+    def _next(self) -> Queued | None:
+        """The oldest waiting job whose user is within its share and whose run is idle (None when stopping)."""
+        with self._ready:
+            while not self._stopping.is_set():
+                users = [q.user for q in self._running.values()]
+                busy = {q.run for q in self._running.values()}  # runs whose next job must wait (order kept)
+                for q in self._waiting:
+                    if users.count(q.user) < self.per_user and q.run not in busy:
+                        self._waiting.remove(q)
+                        self._running[q.job_id] = q
+                        return q
+                    busy.add(q.run)
+                self._ready.wait()
+            return None
+
     def _loop(self) -> None:
-        while True:
-            job_id = self._queue.get()
-            if job_id is None or self._stopping.is_set():
-                return
+        while (q := self._next()) is not None:
             try:
-                self._run(job_id)
-            except Exception as exc:  # the queue must survive any job
-                log.exception("job %s failed", job_id)
-                self._finish(job_id, "failed", f"internal error: {type(exc).__name__}: {exc}")
+                self._run(q.job_id)
+            except Exception as exc:  # the pool must survive any job
+                log.exception("job %s failed", q.job_id)
+                self._finish(q.job_id, "failed", f"internal error: {type(exc).__name__}: {exc}")
             finally:
-                self._live.pop(job_id, None)
-                shutil.rmtree(self.spool / job_id, ignore_errors=True)
+                self._live.pop(q.job_id, None)
+                shutil.rmtree(self.spool / q.job_id, ignore_errors=True)
+                with self._ready:
+                    self._running.pop(q.job_id, None)
+                    self._ready.notify_all()
 
     def _finish(self, job_id: str, state: str, error: str | None) -> None:
         with self.db.session() as cur:

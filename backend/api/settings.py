@@ -23,6 +23,7 @@ class Settings:
     max_request_bytes: int = 8 * GiB  # one upload request
     max_files_per_request: int = 1000
     max_json_body_bytes: int = 4 * MiB  # JSON request bodies (runs, review, predict)
+    ingest_workers: int = 4  # upload jobs ingested at once; one user holds at most all but one
     ingest_limits: Limits = field(default_factory=Limits)
 
     @property

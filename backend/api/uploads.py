@@ -284,7 +284,7 @@ async def upload_files(
         spooler.close()
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    ctx.ingest_queue.submit(job_id)
+    ctx.ingest_queue.submit(job_id, run, principal.name)
     return JSONResponse(job.model_dump(mode="json"), status_code=202, headers={"Location": f"/api/jobs/{job_id}"})
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from .breakdown import Breakdown, rank_spans, step_breakdown
+from .breakdown import Breakdown, rank_spans, step_breakdown, wait_spans
 from .clocks import ClockAlignment, align_clocks
 from .critical_path import CriticalPath, critical_paths
 from .instances import InstanceStats, instance_stats
@@ -40,9 +40,10 @@ def analyze(
     match = match_instances({r: d.calls for r, d in ranks.items()}, world_size)
     clocks = align_clocks(match.instances, sorted(ranks), hosts)
     stats = instance_stats(match.instances, clocks)
-    bd = step_breakdown(ranks, match.instances, stats, clocks, schemes)
+    waits = wait_spans(match.instances, stats, clocks)
+    spans = {r: rank_spans(d, waits.get(r, []), schemes) for r, d in ranks.items()}
+    bd = step_breakdown(ranks, spans)
     mean_step = sum(bd.step_us) / len(bd.step_us) if bd.step_us else None
     strag = find_stragglers(match.instances, stats, mean_step, schemes, rule)
-    spans = {r: rank_spans(r, d, match.instances, stats, clocks, schemes) for r, d in ranks.items()}
     paths = critical_paths(ranks, spans, match.instances, stats, clocks)
     return TimeAnalysis(match, clocks, stats, bd, strag, paths)

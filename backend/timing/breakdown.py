@@ -17,6 +17,7 @@ skipped, or the group has no scheme).
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -90,32 +91,34 @@ def scheme_of_call(calls: Calls, i: int, schemes: Mapping[str, str]) -> str:
     return schemes.get(calls.group_key[i] or WORLD, UNATTRIBUTED)
 
 
-def rank_spans(
-    rank: int,
-    data: RankInput,
-    inst: Instances,
-    stats: InstanceStats,
-    clocks: ClockAlignment,
-    schemes: Mapping[str, str],
-) -> RankSpans:
+def wait_spans(inst: Instances, stats: InstanceStats, clocks: ClockAlignment) -> dict[int, Spans]:
+    """Per rank (its own clock), the spans it spent in instances before their last member arrived: one
+    pass over the instances for all ranks."""
+    out: dict[int, Spans] = defaultdict(list)
+    offsets = clocks.offsets
+    for last, ranks, arrivals, ends in zip(
+        stats.last_arrival, inst.member_rank, inst.member_arrival, inst.member_end, strict=True
+    ):
+        if last is None:
+            continue
+        for rank, a, e in zip(ranks, arrivals, ends, strict=True):
+            if a is not None:
+                off = offsets.get(rank, 0.0)
+                stop = last - off if e is None else min(last - off, e)
+                if stop > a:
+                    out[rank].append((a, stop))
+    return out
+
+
+def rank_spans(data: RankInput, waits: Spans, schemes: Mapping[str, str]) -> RankSpans:
+    """One rank's spans; `waits` from wait_spans."""
     iv = data.intervals
     calls = data.calls
-    spans = RankSpans(_kind(iv, {COMPUTE}), _kind(iv, {COMM}), _kind(iv, MEMORY_KINDS), [], [])
+    spans = RankSpans(_kind(iv, {COMPUTE}), _kind(iv, {COMM}), _kind(iv, MEMORY_KINDS), waits, [])
     for i in range(len(calls.seq)):
         a, e = calls.arrival[i], calls.end[i]
         if a is not None and e is not None:
             spans.calls.append((a, e, scheme_of_call(calls, i, schemes)))
-    off = clocks.offsets.get(rank, 0.0)
-    for k in range(len(inst)):
-        last = stats.last_arrival[k]
-        if last is None or rank not in inst.member_rank[k]:
-            continue
-        m = inst.member_rank[k].index(rank)
-        a, e = inst.member_arrival[k][m], inst.member_end[k][m]
-        if a is not None:
-            stop = last - off if e is None else min(last - off, e)
-            if stop > a:
-                spans.wait.append((a, stop))
     return spans
 
 
@@ -138,16 +141,9 @@ def classify(spans: RankSpans, t0: float, t1: float) -> tuple[dict[str, float], 
     return classify_windows(spans, np.asarray([t0]), np.asarray([t1]))[0]
 
 
-def step_breakdown(
-    ranks: Mapping[int, RankInput],
-    inst: Instances,
-    stats: InstanceStats,
-    clocks: ClockAlignment,
-    schemes: Mapping[str, str] | None = None,
-) -> Breakdown:
+def step_breakdown(ranks: Mapping[int, RankInput], spans: Mapping[int, RankSpans]) -> Breakdown:
     """The breakdown of every profiled step of every rank (each rank's own step window and clock)."""
     out = Breakdown()
-    schemes = schemes or {}
     for rank in sorted(ranks):
         data = ranks[rank]
         st = data.steps
@@ -156,12 +152,11 @@ def step_breakdown(
             continue
         if not data.has_device:
             out.notes.append(f"rank {rank}: no device activity: compute is CPU ops, communication the calls' CPU time")
-        spans = rank_spans(rank, data, inst, stats, clocks, schemes)
         t0s = np.asarray(st.start, dtype=np.float64)
         t1s = np.asarray(st.end, dtype=np.float64)
         htod, dtoh = _moved(_copies(data.intervals), t0s, t1s)
-        busy = memory_busy(spans, t0s, t1s).tolist()
-        classes = classify_windows(spans, t0s, t1s)
+        busy = memory_busy(spans[rank], t0s, t1s).tolist()
+        classes = classify_windows(spans[rank], t0s, t1s)
         for j, (n, t0, t1) in enumerate(zip(st.step, st.start, st.end, strict=True)):
             totals, per_scheme = classes[j]
             out.rank.append(rank)

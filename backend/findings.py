@@ -790,13 +790,11 @@ class _Inputs:
             return None
 
         def steps() -> list[int]:
-            return [
-                int(s)
-                for s in self.con.execute(
-                    "SELECT steps FROM time_finding_keys WHERE run_id = ? AND kind = ? AND key = ? AND op = ?",
-                    [self.run_id, kind, key, op],
-                ).fetchall()[0][0]
-            ]
+            row = self.con.execute(
+                "SELECT steps FROM time_finding_keys WHERE run_id = ? AND kind = ? AND key = ? AND op = ?",
+                [self.run_id, kind, key, op],
+            ).fetchall()[0]
+            return list(row[0])
 
         return _Cells(ranks, self.keys[(kind, key, op)].n_steps, steps)
 

@@ -2,7 +2,10 @@
 
 Each job is one call of commlens.service.ingest.ingest_run (one transaction per file: all rows or
 none). The job row is updated after every uploaded file; live byte progress of the current file is
-kept in memory. Jobs left queued or running by a stopped or killed server are marked failed at start-up.
+kept in memory. Jobs left queued or running by a stopped or killed server are settled at start-up: done
+(with the interruption noted) when every uploaded file was ingested, else failed with each file's state.
+The slow part of recovery (linking and analysing their runs, attributing runs the CLI stored) runs in the
+background while the server already answers (`recovering`); workers start jobs once it is over.
 
 One job never blocks the others: `Settings.ingest_workers` threads take the oldest job they may run, a
 user holds at most all workers but one (the last is left for everybody else's jobs), and the jobs of one
@@ -26,7 +29,8 @@ import duckdb
 from commlens.ingest.inputs import InputFile, TapReader, iter_inputs
 from commlens.ingest.records import RankHint
 from commlens.service import jobs
-from commlens.service.ingest import FileOutcome, attribute_pending, ingest_run
+from commlens.service.ingest import FileOutcome, attribute_pending, complete_run, ingest_run
+from commlens.store import get_run_id
 
 from .db import Database
 from .settings import Settings
@@ -111,13 +115,20 @@ class IngestQueue:
         self._live: dict[str, Live] = {}
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
+        self._recovered = threading.Event()
+
+    @property
+    def recovering(self) -> bool:
+        """True while the runs left unfinished by a previous server are being completed."""
+        return not self._recovered.is_set()
 
     # --------------------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
         self.spool.mkdir(parents=True, exist_ok=True)
-        self.recover()
-        self._threads = [
+        runs = self.settle()
+        self._threads = [threading.Thread(target=self.recover, args=(runs,), name="commlens-recover", daemon=True)]
+        self._threads += [
             threading.Thread(target=self._loop, name=f"commlens-ingest-{i}", daemon=True) for i in range(self.workers)
         ]
         for t in self._threads:
@@ -132,18 +143,39 @@ class IngestQueue:
             t.join(timeout)
         return not any(t.is_alive() for t in self._threads)
 
-    def recover(self) -> None:
-        """Jobs a previous server left unfinished are failed (their rows stay: each file was all-or-none)."""
+    def settle(self) -> list[tuple[int, str]]:
+        """Before any upload: jobs a previous server left unfinished are settled (their rows stay: each file
+        was all-or-none) and its spool emptied. The (run_id, run) of jobs settled as done, to complete."""
+        runs: list[tuple[int, str]] = []
         with self.db.session() as cur:
             for job_id, state in jobs.fail_unfinished(cur):
-                log.warning("job %s marked failed at start-up (%s)", job_id, state)
+                job = jobs.get_job(cur, job_id)
+                log.warning("job %s, %s when the server stopped, is %s", job_id, state, job.state)
+                run_id = get_run_id(cur, job.run) if job.run is not None and job.state == "done" else None
+                if run_id is not None and job.run is not None:
+                    runs.append((run_id, job.run))
         if self.spool.is_dir():
             for folder in self.spool.iterdir():
                 shutil.rmtree(folder, ignore_errors=True)
-        # Runs ingested with the CLI while no server held the store may not be attributed yet.
-        with self.db.session() as cur:
-            for run, error in attribute_pending(cur).items():
-                log.warning("%s: %s", run, error)
+        return runs
+
+    def recover(self, runs: list[tuple[int, str]]) -> None:
+        """Complete the runs of interrupted jobs, then attribute the runs the CLI ingested while no server held
+        the store; workers wait until this is over."""
+        try:
+            with self.db.session() as cur:
+                for run_id, run in sorted(set(runs)):
+                    error = complete_run(cur, run_id, run)
+                    if error:
+                        log.warning("%s: %s", run, error)
+                for run, error in attribute_pending(cur).items():
+                    log.warning("%s: %s", run, error)
+        except Exception:  # the server serves what is stored even when recovery fails
+            log.exception("recovery at start-up")
+        finally:
+            with self._ready:
+                self._recovered.set()
+                self._ready.notify_all()
 
     def submit(self, job_id: str, run: str, user: str) -> None:
         self._live[job_id] = Live()
@@ -164,6 +196,9 @@ class IngestQueue:
         """The oldest waiting job whose user is within its share and whose run is idle (None when stopping)."""
         with self._ready:
             while not self._stopping.is_set():
+                if not self._recovered.is_set():
+                    self._ready.wait()
+                    continue
                 users = [q.user for q in self._running.values()]
                 busy = {q.run for q in self._running.values()}  # runs whose next job must wait (order kept)
                 for q in self._waiting:

@@ -101,12 +101,18 @@ def ingest_run(
 def _finish(
     con: duckdb.DuckDBPyConnection, run_id: int, run: str, report: IngestReport, attribute_schemes: bool
 ) -> None:
-    """Link and refresh the run, attribute its groups, then its time analysis (with the schemes just set)."""
+    report.attribution_error = report.attribution_error or complete_run(con, run_id, run, attribute_schemes)
+
+
+def complete_run(con: duckdb.DuckDBPyConnection, run_id: int, run: str, attribute_schemes: bool = True) -> str | None:
+    """Link and refresh the run, attribute its groups, then its time analysis (with the schemes just set):
+    what follows its files' ingest, also redone for a run whose ingest a stopped server left unfinished.
+    The attribution's error, if any."""
     finalize_run(con, run_id)
-    if attribute_schemes:
-        report.attribution_error = report.attribution_error or attribute(con, run)
+    error = attribute(con, run) if attribute_schemes else None
     persist_run(con, run_id)
     store_timing_inputs(con, run_id)
+    return error
 
 
 def _ingest_split(

@@ -125,21 +125,41 @@ def finish_job(con: duckdb.DuckDBPyConnection, job_id: str, state: str, error: s
 
 
 def fail_unfinished(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
-    """Jobs a previous server left queued or running are failed, saying what of them was stored (each file
-    was all or none); their (job_id, state they were in)."""
+    """Settle the jobs a previous server left queued or running, saying what of them was stored (each file
+    was all or none): a running job whose every upload was ingested is done, with the interruption noted
+    (the caller links and analyses its run again); the others failed, their
+    results listing each file's state. Their (job_id, state they were in)."""
     stale = [
-        (str(r[0]), str(r[1]))
-        for r in con.execute("SELECT job_id, state FROM jobs WHERE state IN ('queued', 'running')").fetchall()
+        (str(r[0]), str(r[1]), int(r[2]), int(r[3]))
+        for r in con.execute(
+            "SELECT job_id, state, files_done, files_total FROM jobs WHERE state IN ('queued', 'running')"
+        ).fetchall()
     ]
-    for job_id, state in stale:
-        reason = (
-            "the server stopped while this job was running; files listed in results were stored, the "
-            "others were not: upload them again"
-            if state == "running"
-            else "the server stopped before this job started; nothing of it was stored: upload again"
-        )
-        finish_job(con, job_id, "failed", reason)
-    return stale
+    for job_id, state, done, total in stale:
+        if state == "running" and done == total:
+            finish_job(con, job_id, "done", INTERRUPTED)
+        elif state == "running":
+            finish_job(
+                con,
+                job_id,
+                "failed",
+                f"the server stopped while this job was running, after {done} of {total} uploaded files: files "
+                "listed in results were stored (each with its state), the others were not: upload them again",
+            )
+        else:
+            finish_job(
+                con,
+                job_id,
+                "failed",
+                "the server stopped before this job started; nothing of it was stored: upload again",
+            )
+    return [(job_id, state) for job_id, state, _, _ in stale]
+
+
+INTERRUPTED = (
+    "interrupted: the server stopped after every file of this job was ingested (results say what each became); "
+    "the run was linked and analysed again when the server restarted"
+)
 
 
 def check_idle(con: duckdb.DuckDBPyConnection, run: str, run_id: int, action: str) -> None:

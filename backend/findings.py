@@ -41,6 +41,7 @@ from commlens.contract.analysis import (
 )
 from commlens.store import transaction
 from commlens.store.aggregates import measured_kind_sql, registered
+from commlens.store.tables import TIME_FINDING_TABLES
 from commlens.vocab import format_bytes
 
 from .bandwidth import bandwidth
@@ -662,7 +663,7 @@ def store_timing_inputs(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     (commlens.backend.timing.persist.persist_run)."""
 
     def write(c: duckdb.DuckDBPyConnection) -> None:
-        for table in ("time_finding_cells", "time_finding_keys", "time_finding_runs"):
+        for table in TIME_FINDING_TABLES:
             c.execute(f"DELETE FROM {table} WHERE run_id = $run", {"run": run_id})
         c.execute(
             f"""

@@ -357,3 +357,23 @@ def test_a_scheme_override_recomputes_the_time_tables(tmp_path: Path) -> None:
     clear_scheme_override(con, "nccl", group)
     assert schemes() == [(before, 3)]
     con.close()
+
+
+def test_deleting_a_run_leaves_no_row_in_any_of_its_tables(dlrm_copy: duckdb.DuckDBPyConnection) -> None:
+    """The one list of a run's tables covers the time analysis and the findings' inputs computed at ingest."""
+    from commlens.service.runs import delete_run
+    from commlens.store.tables import RUN_TABLES, TIME_FINDING_TABLES
+
+    run_id = _run_id(dlrm_copy, "dlrm")
+    filled = [
+        t
+        for t in RUN_TABLES
+        if dlrm_copy.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", [run_id]).fetchall()[0][0]
+    ]
+    assert {"comm_events", "timeline_intervals", "time_instances", *TIME_FINDING_TABLES} <= set(filled)
+    delete_run(dlrm_copy, "dlrm")
+    assert [
+        t
+        for t in RUN_TABLES
+        if dlrm_copy.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", [run_id]).fetchall()[0][0]
+    ] == []

@@ -15,7 +15,7 @@ from importlib import resources
 import duckdb
 
 from .errors import StoreError
-from .tables import AGG_TABLES, TIME_TABLES
+from .tables import AGG_TABLES, TIME_FINDING_TABLES, TIME_TABLES
 from .transaction import transaction
 
 SCHEMA_VERSION = 7
@@ -77,7 +77,7 @@ MIGRATIONS: dict[int, list[str]] = {
     ],
     4: _create_tables("hang.sql", ("fr_entries",)),
     5: _create_tables("pairs.sql", ("a2a_pairs",)),
-    6: _create_tables("time.sql", ("time_finding_cells", "time_finding_keys", "time_finding_runs")),
+    6: _create_tables("time.sql", TIME_FINDING_TABLES),
 }
 
 

@@ -47,5 +47,18 @@ TIME_TABLES = (
     "time_critical_schemes",
 )
 
+# The timing findings' inputs of a run (time.sql), replaced together after the time tables
+# (backend/findings.py store_timing_inputs).
+TIME_FINDING_TABLES = ("time_finding_cells", "time_finding_keys", "time_finding_runs")
+
 # Every table with rows of a run besides `runs` itself: deleting a run deletes its rows in all of them.
-RUN_TABLES = (*TRACE_TABLES, "process_groups", "review_items", "sources", "jobs", *AGG_TABLES, *TIME_TABLES)
+RUN_TABLES = (
+    *TRACE_TABLES,
+    "process_groups",
+    "review_items",
+    "sources",
+    "jobs",
+    *AGG_TABLES,
+    *TIME_TABLES,
+    *TIME_FINDING_TABLES,
+)

@@ -45,7 +45,9 @@ def test_a_new_store_has_every_owners_tables_at_the_current_version(db_path: Pat
     con.close()
     assert {"meta", "runs", "sources", "users", "review_items", "jobs", "comms", *store.RUN_TABLES} <= tables
     ro = store.connect(db_path, read_only=True)
-    assert ro.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [(str(store.SCHEMA_VERSION),)]
+    assert ro.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [
+        (str(store.SCHEMA_VERSION),)
+    ]
     ro.close()
 
 

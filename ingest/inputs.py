@@ -228,11 +228,12 @@ def iter_inputs(paths: list[Path], limits: Limits = DEFAULT_LIMITS) -> Iterator[
 
 
 def _iter_file(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
-    kind = _is_archive(path)
+    with open(path, "rb") as f:
+        kind = _is_archive(path) or archive_kind(f)
     if kind == "tar":
-        yield from _iter_tar(path, name, limits)
+        yield from _iter_tar(path, name, path.stat().st_size, limits)
     elif kind == "zip":
-        yield from _iter_zip(path, name, limits)
+        yield from _iter_zip(path, name, path.stat().st_size, limits)
     else:
         yield InputFile(name, path.stat().st_size, lambda p=path: open(p, "rb"))  # type: ignore[misc]  # noqa: SIM115 - the reader closes it
 
@@ -288,15 +289,60 @@ def _spool(src: IO[bytes], budget: _Budget, limits: Limits) -> BinaryIO:
     return out  # type: ignore[return-value]
 
 
-def _iter_tar(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
+MAX_NESTING = 1  # an archive inside an archive is expanded; one inside that is refused
+
+
+def archive_kind(f: BinaryIO) -> str | None:
+    """'tar' or 'zip' when the content at f's start is an archive (a tar possibly gzipped), else None; f is
+    rewound. Archives are found by content too, so that one is never read as text whatever its name."""
+    head = f.read(512)
+    f.seek(0)
+    if head.startswith(ZIP_MAGIC):
+        return "zip"
+    if head.startswith(GZIP_MAGIC):
+        try:
+            head = zlib.decompressobj(zlib.MAX_WBITS | 16).decompress(head, 512)
+        except zlib.error:
+            return None
+    return "tar" if head[257:262] == b"ustar" else None
+
+
+def _nested(
+    label: str, spooled: BinaryIO, size: int, limits: Limits, budget: _Budget, depth: int
+) -> Iterator[InputFile] | None:
+    """The members of an archive member (expanded within the outer archive's budget), an error for one nested
+    too deep, or None when the member is not an archive."""
+    kind = _is_archive(Path(label)) or archive_kind(spooled)
+    if kind is None:
+        return None
+    if depth >= MAX_NESTING:
+        spooled.close()
+        return iter(
+            [
+                InputFile(
+                    label,
+                    size,
+                    lambda: io.BytesIO(b""),
+                    error=f"archive member refused: an archive nested more than {MAX_NESTING} deep",
+                )
+            ]
+        )
+    expand = _iter_tar if kind == "tar" else _iter_zip
+    return expand(spooled, label, size, limits, budget, depth + 1)
+
+
+def _iter_tar(
+    src: Path | BinaryIO, name: str, size: int, limits: Limits, budget: _Budget | None = None, depth: int = 0
+) -> Iterator[InputFile]:
     try:
-        tar = tarfile.open(path, "r:*")  # noqa: SIM115 - closed by the `with tar` below
+        path, fileobj = (src, None) if isinstance(src, Path) else (None, src)
+        tar = tarfile.open(path, "r:*", fileobj)  # noqa: SIM115 - closed by the `with tar` below
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-        yield InputFile(name, path.stat().st_size, lambda: io.BytesIO(b""), error=f"cannot read archive: {exc}")
+        yield InputFile(name, size, lambda: io.BytesIO(b""), error=f"cannot read archive: {exc}")
         return
-    archive_size = path.stat().st_size
+    archive_size = size
     raw = getattr(tar.fileobj, "fileobj", None)  # a .tar.gz's compressed file under tarfile's GzipFile
-    budget = _Budget(raw.tell if raw is not None else lambda: archive_size)
+    budget = budget or _Budget(raw.tell if raw is not None else lambda: archive_size)
     count = 0
     with tar:
         try:
@@ -329,6 +375,10 @@ def _iter_tar(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
                     if isinstance(exc, ArchiveBombError):
                         return
                     continue
+                inner = _nested(label, spooled, member.size, limits, budget, depth)
+                if inner is not None:
+                    yield from inner
+                    continue
                 yield InputFile(label, member.size, lambda s=spooled: _rewound(s))  # type: ignore[misc]
         except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
             yield InputFile(
@@ -351,14 +401,16 @@ class _Unclosable(io.BufferedReader):
         pass
 
 
-def _iter_zip(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
+def _iter_zip(
+    src: Path | BinaryIO, name: str, size: int, limits: Limits, budget: _Budget | None = None, depth: int = 0
+) -> Iterator[InputFile]:
     try:
-        zf = zipfile.ZipFile(path)
+        zf = zipfile.ZipFile(src)
     except (zipfile.BadZipFile, OSError) as exc:
-        yield InputFile(name, path.stat().st_size, lambda: io.BytesIO(b""), error=f"cannot read archive: {exc}")
+        yield InputFile(name, size, lambda: io.BytesIO(b""), error=f"cannot read archive: {exc}")
         return
-    archive_size = path.stat().st_size
-    budget = _Budget(lambda: archive_size)
+    archive_size = size
+    budget = budget or _Budget(lambda: archive_size)
     with zf:
         infos = zf.infolist()
         if len(infos) > limits.max_members:
@@ -400,6 +452,10 @@ def _iter_zip(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
                 continue
             except (RuntimeError, NotImplementedError) as exc:  # encrypted member, unsupported compression method
                 yield InputFile(label, info.file_size, lambda: io.BytesIO(b""), error=f"cannot read member: {exc}")
+                continue
+            inner = _nested(label, spooled, info.file_size, limits, budget, depth)
+            if inner is not None:
+                yield from inner
                 continue
             yield InputFile(label, info.file_size, lambda s=spooled: _rewound(s))  # type: ignore[misc]
 

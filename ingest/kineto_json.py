@@ -399,6 +399,16 @@ class _Scanner:
         loc = self.win.loc(doc_pos + min(bpos, len(doc)))
         if "depth" in exc.msg or "recursion" in exc.msg:
             return ParseError(f"JSON nested too deeply ({exc.msg})", f"{where} ({loc})")
+        text = doc.decode("utf-8", "replace")
+        number = re.match(r"-?(NaN|Infinity)", text[exc.pos - (text[exc.pos - 1 : exc.pos] == "-") :])
+        if number is not None:  # Python's json.dump writes these; JSON has no such numbers
+            key = re.search(r'"([^"\\]{1,200})"\s*:\s*-?$', text[max(0, exc.pos - 300) : exc.pos])
+            field = f" (the value of {key.group(1)!r})" if key else ""
+            return ParseError(
+                f"{number.group(0)}{field} is not a JSON number (a value written by a NaN/Infinity-permitting "
+                "encoder); the trace's writer must write finite numbers or null",
+                f"{where} ({loc})",
+            )
         return ParseError(f"invalid JSON: {exc.msg}", f"{where} ({loc})")
 
     # ---- document level

@@ -1,13 +1,18 @@
-"""Jobs a dead server left behind, as a real `commlens serve` finds them at start: one whose every upload was
-ingested (the server died before linking its run) reports `done` with the interruption noted and its run is
-completed; one that stopped half-way is `failed`, saying how far it got, its results listing each file; a
-queued one is `failed` with nothing stored. The store is left as a SIGKILL between two steps leaves it."""
+"""Issue 17's smaller promises against real servers. Jobs a dead server left behind, as a real `commlens
+serve` finds them at start: one whose every upload was ingested (the server died before linking its run)
+reports `done` with the interruption noted and its run is completed; one that stopped half-way is
+`failed`, saying how far it got, its results listing each file; a queued one is `failed` with nothing
+stored (the store is left as a SIGKILL between two steps leaves it). And bad input named precisely: NaN
+at its event, a garbled NCCL line as skipped, a trace without communication, archives inside archives."""
 
 from __future__ import annotations
 
+import io
+import json
 import re
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +22,8 @@ import httpx
 import pytest
 
 from commlens import store
+from commlens.backend.api import Settings
+from commlens.backend.api.testing import ServerThread, wait_job
 from commlens.ingest.inputs import iter_inputs
 from commlens.ingest.records import RankHint
 from commlens.service import jobs, runs
@@ -103,3 +110,76 @@ def test_jobs_left_by_a_dead_server_say_what_was_stored(served: str) -> None:
             assert time.monotonic() < deadline, c.get("/runs/whole").json()
             time.sleep(0.05)
         assert c.get("/runs/whole/sources").json()["items"][0]["n_events"] == 4
+
+
+def _tar(members: list[tuple[str, bytes]], mode: str = "w") -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode=mode) as tf:
+        for name, content in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tf.addfile(info, io.BytesIO(content))
+    return out.getvalue()
+
+
+def test_smaller_promises_through_a_real_server(tmp_path: Path, data_dir: Path) -> None:
+    """NaN named at its event, a garbled NCCL line listed as skipped, a trace without communication saying
+    so, an archive inside an archive expanded (one nested deeper refused), never read as text."""
+    log = (data_dir / LOG).read_bytes()
+    coll = next(line for line in log.splitlines() if b"NCCL INFO AllReduce" in line)
+    kernel = {
+        "ph": "X",
+        "cat": "kernel",
+        "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+        "pid": 0,
+        "tid": 7,
+        "ts": 1,
+        "dur": 2,
+    }
+    base = {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 2}}
+    nan = json.dumps(base | {"traceEvents": [kernel, kernel | {"ts": 5}]}).replace('"dur": 2}]', '"dur": NaN}]')
+    quiet = json.dumps(
+        base
+        | {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 0, "tid": 1, "ts": 1, "dur": 5}]}
+    )
+    inner = _tar([("x.log", log)], "w:gz")
+    uploads = [
+        ("nan.json", nan.encode()),
+        ("garbled.log", log + coll[: len(coll) // 2] + b"\n"),
+        ("quiet.json", quiet.encode()),
+        ("outer.tar", _tar([("inner.tar.gz", inner)])),
+        ("deep.tar", _tar([("mid.tar", _tar([("in.tar", _tar([("y.log", log)]))]))])),
+    ]
+    with ServerThread(Settings(db=tmp_path / "s.duckdb")) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        results = {}
+        for i, (name, data) in enumerate(uploads):
+            run = f"r{i}"  # one run each: the same log twice in a run would be a duplicate
+            assert c.post("/api/runs", json={"name": run}).status_code == 201
+            r = c.post(f"/api/runs/{run}/files", files={"files": (name, data)})
+            assert r.status_code == 202, r.text
+            results.update({x["path"]: x for x in wait_job(c, r.json()["job_id"])["results"]})
+    assert results["nan.json"]["status"] == "failed"
+    assert results["nan.json"]["error"].startswith("nan.json:$.traceEvents[1] (line 1 column ")
+    assert "NaN (the value of 'dur') is not a JSON number" in results["nan.json"]["error"]
+    garbled = results["garbled.log"]
+    assert (garbled["status"], garbled["events"], garbled["skipped"]) == ("ok", 4, {"COLL line cut or garbled": 1})
+    garbled_line = log.count(b"\n") + 1
+    assert f"garbled.log:line {garbled_line}: skipped: COLL line cut or garbled (first of 1)" in garbled["warnings"]
+    quiet_out = results["quiet.json"]
+    assert quiet_out["status"] == "ok" and quiet_out["events"] == 0
+    assert any(
+        "no communication: the trace holds no collective or point-to-point call" in w for w in quiet_out["warnings"]
+    )
+    assert (results["outer.tar!inner.tar.gz!x.log"]["status"], results["outer.tar!inner.tar.gz!x.log"]["events"]) == (
+        "ok",
+        4,
+    )
+    deep = results["deep.tar!mid.tar!in.tar"]
+    assert deep["status"] == "failed" and deep["error"].endswith("an archive nested more than 1 deep")
+    assert set(results) == {
+        "nan.json",
+        "garbled.log",
+        "quiet.json",
+        "outer.tar!inner.tar.gz!x.log",
+        "deep.tar!mid.tar!in.tar",
+    }

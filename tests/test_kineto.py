@@ -586,14 +586,15 @@ def test_invalid_json_in_a_real_trace(data_dir: Path) -> None:
 
 
 def test_a_second_trace_of_the_same_rank_and_steps_is_refused(tmp_path, con, data_dir):
-    """The same trace re-compressed is other bytes but the same calls: refused, not counted twice."""
+    """The same trace with other content (a trailing newline: re-serialised) has the same calls: refused, not
+    counted twice. (Only re-compressed, it is the same content: a duplicate, tests/test_ingest_identity.py.)"""
     import gzip
 
     from commlens.service.ingest import ingest_paths
 
     src = data_dir / "kineto-hta" / "nccl_parser_config" / "nccl_data.json.gz"
     again = tmp_path / "rank0-again.json.gz"
-    again.write_bytes(gzip.compress(gzip.decompress(src.read_bytes()), compresslevel=1))
+    again.write_bytes(gzip.compress(gzip.decompress(src.read_bytes()) + b"\n", compresslevel=1))
     first, second = ingest_paths(con, [src, again], "twice").files
     assert first.status == "ok" and second.status == "failed"
     assert f"rank 0 already has a profiler trace in this run ({src})" in second.error and "steps" in second.error

@@ -237,6 +237,11 @@ def _ingest_file(
         error = f"{_same_what(con, existing[0], size)} as {existing[1]}, already ingested"
         return FileOutcome(item.name, "duplicate", kind=kind, error=error, size=size)
     sha = content_sha or sha
+    if not result.n_events and formats.get(result.kind).has(Trait.PER_RANK_TIMED_TRACE):
+        result.warn(
+            f"{item.name}: no communication: the trace holds no collective or point-to-point call "
+            "(profiled steps without communication, or a single-process job)"
+        )
     process = _same_nccl_process(con, run_id, result)
     if process is not None:
         error = (

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 
 from commlens.backend.timing.breakdown import RankSpans, classify
-from commlens.backend.timing.segments import classify_windows, memory_busy, segment_sum
+from commlens.backend.timing.segments import classify_windows, memory_busy, segment_sum, sparse_sum
 
 
 def test_segment_sum_adds_in_numpys_order() -> None:
@@ -20,6 +20,17 @@ def test_segment_sum_adds_in_numpys_order() -> None:
     at = np.concatenate([[0], np.cumsum(counts)])
     want = [values[a:b].sum() for a, b in itertools.pairwise(at)]
     assert got.tolist() == [float(x) for x in want]
+
+
+def test_sparse_sum_is_the_sum_of_the_whole_array() -> None:
+    rng = np.random.default_rng(5)
+    for n in (5, 9, 100, 129, 300, 1000, 20_000, 100_000):
+        for _ in range(30):
+            lo = int(rng.integers(0, n))
+            vals = rng.random(int(rng.integers(0, min(n - lo, 40) + 1))) * 1e3
+            x = np.zeros(n)
+            x[lo : lo + len(vals)] = vals
+            assert sparse_sum(n, lo, vals.tolist()) == float(x.sum())
 
 
 def _reference(spans: RankSpans, t0: float, t1: float) -> tuple[dict[str, float], dict[str, dict[str, float]]]:

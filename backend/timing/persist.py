@@ -27,6 +27,7 @@ from commlens.store.tables import TIME_TABLES
 from .analysis import TimeAnalysis, analyze
 from .breakdown import UNATTRIBUTED
 from .model import MEMORY_KINDS
+from .segments import sparse_sum
 from .stragglers import rank_totals
 
 Columns = dict[str, list[Any]]
@@ -424,15 +425,26 @@ def _memcpy(data: RunInput) -> Columns:
         start = np.asarray(d.intervals.start, dtype=np.float64)
         end = np.asarray(d.intervals.end, dtype=np.float64)
         nbytes = np.asarray(d.intervals.nbytes, dtype=np.int64)
+        t0s = np.asarray(d.steps.start, dtype=np.float64)
+        t1s = np.asarray(d.steps.end, dtype=np.float64)
         for k in sorted(MEMORY_KINDS):
             sel = kind == k
             if not sel.any():
                 continue
             us, ue = _union_arrays(start[sel], end[sel])
-            ks, kb = start[sel], nbytes[sel]
-            for n, t0, t1 in zip(d.steps.step, d.steps.start, d.steps.end, strict=True):
-                busy = float(np.clip(np.minimum(ue, t1) - np.maximum(us, t0), 0, None).sum())
-                b = int(kb[(ks >= t0) & (ks < t1)].sum())
+            order = np.argsort(start[sel], kind="stable")
+            ks, kb = start[sel][order], np.concatenate([[0], np.cumsum(nbytes[sel][order])])
+            moved = kb[np.searchsorted(ks, t1s, side="left")] - kb[np.searchsorted(ks, t0s, side="left")]
+            # The union's pieces meeting the step are a run [lo, hi); the sum over all of them (zeros
+            # elsewhere) is taken in numpy's order, as np.clip(...).sum() over the whole union gave it.
+            lo = np.searchsorted(ue, t0s, side="right").tolist()
+            hi = np.searchsorted(us, t1s, side="left").tolist()
+            for j, (n, t0, t1) in enumerate(zip(d.steps.step, d.steps.start, d.steps.end, strict=True)):
+                a, z = lo[j], max(hi[j], lo[j])
+                busy = sparse_sum(
+                    len(us), a, (np.minimum(ue[a:z], t1) - np.maximum(us[a:z], t0)).tolist() if z > a else []
+                )
+                b = int(moved[j])
                 if busy <= 0 and b == 0:
                     continue
                 out["rank"].append(r)

@@ -79,6 +79,35 @@ def segment_sum(values: F64, counts: Ints) -> F64:
     return out
 
 
+def sparse_sum(n: int, lo: int, vals: Sequence[float]) -> float:
+    """What `x.sum()` gives for a length-n array x that is zero outside [lo, lo + len(vals)) and holds
+    `vals` there, in O(log n + len(vals)): numpy's pairwise tree, its all-zero subtrees skipped."""
+    hi = lo + len(vals)
+
+    def rec(a: int, m: int) -> float:  # the sum of positions [a, a + m)
+        if hi <= a or lo >= a + m:
+            return 0.0
+        if m < 8:
+            res = 0.0
+            for i in range(max(a, lo), min(a + m, hi)):
+                res += vals[i - lo]
+            return res
+        if m <= 128:
+            r = [0.0] * 8
+            full = m - m % 8
+            for i in range(max(a, lo), min(a + full, hi)):
+                r[(i - a) % 8] += vals[i - lo]
+            res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+            for i in range(max(a + full, lo), min(a + m, hi)):
+                res += vals[i - lo]
+            return res
+        m2 = m // 2
+        m2 -= m2 % 8
+        return rec(a, m2) + rec(a + m2, m - m2)
+
+    return rec(0, n)
+
+
 def _clip_many(starts: F64, reach: F64, ends: F64, t0: F64, t1: F64) -> tuple[Ints, Ints, F64, F64]:
     """Per window, the spans (sorted by start, running max `reach`) meeting it, clipped: (window,
     position in the sorted spans, start, end), windows in order and positions ascending in each."""

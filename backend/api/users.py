@@ -21,7 +21,7 @@ router = APIRouter()
 def health(cur: Cursor, ctx: Ctx) -> Health:
     states = jobs.job_counts(cur)
     return Health(
-        status="ok",
+        status="recovering" if ctx.ingest_queue.recovering else "ok",
         version=__version__,
         schema_version=SCHEMA_VERSION,
         runs=runs.count_runs(cur),

@@ -17,7 +17,8 @@ class AuthInfo(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok"]
+    # "recovering": the server answers while it settles and re-queues the jobs a previous run left
+    status: Literal["ok", "recovering"]
     version: str
     schema_version: int
     runs: int

@@ -83,7 +83,7 @@ layout:
 	for f in commlens/*; do ln -s ../../$$f .layout/commlens/; done
 	for d in backend ingest frontend harness; do ln -s ../../$$d .layout/commlens/$$d; done
 
-test: install-test
+test: lint typecheck
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -109,6 +109,9 @@ def build_store(db: Path, ranks: int, calls: int) -> dict[str, Any]:
 
 CHILD = """
 import json, resource, sys, time
+if sys.argv[3] != "0":  # a cap on the address space: a run too big fails instead of taking the machine
+    cap = int(float(sys.argv[3]) * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 timing_dir = sys.argv[2]
 if timing_dir:
     import commlens.backend.timing as t
@@ -128,11 +131,12 @@ print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": rss, "members": r
 """
 
 
-def persist(db: Path, timing_dir: str, timeout: float) -> dict[str, Any]:
-    """persist_run in a fresh process; `timing_dir` replaces backend/timing ('' = this tree)."""
+def persist(db: Path, timing_dir: str, timeout: float, max_gb: float) -> dict[str, Any]:
+    """persist_run in a fresh process; `timing_dir` replaces backend/timing ('' = this tree); `max_gb`
+    caps its address space (0: no cap)."""
     try:
         out = subprocess.run(
-            [sys.executable, "-c", CHILD, str(db), timing_dir],
+            [sys.executable, "-c", CHILD, str(db), timing_dir, str(max_gb)],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -142,7 +146,7 @@ def persist(db: Path, timing_dir: str, timeout: float) -> dict[str, Any]:
         return {"timeout_s": timeout}
     except subprocess.CalledProcessError as exc:
         return {"error": exc.stderr.strip().splitlines()[-1] if exc.stderr.strip() else f"exit {exc.returncode}"}
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    return dict(json.loads(out.stdout[out.stdout.rfind('{"wall_s"') :]))  # after DuckDB's progress bars
 
 
 def main() -> None:
@@ -151,9 +155,18 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--before", default="", help="a tree exported from an older commit (holding backend/timing)")
     ap.add_argument("--before-max", type=int, default=1_000_000, help="largest run the older code is timed on")
+    ap.add_argument(
+        "--before-from", type=Path, help="the JSON lines an earlier run printed: its 'before' of each run size"
+    )
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--max-gb", type=float, default=0, help="address space cap of each persist_run process")
     ap.add_argument("--no-write", action="store_true", help="print only; do not update bench/README.md")
     args = ap.parse_args()
+    earlier = {}
+    if args.before_from:
+        for line in args.before_from.read_text().splitlines():
+            if line.startswith("{") and "before" in (row := json.loads(line)):
+                earlier[(row["calls"], row["ranks"])] = row["before"]
     rows = []
     tmp = Path(tempfile.mkdtemp(prefix="commlens-bench-time-"))
     try:
@@ -164,8 +177,12 @@ def main() -> None:
                 info = build_store(db, ranks, calls)
                 info["build_s"] = time.perf_counter() - t0
                 if args.before and calls <= args.before_max:
-                    info["before"] = persist(db, str(Path(args.before) / "backend" / "timing"), args.timeout)
-                info["after"] = persist(db, "", args.timeout)
+                    info["before"] = persist(
+                        db, str(Path(args.before) / "backend" / "timing"), args.timeout, args.max_gb
+                    )
+                elif (info["calls"], ranks) in earlier:
+                    info["before"] = earlier[(info["calls"], ranks)]
+                info["after"] = persist(db, "", args.timeout, args.max_gb)
                 print(json.dumps(info), flush=True)
                 rows.append(info)
                 db.unlink()
@@ -201,16 +218,17 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         f"{dt.date.today().isoformat()}, {platform.system()} {cpu}, {os.cpu_count()} cores (shared with other "
         f"work), Python {platform.python_version()}. persist_run on the HTA DDP trace scaled in DuckDB (one "
         f"compute/memory interval in {COMPUTE_EVERY} kept; rank {LATE_RANK} 400 µs late), each in a fresh process: wall and CPU time "
-        "of the whole call (load, analysis, write) and the process's peak RSS. Ratios are after / before.",
+        "of the whole call (load, analysis, write) and the process's peak RSS. Ratios are after / before; with "
+        "other jobs on the cores, CPU time is the measure, wall time says how loaded the machine was.",
         "",
-        "| calls | ranks | steps/rank | intervals | before | after | time ratio | RSS ratio |",
-        "|---:|---:|---:|---:|---|---|---:|---:|",
+        "| calls | ranks | steps/rank | intervals | before | after | CPU ratio | wall ratio | RSS ratio |",
+        "|---:|---:|---:|---:|---|---|---:|---:|---:|",
     ]
     for r in rows:
         b, a = r.get("before"), r["after"]
         lines.append(
             f"| {r['calls']:,} | {r['ranks']} | {r['steps_per_rank']:,} | {r['intervals']:,} | {_cell(b)} | "
-            f"{_cell(a)} | {_ratio(b, a, 'wall_s')} | {_ratio(b, a, 'peak_rss_mb')} |"
+            f"{_cell(a)} | {_ratio(b, a, 'cpu_s')} | {_ratio(b, a, 'wall_s')} | {_ratio(b, a, 'peak_rss_mb')} |"
         )
     return "\n".join(lines)
 

@@ -127,7 +127,7 @@ HTA_FILES = [
 
 
 def _hta_overlap(trace_dir: Path, include_last_step: bool) -> dict[int, float]:
-    hta = pytest.importorskip("hta.trace_analysis", reason="HTA not installed (the bench extra)")
+    hta = pytest.importorskip("hta.trace_analysis", reason="HTA not installed (the test extra installs it)")
     logging.disable(logging.WARNING)
     ta = hta.TraceAnalysis(trace_dir=str(trace_dir), include_last_profiler_step=include_last_step)
     df = ta.get_comm_comp_overlap(visualize=False)

@@ -62,7 +62,7 @@ demo: install
 	  $(BIN)/commlens ingest $(DATA)/nccl-logs --db $(DB) --run nccl-logs; \
 	else echo "no $(DATA): skipping the shared real traces"; fi
 	$(BIN)/commlens report --db $(DB) --run zero3
-	@echo "store: $(DB) (runs: ddp zero3 tp pp resnet50-ddp dlrm, and one run per job of the NCCL logs: nccl-logs*); the dashboard follows (Ctrl-C stops it)"
+	@echo "store: $(DB) (runs: ddp zero3 tp pp cp-ring cp-attention2d resnet50-ddp dlrm, and one run per job of the NCCL logs: nccl-logs*); the dashboard follows (Ctrl-C stops it)"
 	$(BIN)/commlens serve --db $(DB) --host 127.0.0.1 --port $(PORT)
 
 # Lint: ruff's rule set and format check (pyproject.toml), and the import contracts (.importlinter: the dashboard

@@ -208,8 +208,11 @@ def test_delay_is_recorded_and_visible_in_the_traces(delayed, base, runs):
     # set aside (10-25 ms per step on a busy machine), and the sleep absorbs part of that, so the extra
     # over the run without delay falls short of the delay by that much. The control that shares the
     # contention is the run's other tp group: rank 2 holds rank 0's place in it and nobody there sleeps.
+    # Crowding only adds waits (a CI run beside a CPU burner measured +73 ms over the control for the 60 ms
+    # delay), so this raw check is one-sided; the analysis's 20% band for the tp group is asserted in
+    # tests/test_time_harness.py, on arrivals rather than on all-reduce durations.
     control = allreduce_ms_per_step(out, 2, dim)
-    assert mean(with_delay.values()) - mean(control.values()) == pytest.approx(DELAY_MS, rel=0.2), (with_delay, control)
+    assert mean(with_delay.values()) - mean(control.values()) >= 0.8 * DELAY_MS, (with_delay, control)
     assert extra >= 0.6 * DELAY_MS, (with_delay, without)
 
 

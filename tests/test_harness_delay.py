@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 from typing import Any
 
 import orjson
@@ -211,9 +211,11 @@ def test_delay_is_recorded_and_visible_in_the_traces(delayed, base, runs):
     # Crowding only adds waits (a CI run beside a CPU burner measured +73 ms over the control for the 60 ms
     # delay), so this raw check is one-sided; the analysis's 20% band for the tp group is asserted in
     # tests/test_time_harness.py, on arrivals rather than on all-reduce durations.
+    # Medians across steps: one crowded step (215 ms in an undelayed run beside a burner) moves a mean by more
+    # than the delay.
     control = allreduce_ms_per_step(out, 2, dim)
-    assert mean(with_delay.values()) - mean(control.values()) >= 0.8 * DELAY_MS, (with_delay, control)
-    assert extra >= 0.6 * DELAY_MS, (with_delay, without)
+    assert median(with_delay.values()) - median(control.values()) >= 0.8 * DELAY_MS, (with_delay, control)
+    assert median(with_delay.values()) - median(without.values()) >= 0.6 * DELAY_MS, (with_delay, without)
 
 
 @pytest.mark.slow

@@ -343,6 +343,9 @@ def upload_command(
     run: str = typer.Option(..., "--run", help="Run to upload into (created if missing)."),
     rank: int | None = typer.Option(None, "--rank", help="Global rank of single-rank files that do not say."),
     token: str | None = typer.Option(None, "--token", envvar="COMMLENS_TOKEN", help="API token (or COMMLENS_TOKEN)."),
+    one_run: bool = typer.Option(
+        False, "--one-run", help="Store every file in --run even where they look like several jobs."
+    ),
 ) -> None:
     """Upload files to a running server (the store belongs to `commlens serve` while it runs) and wait for the job."""
     import time
@@ -366,7 +369,7 @@ def upload_command(
             if exc.status != 404:
                 raise
             client.create_run(RunCreate(name=run))
-        job = client.upload(run, [(f.name, f.read_bytes()) for f in files], rank=rank)
+        job = client.upload(run, [(f.name, f.read_bytes()) for f in files], rank=rank, one_run=one_run)
         while job.state not in ("done", "failed"):
             time.sleep(0.5)
             job = client.job(job.job_id)
@@ -376,6 +379,11 @@ def upload_command(
     table = Table(title=f"run {escape(run)}: job {job.job_id} {job.state}")
     for col in ("file", "status", "kind", "rank", "calls", "error"):
         table.add_column(col, overflow="fold")
+    if job.jobs:
+        console.print(f"The files are of {len(job.jobs)} jobs: each is a run of its own (--one-run stores them all).")
+        for j in job.jobs:
+            why = "; ".join(j.apart) or "the upload's run"
+            console.print(f"  {escape(j.run)}: {len(j.files)} file(s), {escape(j.job)} ({escape(why)})")
     for r in job.results:
         table.add_row(
             escape(r.path),

@@ -147,11 +147,13 @@ class ApiClient:
     def sources(self, run: str, limit: int = 200, offset: int = 0) -> Page[SourceOut]:
         return self._get(f"/runs/{_seg(run)}/sources", Page[SourceOut], limit=limit, offset=offset)
 
-    def upload(self, run: str, files: Sequence[tuple[str, bytes]], rank: int | None = None) -> JobOut:
+    def upload(
+        self, run: str, files: Sequence[tuple[str, bytes]], rank: int | None = None, one_run: bool = False
+    ) -> JobOut:
+        """Upload files; those of several jobs become one run each unless `one_run`."""
         parts = [("files", (name, data, "application/octet-stream")) for name, data in files]
-        resp = self._request(
-            "POST", f"/runs/{_seg(run)}/files", params={"rank": rank}, files=parts, timeout=UPLOAD_TIMEOUT
-        )
+        params = {"rank": rank, "one_run": "true" if one_run else None}
+        resp = self._request("POST", f"/runs/{_seg(run)}/files", params=params, files=parts, timeout=UPLOAD_TIMEOUT)
         return JobOut.model_validate_json(resp.content)
 
     def attach_config(self, run: str, body: ConfigUpload) -> AttachedConfig:

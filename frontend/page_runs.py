@@ -194,6 +194,25 @@ def job_view(job: JobOut) -> html.Div:
                 row_class=classes,
             )
         )
+    if job.jobs:
+        parts.append(html.P(f"The files are of {len(job.jobs)} jobs: each went to a run of its own.", className="hint"))
+        parts.append(
+            table(
+                ["run", "files", "calls", "job", "joined by", "apart from the first because"],
+                [
+                    [
+                        dcc.Link(j.run, href=run_path(j.run), className="run-link"),
+                        ", ".join(j.files),
+                        td_num(j.calls),
+                        j.job,
+                        "; ".join(j.joined_by) or "-",
+                        "; ".join(j.apart) or "-",
+                    ]
+                    for j in job.jobs
+                ],
+                id_="up-jobs",
+            )
+        )
     if done and job.run:
         failed = job.state == "failed" or any(f.status == "failed" for f in job.results)
         text = (

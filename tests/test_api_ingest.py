@@ -45,8 +45,11 @@ def ingested(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
         jobs = {}
         for run, files in RUNS.items():
             assert c.post("/api/runs", json={"name": run}).status_code == 201
+            # three excerpts of unrelated jobs: one run on request (one_run), else one run each (test_api_split)
             r = c.post(
-                f"/api/runs/{run}/files", files=[("files", (Path(f).name, (data_dir / f).read_bytes())) for f in files]
+                f"/api/runs/{run}/files",
+                files=[("files", (Path(f).name, (data_dir / f).read_bytes())) for f in files],
+                data={"one_run": "true"} if run == "nccl-logs" else None,
             )
             assert r.status_code == 202 and r.headers["location"] == f"/api/jobs/{r.json()['job_id']}"
             jobs[run] = r.json()["job_id"]
@@ -71,6 +74,7 @@ def test_jobs_account_for_every_file(ingested, client: httpx.Client) -> None:
     size = (data / RUNS["dlrm"][0]).stat().st_size
     assert (dlrm["files_total"], dlrm["files_done"], dlrm["bytes_total"], dlrm["bytes_done"]) == (1, 1, size, size)
     assert sorted(r["rank"] for r in dlrm["results"]) == list(range(8))
+    assert dlrm["jobs"] == [] and {r["run"] for r in dlrm["results"]} == {"dlrm"}  # one job: one run
     assert all(
         r["status"] == "ok" and r["upload"] == "dlrm_kineto.tar.gz" and "!" in r["path"] for r in dlrm["results"]
     )

@@ -1,8 +1,10 @@
 """Upload jobs: spooled files are ingested by a pool of background threads.
 
 Each job is one call of commlens.service.ingest.ingest_run (one transaction per file: all rows or
-none). The job row is updated after every uploaded file; live byte progress of the current file is
-kept in memory. Jobs left queued or running by a stopped or killed server are settled at start-up: done
+none). Files of several training jobs are split into one run per job as the CLI does (`split_jobs`: every
+file is parsed first, then each job's stored in its run; the upload's run is the first), unless the upload
+asked for one run (`one_run`). The job row is updated after every uploaded file is stored; live byte
+progress of the current file is kept in memory. Jobs left queued or running by a stopped or killed server are settled at start-up: done
 (with the interruption noted) when every uploaded file was ingested, else failed with each file's state.
 The slow part of recovery (linking and analysing their runs, attributing runs the CLI stored) runs in the
 background while the server already answers (`recovering`); workers start jobs once it is over.
@@ -30,6 +32,7 @@ from commlens.ingest.inputs import InputFile, TapReader, iter_inputs
 from commlens.ingest.records import RankHint
 from commlens.service import jobs
 from commlens.service.ingest import FileOutcome, attribute_pending, complete_run, ingest_run
+from commlens.service.jobs_split import job_row
 from commlens.store import get_run_id
 
 from .db import Database
@@ -63,15 +66,17 @@ class Manifest:
     run: str
     rank: int | None
     files: list[SpooledUpload] = field(default_factory=list)
+    one_run: bool = False  # store every file in `run` even when they are of several jobs
 
     def dump(self, folder: Path) -> None:
-        data = {"run": self.run, "rank": self.rank, "files": [f.__dict__ for f in self.files]}
+        data = {"run": self.run, "rank": self.rank, "files": [f.__dict__ for f in self.files], "one_run": self.one_run}
         (folder / MANIFEST).write_text(json.dumps(data))
 
     @classmethod
     def load(cls, folder: Path) -> Manifest:
         data = json.loads((folder / MANIFEST).read_text())
-        return cls(data["run"], data["rank"], [SpooledUpload(**f) for f in data["files"]])
+        files = [SpooledUpload(**f) for f in data["files"]]
+        return cls(data["run"], data["rank"], files, bool(data.get("one_run", False)))
 
 
 def _progress(live: Live, base: int) -> Callable[[bytes], None]:
@@ -151,9 +156,10 @@ class IngestQueue:
             for job_id, state in jobs.fail_unfinished(cur):
                 job = jobs.get_job(cur, job_id)
                 log.warning("job %s, %s when the server stopped, is %s", job_id, state, job.state)
-                run_id = get_run_id(cur, job.run) if job.run is not None and job.state == "done" else None
-                if run_id is not None and job.run is not None:
-                    runs.append((run_id, job.run))
+                for run in job.touched_runs() if job.state == "done" else []:
+                    run_id = get_run_id(cur, run)
+                    if run_id is not None:
+                        runs.append((run_id, run))
         if self.spool.is_dir():
             for folder in self.spool.iterdir():
                 shutil.rmtree(folder, ignore_errors=True)
@@ -232,31 +238,38 @@ class IngestQueue:
         folder = self.spool / job_id
         manifest = Manifest.load(folder)
         live = self._live.setdefault(job_id, Live())
-        results: list[dict[str, Any]] = []
-
-        def record(item: InputFile, outcome: FileOutcome) -> None:
-            results.append(_result(live.upload or item.name, outcome))
+        progress = _Progress(manifest, split=not manifest.one_run)
 
         with self.db.session() as cur:
             run = jobs.get_job(cur, job_id).run
             if run is None:
                 self._finish(job_id, "failed", f"run {manifest.run!r} no longer exists")
                 return
+
+            def record(item: InputFile, outcome: FileOutcome) -> None:
+                if progress.add(item, _result(progress.upload_name(item), outcome, run)):
+                    jobs.record_progress(cur, job_id, progress.files_done, progress.bytes_done, progress.results)
+
             jobs.start_job(cur, job_id)
             try:
                 report = ingest_run(
                     cur,
                     run,
-                    self._inputs(cur, job_id, folder, manifest, live, results),
+                    self._inputs(cur, job_id, folder, manifest, live, progress),
                     RankHint(rank=manifest.rank),
                     self.settings.ingest_limits,
                     on_file=record,
+                    split_jobs=progress.split,
                 )
             except _StoppedError:
                 self._finish(
                     job_id, "failed", "the server was stopped during this job; upload the files without a result again"
                 )
                 return
+            runs = [job_row(j) for j in report.jobs] if len(report.jobs) > 1 else []
+            jobs.record_progress(
+                cur, job_id, len(manifest.files), sum(f.size for f in manifest.files), progress.results, runs
+            )
         self._finish(job_id, "done", report.attribution_error)
 
     def _inputs(
@@ -266,12 +279,13 @@ class IngestQueue:
         folder: Path,
         manifest: Manifest,
         live: Live,
-        results: list[dict[str, Any]],
+        progress: _Progress,
     ) -> Iterator[InputFile]:
-        """The job's files in upload order, named as uploaded, counting bytes into the live progress; the
-        job row is updated after each upload."""
+        """The job's files in upload order, named as uploaded, counting bytes into the live progress. Without
+        a split each file is stored before the next is read, so the job row is updated after each upload
+        here; a split reads them all first, and `_Progress.add` records each upload once it is stored."""
         bytes_done = 0
-        for files_done, upload in enumerate(manifest.files, start=1):
+        for index, upload in enumerate(manifest.files):
             if self._stopping.is_set():
                 raise _StoppedError
             path = folder / upload.path
@@ -281,15 +295,57 @@ class IngestQueue:
                 live.current = item.name
                 if item.name == upload.name and item.error is None:
                     item.open_raw = _tapped(item.open_raw, live, bytes_done)
+                progress.owner[id(item)] = index
+                progress.items[index] += 1
                 yield item
             bytes_done += upload.size
             live.bytes_done = bytes_done
-            jobs.record_progress(cur, job_id, files_done, bytes_done, results)
+            if not progress.split:
+                progress.files_done, progress.bytes_done = index + 1, bytes_done
+                jobs.record_progress(cur, job_id, index + 1, bytes_done, progress.results)
         live.current = None
 
 
-def _result(upload: str, o: FileOutcome) -> dict[str, Any]:
+@dataclass
+class _Progress:
+    """Which upload each ingested file came from, and the uploads stored whole so far."""
+
+    manifest: Manifest
+    split: bool
+    owner: dict[int, int] = field(default_factory=dict)  # id(InputFile) -> index of its upload
+    items: list[int] = field(default_factory=list)  # files read from each upload
+    stored: list[int] = field(default_factory=list)  # files stored (or recorded failed) of each upload
+    results: list[dict[str, Any]] = field(default_factory=list)
+    files_done: int = 0
+    bytes_done: int = 0
+
+    def __post_init__(self) -> None:
+        self.items = [0] * len(self.manifest.files)
+        self.stored = [0] * len(self.manifest.files)
+
+    def upload_name(self, item: InputFile) -> str:
+        index = self.owner.get(id(item))
+        return item.name if index is None else self.manifest.files[index].name
+
+    def add(self, item: InputFile, result: dict[str, Any]) -> bool:
+        """Count a file's outcome; True when, in a split, it completes the uploads up to a new one."""
+        self.results.append(result)
+        index = self.owner.get(id(item))
+        if not self.split or index is None:
+            return False
+        self.stored[index] += 1
+        done = self.files_done
+        while done < len(self.items) and self.stored[done] >= self.items[done]:
+            done += 1
+        if done == self.files_done:
+            return False
+        self.files_done, self.bytes_done = done, sum(f.size for f in self.manifest.files[:done])
+        return True
+
+
+def _result(upload: str, o: FileOutcome, run: str) -> dict[str, Any]:
     return {
+        "run": o.run or run,
         "upload": upload,
         "path": o.path,
         "status": o.status,

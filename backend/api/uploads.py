@@ -1,5 +1,7 @@
 """POST /api/runs/{run}/files (multipart upload, streamed to the spool, limits enforced while reading)
-and GET /api/jobs (the ingest jobs the uploads become)."""
+and GET /api/jobs (the ingest jobs the uploads become). Files of several training jobs become one run
+each (the job's `jobs` table says what went where and why); `one_run=true`, as a query parameter or a
+form field, stores them all in the run."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from starlette.requests import ClientDisconnect
 
 from commlens import store
 from commlens.contract.common import Page
-from commlens.contract.jobs import FileResult, JobOut
+from commlens.contract.jobs import FileResult, JobOut, JobRun
 from commlens.ingest.formats import sniff_file
 from commlens.ingest.inputs import Limits
 from commlens.ingest.records import ParseError
@@ -64,6 +66,9 @@ class _Spooler:
         self._hname = b""
         self._hvalue = b""
         self._disposition = b""
+        self._name = ""  # the form field being read
+        self._value = b""
+        self.fields: dict[str, str] = {}  # form fields (not files), by name
         self.ended = False
 
     def callbacks(self) -> dict[str, Any]:
@@ -83,6 +88,7 @@ class _Spooler:
 
     def _begin(self) -> None:
         self._disposition, self._is_file, self._size, self._field = b"", False, 0, 0
+        self._name, self._value = "", b""
 
     def _hf(self, data: bytes, start: int, end: int) -> None:
         self._hname += data[start:end]
@@ -98,6 +104,7 @@ class _Spooler:
     def _headers_done(self) -> None:
         _, options = parse_options_header(self._disposition)
         if b"filename" not in options:
+            self._name = options.get(b"name", b"").decode("utf-8", "replace")
             return
         if len(self.files) >= self.max_files:
             raise _RefusedError(
@@ -120,6 +127,7 @@ class _Spooler:
                     f"a form field is larger than {MAX_FIELD_BYTES} bytes; only file parts may be large",
                     "field-too-large",
                 )
+            self._value += data[start:end]
             return
         self._size += n
         if self._size > self.max_file:
@@ -133,6 +141,8 @@ class _Spooler:
         self._fh.write(data[start:end])
 
     def _end(self) -> None:
+        if not self._is_file and self._name:
+            self.fields[self._name] = self._value.decode("utf-8", "replace")
         if self._is_file and self._fh is not None:
             self._fh.close()
             self._fh = None
@@ -186,6 +196,7 @@ def job_out(job: jobs.Job, queue: IngestQueue) -> JobOut:
         bytes_done=max(job.bytes_done, live.bytes_done) if live else job.bytes_done,
         current=live.current if live else None,
         results=[FileResult(**r) for r in job.results],
+        jobs=[JobRun(**r) for r in job.runs],
         error=job.error,
         created_at=job.created_at,
         updated_at=job.updated_at,
@@ -230,7 +241,10 @@ def list_jobs(
                     "schema": {
                         "type": "object",
                         "required": ["files"],
-                        "properties": {"files": {"type": "array", "items": {"type": "string", "format": "binary"}}},
+                        "properties": {
+                            "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                            "one_run": {"type": "boolean", "description": "store every file in this run"},
+                        },
                     }
                 }
             },
@@ -243,6 +257,13 @@ async def upload_files(
     ctx: Ctx,
     rank: Annotated[
         int | None, Query(ge=0, le=10_000_000, description="global rank of single-rank files that do not say")
+    ] = None,
+    one_run: Annotated[
+        bool | None,
+        Query(
+            description="store every file in this run even when they are of several jobs (by default each job "
+            "gets a run of its own); also accepted as a form field"
+        ),
     ] = None,
 ) -> JSONResponse:
     settings = ctx.settings
@@ -277,7 +298,8 @@ async def upload_files(
                 )
         if refused is not None:
             raise refused.error
-        manifest = Manifest(run=run, rank=rank, files=spooler.files)
+        merge = one_run if one_run is not None else _flag(spooler.fields, "one_run")
+        manifest = Manifest(run=run, rank=rank, files=spooler.files, one_run=merge)
         manifest.dump(folder)
         job = await run_in_threadpool(_create_job, ctx, job_id, run, manifest)
     except BaseException:
@@ -286,6 +308,17 @@ async def upload_files(
         raise
     ctx.ingest_queue.submit(job_id, run, principal.name)
     return JSONResponse(job.model_dump(mode="json"), status_code=202, headers={"Location": f"/api/jobs/{job_id}"})
+
+
+TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
+
+
+def _flag(fields: dict[str, str], name: str) -> bool:
+    """A boolean form field (absent: false), or a 422 naming the field and the values it takes."""
+    value = fields.get(name, "").strip().lower()
+    if value in TRUE or value in FALSE:
+        return value in TRUE
+    raise ApiError(422, f"form field {name!r} is {fields[name]!r}; it takes true or false", "invalid-field")
 
 
 def _multipart_boundary(request: Request, settings: Settings) -> bytes:

@@ -19,6 +19,18 @@ class FileResult(BaseModel):
     error: str | None = None
     skipped: dict[str, int] = {}
     warnings: list[str] = []
+    run: str | None = None  # the run it went to (an upload of several jobs is split into one run per job)
+
+
+class JobRun(BaseModel):
+    """One run an upload's files went to, and the evidence that put them there."""
+
+    run: str
+    files: list[str]  # ingested paths, as in FileResult.path
+    calls: int  # calls parsed from those files
+    job: str  # the job's identity: world size, ranks, hosts, communicators, time
+    joined_by: list[str] = []  # the evidence that these files are one job
+    apart: list[str] = []  # why this is not the upload's first job (empty for the first)
 
 
 class JobOut(BaseModel):
@@ -31,6 +43,8 @@ class JobOut(BaseModel):
     bytes_done: int
     current: str | None = None  # the file being ingested
     results: list[FileResult]
+    # With files of several jobs: one row per run they went to, the upload's run first (else empty).
+    jobs: list[JobRun] = []
     error: str | None
     created_at: datetime
     updated_at: datetime

@@ -1,4 +1,7 @@
-"""The API's background ingest jobs: one row per upload, updated after every file it ingests."""
+"""The API's background ingest jobs: one row per upload, updated after every file it ingests.
+
+The `results` JSON column holds {"files": [per-file results], "jobs": [runs the files went to]} (a bare
+list of file results in rows written before uploads were split by job, read the same)."""
 
 from __future__ import annotations
 
@@ -29,6 +32,12 @@ class Job:
     created_at: datetime
     updated_at: datetime
     results: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)  # with files of several jobs: what went where
+
+    def touched_runs(self) -> list[str]:
+        """Every run the job's files went to: its own and those a split sent files to."""
+        names = [self.run, *(r.get("run") for r in self.results), *(r.get("run") for r in self.runs)]
+        return sorted({n for n in names if isinstance(n, str)})
 
 
 _SELECT = """SELECT j.job_id, r.name, j.state, j.files_total, j.files_done, j.bytes_total, j.bytes_done, j.error,
@@ -37,7 +46,8 @@ _SELECT = """SELECT j.job_id, r.name, j.state, j.files_total, j.files_done, j.by
 
 
 def _job(row: tuple[Any, ...]) -> Job:
-    results = json.loads(row[10]) if isinstance(row[10], str) else (row[10] or [])
+    stored = json.loads(row[10]) if isinstance(row[10], str) else (row[10] or [])
+    results, runs = (stored, []) if isinstance(stored, list) else (stored.get("files", []), stored.get("jobs", []))
     return Job(
         job_id=row[0],
         run=row[1],
@@ -50,6 +60,7 @@ def _job(row: tuple[Any, ...]) -> Job:
         created_at=row[8],
         updated_at=row[9],
         results=results,
+        runs=runs,
     )
 
 
@@ -108,11 +119,17 @@ def start_job(con: duckdb.DuckDBPyConnection, job_id: str) -> None:
 
 
 def record_progress(
-    con: duckdb.DuckDBPyConnection, job_id: str, files_done: int, bytes_done: int, results: list[dict[str, Any]]
+    con: duckdb.DuckDBPyConnection,
+    job_id: str,
+    files_done: int,
+    bytes_done: int,
+    results: list[dict[str, Any]],
+    runs: list[dict[str, Any]] | None = None,
 ) -> None:
+    """The uploads done so far (each ingested whole), their files' results and, once split, the runs."""
     con.execute(
         "UPDATE jobs SET files_done = ?, bytes_done = ?, results = ?, updated_at = current_timestamp WHERE job_id = ?",
-        [files_done, bytes_done, json.dumps(results), job_id],
+        [files_done, bytes_done, json.dumps({"files": results, "jobs": runs or []}), job_id],
     )
 
 

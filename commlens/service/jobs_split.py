@@ -4,7 +4,9 @@ Files are joined on positive evidence only: a shared NCCL communicator id, or pe
 distinct ranks whose absolute time spans overlap. Two groups are never joined when the evidence says
 they are different jobs: different world sizes, a rank present in both, communicator ids that never
 meet, or time spans more than `APART_S` apart. A file whose job cannot be told (no rank, world size,
-communicator id or time) is its own job; a configuration file (a harness run.json) joins the first job. Everything here is computed from the parse results, before anything is written.
+communicator id or time) is its own job; a configuration file (a harness run.json) joins the first job.
+Everything here is computed from the parse results, before anything is written. The CLI's `ingest` and
+the API's upload jobs both split through `commlens.service.ingest.ingest_run(split_jobs=True)`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from commlens.ingest.records import ParseResult
 
@@ -196,6 +199,18 @@ def describe(job: Job) -> str:
     if (span := job.span_us) is not None:
         parts.append(f"from {_when(span[0])}")
     return "; ".join(parts) or "nothing tells its job"
+
+
+def job_row(job: Job) -> dict[str, Any]:
+    """What went where, one row per run: as an upload job stores it (the API's `JobOut.jobs`)."""
+    return {
+        "run": job.run,
+        "files": [f.path for f in job.files],
+        "calls": sum(f.calls for f in job.files),
+        "job": describe(job),
+        "joined_by": list(job.joined_by),
+        "apart": list(job.apart),
+    }
 
 
 def _ints(values: set[int] | frozenset[int]) -> str:

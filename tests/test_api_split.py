@@ -1,0 +1,111 @@
+"""Uploads of several jobs through a real server become the same runs as the CLI's ingest makes (one run per
+job, through the same service code), `one_run` merges them, and one job's archive stays one run."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import duckdb
+import httpx
+import pytest
+
+from commlens import store
+from commlens.backend.api import Settings
+from commlens.backend.api.testing import ServerThread, wait_job
+from commlens.ingest.inputs import iter_inputs
+from commlens.service.ingest import ingest_run
+
+
+def _runs_of(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
+    """Each run with the base names of its ingested files."""
+    out: dict[str, list[str]] = {}
+    for run, path in con.execute(
+        "SELECT r.name, s.path FROM runs r JOIN sources s USING (run_id) WHERE s.status = 'ok' ORDER BY 1, 2"
+    ).fetchall():
+        out.setdefault(run, []).append(Path(path.split("!")[-1]).name)
+    return {run: sorted(files) for run, files in out.items()}
+
+
+def _tar_gz(files: list[Path]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for f in files:
+            tar.add(f, arcname=f.name)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def cli_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """The runs the CLI's ingest makes of the 19 NCCL log excerpts (the service call it makes)."""
+    from conftest import shared_data
+
+    con = store.connect(tmp_path_factory.mktemp("cli") / "s.duckdb")
+    ingest_run(con, "logs", iter_inputs([shared_data() / "nccl-logs"]), split_jobs=True)
+    runs = _runs_of(con)
+    con.close()
+    return runs
+
+
+@pytest.mark.parametrize("as_archive", [True, False])
+def test_nccl_log_excerpts_upload_as_the_cli_splits_them(
+    tmp_path: Path, data_dir: Path, cli_runs: dict[str, list[str]], as_archive: bool
+) -> None:
+    logs = sorted((data_dir / "nccl-logs").iterdir())
+    assert len(logs) == 19 and len(cli_runs) == 19
+    if as_archive:
+        files = [("files", ("logs.tar.gz", _tar_gz(logs)))]
+    else:
+        files = [("files", (f.name, f.read_bytes())) for f in logs]
+    with ServerThread(Settings(db=tmp_path / "s.duckdb")) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        assert c.post("/api/runs", json={"name": "logs"}).status_code == 201
+        r = c.post("/api/runs/logs/files", files=files)
+        assert r.status_code == 202, r.text
+        job = wait_job(c, r.json()["job_id"], timeout=240)
+        assert job["state"] == "done" and job["error"] is None, job
+        assert (job["files_done"], job["files_total"]) == (len(files), len(files))
+        # the job's table: one row per run, the upload's run first, each naming its files and evidence
+        table = {j["run"]: j for j in job["jobs"]}
+        assert job["jobs"][0]["run"] == "logs" and job["jobs"][0]["apart"] == []
+        assert {run: sorted(Path(p.split("!")[-1]).name for p in j["files"]) for run, j in table.items()} == cli_runs
+        assert table["logs-nvidia-nccl-1193"]["calls"] == 4
+        assert table["logs-nvidia-nccl-1193"]["job"].startswith("world size 128")
+        assert table["logs-nvidia-nccl-1357"]["apart"] == [
+            "nothing shows they are one job (no shared communicator, rank or time)"
+        ]
+        # every file result names its run; the runs exist with their calls
+        assert all(x["status"] == "ok" for x in job["results"])
+        went = {Path(x["path"].split("!")[-1]).name: x["run"] for x in job["results"]}
+        assert went == {f: run for run, fs in cli_runs.items() for f in fs}
+        listed = {x["name"]: x["events"] for x in c.get("/api/runs", params={"limit": 100}).json()["items"]}
+        assert listed["logs-nvidia-nccl-1193"] == 4 and listed["logs-nvidia-nccl-203"] == 7
+        assert sorted(listed) == sorted(cli_runs)
+        if as_archive:
+            assert all(x["upload"] == "logs.tar.gz" for x in job["results"])
+        else:
+            assert all(x["upload"] == Path(x["path"]).name for x in job["results"])
+
+
+@pytest.mark.parametrize("how", ["query", "form"])
+def test_one_run_merges_and_dlrm_stays_one_run(tmp_path: Path, data_dir: Path, how: str) -> None:
+    pair = [data_dir / "nccl-logs" / f for f in ("nvidia-nccl-1193.log", "nvidia-nccl-203.log")]
+    with ServerThread(Settings(db=tmp_path / "s.duckdb")) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        for run in ("pair", "dlrm"):
+            assert c.post("/api/runs", json={"name": run}).status_code == 201
+        kwargs: dict = {"params": {"one_run": "true"}} if how == "query" else {"data": {"one_run": "true"}}
+        r = c.post("/api/runs/pair/files", files=[("files", (f.name, f.read_bytes())) for f in pair], **kwargs)
+        assert r.status_code == 202, r.text
+        merged = wait_job(c, r.json()["job_id"])
+        assert merged["jobs"] == [] and [x["run"] for x in merged["results"]] == ["pair", "pair"]
+        assert c.get("/api/runs/pair").json()["events"] == 11
+        dlrm = data_dir / "kineto-param" / "dlrm_kineto.tar.gz"
+        r = c.post("/api/runs/dlrm/files", files={"files": (dlrm.name, dlrm.read_bytes())})
+        job = wait_job(c, r.json()["job_id"], timeout=120)
+        assert job["jobs"] == [] and len(job["results"]) == 8
+        assert {x["run"] for x in job["results"]} == {"dlrm"}
+        assert sorted(x["name"] for x in c.get("/api/runs").json()["items"]) == ["dlrm", "pair"]
+        bad = c.post(
+            "/api/runs/pair/files", files={"files": (pair[0].name, pair[0].read_bytes())}, data={"one_run": "maybe"}
+        )
+        assert bad.status_code == 422 and "form field 'one_run' is 'maybe'" in bad.json()["detail"]

@@ -21,6 +21,8 @@ from commlens.harness import cli as harness_cli  # no torch at import time
 from commlens.service.errors import ServiceError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import duckdb
 
     from commlens.service.ingest import IngestReport, IngestSummary
@@ -88,6 +90,18 @@ def ingest(
         "--one-run",
         help="Store every file in --run even where they look like several jobs (by default each job gets a run).",
     ),
+    cluster: str | None = typer.Option(
+        None,
+        "--cluster",
+        metavar="tcp://SCHEDULER:8786",
+        help="Parse on this Dask cluster's workers (extra `cluster`); PATHs may be fsspec URLs (s3://...).",
+    ),
+    parquet_out: str | None = typer.Option(
+        None,
+        "--parquet-out",
+        metavar="DIR",
+        help="With --cluster: where workers write the parsed Parquet dataset (kept); default a temporary folder.",
+    ),
 ) -> None:
     """Ingest NCCL debug logs and PyTorch profiler (Kineto) traces into the store, one run per training job."""
     from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, iter_inputs
@@ -112,15 +126,18 @@ def ingest(
             if outcome.status == "failed":
                 err_console.print(f"[red]failed[/red] {escape(str(outcome.error))}")
 
-        report = ingest_run(
-            con,
-            run,
-            iter_inputs(paths, DEFAULT_LIMITS),
-            RankHint(rank=rank),
-            on_file=on_file,
-            description=description,
-            split_jobs=not one_run,
-        )
+        if cluster is not None:
+            report = _ingest_on_cluster(con, run, paths, cluster, parquet_out, rank, on_file, description, one_run)
+        else:
+            report = ingest_run(
+                con,
+                run,
+                iter_inputs(paths, DEFAULT_LIMITS),
+                RankHint(rank=rank),
+                on_file=on_file,
+                description=description,
+                split_jobs=not one_run,
+            )
     if len(report.jobs) > 1:
         _print_jobs(con, report)
     else:
@@ -130,6 +147,38 @@ def ingest(
         err_console.print(f"[red]error:[/red] {escape(report.attribution_error)}")
     if report.failed or report.attribution_error:
         raise typer.Exit(1)
+
+
+def _ingest_on_cluster(
+    con: duckdb.DuckDBPyConnection,
+    run: str,
+    paths: list[Path],
+    scheduler: str,
+    parquet_out: str | None,
+    rank: int | None,
+    on_file: Callable[..., None],
+    description: str | None,
+    one_run: bool,
+) -> IngestReport:
+    """`ingest --cluster`: the parse step on a Dask cluster; a missing extra or an unreachable scheduler is said."""
+    from commlens.ingest.records import RankHint
+    from commlens.service.cluster import ingest_cluster, path_arg
+
+    try:
+        return ingest_cluster(
+            con,
+            run,
+            [path_arg(p) for p in paths],
+            scheduler,
+            parquet_out,
+            RankHint(rank=rank),
+            on_file=on_file,
+            description=description,
+            split=not one_run,
+        )
+    except ServiceError as exc:
+        err_console.print(f"[red]error:[/red] {escape(exc.detail)}")
+        raise typer.Exit(2) from None
 
 
 def _print_jobs(con: duckdb.DuckDBPyConnection, report: IngestReport) -> None:
@@ -540,6 +589,34 @@ def report(
     except ApiProblem as exc:
         err_console.print(f"[red]error:[/red] {escape(f'{url}: {exc}')}")
         raise typer.Exit(2) from None
+
+
+EXPORT_PARQUET = typer.Option(..., "--parquet", metavar="DIR", help="New folder for the Parquet dataset.")
+
+
+@app.command("export")
+def export_command(
+    parquet: Path = EXPORT_PARQUET,
+    run: str | None = typer.Option(None, "--run", help="Only this run's rows (default: every run)."),
+    db: Path = READ_DB_OPTION,
+) -> None:
+    """Write every table and view of the store as hive-partitioned Parquet (<name>/run=<run>/rank=<r>/part-0.parquet),
+    which DuckDB, Spark or Trino query with the store's documented SQL (docs/store.md)."""
+    from commlens.service.export import export_parquet
+
+    if not db.is_file():
+        err_console.print(f"[red]error:[/red] {escape(f'no store at {db}')}: give --db the store's path")
+        raise typer.Exit(2)
+    con = _open_store(db)
+    try:
+        written = export_parquet(con, parquet, run)
+    except ServiceError as exc:
+        err_console.print(f"[red]error:[/red] {escape(exc.detail)}")
+        raise typer.Exit(2) from None
+    finally:
+        con.close()
+    rows = sum(r.rows for r in written)
+    console.print(f"{len(written)} tables and views, {rows} rows, written under {escape(str(parquet))}")
 
 
 @app.command("runs")

@@ -1,14 +1,18 @@
-"""A run's rows of the public `comms` view, filtered, as Arrow batches: what an export streams."""
+"""Exports: a run's rows of the public `comms` view, filtered, as Arrow batches (what the API streams), and
+the whole store (or one run) as a hive-partitioned Parquet dataset that other engines query with the same SQL."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
-from commlens.backend.iterations import run_id_of
+from commlens.backend.iterations import UnknownRunError, run_id_of
+from commlens.service.errors import InvalidError, NotFoundError
 
 COMMS_COLUMNS = (
     "run",
@@ -62,3 +66,80 @@ def comms_schema(con: duckdb.DuckDBPyConnection, run: str, filters: dict[str, An
     """The Arrow schema of the rows (for an empty file with the view's columns)."""
     sql, params = comms_query(run, filters)
     return con.sql(f"SELECT * FROM ({sql}) LIMIT 0", params=params).to_arrow_table().schema
+
+
+# ------------------------------------------------------------------------ the store as a Parquet dataset
+
+SECRET_COLUMN = "%token%"  # tables holding tokens (even hashed) never leave the store
+
+
+@dataclass(frozen=True)
+class ExportedRelation:
+    name: str
+    rows: int
+    partitions: tuple[str, ...]  # hive partition columns: ("run", "rank"), ("run",) or none
+
+
+def export_parquet(con: duckdb.DuckDBPyConnection, out: Path, run: str | None = None) -> list[ExportedRelation]:
+    """Every table and view of the store (or only `run`'s rows) as Parquet under `out`, hive-partitioned:
+    `<name>/run=<run name>/rank=<r>/part-0.parquet` where the relation has a rank, `<name>/run=<run name>/...`
+    where it has a run, `<name>/part-0.parquet` otherwise (and for a relation without rows). Relations keyed by
+    `run_id` gain the run's name as `run`. Tables with token columns (users) are left out."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InvalidError(f"{out}: exists and is not an empty folder; give a new folder for the export", "export")
+    if run is not None:
+        try:
+            check_run(con, run)
+        except UnknownRunError:
+            raise NotFoundError(f"no run named {run!r} in the store", "run") from None
+    columns: dict[str, list[str]] = {}
+    for name, column in con.execute(
+        "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = current_database() "
+        "AND schema_name = 'main' ORDER BY table_name, column_index"
+    ).fetchall():
+        columns.setdefault(str(name), []).append(str(column))
+    secret = {
+        str(r[0])
+        for r in con.execute(
+            "SELECT DISTINCT table_name FROM duckdb_columns() WHERE database_name = current_database() "
+            "AND column_name LIKE ?",
+            [SECRET_COLUMN],
+        ).fetchall()
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    return [_export_one(con, out, name, cols, run) for name, cols in columns.items() if name not in secret]
+
+
+def _export_one(
+    con: duckdb.DuckDBPyConnection, out: Path, name: str, cols: list[str], run: str | None
+) -> ExportedRelation:
+    params: list[Any] = []
+    if "run_id" in cols and "run" not in cols:
+        sql = f'SELECT t.*, r.name AS run FROM "{name}" t LEFT JOIN runs r ON r.run_id = t.run_id'
+        partitions: tuple[str, ...] = ("run", "rank") if "rank" in cols else ("run",)
+        where = "r.name = ?"
+    elif "run" in cols:
+        sql = f'SELECT * FROM "{name}"'
+        partitions = ("run", "rank") if "rank" in cols else ("run",)
+        where = "run = ?"
+    else:
+        sql, partitions, where = f'SELECT * FROM "{name}"', (), ""
+    if run is not None and where:
+        sql, params = f"{sql} WHERE {where}", [run]
+    count = con.execute(f"SELECT count(*) FROM ({sql})", params).fetchone()
+    rows = int(count[0]) if count else 0
+    target = out / name
+    if rows and partitions:
+        con.execute(
+            f"COPY ({sql}) TO '{_literal(target)}' (FORMAT parquet, PARTITION_BY ({', '.join(partitions)}), "
+            "FILENAME_PATTERN 'part-{i}')",
+            params,
+        )
+    else:  # one file, with every column (a partition column stays in the file: there is no folder for it)
+        target.mkdir()
+        con.execute(f"COPY ({sql}) TO '{_literal(target / 'part-0.parquet')}' (FORMAT parquet)", params)
+    return ExportedRelation(name, rows, partitions if rows else ())
+
+
+def _literal(path: Path) -> str:
+    return str(path).replace("'", "''")

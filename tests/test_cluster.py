@@ -1,0 +1,84 @@
+"""`commlens ingest --cluster` on a real Dask LocalCluster (2 worker processes on loopback) against the
+single-process ingest of the same files, table by table and row by row; and `export --parquet` read back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from commlens.cli import app
+from commlens.store.tables import RUN_TABLES
+
+from .conftest import shared_data
+
+distributed = pytest.importorskip("distributed", reason="dask[distributed] is not installed (extra `cluster`)")
+
+DLRM = "kineto-param/dlrm_kineto.tar.gz"
+# Tables whose rows a run's ingest fills (users and the API's jobs stay empty in both stores).
+COMPARED = ("runs", *(t for t in RUN_TABLES if t not in ("jobs", "review_items")))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+    ) as c:
+        yield c.scheduler_address
+
+
+def _ingest(db: Path, *args: str) -> None:
+    result = CliRunner().invoke(app, ["ingest", *args, "--db", str(db), "--run", "dlrm"])
+    assert result.exit_code == 0, result.output
+
+
+def _columns(con: duckdb.DuckDBPyConnection, table: str) -> str:
+    """The table's columns but its clock times (when each store was written)."""
+    rows = con.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE database_name = 'single' AND table_name = ? "
+        "AND data_type NOT LIKE 'TIMESTAMP%' ORDER BY column_index",
+        [table],
+    ).fetchall()
+    return ", ".join(f'"{r[0]}"' for r in rows)
+
+
+def _diff(con: duckdb.DuckDBPyConnection, table: str) -> tuple[int, int, int]:
+    """(rows, rows only in the single-process store, rows only in the cluster's), as multisets."""
+    cols = _columns(con, table)
+    n = con.execute(f"SELECT count(*) FROM single.{table}").fetchone()
+    a = con.execute(
+        f"SELECT count(*) FROM (FROM (SELECT {cols} FROM single.{table}) EXCEPT ALL FROM (SELECT {cols} FROM dask.{table}))"
+    ).fetchone()
+    b = con.execute(
+        f"SELECT count(*) FROM (FROM (SELECT {cols} FROM dask.{table}) EXCEPT ALL FROM (SELECT {cols} FROM single.{table}))"
+    ).fetchone()
+    assert n is not None and a is not None and b is not None
+    return int(n[0]), int(a[0]), int(b[0])
+
+
+def test_cluster_ingest_equals_single_process(cluster: str, tmp_path: Path) -> None:
+    archive = shared_data() / DLRM
+    single, dask, dataset = tmp_path / "single.duckdb", tmp_path / "dask.duckdb", tmp_path / "parts"
+    _ingest(single, str(archive))
+    _ingest(dask, str(archive), "--cluster", cluster, "--parquet-out", str(dataset))
+    con = duckdb.connect()
+    con.execute(f"ATTACH '{single}' AS single (READ_ONLY)")
+    con.execute(f"ATTACH '{dask}' AS dask (READ_ONLY)")
+    rows = {table: _diff(con, table) for table in COMPARED}
+    assert {t: r for t, r in rows.items() if r[1] or r[2]} == {}
+    # the 8-rank DLRM job: its calls, intervals, aggregates and time tables all came through
+    assert rows["sources"][0] == 8
+    assert rows["comm_events"][0] == 64  # 8 calls per rank in the profiled step
+    assert {t: rows[t][0] for t in ("timeline_intervals", "steps", "comm_agg")} == {
+        "timeline_intervals": 2241,
+        "steps": 8,
+        "comm_agg": 56,
+    }
+    # the workers' dataset: hive partitions per run and rank, readable as it is
+    ranks = con.execute(
+        f"SELECT DISTINCT rank FROM read_parquet('{dataset}/comm_events/*/*/*.parquet', hive_partitioning = true) ORDER BY 1"
+    ).fetchall()
+    assert [r[0] for r in ranks] == list(range(8))

@@ -11,12 +11,24 @@ rank involved has none. Read from the run's aggregates (comm_agg joined to its g
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from typing import Literal
 
 import duckdb
 
-from commlens.contract.analysis import Imbalance, RankSchemeTotal, RankTotals
+from commlens.contract.analysis import (
+    Imbalance,
+    RankBasis,
+    RankGroup,
+    RankGroupCell,
+    RankMetric,
+    RankSchemeTotal,
+    RankSummary,
+    RankTotals,
+    RankValue,
+    SchemeSpread,
+)
 from commlens.store.aggregates import measured_kind_sql
 
 from .iterations import fresh_run_id, iteration_info
@@ -54,8 +66,11 @@ def _imbalance(
     )
 
 
-def rank_totals(con: duckdb.DuckDBPyConnection, run: str) -> RankTotals:
-    """Calls, bytes and measured time per rank and scheme, with max/mean imbalance per scheme."""
+def rank_totals(
+    con: duckdb.DuckDBPyConnection, run: str, first: int | None = None, last: int | None = None
+) -> RankTotals:
+    """Calls, bytes and measured time per rank and scheme, with max/mean imbalance per scheme; given a range,
+    the rows of the global ranks in [first, last] only (the imbalance still spans every rank)."""
     run_id = fresh_run_id(con, run)
     info = iteration_info(con, run, run_id)
     measured = measured_kind_sql("a", "g")
@@ -123,4 +138,128 @@ def rank_totals(con: duckdb.DuckDBPyConnection, run: str) -> RankTotals:
         if not per_it and len(counts) > 1 and info.mode != "none":
             notes.append(f"{label}: iterations unknown or unequal across ranks, imbalance uses totals")
     imbalance.sort(key=lambda i: -i.max_over_mean)
-    return RankTotals(run=run, rows=out, imbalance=imbalance, notes=notes)
+    n_ranks = len({r.rank for r in out})
+    if first is not None or last is not None:
+        lo = first if first is not None else 0
+        hi = last if last is not None else 2**63
+        out = [r for r in out if r.rank.lstrip("-").isdigit() and lo <= int(r.rank) <= hi]
+    return RankTotals(run=run, rows=out, imbalance=imbalance, notes=notes, ranks=n_ranks, first=first, last=last)
+
+
+def rank_value(r: RankSchemeTotal, metric: RankMetric, basis: RankBasis) -> float | None:
+    """The number a rank's row contributes to a view of `metric` on `basis`."""
+    if metric == "bytes":
+        return r.bytes_per_iteration if basis == "per_iteration" else float(r.bytes)
+    return r.time_us_per_iteration if basis == "per_iteration" else r.time_us
+
+
+OUTLIER_LIMIT = 32
+
+
+def _spread(scheme: str | None, values: dict[str, float]) -> SchemeSpread:
+    ordered = sorted(values.values())
+    q1, median, q3 = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else ordered * 3
+    lo_fence, hi_fence = q1 - 1.5 * (q3 - q1), q3 + 1.5 * (q3 - q1)
+    outside = [(rk, v) for rk, v in values.items() if v < lo_fence or v > hi_fence]
+    outside.sort(key=lambda p: (-abs(p[1] - median), _rank_order(p[0])))
+    return SchemeSpread(
+        scheme=scheme,
+        ranks=len(values),
+        min=ordered[0],
+        q1=q1,
+        median=median,
+        q3=q3,
+        max=ordered[-1],
+        mean=sum(ordered) / len(ordered),
+        min_rank=min(values, key=lambda rk: (values[rk], _rank_order(rk))),
+        max_rank=min(values, key=lambda rk: (-values[rk], _rank_order(rk))),
+        outliers=[RankValue(rank=rk, value=v) for rk, v in outside[:OUTLIER_LIMIT]],
+        outliers_total=len(outside),
+    )
+
+
+def _group_of(rank: str, band: int) -> tuple[str, int | str]:
+    """("band", index) for a global rank; ("host", name) for a process key "host:pid"."""
+    if rank.lstrip("-").isdigit():
+        return "band", int(rank) // band
+    return "host", rank.rsplit(":", 1)[0]
+
+
+def rank_summary(
+    con: duckdb.DuckDBPyConnection,
+    run: str,
+    metric: RankMetric = "bytes",
+    basis: RankBasis = "per_iteration",
+    band: int = 32,
+) -> RankSummary:
+    """Per-rank values of `metric` on `basis` summarised for many ranks: the spread and outliers per scheme,
+    and per band of `band` consecutive global ranks (or per host for processes without a rank) the mean,
+    minimum and maximum per scheme with the ranks that hold them."""
+    totals = rank_totals(con, run)
+    by_scheme: dict[str | None, dict[str, float]] = defaultdict(dict)
+    cells: dict[tuple[str, int | str], dict[str | None, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    members: dict[tuple[str, int | str], set[str]] = defaultdict(set)
+    missing = 0
+    for r in totals.rows:
+        key = _group_of(r.rank, band)
+        members[key].add(r.rank)
+        v = rank_value(r, metric, basis)
+        if v is None:
+            missing += 1
+            continue
+        by_scheme[r.scheme][r.rank] = v
+        cells[key][r.scheme][r.rank] = v
+    schemes = sorted(by_scheme, key=lambda s: s or "~")
+    groups: list[RankGroup] = []
+    for key in sorted(members, key=lambda k: (k[0] == "host", str(k[1]) if k[0] == "host" else int(k[1]))):
+        kind, ident = key
+        group_cells = []
+        for s in schemes:
+            vals = cells[key].get(s)
+            if not vals:
+                continue
+            group_cells.append(
+                RankGroupCell(
+                    scheme=s,
+                    ranks=len(vals),
+                    mean=sum(vals.values()) / len(vals),
+                    min=min(vals.values()),
+                    max=max(vals.values()),
+                    min_rank=min(vals, key=lambda rk: (vals[rk], _rank_order(rk))),
+                    max_rank=min(vals, key=lambda rk: (-vals[rk], _rank_order(rk))),
+                )
+            )
+        if kind == "band":
+            lo = int(ident) * band
+            groups.append(
+                RankGroup(
+                    label=f"ranks {lo}-{lo + band - 1}",
+                    kind="band",
+                    first=lo,
+                    last=lo + band - 1,
+                    members=len(members[key]),
+                    cells=group_cells,
+                )
+            )
+        else:
+            groups.append(
+                RankGroup(
+                    label=str(ident), kind="host", first=None, last=None, members=len(members[key]), cells=group_cells
+                )
+            )
+    notes = list(totals.notes)
+    if missing:
+        what = "measured time" if metric == "time_us" else "bytes"
+        per = " per iteration (no iterations known)" if basis == "per_iteration" else ""
+        notes.append(f"{missing} rank and scheme rows have no {what}{per} and are left out")
+    return RankSummary(
+        run=run,
+        metric=metric,
+        basis=basis,
+        band=band,
+        ranks=totals.ranks,
+        outlier_limit=OUTLIER_LIMIT,
+        schemes=[_spread(s, by_scheme[s]) for s in schemes],
+        groups=groups,
+        notes=notes,
+    )

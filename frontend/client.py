@@ -20,6 +20,7 @@ from commlens.contract.analysis import (
     Finding,
     GroupsPage,
     Histogram,
+    RankSummary,
     RankTotals,
     TopologyRows,
 )
@@ -195,8 +196,14 @@ class ApiClient:
     def bandwidth(self, run: str) -> BandwidthReport:
         return self._get(f"/runs/{_seg(run)}/bandwidth", BandwidthReport)
 
-    def ranks(self, run: str) -> RankTotals:
-        return self._get(f"/runs/{_seg(run)}/ranks", RankTotals)
+    def ranks(self, run: str, first: int | None = None, last: int | None = None) -> RankTotals:
+        """Per-rank rows of every rank, or of the global ranks in [first, last]."""
+        return self._get(f"/runs/{_seg(run)}/ranks", RankTotals, first=first, last=last)
+
+    def ranks_summary(
+        self, run: str, metric: str = "bytes", basis: str = "per_iteration", band: int = 32
+    ) -> RankSummary:
+        return self._get(f"/runs/{_seg(run)}/ranks/summary", RankSummary, metric=metric, basis=basis, band=band)
 
     def pairs(self, run: str, group: str | None = None, step: int | None = None) -> PairsReport:
         """Sender x receiver bytes of the run's all_to_all calls per group, over the run or one step."""

@@ -8,7 +8,7 @@ import io
 import logging
 from collections.abc import Callable, Sequence
 from functools import wraps
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import plotly.graph_objects as go
@@ -16,7 +16,7 @@ from dash import dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
 from .client import ApiProblem
-from .fmt import num
+from .fmt import byte_axis, duration_axis, num
 
 log = logging.getLogger("commlens.frontend")
 
@@ -167,17 +167,17 @@ def chart_block(
     filename: str,
     note: Any = None,
     open_table: bool = False,
+    total_rows: int | None = None,
 ) -> html.Div:
     """A chart with its table view and CSV: the same numbers three ways (the table shows the first
-    MAX_TABLE_ROWS rows; the CSV has them all)."""
+    MAX_TABLE_ROWS rows; the CSV has them all). A caller with very many rows may build only the first
+    MAX_TABLE_ROWS display rows and say how many there are in `total_rows`."""
     tidy_legend(fig)
     shown = display_rows[:MAX_TABLE_ROWS]
+    total = len(display_rows) if total_rows is None else total_rows
     more = (
-        html.P(
-            f"The table shows the first {MAX_TABLE_ROWS} of {len(display_rows)} rows; the CSV has them all.",
-            className="hint",
-        )
-        if len(display_rows) > MAX_TABLE_ROWS
+        html.P(f"The table shows the first {MAX_TABLE_ROWS} of {total} rows; the CSV has them all.", className="hint")
+        if total > MAX_TABLE_ROWS
         else None
     )
     return html.Div(
@@ -207,6 +207,31 @@ def figure(title: str, x_title: str, y_title: str, height: int = 340) -> go.Figu
         font={"size": 12},
     )
     return fig
+
+
+ColorUnit = Literal["bytes", "us", "ms"]
+
+
+def colorbar(title: str, zmax: float, unit: ColorUnit) -> dict[str, Any]:
+    """Every heatmap's colour bar: tick marks drawn outside the bar at 1-2-5 steps (binary multiples for
+    bytes), each labelled in human units, so a colour reads as a number without hovering."""
+    if unit == "bytes":
+        ticks = byte_axis(zmax)
+    elif unit == "us":
+        ticks = duration_axis(zmax)
+    else:  # z in milliseconds, labels in whatever unit reads best
+        us = duration_axis(zmax * 1e3)
+        ticks = {"tickvals": [v / 1e3 for v in us["tickvals"]], "ticktext": us["ticktext"]}
+    return {
+        "title": {"text": title},
+        "ticks": "outside",
+        "ticklen": 6,
+        "tickwidth": 1,
+        "tickcolor": "#5b6475",
+        "showticklabels": True,
+        "tickmode": "array",
+        **ticks,
+    }
 
 
 def tidy_legend(fig: go.Figure) -> None:

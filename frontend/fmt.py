@@ -64,3 +64,19 @@ def byte_axis(max_value: float, min_value: float = 0.0, log: bool = False) -> di
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw) * unit
     vals = [i * step for i in range(int(max_value // step) + 2)]
     return {"tickvals": vals, "ticktext": [format_bytes(v) for v in vals]}
+
+
+def _step_125(span: float) -> float:
+    """The 1-2-5 multiple of a power of ten that cuts `span` into at most about five steps."""
+    raw = span / 5
+    mag = 10 ** math.floor(math.log10(raw))
+    return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+
+
+def duration_axis(max_us: float) -> dict[str, list]:
+    """tickvals/ticktext for an axis of microseconds: 1-2-5 steps labelled µs, ms or s."""
+    if max_us <= 0:
+        return {"tickvals": [0], "ticktext": ["0 µs"]}
+    step = _step_125(max_us)
+    vals = [i * step for i in range(int(max_us // step) + 2)]
+    return {"tickvals": vals, "ticktext": [duration_us(v) for v in vals]}

@@ -15,7 +15,7 @@ from commlens.backend.findings import findings
 from commlens.backend.histograms import bar_calls, histogram
 from commlens.backend.iterations import UnknownRunError, assign_iterations
 from commlens.backend.predict import predict
-from commlens.backend.ranks import rank_totals
+from commlens.backend.ranks import rank_summary, rank_totals
 from commlens.contract.analysis import (
     BandwidthReport,
     BarCalls,
@@ -25,6 +25,9 @@ from commlens.contract.analysis import (
     GroupsPage,
     Histogram,
     IterationInfo,
+    RankBasis,
+    RankMetric,
+    RankSummary,
     RankTotals,
     TopologyRows,
 )
@@ -199,9 +202,31 @@ def run_bandwidth(run: str, cur: Cursor) -> BandwidthReport:
     responses=problem_responses(404),
     summary="Per-rank totals per scheme and the imbalance between ranks",
 )
-def ranks(run: str, cur: Cursor) -> RankTotals:
+def ranks(
+    run: str,
+    cur: Cursor,
+    first: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="lowest global rank of the rows")] = None,
+    last: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="highest global rank of the rows")] = None,
+) -> RankTotals:
     with analysis_errors():
-        return rank_totals(cur, run)
+        return rank_totals(cur, run, first, last)
+
+
+@router.get(
+    "/runs/{run}/ranks/summary",
+    response_model=RankSummary,
+    responses=problem_responses(404),
+    summary="Per-rank values summarised for many ranks: spread and outliers per scheme, bands of ranks or hosts",
+)
+def ranks_summary(
+    run: str,
+    cur: Cursor,
+    metric: RankMetric = "bytes",
+    basis: RankBasis = "per_iteration",
+    band: Annotated[int, Query(ge=1, le=4096, description="consecutive global ranks per band")] = 32,
+) -> RankSummary:
+    with analysis_errors():
+        return rank_summary(cur, run, metric, basis, band)
 
 
 @router.get(
@@ -279,7 +304,7 @@ def promote_finding(run: str, finding_id: str, cur: Cursor, who: Writer) -> Revi
             or None,
         }
     )
-    return create_item(cur, run, who.name, body, anchor, finding=finding_id)
+    return create_item(cur, run, who, body, anchor, finding=finding_id)
 
 
 # ---------------------------------------------------------------------------------- predictions

@@ -225,8 +225,73 @@ class Imbalance(BaseModel):
 
 class RankTotals(BaseModel):
     run: str
-    rows: list[RankSchemeTotal]
-    imbalance: list[Imbalance]
+    rows: list[RankSchemeTotal]  # every rank's, or those in [first, last] when the request names a range
+    imbalance: list[Imbalance]  # over every rank of the run, whatever the range
+    notes: list[str] = []
+    ranks: int = 0  # ranks (or processes) in the run
+    first: int | None = None
+    last: int | None = None
+
+
+RankMetric = Literal["bytes", "time_us"]
+RankBasis = Literal["per_iteration", "total"]
+
+
+class RankValue(BaseModel):
+    rank: str
+    value: float
+
+
+class SchemeSpread(BaseModel):
+    """How one scheme's per-rank values spread: quartiles (inclusive method), extremes and the ranks
+    outside Tukey's fences (1.5 IQR beyond the quartiles), farthest first."""
+
+    scheme: str | None
+    ranks: int
+    min: float
+    q1: float
+    median: float
+    q3: float
+    max: float
+    mean: float
+    min_rank: str
+    max_rank: str
+    outliers: list[RankValue]  # at most RankSummary.outlier_limit
+    outliers_total: int
+
+
+class RankGroupCell(BaseModel):
+    scheme: str | None
+    ranks: int
+    mean: float
+    min: float
+    max: float
+    min_rank: str
+    max_rank: str
+
+
+class RankGroup(BaseModel):
+    """A band of consecutive global ranks, or the processes of one host when ranks are unknown."""
+
+    label: str
+    kind: Literal["band", "host"]
+    first: int | None  # the band's bounds (inclusive); None for a host
+    last: int | None
+    members: int
+    cells: list[RankGroupCell]
+
+
+class RankSummary(BaseModel):
+    """Per-rank values summarised for runs with many ranks: a spread per scheme and one row per group."""
+
+    run: str
+    metric: RankMetric
+    basis: RankBasis
+    band: int
+    ranks: int
+    outlier_limit: int
+    schemes: list[SchemeSpread]
+    groups: list[RankGroup]
     notes: list[str] = []
 
 

@@ -84,7 +84,7 @@ def test_one_host_clock_and_instance_numbers(job: TimeAnalysis) -> None:
 
 def test_breakdown_sums_to_step_time(job: TimeAnalysis) -> None:
     b = job.breakdown
-    assert b.rank == list(range(8)) and set(b.step) == {10}
+    assert b.rank.tolist() == list(range(8)) and set(b.step.tolist()) == {10}
     for i in range(8):
         parts = [b.compute_us[i], b.overlapped_us[i], b.wait_us[i], b.exposed_us[i], b.memcpy_us[i], b.idle_us[i]]
         assert all(p >= 0 for p in parts)

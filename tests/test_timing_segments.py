@@ -36,8 +36,8 @@ def test_sparse_sum_is_the_sum_of_the_whole_array() -> None:
 def _reference(spans: RankSpans, t0: float, t1: float) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """The rule as breakdown.classify states it, one window with plain clipping (the code it replaced)."""
 
-    def clip(rows: list[tuple[float, float]]) -> np.ndarray:
-        return np.asarray([(max(s, t0), min(e, t1)) for s, e in rows if e > t0 and s < t1]).reshape(-1, 2)
+    def clip(rows: np.ndarray) -> np.ndarray:
+        return np.asarray([(max(s, t0), min(e, t1)) for s, e in rows.tolist() if e > t0 and s < t1]).reshape(-1, 2)
 
     def cover(bounds: np.ndarray, arr: np.ndarray) -> np.ndarray:
         delta = np.zeros(len(bounds) + 1, dtype=np.int64)
@@ -85,7 +85,7 @@ def _spans() -> RankSpans:
 
     calls = [(a, e, sc) for (a, e), sc in zip(rows(60, 30), ["dp", "tp", "unattributed"] * 20, strict=True)]
     calls.append((500.0, 400.0, "dp"))  # ends before it starts: covers nothing
-    return RankSpans(rows(200, 8), rows(60, 25), rows(30, 5), rows(40, 10), calls)
+    return RankSpans.of_rows(rows(200, 8), rows(60, 25), rows(30, 5), rows(40, 10), calls)
 
 
 def test_many_windows_equal_one_at_a_time() -> None:

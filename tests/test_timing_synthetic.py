@@ -109,7 +109,7 @@ def test_consistent_straggler_named_and_no_delay_gives_none() -> None:
     assert (s.rank, s.scheme, s.steps_mostly_last, s.steps) == (1, "dp", 4, 4)
     assert s.imposed_us_per_step == pytest.approx(3 * 60)
     b = job.breakdown
-    assert b.wait_us[0] == pytest.approx(3 * 60) and b.wait_us[b.rank.index(1)] == 0.0
+    assert b.wait_us[0] == pytest.approx(3 * 60) and b.wait_us[b.rank.tolist().index(1)] == 0.0
     assert {sc for _, _, sc, *_ in b.by_scheme} == {"dp"}
     even = analyze({0: _rank(0, calls0, steps), 1: _rank(1, calls0, steps)})
     assert even.stragglers.stragglers == [] and even.stragglers.verdicts["world"].startswith("no straggler")

@@ -17,41 +17,62 @@ skipped, or the group has no scheme).
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from commlens.contract.analysis import UNATTRIBUTED
-
 from .clocks import ClockAlignment
 from .instances import InstanceStats
-from .matching import WORLD, Instances
-from .model import COMM, COMPUTE, EPS, MEMORY_KINDS, Calls, Intervals, RankInput
-from .segments import classify_windows, memory_busy
+from .matching import Instances
+from .model import COMM, COMPUTE, EPS, F64, MEMORY_KINDS, CallTable, IntervalArrays, Intervals, Ints, RankArrays
+from .segments import classify_columns, memory_busy
 
 CATEGORIES = ("compute", "overlapped", "wait", "exposed", "memcpy", "idle")
 Spans = list[tuple[float, float]]
 
 
+def _pairs(spans: Spans | npt.NDArray[np.float64]) -> F64:
+    return np.asarray(spans, dtype=np.float64).reshape(-1, 2)
+
+
 @dataclass
 class RankSpans:
-    """One rank's activity in its own clock, ready to classify any window."""
+    """One rank's activity in its own clock, ready to classify any window: (n, 2) arrays of (start,
+    end), and its calls' spans with each call's scheme as a code into the sorted `scheme_names`."""
 
-    compute: Spans
-    comm: Spans
-    memory: Spans
-    wait: Spans
-    calls: list[tuple[float, float, str]]  # (start, end, scheme)
+    compute: F64
+    comm: F64
+    memory: F64
+    wait: F64
+    call_span: F64
+    call_scheme: Ints
+    scheme_names: list[str]
     _index: dict[str, _SpanIndex] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of_rows(
+        cls, compute: Spans, comm: Spans, memory: Spans, wait: Spans, calls: Sequence[tuple[float, float, str]]
+    ) -> RankSpans:
+        """From Python rows; calls as (start, end, scheme)."""
+        names = sorted({sc for _, _, sc in calls})
+        code = np.asarray([names.index(sc) for _, _, sc in calls], dtype=np.int64)
+        span = _pairs([(a, e) for a, e, _ in calls])
+        return cls(_pairs(compute), _pairs(comm), _pairs(memory), _pairs(wait), span, code, names)
+
+    @property
+    def calls(self) -> list[tuple[float, float, str]]:
+        return [
+            (a, e, self.scheme_names[c])
+            for (a, e), c in zip(self.call_span.tolist(), self.call_scheme.tolist(), strict=True)
+        ]
 
     def index_of(self, name: str) -> _SpanIndex:
         """The index of `name`'s spans (compute, comm, memory, wait, calls), built on first use."""
         if name not in self._index:
-            rows = [(a, e) for a, e, _ in self.calls] if name == "calls" else getattr(self, name)
-            self._index[name] = _SpanIndex(rows)
+            self._index[name] = _SpanIndex(self.call_span if name == "calls" else getattr(self, name))
         return self._index[name]
 
 
@@ -59,8 +80,8 @@ class _SpanIndex:
     """Spans sorted by start with the running maximum of their ends, so the spans meeting a window are
     found by two binary searches instead of a scan of the rank's whole run (a step, a path segment)."""
 
-    def __init__(self, spans: Spans) -> None:
-        arr = np.asarray(spans, dtype=np.float64).reshape(-1, 2)
+    def __init__(self, spans: F64) -> None:
+        arr = _pairs(spans)
         self.order = np.argsort(arr[:, 0], kind="stable")
         self.start = arr[self.order, 0]
         self.end = arr[self.order, 1]
@@ -69,61 +90,83 @@ class _SpanIndex:
 
 @dataclass
 class Breakdown:
-    """One row per (rank, step); `by_scheme` rows: (rank, step, scheme, overlapped, wait, exposed)."""
+    """One row per (rank, step) as columns; `scheme_*` rows: (rank, step, scheme, overlapped, wait,
+    exposed), per (rank, step) in step order, schemes by name."""
 
-    rank: list[int] = field(default_factory=list)
-    step: list[int] = field(default_factory=list)
-    step_us: list[float] = field(default_factory=list)
-    compute_us: list[float] = field(default_factory=list)
-    overlapped_us: list[float] = field(default_factory=list)
-    wait_us: list[float] = field(default_factory=list)
-    exposed_us: list[float] = field(default_factory=list)
-    memcpy_us: list[float] = field(default_factory=list)
-    idle_us: list[float] = field(default_factory=list)
-    htod_bytes: list[int] = field(default_factory=list)  # memcpy lane: copies starting in the step
-    dtoh_bytes: list[int] = field(default_factory=list)
-    memcpy_busy_us: list[float] = field(default_factory=list)  # time any memcpy/memset runs (overlaps included)
-    by_scheme: list[tuple[int, int, str, float, float, float]] = field(default_factory=list)
+    rank: Ints
+    step: Ints
+    step_us: F64
+    compute_us: F64
+    overlapped_us: F64
+    wait_us: F64
+    exposed_us: F64
+    memcpy_us: F64
+    idle_us: F64
+    htod_bytes: Ints  # memcpy lane: copies starting in the step
+    dtoh_bytes: Ints
+    memcpy_busy_us: F64  # time any memcpy/memset runs (overlaps included)
+    scheme_rank: Ints
+    scheme_step: Ints
+    scheme: list[str]
+    scheme_overlapped: F64
+    scheme_wait: F64
+    scheme_exposed: F64
     notes: list[str] = field(default_factory=list)
 
-
-def scheme_of_call(calls: Calls, i: int, schemes: Mapping[str, str]) -> str:
-    return schemes.get(calls.group_key[i] or WORLD, UNATTRIBUTED)
-
-
-def wait_spans(inst: Instances, stats: InstanceStats, clocks: ClockAlignment) -> dict[int, Spans]:
-    """Per rank (its own clock), the spans it spent in instances before their last member arrived: one
-    pass over the instances for all ranks."""
-    out: dict[int, Spans] = defaultdict(list)
-    offsets = clocks.offsets
-    for last, ranks, arrivals, ends in zip(
-        stats.last_arrival, inst.member_rank, inst.member_arrival, inst.member_end, strict=True
-    ):
-        if last is None:
-            continue
-        for rank, a, e in zip(ranks, arrivals, ends, strict=True):
-            if a is not None:
-                off = offsets.get(rank, 0.0)
-                stop = last - off if e is None else min(last - off, e)
-                if stop > a:
-                    out[rank].append((a, stop))
-    return out
+    @property
+    def by_scheme(self) -> list[tuple[int, int, str, float, float, float]]:
+        return list(
+            zip(
+                self.scheme_rank.tolist(),
+                self.scheme_step.tolist(),
+                self.scheme,
+                self.scheme_overlapped.tolist(),
+                self.scheme_wait.tolist(),
+                self.scheme_exposed.tolist(),
+                strict=True,
+            )
+        )
 
 
-def rank_spans(data: RankInput, waits: Spans, schemes: Mapping[str, str]) -> RankSpans:
-    """One rank's spans; `waits` from wait_spans."""
+def wait_spans(inst: Instances, stats: InstanceStats, clocks: ClockAlignment) -> dict[int, F64]:
+    """Per rank (its own clock), the spans it spent in instances before their last member arrived, in
+    instance order: one pass over the members for all ranks."""
+    last = stats.last[inst.m_inst]
+    a = inst.m_arrival
+    stop = last - clocks.offset_of(inst.m_rank)
+    stop = np.where(np.isnan(inst.m_end), stop, np.minimum(stop, inst.m_end))
+    keep = ~np.isnan(last) & ~np.isnan(a) & (stop > a)
+    ranks, a, stop = inst.m_rank[keep], a[keep], stop[keep]
+    order = np.argsort(ranks, kind="stable")
+    ranks, a, stop = ranks[order], a[order], stop[order]
+    cut = np.flatnonzero(ranks[1:] != ranks[:-1]) + 1
+    return {
+        int(ranks[x]): np.stack([a[x:y], stop[x:y]], axis=1)
+        for x, y in zip(np.r_[0, cut].tolist(), np.r_[cut, len(ranks)].tolist(), strict=True)
+        if y > x
+    }
+
+
+def rank_spans(data: RankArrays, waits: F64, calls: CallTable, rows: Ints, scheme: Ints, names: list[str]) -> RankSpans:
+    """One rank's spans; `waits` from wait_spans; `rows` its calls in the CallTable, `scheme` every
+    call's scheme as a code into the sorted `names`."""
     iv = data.intervals
-    calls = data.calls
-    spans = RankSpans(_kind(iv, {COMPUTE}), _kind(iv, {COMM}), _kind(iv, MEMORY_KINDS), waits, [])
-    for i in range(len(calls.seq)):
-        a, e = calls.arrival[i], calls.end[i]
-        if a is not None and e is not None:
-            spans.calls.append((a, e, scheme_of_call(calls, i, schemes)))
-    return spans
+    a, e = calls.arrival[rows], calls.end[rows]
+    timed = ~np.isnan(a) & ~np.isnan(e)
+    return RankSpans(
+        _kind(iv, {COMPUTE}),
+        _kind(iv, {COMM}),
+        _kind(iv, MEMORY_KINDS),
+        _pairs(waits),
+        np.stack([a[timed], e[timed]], axis=1),
+        scheme[rows][timed],
+        names,
+    )
 
 
-def _kind(iv: Intervals, kinds: set[str] | frozenset[str]) -> Spans:
-    return [(s, e) for k, s, e in zip(iv.kind, iv.start, iv.end, strict=True) if k in kinds]
+def _kind(iv: IntervalArrays, kinds: set[str] | frozenset[str]) -> F64:
+    sel = iv.of(kinds)
+    return np.stack([iv.start[sel], iv.end[sel]], axis=1)
 
 
 def _cover(bounds: npt.NDArray[np.float64], spans: npt.NDArray[np.float64] | Spans) -> npt.NDArray[np.bool_]:
@@ -138,82 +181,100 @@ def _cover(bounds: npt.NDArray[np.float64], spans: npt.NDArray[np.float64] | Spa
 
 def classify(spans: RankSpans, t0: float, t1: float) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """Microseconds per category in [t0, t1] (rank clock), and per scheme: overlapped/wait/exposed."""
-    return classify_windows(spans, np.asarray([t0]), np.asarray([t1]))[0]
+    return classify_columns(spans, np.asarray([t0]), np.asarray([t1])).as_dicts()[0]
 
 
-def step_breakdown(ranks: Mapping[int, RankInput], spans: Mapping[int, RankSpans]) -> Breakdown:
+def step_breakdown(ranks: Mapping[int, RankArrays], spans: Mapping[int, RankSpans]) -> Breakdown:
     """The breakdown of every profiled step of every rank (each rank's own step window and clock)."""
-    out = Breakdown()
+    notes: list[str] = []
+    cols: dict[str, list[npt.NDArray[np.generic]]] = {}
+    names: list[str] = []
+
+    def add(name: str, values: npt.NDArray[np.generic]) -> None:
+        cols.setdefault(name, []).append(values)
+
     for rank in sorted(ranks):
         data = ranks[rank]
         st = data.steps
-        if not st.step:
-            out.notes.append(f"rank {rank}: no profiler steps, no per-step breakdown")
+        if not len(st):
+            notes.append(f"rank {rank}: no profiler steps, no per-step breakdown")
             continue
         if not data.has_device:
-            out.notes.append(f"rank {rank}: no device activity: compute is CPU ops, communication the calls' CPU time")
-        t0s = np.asarray(st.start, dtype=np.float64)
-        t1s = np.asarray(st.end, dtype=np.float64)
+            notes.append(f"rank {rank}: no device activity: compute is CPU ops, communication the calls' CPU time")
+        t0s, t1s = st.start, st.end
         htod, dtoh = _moved(_copies(data.intervals), t0s, t1s)
-        busy = memory_busy(spans[rank], t0s, t1s).tolist()
-        classes = classify_windows(spans[rank], t0s, t1s)
-        for j, (n, t0, t1) in enumerate(zip(st.step, st.start, st.end, strict=True)):
-            totals, per_scheme = classes[j]
-            out.rank.append(rank)
-            out.step.append(n)
-            out.step_us.append(t1 - t0)
-            out.compute_us.append(totals["compute"])
-            out.overlapped_us.append(totals["overlapped"])
-            out.wait_us.append(totals["wait"])
-            out.exposed_us.append(totals["exposed"])
-            out.memcpy_us.append(totals["memcpy"])
-            out.idle_us.append(totals["idle"])
-            out.htod_bytes.append(htod[j])
-            out.dtoh_bytes.append(dtoh[j])
-            out.memcpy_busy_us.append(busy[j])
-            for sc, v in sorted(per_scheme.items()):
-                out.by_scheme.append((rank, n, sc, v["overlapped"], v["wait"], v["exposed"]))
-    return out
+        c = classify_columns(spans[rank], t0s, t1s)
+        add("rank", np.full(len(st), rank, dtype=np.int64))
+        add("step", st.step)
+        add("step_us", t1s - t0s)
+        for cat in CATEGORIES:
+            add(f"{cat}_us", c.totals[cat])
+        add("htod_bytes", htod)
+        add("dtoh_bytes", dtoh)
+        add("memcpy_busy_us", memory_busy(spans[rank], t0s, t1s))
+        add("scheme_rank", np.full(len(c.win), rank, dtype=np.int64))
+        add("scheme_step", st.step[c.win])
+        names.extend(c.scheme)
+        add("scheme_overlapped", c.overlapped)
+        add("scheme_wait", c.wait)
+        add("scheme_exposed", c.exposed)
+    ints = {"rank", "step", "htod_bytes", "dtoh_bytes", "scheme_rank", "scheme_step"}
+    fields = [
+        "rank",
+        "step",
+        "step_us",
+        *(f"{c}_us" for c in CATEGORIES),
+        "htod_bytes",
+        "dtoh_bytes",
+        "memcpy_busy_us",
+        "scheme_rank",
+        "scheme_step",
+        "scheme_overlapped",
+        "scheme_wait",
+        "scheme_exposed",
+    ]
+    out: dict[str, Any] = {
+        f: np.concatenate(cols[f]) if f in cols else np.zeros(0, dtype=np.int64 if f in ints else np.float64)
+        for f in fields
+    }
+    return Breakdown(**out, scheme=names, notes=notes)
 
 
 _Copies = tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
 
-def _copies(iv: Intervals) -> _Copies:
+def _copies(iv: IntervalArrays) -> _Copies:
     """Start, host-to-device bytes and device-to-host bytes of each interval, sorted by start."""
-    start = np.asarray(iv.start, dtype=np.float64)
-    kind = np.asarray(iv.kind, dtype=object)
-    nbytes = np.asarray(iv.nbytes, dtype=np.int64)
-    order = np.argsort(start, kind="stable")
+    order = np.argsort(iv.start, kind="stable")
     return (
-        start[order],
-        np.where(kind == "memcpy_htod", nbytes, 0)[order],
-        np.where(kind == "memcpy_dtoh", nbytes, 0)[order],
+        iv.start[order],
+        np.where(iv.of({"memcpy_htod"}), iv.nbytes, 0)[order],
+        np.where(iv.of({"memcpy_dtoh"}), iv.nbytes, 0)[order],
     )
 
 
-def _moved(copies: _Copies, t0s: npt.NDArray[np.float64], t1s: npt.NDArray[np.float64]) -> tuple[list[int], list[int]]:
+def _moved(copies: _Copies, t0s: F64, t1s: F64) -> tuple[Ints, Ints]:
     """Per window, host-to-device and device-to-host bytes of the copies starting in [t0, t1) (GB/s per
     step = bytes / the memory busy time, segments.memory_busy)."""
     start, htod, dtoh = copies
     lo, hi = np.searchsorted(start, t0s, side="left"), np.searchsorted(start, t1s, side="left")
-    h = np.concatenate([[0], np.cumsum(htod)])
-    d = np.concatenate([[0], np.cumsum(dtoh)])
-    return (h[hi] - h[lo]).tolist(), (d[hi] - d[lo]).tolist()
+    h = np.concatenate([[0], np.cumsum(htod)]).astype(np.int64)
+    d = np.concatenate([[0], np.cumsum(dtoh)]).astype(np.int64)
+    return h[hi] - h[lo], d[hi] - d[lo]
 
 
-def comm_comp_overlap(iv: Intervals, before: float | None = None) -> float | None:
+def comm_comp_overlap(iv: Intervals | IntervalArrays, before: float | None = None) -> float | None:
     """HTA's overlap ratio: time where communication and compute kernels both run, over the time
     communication kernels run (merged intervals); None without communication kernels. `before` keeps
     only intervals that start before it: HTA by default drops the last profiler step (the kernels
     launched after its start), so its default number is ours with before = the last step's start."""
-    comm, comp = _kind(iv, {COMM}), _kind(iv, {COMPUTE})
+    arrays = IntervalArrays.of_columns(iv)
+    comm, comp = _kind(arrays, {COMM}), _kind(arrays, {COMPUTE})
     if before is not None:
-        comm, comp = [x for x in comm if x[0] < before], [x for x in comp if x[0] < before]
-    if not comm:
+        comm, comp = comm[comm[:, 0] < before], comp[comp[:, 0] < before]
+    if not len(comm):
         return None
-    pts = [x for s, e in comm + comp for x in (s, e)]
-    bounds = np.unique(np.asarray(pts, dtype=np.float64))
+    bounds = np.unique(np.concatenate([comm, comp]).ravel())
     width = np.diff(bounds)
     c = _cover(bounds, comm)
     total = float(width[c].sum())

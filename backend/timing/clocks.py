@@ -11,14 +11,13 @@ reason says why. Ranks of one host share a clock. When hosts are unknown, offset
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from statistics import median
 
 import numpy as np
 
 from .matching import Instances
+from .model import F64, Bools, Ints
 
 MIN_INSTANCES = 5
 # Ops whose members all leave together; rooted ops (broadcast, reduce, gather, scatter) let the root or
@@ -47,6 +46,14 @@ class ClockAlignment:
     def to_reference(self, rank: int, t: float) -> float:
         return t + self.offsets.get(rank, 0.0)
 
+    def offset_of(self, ranks: Ints) -> F64:
+        """Each given rank's offset (0.0 where none is applied), as an array."""
+        table = np.zeros(int(ranks.max()) + 1 if len(ranks) else 0, dtype=np.float64)
+        for r, off in self.offsets.items():
+            if r < len(table):
+                table[r] = off
+        return table[ranks]
+
 
 def align_clocks(
     inst: Instances,
@@ -62,27 +69,12 @@ def align_clocks(
     if len(domains) <= 1:
         return ClockAlignment(zero, False, True, "one clock domain: no offset needed")
     ref = dom[min(ranks)]
-    diffs: dict[str, list[float]] = defaultdict(list)
-    for op, mr, me in zip(inst.op, inst.member_rank, inst.member_end, strict=True):
-        if op not in SYMMETRIC_OPS:
-            continue
-        ends: dict[str, list[float]] = defaultdict(list)
-        for r, e in zip(mr, me, strict=True):
-            if e is not None:
-                ends[dom[r]].append(e)
-        if ref not in ends:
-            continue
-        base = median(ends[ref])  # a few members: statistics' median is ~50x numpy's call overhead
-        for d, es in ends.items():
-            if d != ref:
-                diffs[d].append(median(es) - base)
-    estimates = [
-        DomainEstimate(ref, [r for r in ranks if dom[r] == ref], sum(o in SYMMETRIC_OPS for o in inst.op), 0.0, 0.0)
-    ]
+    diffs = _end_differences(inst, ranks, dom, domains, ref)
+    estimates = [DomainEstimate(ref, [r for r in ranks if dom[r] == ref], int(_symmetric(inst).sum()), 0.0, 0.0)]
     problems: list[str] = []
     for d in domains[1:]:
         members = [r for r in ranks if dom[r] == d]
-        xs = np.asarray(diffs.get(d, []), dtype=float)
+        xs = diffs.get(d, np.zeros(0))
         if len(xs) < min_instances:
             estimates.append(DomainEstimate(d, members, len(xs), None, None))
             problems.append(f"{d}: {len(xs)} instances shared with {ref} (need {min_instances})")
@@ -104,3 +96,41 @@ def align_clocks(
         return ClockAlignment(zero, False, True, "offsets within the noise: one shared clock, none applied", estimates)
     offsets = {r: next(e.offset_us or 0.0 for e in estimates if r in e.ranks) for r in ranks}
     return ClockAlignment(offsets, True, True, "aligned on instance end times", estimates)
+
+
+def _symmetric(inst: Instances) -> Bools:
+    return np.isin(inst.op_code, [i for i, o in enumerate(inst.ops) if o in SYMMETRIC_OPS])
+
+
+def _end_differences(
+    inst: Instances, ranks: list[int], dom: Mapping[int, str], domains: list[str], ref: str
+) -> dict[str, F64]:
+    """Per domain other than `ref`, over the symmetric instances both take part in (instance order), the
+    median of the domain's member end times less that of the reference domain's (statistics.median's
+    rule: the middle value, or the mean of the two middle ones)."""
+    code = {d: i for i, d in enumerate(domains)}
+    dom_of = np.full(max(ranks) + 1, -1, dtype=np.int64)
+    for r in ranks:
+        dom_of[r] = code[dom[r]]
+    keep = _symmetric(inst)[inst.m_inst] & ~np.isnan(inst.m_end)
+    k, d, e = inst.m_inst[keep], dom_of[inst.m_rank[keep]], inst.m_end[keep]
+    order = np.lexsort((e, d, k))
+    k, d, e = k[order], d[order], e[order]
+    if not len(k):
+        return {}
+    new = np.r_[True, (k[1:] != k[:-1]) | (d[1:] != d[:-1])]
+    first = np.flatnonzero(new)
+    n = np.diff(np.r_[first, len(k)])
+    mid = first + n // 2
+    med = np.where(n % 2 == 1, e[mid], (e[mid - 1] + e[mid]) / 2)
+    gk, gd = k[first], d[first]
+    ref_code = code[ref]
+    base = np.full(len(inst), np.nan)
+    is_ref = gd == ref_code
+    base[gk[is_ref]] = med[is_ref]
+    use = ~is_ref & ~np.isnan(base[gk])
+    out: dict[str, F64] = {}
+    for c in np.unique(gd[use]).tolist():
+        sel = use & (gd == c)
+        out[domains[c]] = med[sel] - base[gk[sel]]
+    return out

@@ -12,8 +12,9 @@ and per scheme.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from .breakdown import CATEGORIES, RankSpans
 from .clocks import ClockAlignment
 from .instances import InstanceStats
 from .matching import Instances
-from .model import EPS, RankInput
+from .model import EPS, F64, Ints, RankArrays
 from .segments import classify_windows
 
 
@@ -46,63 +47,104 @@ class CriticalPath:
 
 
 def critical_paths(
-    ranks: Mapping[int, RankInput],
+    ranks: Mapping[int, RankArrays],
     spans: Mapping[int, RankSpans],
     inst: Instances,
     stats: InstanceStats,
     clocks: ClockAlignment,
 ) -> list[CriticalPath]:
-    """Every profiled step's path. Step windows and instances are indexed by step once: a scan of the
-    run per step would make the whole quadratic in the number of steps."""
-    windows: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
-    for r, data in ranks.items():
-        st = data.steps
-        for n, s, e in zip(st.step, st.start, st.end, strict=True):
-            windows[n][r] = (clocks.to_reference(r, s), clocks.to_reference(r, e))
-    by_step: dict[int | None, list[int]] = defaultdict(list)
-    for k, (step, last) in enumerate(zip(inst.step, stats.last_rank, strict=True)):
-        if last is not None:
-            by_step[step].append(k)
-    paths = [_walk(n, windows[n], by_step.get(n, []), inst, stats, clocks) for n in sorted(windows)]
+    """Every profiled step's path. Step windows and member end times are sorted by (step, rank) once,
+    so each step of the walk is a binary search: a scan of the run per step would make the whole
+    quadratic in the number of steps."""
+    win = _StepWindows(ranks, clocks)
+    ends = _MemberEnds(inst, stats, clocks)
+    paths = [_walk(n, win, ends, stats, clocks) for n in win.steps.tolist()]
     _classify_paths(paths, spans, clocks)
     return paths
 
 
+class _StepWindows:
+    """Every rank's step windows on the reference clock, sorted by (step, rank)."""
+
+    def __init__(self, ranks: Mapping[int, RankArrays], clocks: ClockAlignment) -> None:
+        parts = [(r, d.steps) for r, d in ranks.items() if len(d.steps)]
+        step = np.concatenate([st.step for _, st in parts]) if parts else np.zeros(0, dtype=np.int64)
+        rank = np.concatenate([np.full(len(st), r, dtype=np.int64) for r, st in parts]) if parts else step
+        off = clocks.offset_of(rank)
+        start = np.concatenate([st.start for _, st in parts]) + off if parts else np.zeros(0)
+        end = np.concatenate([st.end for _, st in parts]) + off if parts else np.zeros(0)
+        # a rank listing a step twice keeps its last window, as a dict keyed by (step, rank) would
+        o = np.lexsort((np.arange(len(step)), rank, step))
+        keep = np.r_[(step[o][1:] != step[o][:-1]) | (rank[o][1:] != rank[o][:-1]), True] if len(o) else o > 0
+        o = o[keep]
+        self.step, self.rank, self.start, self.end = step[o], rank[o], start[o], end[o]
+        first = np.r_[True, self.step[1:] != self.step[:-1]] if len(o) else np.zeros(0, dtype=bool)
+        self.steps = self.step[first]
+        self.lo = np.flatnonzero(first)
+        self.hi = np.r_[self.lo[1:], len(o)].astype(np.int64)
+
+    def of(self, j: int) -> tuple[Ints, F64, F64]:
+        a, b = int(self.lo[j]), int(self.hi[j])
+        return self.rank[a:b], self.start[a:b], self.end[a:b]
+
+
+class _MemberEnds:
+    """The end (reference clock) of every member of every instance with a last arrival, sorted by
+    (step, rank, end, instance): the walk's candidates on one rank of one step are a slice."""
+
+    def __init__(self, inst: Instances, stats: InstanceStats, clocks: ClockAlignment) -> None:
+        keep = (stats.last_rank_code[inst.m_inst] >= 0) & inst.has_step[inst.m_inst] & ~np.isnan(inst.m_end)
+        k = inst.m_inst[keep]
+        rank = inst.m_rank[keep]
+        end = inst.m_end[keep] + clocks.offset_of(rank)
+        step = inst.steps[k]
+        o = np.lexsort((k, end, rank, step))
+        self.step, self.rank, self.end, self.inst = step[o], rank[o], end[o], k[o]
+
+    def latest(self, step: int, rank: int, t: float, after: float) -> int | None:
+        """The position of the latest (end, instance) of `rank` in `step` with after < end <= t."""
+        a = _search(self.step, self.rank, step, rank, "left")
+        b = _search(self.step, self.rank, step, rank, "right")
+        q = a + int(np.searchsorted(self.end[a:b], t, side="right")) - 1
+        return q if q >= a and self.end[q] > after else None
+
+
+def _search(steps: Ints, ranks: Ints, step: int, rank: int, side: Literal["left", "right"]) -> int:
+    lo = int(np.searchsorted(steps, step, side="left"))
+    hi = int(np.searchsorted(steps, step, side="right"))
+    return lo + int(np.searchsorted(ranks[lo:hi], rank, side=side))
+
+
 def _walk(
     step: int,
-    windows: Mapping[int, tuple[float, float]],
-    instances: Sequence[int],
-    inst: Instances,
+    win: _StepWindows,
+    ends: _MemberEnds,
     stats: InstanceStats,
     clocks: ClockAlignment,
 ) -> CriticalPath:
-    """One step's path, unclassified: `windows` are the ranks' step windows on the reference clock, `instances` the
-    step's instances that have a last arrival, in instance order."""
-    if not windows:
-        return CriticalPath(step, 0.0, 0.0, note=f"step {step} is on no rank")
-    start = min(s for s, _ in windows.values())
-    rank = max(windows, key=lambda r: (windows[r][1], -r))
-    end = windows[rank][1]
+    """One step's path, unclassified."""
+    j = int(np.searchsorted(win.steps, step))
+    ranks, starts, stops = win.of(j)
+    start = float(starts.min())
+    top = np.lexsort((-ranks, stops))[-1]  # the latest end, the lowest rank among equal ones
+    rank, end = int(ranks[top]), float(stops[top])
     path = CriticalPath(step, start, end)
     if not clocks.trusted:
         path.note = f"no path across ranks: {clocks.reason}"
-    ends: dict[int, list[tuple[float, int]]] = {}
-    for k in instances:
-        for r, end_r in zip(inst.member_rank[k], inst.member_end[k], strict=True):
-            if end_r is not None:
-                ends.setdefault(r, []).append((clocks.to_reference(r, end_r), k))
     t = end
     while t > start + EPS:
-        cands = [(x, k) for x, k in ends.get(rank, []) if start < x <= t + EPS] if clocks.trusted else []
-        if not cands:
-            path.segments.append(PathSegment(rank, max(start, windows.get(rank, (start, t))[0]), t, "work", None))
+        # equal ends: the latest instance, as max() over (end, instance) pairs takes it
+        pick = ends.latest(step, rank, t + EPS, start) if clocks.trusted else None
+        if pick is None:
+            at = np.flatnonzero(ranks == rank)
+            begin = float(starts[at[0]]) if len(at) else start
+            path.segments.append(PathSegment(rank, max(start, begin), t, "work", None))
             break
-        left, k = max(cands)
+        left, k = float(ends.end[pick]), int(ends.inst[pick])
         if t - left > EPS:
             path.segments.append(PathSegment(rank, left, t, "work", None))
-        last = stats.last_arrival[k]
-        nxt = stats.last_rank[k]
-        assert last is not None and nxt is not None
+        last = float(stats.last[k])
+        nxt = int(stats.last_rank_code[k])
         path.segments.append(PathSegment(rank, max(last, start), left, "collective", k))
         if last >= t - EPS:
             break  # no progress: the data is inconsistent

@@ -4,69 +4,104 @@ arrival = the member's call start (device kernel start where the trace has one, 
 the reference clock. skew = last arrival - first arrival; wait(member) = last arrival - its arrival.
 real_us = end - arrival on the member that arrived last: the time the collective took once everybody
 was there (that member never waited). algbw = S / real_us and busbw = algbw x the nccl-tests factor,
-both on real_us, in GB/s (1e9 bytes). None where a time is missing or clocks cannot be trusted.
+both on real_us, in GB/s (1e9 bytes). None (NaN in the columns; last_rank -1) where a time is missing
+or clocks cannot be trusted. Every quantity is a column operation over the instances' member arrays.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from commlens.vocab import busbw_factor
 
 from .clocks import ClockAlignment
 from .matching import Instances
+from .model import F64, Ints
+
+
+def _nones(x: F64) -> list[float | None]:
+    return [None if v != v else v for v in x.tolist()]
 
 
 @dataclass
 class InstanceStats:
-    skew_us: list[float | None] = field(default_factory=list)
-    last_rank: list[int | None] = field(default_factory=list)
-    last_arrival: list[float | None] = field(default_factory=list)  # reference clock
-    real_us: list[float | None] = field(default_factory=list)
-    algbw_gbps: list[float | None] = field(default_factory=list)
-    busbw_gbps: list[float | None] = field(default_factory=list)
-    member_wait_us: list[tuple[float | None, ...]] = field(default_factory=list)
+    skew: F64
+    last_rank_code: Ints  # -1: none
+    last: F64  # reference clock
+    real: F64
+    algbw: F64
+    busbw: F64
+    m_wait: F64  # per member (Instances' flat order)
+    m_arrival_ref: F64
     notes: list[str] = field(default_factory=list)
+    _inst: Instances | None = field(default=None, repr=False)
+
+    @property
+    def skew_us(self) -> list[float | None]:
+        return _nones(self.skew)
+
+    @property
+    def last_rank(self) -> list[int | None]:
+        return [None if r < 0 else r for r in self.last_rank_code.tolist()]
+
+    @property
+    def last_arrival(self) -> list[float | None]:
+        return _nones(self.last)
+
+    @property
+    def real_us(self) -> list[float | None]:
+        return _nones(self.real)
+
+    @property
+    def algbw_gbps(self) -> list[float | None]:
+        return _nones(self.algbw)
+
+    @property
+    def busbw_gbps(self) -> list[float | None]:
+        return _nones(self.busbw)
+
+    @property
+    def member_wait_us(self) -> list[tuple[float | None, ...]]:
+        assert self._inst is not None
+        return [tuple(None if x != x else x for x in t) for t in self._inst.per_member(self.m_wait)]
 
 
 def instance_stats(inst: Instances, clocks: ClockAlignment) -> InstanceStats:
-    out = InstanceStats()
+    n = len(inst)
+    nan = np.full(n, np.nan)
+    notes: list[str] = []
     if not clocks.trusted:
-        out.notes.append(f"skew and waits not computed: {clocks.reason}")
-    missing = 0
-    for k in range(len(inst)):
-        ranks = inst.member_rank[k]
-        arr = [
-            None if a is None else clocks.to_reference(r, a) for r, a in zip(ranks, inst.member_arrival[k], strict=True)
-        ]
-        if not clocks.trusted or any(a is None for a in arr):
-            missing += clocks.trusted
-            out.skew_us.append(None)
-            out.last_rank.append(None)
-            out.last_arrival.append(None)
-            out.real_us.append(None)
-            out.algbw_gbps.append(None)
-            out.busbw_gbps.append(None)
-            out.member_wait_us.append(tuple(None for _ in ranks))
-            continue
-        known = [a for a in arr if a is not None]
-        last_i = max(range(len(known)), key=lambda i: (known[i], ranks[i]))
-        last = known[last_i]
-        out.skew_us.append(last - min(known))
-        out.last_rank.append(ranks[last_i])
-        out.last_arrival.append(last)
-        out.member_wait_us.append(tuple(last - a for a in known))
-        end = inst.member_end[k][last_i]
-        real = None if end is None else clocks.to_reference(ranks[last_i], end) - last
-        out.real_us.append(real)
-        size = inst.msg_bytes[k]
-        if real is None or real <= 0 or size is None:
-            out.algbw_gbps.append(None)
-            out.busbw_gbps.append(None)
-        else:
-            alg = size / (real * 1e3)
-            out.algbw_gbps.append(alg)
-            out.busbw_gbps.append(alg * busbw_factor(inst.op[k], len(ranks)))
+        notes.append(f"skew and waits not computed: {clocks.reason}")
+    off = clocks.offset_of(inst.m_rank)
+    arr = inst.m_arrival + off
+    if not n or not clocks.trusted:
+        empty = np.full(len(arr), np.nan)
+        return InstanceStats(nan, np.full(n, -1), nan, nan, nan.copy(), nan.copy(), empty, arr, notes, inst)
+    starts = inst.offsets[:-1]
+    known = ~np.add.reduceat(np.isnan(arr), starts).astype(bool)
+    missing = int((~known).sum())
+    filled = np.where(np.isnan(arr), -np.inf, arr)
+    hi = np.maximum.reduceat(filled, starts)
+    lo = np.minimum.reduceat(np.where(np.isnan(arr), np.inf, arr), starts)
+    # The last arrival: the latest start, the highest rank among equal ones (members are in rank order).
+    pos = np.arange(len(arr), dtype=np.int64)
+    last_pos = np.maximum.reduceat(np.where(filled == hi[inst.m_inst], pos, -1), starts)
+    last = np.where(known, hi, np.nan)
+    skew = last - lo
+    last_rank = np.where(known, inst.m_rank[last_pos], -1)
+    m_known = known[inst.m_inst]
+    wait = np.where(m_known, last[inst.m_inst] - arr, np.nan)
+    real = np.where(known, (inst.m_end[last_pos] + off[last_pos]) - last, np.nan)
+    factor = np.ones(n)
+    members = inst.members
+    for op, size in {(o, m) for o, m in zip(inst.op_code.tolist(), members.tolist(), strict=True)}:
+        factor[(inst.op_code == op) & (members == size)] = busbw_factor(inst.ops[op], size)
+    ok = known & (real > 0) & inst.has_size
+    with np.errstate(invalid="ignore", divide="ignore"):
+        alg = np.where(ok, inst.size / (real * 1e3), np.nan)
+    bus = np.where(ok, alg * factor, np.nan)
     if missing:
-        out.notes.append(f"{missing} instances have a member without a start time: no skew or wait for them")
-    return out
+        notes.append(f"{missing} instances have a member without a start time: no skew or wait for them")
+    return InstanceStats(skew, last_rank, last, real, alg, bus, wait, arr, notes, inst)

@@ -6,20 +6,29 @@ way op and dtype must agree, and so must the size for ops whose nccl-tests size 
 member (all_to_all and gather/scatter sizes may differ per rank). A disagreement or a missing member is
 a Mismatch with both sides; in order mode the group's pairing stops at the first disagreement, since
 every later position would be paired on a broken assumption.
+
+Matching works on a CallTable (numpy columns): each group's calls form a (position x member) matrix of
+call rows, checked against the lowest member's column at once; instances keep their members in flat
+arrays (member-major within an instance, rank order), which every later stage reads as columns.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from commlens.vocab import P2P_OPS
 
-from .model import Calls
+from .model import F64, Bools, Calls, CallTable, Ints, call_table
 
 WORLD = "world"  # the group of calls whose trace names no process group (the default group)
 _SIZE_MAY_DIFFER = frozenset({"all_to_all", "gather", "scatter"})
+_REASONS = ("ops disagree", "dtypes disagree", "sizes disagree")
 
 
 @dataclass
@@ -35,25 +44,99 @@ class Mismatch:
     side_b: str | None
 
 
+def _empty_ints() -> Ints:
+    return np.zeros(0, dtype=np.int64)
+
+
+def _empty_f64() -> F64:
+    return np.zeros(0, dtype=np.float64)
+
+
+def _empty_bools() -> Bools:
+    return np.zeros(0, dtype=bool)
+
+
 @dataclass
 class Instances:
-    """Matched instances as columns; member_* hold one entry per member rank, in rank order.
-    Times are each member's own clock (clocks.py aligns them)."""
+    """Matched instances as columns. Strings are codes into `groups` / `ops` / `dtypes` (-1: None);
+    members lie in flat m_* arrays, instance k's at [offsets[k], offsets[k + 1]), in rank order. Times
+    are each member's own clock (NaN: none; clocks.py aligns them). The list-valued properties are for
+    small inputs and tests."""
 
-    group: list[str] = field(default_factory=list)
-    key: list[int] = field(default_factory=list)
-    keyed_by: list[str] = field(default_factory=list)  # "key" (Seq, opCount) | "order"
-    op: list[str] = field(default_factory=list)
-    dtype: list[str | None] = field(default_factory=list)
-    msg_bytes: list[int | None] = field(default_factory=list)  # the lowest rank's S
-    step: list[int | None] = field(default_factory=list)
-    member_rank: list[tuple[int, ...]] = field(default_factory=list)
-    member_seq: list[tuple[int, ...]] = field(default_factory=list)
-    member_arrival: list[tuple[float | None, ...]] = field(default_factory=list)
-    member_end: list[tuple[float | None, ...]] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    group_code: Ints = field(default_factory=_empty_ints)
+    keys: Ints = field(default_factory=_empty_ints)
+    by_key: Bools = field(default_factory=_empty_bools)
+    op_code: Ints = field(default_factory=_empty_ints)
+    dtype_code: Ints = field(default_factory=_empty_ints)
+    size: Ints = field(default_factory=_empty_ints)  # the lowest rank's S
+    has_size: Bools = field(default_factory=_empty_bools)
+    steps: Ints = field(default_factory=_empty_ints)
+    has_step: Bools = field(default_factory=_empty_bools)
+    offsets: Ints = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+    m_inst: Ints = field(default_factory=_empty_ints)
+    m_rank: Ints = field(default_factory=_empty_ints)
+    m_row: Ints = field(default_factory=_empty_ints)  # the member's row in the CallTable
+    m_seq: Ints = field(default_factory=_empty_ints)
+    m_arrival: F64 = field(default_factory=_empty_f64)
+    m_end: F64 = field(default_factory=_empty_f64)
 
     def __len__(self) -> int:
-        return len(self.group)
+        return len(self.group_code)
+
+    @property
+    def members(self) -> Ints:
+        return np.diff(self.offsets)
+
+    def per_member(self, values: npt.NDArray[Any]) -> list[tuple[Any, ...]]:
+        out = values.tolist()
+        return [tuple(out[a:b]) for a, b in zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist(), strict=True)]
+
+    @property
+    def group(self) -> list[str]:
+        return [self.groups[c] for c in self.group_code.tolist()]
+
+    @property
+    def key(self) -> list[int]:
+        return [int(k) for k in self.keys.tolist()]
+
+    @property
+    def keyed_by(self) -> list[str]:
+        return ["key" if k else "order" for k in self.by_key.tolist()]
+
+    @property
+    def op(self) -> list[str]:
+        return [self.ops[c] for c in self.op_code.tolist()]
+
+    @property
+    def dtype(self) -> list[str | None]:
+        return [self.dtypes[c] if c >= 0 else None for c in self.dtype_code.tolist()]
+
+    @property
+    def msg_bytes(self) -> list[int | None]:
+        return [s if h else None for s, h in zip(self.size.tolist(), self.has_size.tolist(), strict=True)]
+
+    @property
+    def step(self) -> list[int | None]:
+        return [s if h else None for s, h in zip(self.steps.tolist(), self.has_step.tolist(), strict=True)]
+
+    @property
+    def member_rank(self) -> list[tuple[int, ...]]:
+        return self.per_member(self.m_rank)
+
+    @property
+    def member_seq(self) -> list[tuple[int, ...]]:
+        return self.per_member(self.m_seq)
+
+    @property
+    def member_arrival(self) -> list[tuple[float | None, ...]]:
+        return [tuple(None if x != x else x for x in t) for t in self.per_member(self.m_arrival)]
+
+    @property
+    def member_end(self) -> list[tuple[float | None, ...]]:
+        return [tuple(None if x != x else x for x in t) for t in self.per_member(self.m_end)]
 
 
 @dataclass
@@ -63,141 +146,213 @@ class MatchResult:
     not_matched: Counter[str]  # reason -> calls left out
 
 
-def _describe(calls: Calls, i: int) -> str:
-    return f"seq {calls.seq[i]}: {calls.op[i]} {calls.dtype[i]} {calls.msg_bytes[i]} B"
-
-
-def _group_of(calls: Calls, i: int, world_size: int) -> str | None:
-    key = calls.group_key[i]
-    if key is not None:
-        return key
-    size = calls.group_size[i]
-    return WORLD if size is None or size == world_size else None
-
-
 def match_instances(ranks: Mapping[int, Calls], world_size: int | None = None) -> MatchResult:
     """Match every group collective across the given ranks (send/recv are not group instances)."""
     world = world_size or len(ranks)
+    return match_table(call_table(ranks, world), list(ranks), world)
+
+
+@dataclass
+class _Block:
+    """One group's matched positions: rows (instances x members) of the CallTable."""
+
+    group: int
+    member_ranks: list[int]
+    keys: Ints
+    by_key: bool
+    rows: Ints
+
+
+def match_table(t: CallTable, present: Sequence[int], world: int) -> MatchResult:
+    """match_instances over a CallTable; `present`: every rank of the input (with or without calls)."""
     not_matched: Counter[str] = Counter()
-    per_group: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    members: dict[str, set[int]] = {}
-    for rank, calls in ranks.items():
-        for i in range(len(calls.seq)):
-            if calls.op[i] in P2P_OPS:
-                not_matched["send/recv (point to point, not a group instance)"] += 1
-                continue
-            g = _group_of(calls, i, world)
-            if g is None:
-                not_matched["call on an unnamed group smaller than the world"] += 1
-                continue
-            per_group[g][rank].append(i)
-            gr = calls.group_ranks[i]
-            members.setdefault(g, set(gr) if gr else (set(range(world)) if g == WORLD else set()))
+    p2p = np.isin(t.op, [i for i, o in enumerate(t.ops) if o in P2P_OPS])
+    names = list(t.groups)
+    if WORLD not in names:
+        names.append(WORLD)
+    world_code = names.index(WORLD)
+    g = t.group.copy()
+    nokey = g < 0
+    to_world = nokey & ((t.group_size < 0) | (t.group_size == world))
+    g[to_world] = world_code
+    unnamed = nokey & ~to_world & ~p2p
+    g[p2p | unnamed] = -1
+    left_out = [
+        (int(np.argmax(mask)), reason, int(mask.sum()))
+        for mask, reason in (
+            (p2p, "send/recv (point to point, not a group instance)"),
+            (unnamed, "call on an unnamed group smaller than the world"),
+        )
+        if mask.any()
+    ]
+    for _, reason, n in sorted(left_out):
+        not_matched[reason] += n
+    valid = np.flatnonzero(g >= 0)
+    order = valid[np.lexsort((t.rank[valid], g[valid]))]  # stable: call order within (group, rank)
+    gs = g[order]
+    cut = np.flatnonzero(gs[1:] != gs[:-1]) + 1
+    bounds = (
+        dict(
+            zip(
+                gs[np.r_[0, cut]].tolist(),
+                zip(np.r_[0, cut].tolist(), np.r_[cut, len(gs)].tolist(), strict=True),
+                strict=True,
+            )
+        )
+        if len(gs)
+        else {}
+    )
+    present_set = set(present)
     out = MatchResult(Instances(), [], not_matched)
-    for g in sorted(per_group):
-        by_rank = per_group[g]
-        expected = members[g] or set(by_rank)
-        absent = sorted(expected - set(ranks))
+    blocks: list[_Block] = []
+    for code in sorted(bounds, key=lambda c: names[c]):
+        name = names[code]
+        a, b = bounds[code]
+        rows = order[a:b]
+        rr = t.rank[rows]
+        gr = t.group_ranks[code] if code < len(t.groups) else t.world_ranks
+        expected = set(gr) if gr else (set(range(world)) if name == WORLD else set())
+        expected = expected or set(np.unique(rr).tolist())
+        absent = sorted(expected - present_set)
         if absent:
-            n = sum(len(v) for v in by_rank.values())
-            not_matched[f"group {g}: members {absent} have no trace"] += n
+            not_matched[f"group {name}: members {absent} have no trace"] += len(rows)
             continue
         member_ranks = sorted(expected)
-        for r in member_ranks:
-            by_rank.setdefault(r, [])
-        keyed = all(ranks[r].match_key[i] is not None for r in member_ranks for i in by_rank[r]) and any(
-            ranks[r].match_key[i] for r in member_ranks for i in by_rank[r]
-        )
-        if keyed:
-            _match_keyed(g, member_ranks, ranks, by_rank, out)
-        else:
-            _match_ordered(g, member_ranks, ranks, by_rank, out)
+        lo = np.searchsorted(rr, member_ranks, side="left")
+        hi = np.searchsorted(rr, member_ranks, side="right")
+        by_rank = [rows[x:y] for x, y in zip(lo.tolist(), hi.tolist(), strict=True)]
+        mine = np.concatenate(by_rank)
+        keyed = bool(t.has_key[mine].all() and (t.match_key[mine] != 0).any())
+        match = _match_keyed if keyed else _match_ordered
+        blocks.append(match(t, code, name, member_ranks, by_rank, out))
+    out.instances = _instances(t, names, blocks)
     return out
 
 
-def _disagreement(ranks: Mapping[int, Calls], a: tuple[int, int], b: tuple[int, int]) -> str | None:
-    ca, cb = ranks[a[0]], ranks[b[0]]
-    i, j = a[1], b[1]
-    if ca.op[i] != cb.op[j]:
-        return "ops disagree"
-    if ca.dtype[i] and cb.dtype[j] and ca.dtype[i] != cb.dtype[j]:
-        return "dtypes disagree"
-    s1, s2 = ca.msg_bytes[i], cb.msg_bytes[j]
-    if ca.op[i] not in _SIZE_MAY_DIFFER and s1 is not None and s2 is not None and s1 != s2:
-        return "sizes disagree"
-    return None
+def _disagreement(t: CallTable, rows: Ints) -> Ints:
+    """Per position (row of `rows`, positions x members): 0 when every member agrees with the first,
+    else 1 + the index into _REASONS of the first member's disagreement, and that member's column."""
+    a, b = rows[:, :1], rows[:, 1:]
+    truthy = np.asarray([bool(d) for d in t.dtypes] + [False], dtype=bool)  # code -1: None
+    may_differ = np.asarray([o in _SIZE_MAY_DIFFER for o in t.ops], dtype=bool)
+    op_bad = t.op[a] != t.op[b]
+    dt_bad = truthy[t.dtype[a]] & truthy[t.dtype[b]] & (t.dtype[a] != t.dtype[b])
+    sz_bad = ~may_differ[t.op[a]] & t.has_bytes[a] & t.has_bytes[b] & (t.msg_bytes[a] != t.msg_bytes[b])
+    code = np.where(op_bad, 1, np.where(dt_bad, 2, np.where(sz_bad, 3, 0)))
+    bad = code > 0
+    col = np.argmax(bad, axis=1) if bad.shape[1] else np.zeros(len(rows), dtype=np.int64)
+    first = code[np.arange(len(rows)), col] if bad.shape[1] else np.zeros(len(rows), dtype=np.int64)
+    return np.stack([first, col + 1], axis=1)
 
 
-def _emit(
-    g: str, key: int, how: str, ranks: Mapping[int, Calls], picks: list[tuple[int, int]], out: MatchResult
-) -> None:
-    inst = out.instances
-    r0, i0 = picks[0]
-    c0 = ranks[r0]
-    steps = Counter(ranks[r].step[i] for r, i in picks)
-    inst.group.append(g)
-    inst.key.append(key)
-    inst.keyed_by.append(how)
-    inst.op.append(c0.op[i0])
-    inst.dtype.append(c0.dtype[i0])
-    inst.msg_bytes.append(c0.msg_bytes[i0])
-    inst.step.append(steps.most_common(1)[0][0])
-    inst.member_rank.append(tuple(r for r, _ in picks))
-    inst.member_seq.append(tuple(ranks[r].seq[i] for r, i in picks))
-    inst.member_arrival.append(tuple(ranks[r].arrival[i] for r, i in picks))
-    inst.member_end.append(tuple(ranks[r].end[i] for r, i in picks))
-
-
-def _check(g: str, pos: int, ranks: Mapping[int, Calls], picks: list[tuple[int, int]], out: MatchResult) -> bool:
-    for p in picks[1:]:
-        why = _disagreement(ranks, picks[0], p)
-        if why is not None:
-            out.mismatches.append(
-                Mismatch(
-                    g,
-                    pos,
-                    why,
-                    picks[0][0],
-                    _describe(ranks[picks[0][0]], picks[0][1]),
-                    p[0],
-                    _describe(ranks[p[0]], p[1]),
-                )
-            )
-            return False
-    return True
-
-
-def _match_keyed(
-    g: str, member_ranks: Sequence[int], ranks: Mapping[int, Calls], by_rank: Mapping[int, list[int]], out: MatchResult
-) -> None:
-    index = {r: {ranks[r].match_key[i]: i for i in by_rank[r]} for r in member_ranks}
-    keys = sorted({k for d in index.values() for k in d if k is not None})
-    for k in keys:
-        have = [(r, index[r][k]) for r in member_ranks if k in index[r]]
-        lacking = [r for r in member_ranks if k not in index[r]]
-        if lacking:
-            r, i = have[0]
-            for m in lacking:
-                out.mismatches.append(Mismatch(g, k, "missing on a member", r, _describe(ranks[r], i), m, None))
-            continue
-        if _check(g, k, ranks, have, out):
-            _emit(g, k, "key", ranks, have, out)
+def _bad_mismatch(t: CallTable, name: str, pos: int, ranks: list[int], row: Ints, why: Ints) -> Mismatch:
+    code, j = int(why[0]), int(why[1])
+    return Mismatch(name, pos, _REASONS[code - 1], ranks[0], t.describe(int(row[0])), ranks[j], t.describe(int(row[j])))
 
 
 def _match_ordered(
-    g: str, member_ranks: Sequence[int], ranks: Mapping[int, Calls], by_rank: Mapping[int, list[int]], out: MatchResult
-) -> None:
-    longest = max(len(by_rank[r]) for r in member_ranks)
-    for pos in range(longest):
-        have = [(r, by_rank[r][pos]) for r in member_ranks if pos < len(by_rank[r])]
-        lacking = [r for r in member_ranks if pos >= len(by_rank[r])]
-        if lacking:
-            r, i = have[0]
-            for m in lacking:
-                out.mismatches.append(Mismatch(g, pos, "missing on a member", r, _describe(ranks[r], i), m, None))
-            continue
-        if not _check(g, pos, ranks, have, out):
-            left = sum(max(0, len(by_rank[r]) - pos - 1) for r in member_ranks)
-            out.not_matched[f"group {g}: calls after an order disagreement (not paired)"] += left
-            return
-        _emit(g, pos, "order", ranks, have, out)
+    t: CallTable, code: int, name: str, member_ranks: list[int], by_rank: list[Ints], out: MatchResult
+) -> _Block:
+    counts = [len(x) for x in by_rank]
+    common = min(counts)
+    rows = np.stack([x[:common] for x in by_rank], axis=1) if common else np.zeros((0, len(by_rank)), np.int64)
+    why = _disagreement(t, rows)
+    bad = np.flatnonzero(why[:, 0])
+    if len(bad):
+        d = int(bad[0])
+        out.mismatches.append(_bad_mismatch(t, name, d, member_ranks, rows[d], why[d]))
+        left = sum(max(0, n - d - 1) for n in counts)
+        out.not_matched[f"group {name}: calls after an order disagreement (not paired)"] += left
+        return _Block(code, member_ranks, np.arange(d, dtype=np.int64), False, rows[:d])
+    for pos in range(common, max(counts, default=0)):
+        have = [j for j, n in enumerate(counts) if pos < n]
+        first = int(by_rank[have[0]][pos])
+        for j, n in enumerate(counts):
+            if pos >= n:
+                out.mismatches.append(
+                    Mismatch(
+                        name,
+                        pos,
+                        "missing on a member",
+                        member_ranks[have[0]],
+                        t.describe(first),
+                        member_ranks[j],
+                        None,
+                    )
+                )
+    return _Block(code, member_ranks, np.arange(common, dtype=np.int64), False, rows)
+
+
+def _match_keyed(
+    t: CallTable, code: int, name: str, member_ranks: list[int], by_rank: list[Ints], out: MatchResult
+) -> _Block:
+    last: list[tuple[Ints, Ints]] = []
+    for x in by_rank:  # a key seen twice on a rank: its last call
+        k = t.match_key[x][::-1]
+        uk, first = np.unique(k, return_index=True)
+        last.append((uk, x[::-1][first]))
+    keys = np.unique(np.concatenate([k for k, _ in last]))
+    rows = np.full((len(keys), len(by_rank)), -1, dtype=np.int64)
+    for j, (uk, ur) in enumerate(last):
+        rows[np.searchsorted(keys, uk), j] = ur
+    complete = (rows >= 0).all(axis=1)
+    found: list[tuple[int, int, Mismatch]] = []
+    for q in np.flatnonzero(~complete).tolist():
+        have = np.flatnonzero(rows[q] >= 0).tolist()
+        side = t.describe(int(rows[q, have[0]]))
+        for n, j in enumerate(np.flatnonzero(rows[q] < 0).tolist()):
+            found.append(
+                (
+                    q,
+                    n,
+                    Mismatch(
+                        name, int(keys[q]), "missing on a member", member_ranks[have[0]], side, member_ranks[j], None
+                    ),
+                )
+            )
+    full = np.flatnonzero(complete)
+    why = _disagreement(t, rows[full])
+    bad = why[:, 0] > 0
+    for i in np.flatnonzero(bad).tolist():
+        q = int(full[i])
+        found.append((q, 0, _bad_mismatch(t, name, int(keys[q]), member_ranks, rows[q], why[i])))
+    out.mismatches.extend(m for _, _, m in sorted(found, key=lambda x: (x[0], x[1])))
+    ok = full[~bad]
+    return _Block(code, member_ranks, keys[ok], True, rows[ok])
+
+
+def _step_of(t: CallTable, rows: Ints) -> tuple[Ints, Bools]:
+    """Each instance's step: the most common among its members (ties: the lowest rank's first)."""
+    step, has = t.step[rows], t.has_step[rows]
+    same = ((step == step[:, :1]) & (has == has[:, :1])).all(axis=1)
+    out_s, out_h = step[:, 0].copy(), has[:, 0].copy()
+    for i in np.flatnonzero(~same).tolist():
+        c = Counter(s if h else None for s, h in zip(step[i].tolist(), has[i].tolist(), strict=True))
+        best = c.most_common(1)[0][0]
+        out_s[i], out_h[i] = (0, False) if best is None else (best, True)
+    return out_s, out_h
+
+
+def _instances(t: CallTable, names: list[str], blocks: list[_Block]) -> Instances:
+    inst = Instances(groups=names, ops=list(t.ops), dtypes=list(t.dtypes))
+    blocks = [b for b in blocks if len(b.rows)]
+    if not blocks:
+        return inst
+    first = np.concatenate([b.rows[:, 0] for b in blocks])
+    steps = [_step_of(t, b.rows) for b in blocks]
+    inst.group_code = np.concatenate([np.full(len(b.rows), b.group, dtype=np.int64) for b in blocks])
+    inst.keys = np.concatenate([b.keys for b in blocks]).astype(np.int64)
+    inst.by_key = np.concatenate([np.full(len(b.rows), b.by_key, dtype=bool) for b in blocks])
+    inst.op_code, inst.dtype_code = t.op[first], t.dtype[first]
+    inst.size, inst.has_size = t.msg_bytes[first], t.has_bytes[first]
+    inst.steps = np.concatenate([s for s, _ in steps])
+    inst.has_step = np.concatenate([h for _, h in steps])
+    counts = np.concatenate([np.full(len(b.rows), len(b.member_ranks), dtype=np.int64) for b in blocks])
+    inst.offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    inst.m_inst = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    inst.m_row = np.concatenate([b.rows.ravel() for b in blocks])
+    inst.m_rank = np.concatenate([np.tile(np.asarray(b.member_ranks, dtype=np.int64), len(b.rows)) for b in blocks])
+    inst.m_seq = t.seq[inst.m_row]
+    inst.m_arrival = t.arrival[inst.m_row]
+    inst.m_end = t.end[inst.m_row]
+    return inst

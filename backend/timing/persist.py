@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -21,66 +21,23 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from commlens.contract.analysis import UNATTRIBUTED
 from commlens.store import transaction
 from commlens.store.tables import TIME_TABLES
 
-from .analysis import TimeAnalysis, analyze
-from .breakdown import UNATTRIBUTED
-from .model import MEMORY_KINDS
-from .segments import sparse_sum
+from .analysis import TimeAnalysis, analyze_columns
+from .model import F64, KIND_CODE, KINDS, MEMORY_KINDS, CallTable, IntervalArrays, Ints, RankArrays, StepArrays
+from .segments import sequential_sums, sparse_sum
 from .stragglers import rank_totals
 
-Columns = dict[str, list[Any]]
+Columns = dict[str, Any]  # column name -> list, numpy array or Arrow array
 log = logging.getLogger("commlens.backend.timing")
 
 
 @dataclass
-class StoredIntervals:
-    kind: list[str] = field(default_factory=list)
-    stream: list[int] = field(default_factory=list)
-    start: list[float] = field(default_factory=list)
-    end: list[float] = field(default_factory=list)
-    nbytes: list[int] = field(default_factory=list)
-
-
-@dataclass
-class StoredSteps:
-    step: list[int] = field(default_factory=list)
-    start: list[float] = field(default_factory=list)
-    end: list[float] = field(default_factory=list)
-
-
-@dataclass
-class StoredCalls:
-    """A rank's calls in issue order, as the analysis reads them (model.Calls); `source_id` maps each
-    back to its comm_events row with `seq`."""
-
-    source_id: list[int] = field(default_factory=list)
-    seq: list[int] = field(default_factory=list)
-    op: list[str] = field(default_factory=list)
-    dtype: list[str | None] = field(default_factory=list)
-    msg_bytes: list[int | None] = field(default_factory=list)
-    group_key: list[str | None] = field(default_factory=list)
-    group_ranks: list[tuple[int, ...] | None] = field(default_factory=list)
-    group_size: list[int | None] = field(default_factory=list)
-    match_key: list[int | None] = field(default_factory=list)
-    step: list[int | None] = field(default_factory=list)
-    arrival: list[float | None] = field(default_factory=list)
-    end: list[float | None] = field(default_factory=list)
-
-
-@dataclass
-class StoredRank:
-    rank: int
-    has_device: bool
-    intervals: StoredIntervals
-    steps: StoredSteps
-    calls: StoredCalls
-
-
-@dataclass
 class RunInput:
-    ranks: dict[int, StoredRank]
+    ranks: dict[int, RankArrays]
+    calls: CallTable  # with source_id
     world_size: int | None
     hosts: dict[int, str] | None
     schemes: dict[str, str]
@@ -88,68 +45,104 @@ class RunInput:
     source_notes: list[str]
 
 
+def _vocab(con: duckdb.DuckDBPyConnection, column: str, run_id: int) -> list[str]:
+    rows = con.execute(
+        f"SELECT DISTINCT {column} FROM comm_events WHERE run_id = ? AND counted AND rank IS NOT NULL "
+        f"AND {column} IS NOT NULL ORDER BY 1",
+        [run_id],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _ints(col: pa.ChunkedArray, null: int = 0) -> Ints:
+    return np.asarray(col.fill_null(null).to_numpy(), dtype=np.int64)
+
+
+def _valid(col: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
+    return np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _floats(col: pa.ChunkedArray) -> F64:
+    return np.asarray(col.cast(pa.float64()).fill_null(np.nan).to_numpy(), dtype=np.float64)
+
+
 def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
-    """One run's analysis input from the store (calls of unknown rank are left out: they match nothing)."""
-    ranks: dict[int, StoredRank] = {}
-
-    def rank_of(r: int) -> StoredRank:
-        if r not in ranks:
-            ranks[r] = StoredRank(r, False, StoredIntervals(), StoredSteps(), StoredCalls())
-        return ranks[r]
-
+    """One run's analysis input from the store as columns (calls of unknown rank are left out: they
+    match nothing). Strings come as codes computed in DuckDB, so no Python object is made per row."""
     group_ranks = {
         k: tuple(v) if v else None
         for k, v in con.execute("SELECT group_key, ranks FROM process_groups WHERE run_id = ?", [run_id]).fetchall()
     }
-    calls = con.sql(
+    ops, dtypes, groups = (_vocab(con, c, run_id) for c in ("op", "dtype", "group_key"))
+    c = con.sql(
         """
-        SELECT e.rank, e.source_id, e.seq, e.op, e.dtype, e.msg_bytes, e.group_key, e.group_size,
-               CASE WHEN s.kind = 'nccl_log' THEN e.op_count ELSE e.match_key END, e.step, e.ts_us,
-               e.ts_us + e.dur_us
+        SELECT e.rank, e.source_id, e.seq, list_position($ops, e.op) - 1 AS op,
+               coalesce(list_position($dtypes, e.dtype) - 1, -1) AS dtype, e.msg_bytes,
+               coalesce(list_position($groups, e.group_key) - 1, -1) AS grp, e.group_size,
+               CASE WHEN s.kind = 'nccl_log' THEN e.op_count ELSE e.match_key END AS key, e.step,
+               e.ts_us AS arrival, e.ts_us + e.dur_us AS end_us
         FROM comm_events e JOIN sources s USING (source_id)
-        WHERE e.run_id = ? AND e.counted AND e.rank IS NOT NULL
+        WHERE e.run_id = $run AND e.counted AND e.rank IS NOT NULL
         ORDER BY e.rank, e.source_id, e.seq
         """,
-        params=[run_id],
+        params={"ops": ops or [""], "dtypes": dtypes or [""], "groups": groups or [""], "run": run_id},
     ).to_arrow_table()
-    timed = False
-    for r, rows in _by_rank(calls):
-        src, seq, op, dtype, size, gk, gsize, key, step, arr, end = rows
-        ranks[r] = StoredRank(
-            r,
-            False,
-            StoredIntervals(),
-            StoredSteps(),
-            StoredCalls(
-                src,
-                seq,
-                op,
-                dtype,
-                size,
-                gk,
-                [group_ranks.get(g) if g else None for g in gk],
-                gsize,
-                key,
-                step,
-                arr,
-                end,
-            ),
-        )
-        timed = timed or any(a is not None for a in arr)
+    calls = CallTable(
+        rank=_ints(c["rank"]),
+        seq=_ints(c["seq"]),
+        op=_ints(c["op"]),
+        ops=ops,
+        dtype=_ints(c["dtype"]),
+        dtypes=dtypes,
+        msg_bytes=_ints(c["msg_bytes"]),
+        has_bytes=_valid(c["msg_bytes"]),
+        group=_ints(c["grp"]),
+        groups=groups,
+        group_size=_ints(c["group_size"], -1),
+        match_key=_ints(c["key"]),
+        has_key=_valid(c["key"]),
+        step=_ints(c["step"]),
+        has_step=_valid(c["step"]),
+        arrival=_floats(c["arrival"]),
+        end=_floats(c["end_us"]),
+        group_ranks=[group_ranks.get(g) if g else None for g in groups],
+        world_ranks=None,
+        source_id=_ints(c["source_id"]),
+    )
+    del c
+    ranks: dict[int, RankArrays] = {}
+
+    def rank_of(r: int) -> RankArrays:
+        if r not in ranks:
+            ranks[r] = RankArrays(r, False, _no_intervals(), StepArrays(*_empty(np.int64, np.float64, np.float64)))
+        return ranks[r]
+
+    for r in np.unique(calls.rank).tolist():
+        rank_of(r)
     steps = con.sql(
-        "SELECT rank, step, ts_us, ts_us + dur_us FROM steps WHERE run_id = ? AND rank IS NOT NULL "
+        "SELECT rank, step, ts_us, ts_us + dur_us AS end_us FROM steps WHERE run_id = ? AND rank IS NOT NULL "
         "AND ts_us IS NOT NULL AND dur_us IS NOT NULL ORDER BY rank, ts_us",
         params=[run_id],
     ).to_arrow_table()
-    for r, (step, ts, end) in _by_rank(steps):
-        rank_of(r).steps = StoredSteps(step, ts, end)
+    for r, (a, b) in _by_rank(steps):
+        rank_of(r).steps = StepArrays(
+            _ints(steps["step"])[a:b], _floats(steps["ts_us"])[a:b], _floats(steps["end_us"])[a:b]
+        )
     iv = con.sql(
-        "SELECT rank, kind, stream, start_us, end_us, nbytes FROM timeline_intervals "
-        "WHERE run_id = ? AND rank IS NOT NULL ORDER BY rank, kind, stream, start_us",
-        params=[run_id],
+        "SELECT rank, coalesce(list_position(?, kind) - 1, -1) AS kind, stream, start_us, end_us, nbytes "
+        "FROM timeline_intervals WHERE run_id = ? AND rank IS NOT NULL ORDER BY rank, kind, stream, start_us",
+        params=[list(KINDS), run_id],
     ).to_arrow_table()
-    for r, (kind, stream, s, e, b) in _by_rank(iv):
-        rank_of(r).intervals = StoredIntervals(kind, stream, s, e, b)
+    kind, stream, start, stop, nbytes = (
+        _ints(iv["kind"], -1),
+        _ints(iv["stream"], -1),
+        _floats(iv["start_us"]),
+        _floats(iv["end_us"]),
+        _ints(iv["nbytes"]),
+    )
+    for r, (a, b) in _by_rank(iv):
+        rank_of(r).intervals = IntervalArrays(kind[a:b], stream[a:b], start[a:b], stop[a:b], nbytes[a:b])
+    del iv
     notes: list[str] = []
     for r, has_device, tl_notes in con.execute(
         """
@@ -174,20 +167,28 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
         ).fetchall()
     )
     world = con.execute("SELECT world_size FROM runs WHERE run_id = ?", [run_id]).fetchone()
-    return RunInput(ranks, world[0] if world else None, hosts or None, schemes, timed, notes)
+    timed = bool((~np.isnan(calls.arrival)).any())
+    ordered = dict(sorted(ranks.items()))
+    return RunInput(ordered, calls, world[0] if world else None, hosts or None, schemes, timed, notes)
 
 
-def _by_rank(table: pa.Table) -> Iterator[tuple[int, list[list[Any]]]]:
-    """The rows of a table sorted by its first column (rank), as that rank's columns (Python lists):
-    one conversion per column, not one per row."""
+def _empty(*dtypes: type) -> list[npt.NDArray[Any]]:
+    return [np.zeros(0, dtype=d) for d in dtypes]
+
+
+def _no_intervals() -> IntervalArrays:
+    return IntervalArrays(*_empty(np.int64, np.int64, np.float64, np.float64, np.int64))
+
+
+def _by_rank(table: pa.Table) -> Iterator[tuple[int, tuple[int, int]]]:
+    """The row ranges of each rank in a table sorted by its first column (rank)."""
     if not table.num_rows:
         return
     rank = table.column(0).to_numpy()
     cut = np.flatnonzero(rank[1:] != rank[:-1]) + 1
     starts, ends = [0, *cut.tolist()], [*cut.tolist(), table.num_rows]
-    cols = [c.to_pylist() for c in table.columns[1:]]
     for a, b in zip(starts, ends, strict=True):
-        yield int(rank[a]), [c[a:b] for c in cols]
+        yield int(rank[a]), (a, b)
 
 
 def persist_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
@@ -195,7 +196,7 @@ def persist_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     analysis that fails leaves the run's files and other analyses alone: its time_status says why."""
     try:
         data = load_run(con, run_id)
-        job = analyze(data.ranks, data.world_size, data.hosts, data.schemes) if data.ranks else None
+        job = analyze_columns(data.ranks, data.calls, data.world_size, data.hosts, data.schemes) if data.ranks else None
         tables = result_tables(data, job)
     except Exception as exc:  # a bug or an input the analysis cannot take must not fail the ingest
         log.exception("time analysis of run %s", run_id)
@@ -260,7 +261,7 @@ def _status_columns(status: Mapping[tuple[str, str], bool]) -> Columns:
 
 def _statuses(job: TimeAnalysis, data: RunInput, status: dict[tuple[str, str], bool]) -> None:
     inst, match = job.match.instances, job.match
-    keyed = sum(k == "key" for k in inst.keyed_by)
+    keyed = int(inst.by_key.sum())
     status[("matching", f"{len(inst)} instances matched ({keyed} by key, {len(inst) - keyed} by call order)")] = True
     missing = sum(m.reason == "missing on a member" for m in match.mismatches)
     if missing:
@@ -278,14 +279,14 @@ def _statuses(job: TimeAnalysis, data: RunInput, status: dict[tuple[str, str], b
     for note in job.stats.notes:
         status[("waits", note)] = False
     if data.timed and not job.stats.notes:
-        status[("waits", f"waits of {sum(s is not None for s in job.stats.skew_us)} instances")] = True
+        status[("waits", f"waits of {int((~np.isnan(job.stats.skew)).sum())} instances")] = True
     for note in job.breakdown.notes:
         status[("breakdown", note)] = False
     for note in data.source_notes:
         status[("breakdown", note)] = False
-    if job.breakdown.rank:
+    if len(job.breakdown.rank):
         status[("breakdown", f"{len(job.breakdown.rank)} rank-steps")] = True
-    no_device = sorted(r for r, d in data.ranks.items() if not d.has_device and d.intervals.kind)
+    no_device = sorted(r for r, d in data.ranks.items() if not d.has_device and len(d.intervals))
     if no_device:
         status[("memcpy", f"no device activity on ranks {no_device}: no memcpy lane there")] = False
     status[("memcpy", "memcpy lane from the device copies and memsets")] = True
@@ -298,54 +299,63 @@ def _statuses(job: TimeAnalysis, data: RunInput, status: dict[tuple[str, str], b
         status[("critical_path", f"{len(job.paths)} steps")] = True
 
 
+def _strings(vocab: Sequence[str | None], codes: Ints) -> pa.Array:
+    """Codes into `vocab` as an Arrow string column (-1: null), without a Python object per row."""
+    return pa.array(vocab, type=pa.string()).take(pa.array(codes, mask=codes < 0))
+
+
+def _nullable(values: npt.NDArray[Any], valid: npt.NDArray[np.bool_]) -> pa.Array:
+    return pa.array(values, mask=~valid)
+
+
+def _f(values: F64) -> pa.Array:
+    """A float column, NaN as null."""
+    return pa.array(values, from_pandas=True)
+
+
 def _instances(job: TimeAnalysis, schemes: Mapping[str, str]) -> Columns:
     inst, st = job.match.instances, job.stats
-    first = [
-        None if last is None or skew is None else last - skew
-        for last, skew in zip(st.last_arrival, st.skew_us, strict=True)
-    ]
     return {
-        "instance_id": list(range(len(inst))),
-        "group_key": inst.group,
-        "scheme": [schemes.get(g) for g in inst.group],
-        "op": inst.op,
-        "dtype": inst.dtype,
-        "msg_bytes": inst.msg_bytes,
-        "step": inst.step,
-        "match_key": inst.key,
-        "keyed_by": inst.keyed_by,
-        "members": [len(m) for m in inst.member_rank],
-        "first_arrival_ref_us": first,
-        "last_arrival_ref_us": st.last_arrival,
-        "last_rank": st.last_rank,
-        "skew_us": st.skew_us,
-        "real_us": st.real_us,
-        "algbw_gbps": st.algbw_gbps,
-        "busbw_gbps": st.busbw_gbps,
+        "instance_id": np.arange(len(inst), dtype=np.int64),
+        "group_key": _strings(inst.groups, inst.group_code),
+        "scheme": _strings([schemes.get(g) for g in inst.groups], inst.group_code),
+        "op": _strings(inst.ops, inst.op_code),
+        "dtype": _strings(inst.dtypes, inst.dtype_code),
+        "msg_bytes": _nullable(inst.size, inst.has_size),
+        "step": _nullable(inst.steps, inst.has_step),
+        "match_key": inst.keys,
+        "keyed_by": _strings(["order", "key"], inst.by_key.astype(np.int64)),
+        "members": inst.members,
+        "first_arrival_ref_us": _f(st.last - st.skew),
+        "last_arrival_ref_us": _f(st.last),
+        "last_rank": _nullable(st.last_rank_code, st.last_rank_code >= 0),
+        "skew_us": _f(st.skew),
+        "real_us": _f(st.real),
+        "algbw_gbps": _f(st.algbw),
+        "busbw_gbps": _f(st.busbw),
     }
 
 
 def _members(job: TimeAnalysis, data: RunInput) -> Columns:
     inst, st, clocks = job.match.instances, job.stats, job.clocks
-    source = {(r, s): src for r, d in data.ranks.items() for src, s in zip(d.calls.source_id, d.calls.seq, strict=True)}
-    out: Columns = defaultdict(list)
-    for k in range(len(inst)):
-        for r, seq, a, e, w in zip(
-            inst.member_rank[k],
-            inst.member_seq[k],
-            inst.member_arrival[k],
-            inst.member_end[k],
-            st.member_wait_us[k],
-            strict=True,
-        ):
-            out["instance_id"].append(k)
-            out["rank"].append(r)
-            out["source_id"].append(source.get((r, seq)))
-            out["seq"].append(seq)
-            out["arrival_ref_us"].append(None if a is None else clocks.to_reference(r, a))
-            out["end_ref_us"].append(None if e is None else clocks.to_reference(r, e))
-            out["wait_us"].append(w)
-    return _ensure(out, ("instance_id", "rank", "source_id", "seq", "arrival_ref_us", "end_ref_us", "wait_us"))
+    t = data.calls
+    # source of a member: the last call (store order) of its rank with its seq
+    o = np.lexsort((np.arange(len(t)), t.seq, t.rank))
+    r_s, q_s = t.rank[o], t.seq[o]
+    last = np.r_[(r_s[1:] != r_s[:-1]) | (q_s[1:] != q_s[:-1]), True] if len(o) else np.zeros(0, dtype=bool)
+    group = np.empty(len(t), dtype=np.int64)
+    group[o] = np.cumsum(np.r_[True, last[:-1]]) - 1 if len(o) else group[o]
+    assert t.source_id is not None
+    source = t.source_id[o][last][group[inst.m_row]]
+    return {
+        "instance_id": inst.m_inst,
+        "rank": inst.m_rank,
+        "source_id": source,
+        "seq": inst.m_seq,
+        "arrival_ref_us": _f(st.m_arrival_ref),
+        "end_ref_us": _f(inst.m_end + clocks.offset_of(inst.m_rank)),
+        "wait_us": _f(st.m_wait),
+    }
 
 
 def _ensure(out: Columns, names: Sequence[str]) -> Columns:
@@ -385,18 +395,19 @@ def _clocks(job: TimeAnalysis, data: RunInput) -> Columns:
 
 def _breakdown(job: TimeAnalysis) -> Columns:
     b = job.breakdown
-    n, m = len(b.rank), len(b.by_scheme)
+    n, m = len(b.rank), len(b.scheme_rank)
+    none = np.full(m, np.nan)
     return {
-        "rank": b.rank + [x[0] for x in b.by_scheme],
-        "step": b.step + [x[1] for x in b.by_scheme],
-        "scheme": [None] * n + [x[2] for x in b.by_scheme],
-        "step_us": b.step_us + [None] * m,
-        "compute_us": b.compute_us + [None] * m,
-        "overlapped_us": b.overlapped_us + [x[3] for x in b.by_scheme],
-        "wait_us": b.wait_us + [x[4] for x in b.by_scheme],
-        "exposed_us": b.exposed_us + [x[5] for x in b.by_scheme],
-        "memcpy_us": b.memcpy_us + [None] * m,
-        "idle_us": b.idle_us + [None] * m,
+        "rank": np.concatenate([b.rank, b.scheme_rank]),
+        "step": np.concatenate([b.step, b.scheme_step]),
+        "scheme": pa.concat_arrays([pa.nulls(n, pa.string()), pa.array(b.scheme, type=pa.string())]),
+        "step_us": _f(np.concatenate([b.step_us, none])),
+        "compute_us": _f(np.concatenate([b.compute_us, none])),
+        "overlapped_us": np.concatenate([b.overlapped_us, b.scheme_overlapped]),
+        "wait_us": np.concatenate([b.wait_us, b.scheme_wait]),
+        "exposed_us": np.concatenate([b.exposed_us, b.scheme_exposed]),
+        "memcpy_us": _f(np.concatenate([b.memcpy_us, none])),
+        "idle_us": _f(np.concatenate([b.idle_us, none])),
     }
 
 
@@ -419,32 +430,31 @@ def _memcpy(data: RunInput) -> Columns:
     out: Columns = defaultdict(list)
     for r in sorted(data.ranks):
         d = data.ranks[r]
-        if not d.has_device or not d.steps.step:
+        if not d.has_device or not len(d.steps):
             continue
-        kind = np.asarray(d.intervals.kind, dtype=object)
-        start = np.asarray(d.intervals.start, dtype=np.float64)
-        end = np.asarray(d.intervals.end, dtype=np.float64)
-        nbytes = np.asarray(d.intervals.nbytes, dtype=np.int64)
-        t0s = np.asarray(d.steps.start, dtype=np.float64)
-        t1s = np.asarray(d.steps.end, dtype=np.float64)
+        iv = d.intervals
+        t0s, t1s = d.steps.start, d.steps.end
+        steps, starts, ends = d.steps.step.tolist(), t0s.tolist(), t1s.tolist()
         for k in sorted(MEMORY_KINDS):
-            sel = kind == k
+            sel = iv.kind == KIND_CODE[k]
             if not sel.any():
                 continue
-            us, ue = _union_arrays(start[sel], end[sel])
-            order = np.argsort(start[sel], kind="stable")
-            ks, kb = start[sel][order], np.concatenate([[0], np.cumsum(nbytes[sel][order])])
-            moved = kb[np.searchsorted(ks, t1s, side="left")] - kb[np.searchsorted(ks, t0s, side="left")]
+            us, ue = _union_arrays(iv.start[sel], iv.end[sel])
+            order = np.argsort(iv.start[sel], kind="stable")
+            ks, kb = iv.start[sel][order], np.concatenate([[0], np.cumsum(iv.nbytes[sel][order])])
+            moved = (kb[np.searchsorted(ks, t1s, side="left")] - kb[np.searchsorted(ks, t0s, side="left")]).tolist()
             # The union's pieces meeting the step are a run [lo, hi); the sum over all of them (zeros
             # elsewhere) is taken in numpy's order, as np.clip(...).sum() over the whole union gave it.
             lo = np.searchsorted(ue, t0s, side="right").tolist()
             hi = np.searchsorted(us, t1s, side="left").tolist()
-            for j, (n, t0, t1) in enumerate(zip(d.steps.step, d.steps.start, d.steps.end, strict=True)):
+            for j, (n, t0, t1) in enumerate(zip(steps, starts, ends, strict=True)):
                 a, z = lo[j], max(hi[j], lo[j])
+                b = int(moved[j])
+                if z <= a and b == 0:
+                    continue  # no piece meets the step: busy is 0
                 busy = sparse_sum(
                     len(us), a, (np.minimum(ue[a:z], t1) - np.maximum(us[a:z], t0)).tolist() if z > a else []
                 )
-                b = int(moved[j])
                 if busy <= 0 and b == 0:
                     continue
                 out["rank"].append(r)
@@ -462,19 +472,14 @@ def _rank_totals(job: TimeAnalysis, data: RunInput) -> Columns:
     for r, x in zip(job.stragglers.ranks.rank, job.stragglers.ranks.imposed_us, strict=True):
         imposed[r] += x
     b = job.breakdown
-    per: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
-    for r, step_us, wait, exposed, over in zip(
-        b.rank, b.step_us, b.wait_us, b.exposed_us, b.overlapped_us, strict=True
-    ):
-        acc = per[r]
-        acc[0] += step_us
-        acc[1] += wait + exposed
-        acc[2] += over
+    ranks_b, counts = np.unique(b.rank, return_counts=True)  # rows are by rank, in rank order
+    sums = sequential_sums(np.stack([b.step_us, b.wait_us + b.exposed_us, b.overlapped_us], axis=1), counts)
+    per = {int(r): row for r, row in zip(ranks_b.tolist(), sums.tolist(), strict=True)}
     known = dict(zip(t.rank, zip(t.instances, t.arrived_last, t.wait_us, strict=True), strict=True))
     ranks = sorted(data.ranks)
     return {
         "rank": ranks,
-        "steps": [len(data.ranks[r].steps.step) for r in ranks],
+        "steps": [len(data.ranks[r].steps) for r in ranks],
         "instances": [known.get(r, (0, 0, 0.0))[0] for r in ranks],
         "arrived_last": [known.get(r, (0, 0, 0.0))[1] for r in ranks],
         "wait_us": [known.get(r, (0, 0, 0.0))[2] for r in ranks],

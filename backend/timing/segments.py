@@ -9,6 +9,7 @@ pairwise order, so every number is bit-for-bit the one `ndarray.sum()` gives on 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -34,10 +35,13 @@ class SortedSpans(Protocol):
 
 
 class RankSpans(Protocol):
-    """What breakdown.RankSpans offers: its calls (start, end, scheme) and each kind's sorted spans."""
+    """What breakdown.RankSpans offers: each call's scheme (a code into the sorted `scheme_names`) and
+    each kind's sorted spans (compute, comm, memory, wait, calls)."""
 
     @property
-    def calls(self) -> Sequence[tuple[float, float, str]]: ...
+    def call_scheme(self) -> Ints: ...
+    @property
+    def scheme_names(self) -> Sequence[str]: ...
     def index_of(self, name: str) -> SortedSpans: ...
 
 
@@ -108,6 +112,26 @@ def sparse_sum(n: int, lo: int, vals: Sequence[float]) -> float:
     return rec(0, n)
 
 
+_LONG = 64
+
+
+def sequential_sums(values: npt.NDArray[np.float64], counts: Ints) -> npt.NDArray[np.float64]:
+    """Sum of each consecutive run of `counts[j]` values (rows, for 2-D values) added left to right from
+    0.0, as Python's `sum` or a `+=` loop adds them: short runs position by position across all runs,
+    long ones by np.cumsum (accumulation is sequential)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    starts = np.zeros(len(counts), dtype=np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    out = np.zeros((len(counts), *values.shape[1:]), dtype=np.float64)
+    sel = np.flatnonzero((counts > 0) & (counts <= _LONG))
+    for p in range(int(counts[sel].max()) if len(sel) else 0):
+        sel = sel[counts[sel] > p]
+        out[sel] += values[starts[sel] + p]
+    for j in np.flatnonzero(counts > _LONG).tolist():
+        out[j] = np.cumsum(values[starts[j] : starts[j] + counts[j]], axis=0)[-1]
+    return out
+
+
 def _clip_many(starts: F64, reach: F64, ends: F64, t0: F64, t1: F64) -> tuple[Ints, Ints, F64, F64]:
     """Per window, the spans (sorted by start, running max `reach`) meeting it, clipped: (window,
     position in the sorted spans, start, end), windows in order and positions ascending in each."""
@@ -156,13 +180,53 @@ Totals = dict[str, float]
 PerScheme = dict[str, dict[str, float]]
 
 
+@dataclass
+class WindowClasses:
+    """breakdown.classify of many windows as columns: `totals` per category (one value per window), and
+    one row per (window, scheme) with communication time, windows ascending, schemes by name."""
+
+    totals: dict[str, F64]
+    win: Ints
+    scheme: list[str]
+    overlapped: F64
+    wait: F64
+    exposed: F64
+
+    def as_dicts(self) -> list[tuple[Totals, PerScheme]]:
+        names = list(self.totals)
+        cols = [self.totals[n].tolist() for n in names]
+        out: list[tuple[Totals, PerScheme]] = [
+            (dict(zip(names, vals, strict=True)), {}) for vals in zip(*cols, strict=True)
+        ]
+        for j, sc, o, w, e in zip(
+            self.win.tolist(),
+            self.scheme,
+            self.overlapped.tolist(),
+            self.wait.tolist(),
+            self.exposed.tolist(),
+            strict=True,
+        ):
+            out[j][1][sc] = {"overlapped": o, "wait": w, "exposed": e}
+        return out
+
+
 def classify_windows(spans: RankSpans, t0s: F64, t1s: F64) -> list[tuple[Totals, PerScheme]]:
     """breakdown.classify of each window [t0s[j], t1s[j]] (rank clock)."""
+    return classify_columns(spans, t0s, t1s).as_dicts()
+
+
+_SCHEME_CATS = ("overlapped", "wait", "exposed")
+
+
+def classify_columns(spans: RankSpans, t0s: F64, t1s: F64) -> WindowClasses:
+    """breakdown.classify of each window [t0s[j], t1s[j]] (rank clock), as columns."""
     t0 = np.asarray(t0s, dtype=np.float64)
     t1 = np.asarray(t1s, dtype=np.float64)
     w = len(t0)
     if not w:
-        return []
+        zero = np.zeros(0, dtype=np.float64)
+        names = ("compute", "overlapped", "wait", "exposed", "memcpy", "idle")
+        return WindowClasses(dict.fromkeys(names, zero), np.zeros(0, dtype=np.int64), [], zero, zero, zero)
     kinds = ("compute", "comm", "memory", "wait", "calls")
     clipped = {}
     for name in kinds:
@@ -193,13 +257,11 @@ def classify_windows(spans: RankSpans, t0s: F64, t1s: F64) -> list[tuple[Totals,
     totals = {name: b.sums(mask, w) for name, mask in cats.items()}
     used = 0.0 + totals["compute"] + totals["overlapped"] + totals["wait"] + totals["exposed"] + totals["memcpy"]
     left = (t1 - t0) - used
-    idle = np.where(left > 0.0, left, 0.0)
+    totals["idle"] = np.where(left > 0.0, left, 0.0)
     # Owner of each segment: the first call covering it in (start, end, scheme) order.
     cw, cpos, cs, ce = clipped["calls"]
     ix = spans.index_of("calls")
-    names = sorted({sc for _, _, sc in spans.calls})
-    code_of = {sc: i for i, sc in enumerate(names)}
-    codes = np.asarray([code_of[spans.calls[i][2]] for i in ix.order[cpos].tolist()], dtype=np.int64)
+    codes = np.asarray(spans.call_scheme, dtype=np.int64)[ix.order[cpos]]
     order = np.lexsort((codes, ce, cs, cw))
     c_first, c_last = idx["calls"][0][order], idx["calls"][1][order]
     owner = np.full(len(b.value), len(order), dtype=np.int64)
@@ -212,25 +274,13 @@ def classify_windows(spans: RankSpans, t0s: F64, t1s: F64) -> list[tuple[Totals,
         np.minimum.at(owner, covered, call_of)
     seg_owner = owner[b.seg]
     owner_code = np.append(codes[order], -1)[seg_owner]  # -1: no call covers the segment
-    out: list[tuple[Totals, PerScheme]] = [
-        (
-            {
-                "compute": float(totals["compute"][j]),
-                "overlapped": float(totals["overlapped"][j]),
-                "wait": float(totals["wait"][j]),
-                "exposed": float(totals["exposed"][j]),
-                "memcpy": float(totals["memcpy"][j]),
-                "idle": float(idle[j]),
-            },
-            {},
-        )
-        for j in range(w)
-    ]
-    # The order in which each window names its schemes: first appearance among its sorted calls.
-    first_seen: dict[tuple[int, int], int] = {}
-    for j, c, q in zip(cw[order].tolist(), codes[order].tolist(), range(len(order)), strict=True):
-        first_seen.setdefault((j, c), q)
-    for cat in ("overlapped", "wait", "exposed"):
+    # Scheme names, sorted; segments no call covers count as UNATTRIBUTED, after the calls of a scheme
+    # of that name (a group without a scheme), so their sum adds in that order.
+    given = list(spans.scheme_names)
+    all_names = sorted({*given, UNATTRIBUTED})
+    name_of = np.asarray([all_names.index(n) for n in given] + [all_names.index(UNATTRIBUTED)], dtype=np.int64)
+    parts: list[tuple[Ints, Ints, Ints, npt.NDArray[np.bool_], F64]] = []
+    for c, cat in enumerate(_SCHEME_CATS):
         sel = np.flatnonzero(cats[cat])
         if not len(sel):
             continue
@@ -242,17 +292,33 @@ def classify_windows(spans: RankSpans, t0s: F64, t1s: F64) -> list[tuple[Totals,
         starts = np.flatnonzero(brk)
         counts = np.diff(np.append(starts, len(o)))
         sums = segment_sum(b.width[sel][o], counts)
-        groups: dict[int, list[tuple[int, int, float]]] = {}
-        for j, c, us in zip(kw[starts].tolist(), kc[starts].tolist(), sums.tolist(), strict=True):
-            if us > 0:
-                rank_in = first_seen[(j, c)] if c >= 0 else len(order)
-                groups.setdefault(j, []).append((rank_in, c, us))
-        for j, items in groups.items():
-            per = out[j][1]
-            for _, c, us in sorted(items):
-                sc = names[c] if c >= 0 else UNATTRIBUTED
-                per.setdefault(sc, {"overlapped": 0.0, "wait": 0.0, "exposed": 0.0})[cat] += us
-    return out
+        pos = sums > 0
+        pw, pc = kw[starts][pos], kc[starts][pos]
+        parts.append((pw, name_of[pc], np.full(len(pw), c, dtype=np.int64), pc < 0, sums[pos]))
+    if not parts:
+        zero = np.zeros(0, dtype=np.float64)
+        return WindowClasses(totals, np.zeros(0, dtype=np.int64), [], zero, zero, zero)
+    pw, pn, pcat, pneg, pus = (np.concatenate(x) for x in zip(*parts, strict=True))
+    o = np.lexsort((pneg, pcat, pn, pw))
+    pw, pn, pcat, pus = pw[o], pn[o], pcat[o], pus[o]
+    same = np.r_[False, (pw[1:] == pw[:-1]) & (pn[1:] == pn[:-1]) & (pcat[1:] == pcat[:-1])]
+    # at most two values share a (window, name, category): a scheme named UNATTRIBUTED and no call
+    val = pus.copy()
+    val[np.flatnonzero(same) - 1] += pus[same]
+    keep = ~same
+    pw, pn, pcat, val = pw[keep], pn[keep], pcat[keep], val[keep]
+    row_new = np.r_[True, (pw[1:] != pw[:-1]) | (pn[1:] != pn[:-1])]
+    row = np.cumsum(row_new) - 1
+    table = np.zeros((int(row_new.sum()), 3), dtype=np.float64)
+    table[row, pcat] = val
+    return WindowClasses(
+        totals,
+        pw[row_new],
+        [all_names[i] for i in pn[row_new].tolist()],
+        table[:, 0].copy(),
+        table[:, 1].copy(),
+        table[:, 2].copy(),
+    )
 
 
 def memory_busy(spans: RankSpans, t0s: F64, t1s: F64) -> F64:

@@ -14,13 +14,16 @@ is "no straggler", with the reason.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from statistics import fmean, stdev
 
+import numpy as np
+
 from .instances import InstanceStats
 from .matching import Instances
+from .model import F64, Ints
+from .segments import sequential_sums
 
 
 @dataclass(frozen=True)
@@ -90,37 +93,37 @@ class StragglerReport:
     verdicts: dict[str, str]  # group -> why it has, or has no, straggler
 
 
-@dataclass
-class _Acc:
-    """One (group, rank) over the run, and per step: own-made imposed wait and suffered wait."""
-
-    instances: int = 0
-    last: int = 0
-    imposed: float = 0.0
-    waited: float = 0.0
-    own_by_step: dict[int | None, float] = field(default_factory=lambda: defaultdict(float))
-    waited_by_step: dict[int | None, float] = field(default_factory=lambda: defaultdict(float))
+def _step_codes(inst: Instances, ks: Ints) -> tuple[Ints, list[int | None]]:
+    """Each instance's step as a code into the sorted steps (None last)."""
+    has, step = inst.has_step[ks], np.where(inst.has_step[ks], inst.steps[ks], 0)
+    pairs = np.stack([~has, step], axis=1)
+    uniq, code = np.unique(pairs, axis=0, return_inverse=True)
+    return code.reshape(-1).astype(np.int64), [None if n else int(s) for n, s in uniq.tolist()]
 
 
-def _inherited(inst: Instances, stats: InstanceStats) -> dict[tuple[int, int], float]:
-    """(instance, rank) -> the waits that rank suffered in other groups' instances of the same step
-    since its previous arrival in this instance's group (or the step's start)."""
-    events: dict[tuple[int, int | None], list[tuple[float, int, float]]] = defaultdict(list)
-    for k in range(len(inst)):
-        last = stats.last_arrival[k]
-        if last is None:
-            continue
-        for r, w in zip(inst.member_rank[k], stats.member_wait_us[k], strict=True):
-            events[(r, inst.step[k])].append((last - (w or 0.0), k, w or 0.0))
-    out: dict[tuple[int, int], float] = {}
-    for (r, _), evs in events.items():
-        groups = {inst.group[k] for _, k, _ in evs}
-        pending: dict[str, float] = defaultdict(float)
-        for _, k, w in sorted(evs):
-            g = inst.group[k]
-            out[(k, r)] = pending.pop(g, 0.0)
-            for other in groups - {g}:
-                pending[other] += w
+def _inherited(inst: Instances, stats: InstanceStats) -> F64:
+    """Per member (Instances' flat order): the waits its rank suffered in other groups' instances of the
+    same step since its previous arrival in this instance's group (or the step's start)."""
+    out = np.zeros(len(inst.m_rank), dtype=np.float64)
+    has_last = stats.last_rank_code >= 0
+    groups = np.unique(inst.group_code[has_last])
+    if len(groups) < 2:
+        return out
+    p = np.flatnonzero(has_last[inst.m_inst])
+    k = inst.m_inst[p]
+    w = np.nan_to_num(stats.m_wait[p])
+    t = stats.last[k] - w
+    g, r = inst.group_code[k], inst.m_rank[p]
+    has, step = inst.has_step[k], np.where(inst.has_step[k], inst.steps[k], 0)
+    o = np.lexsort((w, k, t, step, has, r))
+    p, w, g, r, has, step = p[o], w[o], g[o], r[o], has[o], step[o]
+    new_rs = np.r_[True, (r[1:] != r[:-1]) | (has[1:] != has[:-1]) | (step[1:] != step[:-1])]
+    for c in groups.tolist():
+        is_c = g == c
+        begin = new_rs | np.r_[False, is_c[:-1]]
+        seg = np.cumsum(begin) - 1
+        sums = sequential_sums(np.where(is_c, 0.0, w), np.bincount(seg))
+        out[p[is_c]] = sums[seg[is_c]]
     return out
 
 
@@ -133,55 +136,56 @@ def find_stragglers(
 ) -> StragglerReport:
     schemes = schemes or {}
     inherited = _inherited(inst, stats)
-    acc: dict[tuple[str, int], _Acc] = defaultdict(_Acc)
-    group_steps: dict[str, set[int | None]] = defaultdict(set)
-    for k in range(len(inst)):
-        g, last, waits = inst.group[k], stats.last_rank[k], stats.member_wait_us[k]
-        if last is None:
-            continue
-        s = inst.step[k]
-        group_steps[g].add(s)
-        imposed = sum(x or 0.0 for x in waits)
-        for r, w in zip(inst.member_rank[k], waits, strict=True):
-            a = acc[(g, r)]
-            a.instances += 1
-            a.waited += w or 0.0
-            a.waited_by_step[s] += w or 0.0
-            if r == last:
-                a.last += 1
-                a.imposed += imposed
-                a.own_by_step[s] += max(0.0, imposed - inherited.get((k, r), 0.0))
     out = StragglerReport(RankArrivals(), [], {})
-    for g in sorted(group_steps):
-        steps = sorted(group_steps[g], key=lambda s: (s is None, s or 0))
-        members = sorted(r for gg, r in acc if gg == g)
-        step_total = {s: sum(acc[(g, r)].own_by_step.get(s, 0.0) for r in members) for s in steps}
+    with_last = np.flatnonzero(stats.last_rank_code >= 0)
+    codes = np.unique(inst.group_code[with_last]).tolist()
+    for gc in sorted(codes, key=lambda c: inst.groups[c]):
+        g = inst.groups[gc]
+        ks = with_last[inst.group_code[with_last] == gc]
+        nm = int(inst.offsets[ks[0] + 1] - inst.offsets[ks[0]])
+        idx = inst.offsets[ks][:, None] + np.arange(nm)
+        members = inst.m_rank[idx[0]].tolist()
+        waits = np.nan_to_num(stats.m_wait[idx])
+        is_last = inst.m_rank[idx] == stats.last_rank_code[ks][:, None]
+        imposed = np.cumsum(waits, axis=1)[:, -1]
+        own = np.where(is_last, np.maximum(0.0, imposed[:, None] - inherited[idx]), 0.0)
+        sc, steps = _step_codes(inst, ks)
+        o = np.argsort(sc, kind="stable")
+        counts = np.bincount(sc, minlength=len(steps))
+        waited_step = sequential_sums(waits[o], counts)
+        own_step = sequential_sums(own[o], counts)
+        step_total = np.cumsum(own_step, axis=1)[:, -1]
+        waited_all = np.cumsum(waits, axis=0)[-1]
         best: Straggler | None = None
-        for r in members:
-            a = acc[(g, r)]
-            mostly = sum(
-                step_total[s] > 0 and a.own_by_step.get(s, 0.0) >= rule.last_share * step_total[s] for s in steps
-            )
+        for j, r in enumerate(members):
+            lastj = is_last[:, j]
+            n_last = int(lastj.sum())
+            imposed_r = float(np.cumsum(imposed[lastj])[-1]) if n_last else 0.0
+            # own wait per step, summed in the order its steps first saw it arrive last
+            seen, first = np.unique(sc[lastj], return_index=True)
+            own_sum = float(np.cumsum(own_step[seen[np.argsort(first)], j])[-1]) if len(seen) else 0.0
+            col = own_step[:, j]
+            mostly = int(((step_total > 0) & (col >= rule.last_share * step_total)).sum())
             row = out.ranks
             row.group.append(g)
             row.scheme.append(schemes.get(g, "unattributed"))
             row.rank.append(r)
-            row.instances.append(a.instances)
-            row.arrived_last.append(a.last)
-            row.imposed_us.append(a.imposed)
-            row.wait_us.append(a.waited)
+            row.instances.append(len(ks))
+            row.arrived_last.append(n_last)
+            row.imposed_us.append(imposed_r)
+            row.wait_us.append(float(waited_all[j]))
             row.steps.append(len(steps))
             row.steps_mostly_last.append(mostly)
-            net = [a.own_by_step.get(s, 0.0) - a.waited_by_step.get(s, 0.0) for s in steps]
+            net = (col - waited_step[:, j]).tolist()
             cand = Straggler(
                 g,
                 schemes.get(g, "unattributed"),
                 r,
-                a.last / a.instances if a.instances else 0.0,
+                n_last / len(ks),
                 mostly,
                 len(steps),
-                sum(a.own_by_step.values()) / max(len(steps), 1),
-                a.instances,
+                own_sum / max(len(steps), 1),
+                len(ks),
                 fmean(net),
                 stdev(net) if len(net) > 1 else 0.0,
             )
@@ -245,24 +249,15 @@ class RankTotals:
 
 
 def rank_totals(inst: Instances, stats: InstanceStats) -> RankTotals:
-    acc: dict[int, list[float]] = defaultdict(lambda: [0, 0, 0.0])
-    steps: dict[int, set[int | None]] = defaultdict(set)
-    for k in range(len(inst)):
-        last = stats.last_rank[k]
-        if last is None:
-            continue
-        for r, w in zip(inst.member_rank[k], stats.member_wait_us[k], strict=True):
-            a = acc[r]
-            a[0] += 1
-            a[1] += r == last
-            a[2] += w or 0.0
-            steps[r].add(inst.step[k])
-    out = RankTotals()
-    for r in sorted(acc):
-        n, last_n, wait = acc[r]
-        out.rank.append(r)
-        out.steps.append(len(steps[r]))
-        out.instances.append(int(n))
-        out.arrived_last.append(int(last_n))
-        out.wait_us.append(wait)
-    return out
+    has = np.flatnonzero(stats.last_rank_code[inst.m_inst] >= 0)
+    k = inst.m_inst[has]
+    r = inst.m_rank[has]
+    o = np.argsort(r, kind="stable")
+    r, k = r[o], k[o]
+    waits = np.nan_to_num(stats.m_wait[has][o])
+    ranks, counts = np.unique(r, return_counts=True)
+    last = np.bincount(np.searchsorted(ranks, r), weights=r == stats.last_rank_code[k], minlength=len(ranks))
+    wait = sequential_sums(waits, counts)
+    steps = np.unique(np.stack([r, inst.has_step[k], np.where(inst.has_step[k], inst.steps[k], 0)], axis=1), axis=0)
+    n_steps = np.bincount(np.searchsorted(ranks, steps[:, 0]), minlength=len(ranks)) if len(steps) else counts * 0
+    return RankTotals(ranks.tolist(), n_steps.tolist(), counts.tolist(), [int(x) for x in last.tolist()], wait.tolist())

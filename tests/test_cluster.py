@@ -30,9 +30,20 @@ def cluster() -> Iterator[str]:
         yield c.scheduler_address
 
 
-def _ingest(db: Path, *args: str) -> None:
-    result = CliRunner().invoke(app, ["ingest", *args, "--db", str(db), "--run", "dlrm"])
-    assert result.exit_code == 0, result.output
+def _ingest(db: Path, *args: str, ok: bool = True) -> str:
+    result = CliRunner().invoke(app, ["ingest", *args, "--db", str(db), "--run", "job"])
+    assert result.exit_code == (0 if ok else 1), result.output
+    return result.output
+
+
+def _compare(single: Path, dask: Path) -> dict[str, tuple[int, int, int]]:
+    """Every compared table's (rows, rows only in the single-process store, rows only in the cluster's)."""
+    con = duckdb.connect()
+    con.execute(f"ATTACH '{single}' AS single (READ_ONLY)")
+    con.execute(f"ATTACH '{dask}' AS dask (READ_ONLY)")
+    rows = {table: _diff(con, table) for table in COMPARED}
+    con.close()
+    return rows
 
 
 def _columns(con: duckdb.DuckDBPyConnection, table: str) -> str:
@@ -60,14 +71,12 @@ def _diff(con: duckdb.DuckDBPyConnection, table: str) -> tuple[int, int, int]:
 
 
 def test_cluster_ingest_equals_single_process(cluster: str, tmp_path: Path) -> None:
+    """The 8-rank DLRM archive: its members dealt out over both workers."""
     archive = shared_data() / DLRM
     single, dask, dataset = tmp_path / "single.duckdb", tmp_path / "dask.duckdb", tmp_path / "parts"
     _ingest(single, str(archive))
     _ingest(dask, str(archive), "--cluster", cluster, "--parquet-out", str(dataset))
-    con = duckdb.connect()
-    con.execute(f"ATTACH '{single}' AS single (READ_ONLY)")
-    con.execute(f"ATTACH '{dask}' AS dask (READ_ONLY)")
-    rows = {table: _diff(con, table) for table in COMPARED}
+    rows = _compare(single, dask)
     assert {t: r for t, r in rows.items() if r[1] or r[2]} == {}
     # the 8-rank DLRM job: its calls, intervals, aggregates and time tables all came through
     assert rows["sources"][0] == 8
@@ -78,7 +87,26 @@ def test_cluster_ingest_equals_single_process(cluster: str, tmp_path: Path) -> N
         "comm_agg": 56,
     }
     # the workers' dataset: hive partitions per run and rank, readable as it is
-    ranks = con.execute(
-        f"SELECT DISTINCT rank FROM read_parquet('{dataset}/comm_events/*/*/*.parquet', hive_partitioning = true) ORDER BY 1"
+    ranks = duckdb.sql(
+        f"SELECT DISTINCT rank FROM read_parquet('{dataset}/comm_events/*/*/*.parquet', hive_partitioning = true) "
+        "ORDER BY 1"
     ).fetchall()
     assert [r[0] for r in ranks] == list(range(8))
+
+
+def test_cluster_ingest_of_folders_splits_jobs_and_names_bad_files(cluster: str, tmp_path: Path) -> None:
+    """Folders of traces of different jobs (split into a run each), a broken file and a README: the same runs,
+    rows, failure and error text as the single-process ingest, the bad file named."""
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "broken.json.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
+    (extra / "README.md").write_text("notes")
+    hta = shared_data() / "kineto-hta"
+    paths = [str(hta / "distributed_info_unavailable"), str(hta / "rank_non_gpu"), str(extra)]
+    single, dask = tmp_path / "single.duckdb", tmp_path / "dask.duckdb"
+    said = _ingest(single, *paths, ok=False)
+    assert _ingest(dask, *paths, "--cluster", cluster, ok=False) == said
+    assert f"{extra / 'broken.json.gz'}:byte" in said
+    rows = _compare(single, dask)
+    assert {t: r for t, r in rows.items() if r[1] or r[2]} == {}
+    assert rows["runs"][0] == 2 and rows["sources"][0] == 3 and rows["comm_events"][0] == 12

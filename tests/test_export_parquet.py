@@ -48,7 +48,23 @@ def _views(con: duckdb.DuckDBPyConnection, out: Path) -> list[str]:
 
 
 def _same(a: list[tuple], b: list[tuple]) -> bool:
+    """Equal as multisets of rows."""
     return sorted(map(repr, a)) == sorted(map(repr, b))
+
+
+def _differ(con: duckdb.DuckDBPyConnection, name: str) -> tuple[int, int, int]:
+    """(rows in the store, rows only there, rows only in the export) of a relation, on the store's columns."""
+    cols = ", ".join(f'"{r[0]}"' for r in con.execute(f'DESCRIBE SELECT * FROM s."{name}"').fetchall())
+    counts = [
+        con.execute(f'SELECT count(*) FROM s."{name}"').fetchone(),
+        con.execute(
+            f'SELECT count(*) FROM (SELECT {cols} FROM s."{name}" EXCEPT ALL SELECT {cols} FROM "{name}")'
+        ).fetchone(),
+        con.execute(
+            f'SELECT count(*) FROM (SELECT {cols} FROM "{name}" EXCEPT ALL SELECT {cols} FROM s."{name}")'
+        ).fetchone(),
+    ]
+    return tuple(int(c[0]) if c else -1 for c in counts)  # type: ignore[return-value]
 
 
 def test_export_round_trip(store: Path, tmp_path: Path) -> None:
@@ -63,13 +79,11 @@ def test_export_round_trip(store: Path, tmp_path: Path) -> None:
     con.execute(f"ATTACH '{store}' AS s (READ_ONLY)")
     names = _views(con, out)
     assert {"comms", "comm_events", "runs", "sources", "comm_agg", "time_instances", "meta"} <= set(names)
-    for name in names:
-        cols = [str(r[0]) for r in con.execute(f'DESCRIBE SELECT * FROM s."{name}"').fetchall()]
-        listed = ", ".join(f'"{c}"' for c in cols)
-        stored = con.execute(f'SELECT {listed} FROM s."{name}"').fetchall()
-        exported = con.execute(f'SELECT {listed} FROM "{name}"').fetchall()
-        assert _same(stored, exported), name
+    rows = {name: _differ(con, name) for name in names}
+    assert {name: r for name, r in rows.items() if r[1] or r[2]} == {}
+    assert rows["time_finding_runs"][0] == 2  # its HUGEINT byte sums came through exactly
     n = con.execute("SELECT count(*) FROM comms WHERE run = 'ddp-demo'").fetchone()
+    con.close()
     assert n == (64,)
 
 
@@ -98,3 +112,4 @@ def test_documented_sql_runs_unchanged_on_the_export(store: Path, tmp_path: Path
         assert _same(con.execute(sql).fetchall(), expected), sql
         if sql in on_comms:
             assert expected, sql  # the comms queries select rows of the two runs
+    stored.close()

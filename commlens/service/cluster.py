@@ -9,13 +9,14 @@ analysis): the result equals a single-process ingest. Dask schedules; commlens h
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import duckdb
@@ -30,22 +31,23 @@ from commlens.ingest.inputs import (
     gzip_content_sha256,
     iter_inputs,
 )
-from commlens.ingest.parse_file import ParsedFile, first_line, parse_file
+from commlens.ingest.parse_file import ParsedFile, first_line, parse_tables
 from commlens.ingest.records import ParseResult, RankHint
 from commlens.service.errors import InvalidError
-from commlens.service.ingest import FileOutcome, IngestReport, complete_run, ingest_file
+from commlens.service.ingest import FileOutcome, IngestReport, PendingRun, complete_run, ingest_file
 from commlens.service.jobs_split import FileEvidence, evidence, split_jobs
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 # The dataset's tables: a parsed file's rows per store table, and its `sources` row (the file's own facts).
-ROW_TABLES = {  # ParseResult list field -> store table
+# The tables whose rows the ingest service reads as dicts (as the parse step leaves them), by ParseResult field;
+# comm_events, timeline_intervals and a2a_pairs stay Arrow.
+ROW_TABLES = {
     "steps": "steps",
     "groups": "process_groups",
     "nccl_comms": "nccl_comms",
     "topology": "nccl_topology",
     "tuning": "nccl_tuning",
     "fr_entries": "fr_entries",
-    "a2a_pairs": "a2a_pairs",
 }
 ORDER_COLUMN = "file_row"  # a row's place in its file: the store gets rows in file order across rank partitions
 
@@ -93,45 +95,49 @@ def plan_tasks(paths: list[str], archive_shards: int) -> tuple[list[Task], list[
 
     tasks: list[Task] = []
     decided: list[FileDone] = []
+    entries = itertools.count()
     for path in paths:
         fs, root = fsspec.core.url_to_fs(path)
         url = "://" in path
-        if fs.isdir(root):
-            files = sorted(f for f in fs.find(root) if not os.path.basename(f).startswith("."))
-            names = [fs.unstrip_protocol(f) if url else str(Path(path) / os.path.relpath(f, root)) for f in files]
-        elif fs.isfile(root):
-            names = [path]
+        if fs.isfile(root):
+            files, walked = [root], False
+        elif fs.isdir(root):
+            found = (f for f in fs.find(root) if not os.path.basename(f).startswith("."))
+            files, walked = sorted(found, key=PurePosixPath), True
         else:
-            decided.append(FileDone(len(tasks) + len(decided), 0, path, 0, error="no such file or directory"))
+            decided.append(FileDone(next(entries), 0, path, 0, error="no such file or directory"))
             continue
-        for name in names:
-            entry = len(tasks) + len(decided)
-            suffix = os.path.splitext(name)[1].lower()
-            if suffix in NOT_TRACES:
+        for f in files:
+            entry = next(entries)
+            name = path if not walked else fs.unstrip_protocol(f) if url else str(Path(path) / os.path.relpath(f, root))
+            suffix = os.path.splitext(f)[1].lower()
+            if walked and suffix in NOT_TRACES:
                 skip = f"not a trace ({suffix} files are passed over in directories)"
-                decided.append(FileDone(entry, 0, name, fs.size(fs._strip_protocol(name)) if url else 0, skip=skip))
+                decided.append(FileDone(entry, 0, name, int(fs.size(f)), skip=skip))
                 continue
-            shards = archive_shards if name.lower().endswith(ARCHIVE_SUFFIXES) else 1
-            tasks.extend(Task(entry, name, name, shard, shards) for shard in range(shards))
+            shards = archive_shards if f.lower().endswith(ARCHIVE_SUFFIXES) else 1
+            url_of = fs.unstrip_protocol(f) if url else os.path.abspath(f)
+            tasks.extend(Task(entry, name, url_of, shard, shards) for shard in range(shards))
     return tasks, decided
 
 
 def _inputs_of(task: Task, limits: Limits) -> Iterator[InputFile]:
-    """The task's input files: a local path walked by the ingest's own reader (archives expanded), a URL opened
-    through fsspec (an archive copied to a local cache first, its members named after the URL)."""
+    """The task's input files, named as a single-process ingest names them: a file on a local or mounted path
+    (`file://` too) read by the ingest's own walker (archives expanded); a remote file opened through fsspec, a
+    remote archive copied to a local cache first."""
     import fsspec
 
-    if "://" not in task.url:
-        yield from iter_inputs([Path(task.url)], limits)
-        return
     fs, root = fsspec.core.url_to_fs(task.url)
-    if task.url.lower().endswith(ARCHIVE_SUFFIXES) or fs.protocol in ("file", "local"):
-        local = fsspec.open_local(f"simplecache::{task.url}") if fs.protocol not in ("file", "local") else root
-        for item in iter_inputs([Path(str(local))], limits):
-            item.name = task.name + item.name[len(str(local)) :]
-            yield item
-        return
-    yield InputFile(task.name, int(fs.size(root)), lambda: fs.open(root, "rb"))
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
+    if "file" not in protocols:
+        if not task.url.lower().endswith(ARCHIVE_SUFFIXES):
+            yield InputFile(task.name, int(fs.size(root)), lambda: fs.open(root, "rb"))
+            return
+        root = fsspec.open_local(f"simplecache::{task.url}")
+    local = os.path.abspath(root)
+    for item in iter_inputs([Path(local)], limits):
+        item.name = task.name + item.name[len(local) :]
+        yield item
 
 
 def run_task(task: Task, out: str, run: str, hint: RankHint, limits: Limits) -> list[FileDone]:
@@ -155,12 +161,12 @@ def run_task(task: Task, out: str, run: str, hint: RankHint, limits: Limits) -> 
 def _parse_and_write(
     task: Task, member: int, item: InputFile, out: str, run: str, hint: RankHint, limits: Limits
 ) -> FileDone:
-    parsed = parse_file(item, hint, limits)
+    parsed = parse_tables(item, hint, limits)
     done = FileDone(task.entry, member, item.name, parsed.size, kind=parsed.kind, sha256=parsed.sha256)
     if parsed.result is None:
         done.parse_error = parsed.error or f"{item.name}: not parsed"
         return done
-    done.sha256 = gzip_content_sha256(item.open_raw, item.name, limits) or parsed.sha256
+    done.sha256 = parsed.content_sha256 or gzip_content_sha256(item.open_raw, item.name, limits) or parsed.sha256
     done.evidence = evidence(item.name, parsed.result)
     key = f"{task.entry:06d}-{member:06d}"
     for table, rows in parsed_tables(item.name, done.sha256, parsed.size, parsed.result).items():
@@ -169,18 +175,12 @@ def _parse_and_write(
 
 
 def parsed_tables(name: str, sha256: str, size: int, result: ParseResult) -> dict[str, pa.Table]:
-    """A parsed file as Arrow tables named for the store's tables, each row numbered in file order, and its
-    `sources` row (the file's facts; JSON fields as the writer stores them, plus the run config it carries)."""
-    tables: dict[str, pa.Table] = {}
-    events = ([_rows_table(result.events)] if result.events else []) + [_plain(t) for t in result.event_tables]
-    if events:
-        tables["comm_events"] = pa.concat_tables(events, promote_options="permissive")
-    if result.intervals is not None and result.intervals.num_rows:
-        tables["timeline_intervals"] = _plain(result.intervals)
-    for attr, table in ROW_TABLES.items():
-        rows = getattr(result, attr)
-        if rows:
-            tables[table] = _rows_table(rows)
+    """A parsed file as Arrow tables named for the store's tables (the parse step's own, plus its process
+    groups and its `sources` row: the file's facts, JSON fields as the writer stores them, and the run config
+    it carries), each row numbered in file order."""
+    tables = result.tables()
+    if result.groups:
+        tables["process_groups"] = pa.Table.from_struct_array(pa.array(result.groups))
     source = {
         "path": name,
         "kind": result.kind,
@@ -198,21 +198,6 @@ def parsed_tables(name: str, sha256: str, size: int, result: ParseResult) -> dic
     return {
         t: rows.append_column(ORDER_COLUMN, pa.array(range(rows.num_rows), pa.int64())) for t, rows in tables.items()
     }
-
-
-def _rows_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """Row dicts as a table with every key any row has (pyarrow infers the types over all rows)."""
-    return pa.Table.from_struct_array(pa.array(rows))
-
-
-def _plain(table: pa.Table) -> pa.Table:
-    """Dictionary columns decoded, so that tables of one file concatenate."""
-    return pa.table(
-        {
-            n: c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c
-            for n, c in zip(table.column_names, table.columns, strict=True)
-        }
-    )
 
 
 def write_part(rows: pa.Table, out: str, table: str, run: str, key: str) -> list[str]:
@@ -259,7 +244,9 @@ def read_part(con: duckdb.DuckDBPyConnection, files: list[str]) -> pa.Table:
 
 def attach(con: duckdb.DuckDBPyConnection, done: FileDone) -> ParsedFile:
     """A file's parse as the ingest service takes it, read back from the dataset the worker wrote."""
-    parsed = ParsedFile(done.name, done.kind, done.sha256, done.size, error=done.parse_error)
+    parsed = ParsedFile(
+        done.name, done.kind, done.sha256, done.size, error=done.parse_error, content_sha256=done.sha256
+    )
     if done.parse_error is not None:
         return parsed
     parts = {table: read_part(con, files) for table, files in done.parts.items()}
@@ -275,6 +262,8 @@ def attach(con: duckdb.DuckDBPyConnection, done: FileDone) -> ParsedFile:
     result.skipped.update(json.loads(source["skipped"]))
     if "comm_events" in parts:
         result.event_tables.append(parts["comm_events"])
+    if "a2a_pairs" in parts:
+        result.arrow_rows["a2a_pairs"] = parts["a2a_pairs"]
     result.intervals = parts.get("timeline_intervals")
     for attr, table in ROW_TABLES.items():
         if table in parts:  # keys a row did not have stay absent: the writer leaves them to their default
@@ -358,20 +347,22 @@ def _store(
 ) -> IngestReport:
     """Attach the files in order through the ingest service, then finish each run once."""
     where, report = _split(run, done) if split else ({}, IngestReport(run))
-    runs = [job.run for job in report.jobs] or [run]
-    run_ids = {target: store.ensure_run(con, target, description=description) for target in runs}
+    runs = {
+        target: PendingRun(target, description, store.get_run_id(con, target))
+        for target in [job.run for job in report.jobs] or [run]
+    }
     for d in done:
         item = _stub(d)
         target = where.get(d.name, run)
         parsed = None if d.skip or d.error else attach(con, d)
-        outcome = ingest_file(con, run_ids[target], item, hint, limits, parsed)
+        outcome = ingest_file(con, runs[target], item, hint, limits, parsed)
         if split:
             outcome.run = target
         report.files.append(outcome)
         if on_file is not None:
             on_file(item, outcome)
-    for target in runs:
-        report.attribution_error = report.attribution_error or complete_run(con, run_ids[target], target)
+    for target, pending in runs.items():
+        report.attribution_error = report.attribution_error or complete_run(con, pending.made(con), target)
     return report
 
 

@@ -92,12 +92,12 @@ def export_parquet(con: duckdb.DuckDBPyConnection, out: Path, run: str | None = 
             check_run(con, run)
         except UnknownRunError:
             raise NotFoundError(f"no run named {run!r} in the store", "run") from None
-    columns: dict[str, list[str]] = {}
-    for name, column in con.execute(
-        "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = current_database() "
+    columns: dict[str, dict[str, str]] = {}
+    for name, column, typ in con.execute(
+        "SELECT table_name, column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() "
         "AND schema_name = 'main' ORDER BY table_name, column_index"
     ).fetchall():
-        columns.setdefault(str(name), []).append(str(column))
+        columns.setdefault(str(name), {})[str(column)] = str(typ)
     secret = {
         str(r[0])
         for r in con.execute(
@@ -111,19 +111,23 @@ def export_parquet(con: duckdb.DuckDBPyConnection, out: Path, run: str | None = 
 
 
 def _export_one(
-    con: duckdb.DuckDBPyConnection, out: Path, name: str, cols: list[str], run: str | None
+    con: duckdb.DuckDBPyConnection, out: Path, name: str, cols: dict[str, str], run: str | None
 ) -> ExportedRelation:
     params: list[Any] = []
+    # Parquet has no 128-bit integer: HUGEINT (sums of bytes) goes as DECIMAL(38,0), exact, not as DOUBLE
+    listed = ", ".join(
+        f't."{c}"' if typ != "HUGEINT" else f't."{c}"::DECIMAL(38, 0) AS "{c}"' for c, typ in cols.items()
+    )
     if "run_id" in cols and "run" not in cols:
-        sql = f'SELECT t.*, r.name AS run FROM "{name}" t LEFT JOIN runs r ON r.run_id = t.run_id'
+        sql = f'SELECT {listed}, r.name AS run FROM "{name}" t LEFT JOIN runs r ON r.run_id = t.run_id'
         partitions: tuple[str, ...] = ("run", "rank") if "rank" in cols else ("run",)
         where = "r.name = ?"
     elif "run" in cols:
-        sql = f'SELECT * FROM "{name}"'
+        sql = f'SELECT {listed} FROM "{name}" t'
         partitions = ("run", "rank") if "rank" in cols else ("run",)
         where = "run = ?"
     else:
-        sql, partitions, where = f'SELECT * FROM "{name}"', (), ""
+        sql, partitions, where = f'SELECT {listed} FROM "{name}" t', (), ""
     if run is not None and where:
         sql, params = f"{sql} WHERE {where}", [run]
     count = con.execute(f"SELECT count(*) FROM ({sql})", params).fetchone()

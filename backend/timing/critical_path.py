@@ -11,10 +11,10 @@ and per scheme.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
@@ -101,18 +101,31 @@ class _MemberEnds:
         o = np.lexsort((k, end, rank, step))
         self.step, self.rank, self.end, self.inst = step[o], rank[o], end[o], k[o]
 
-    def latest(self, step: int, rank: int, t: float, after: float) -> int | None:
-        """The position of the latest (end, instance) of `rank` in `step` with after < end <= t."""
-        a = _search(self.step, self.rank, step, rank, "left")
-        b = _search(self.step, self.rank, step, rank, "right")
-        q = a + int(np.searchsorted(self.end[a:b], t, side="right")) - 1
+        self.first = np.r_[True, self.step[1:] != self.step[:-1]] if len(o) else np.zeros(0, dtype=bool)
+        self.steps = self.step[self.first]
+        self.lo = np.flatnonzero(self.first)
+        self.hi = np.r_[self.lo[1:], len(o)].astype(np.int64)
+
+    def of_step(self, step: int) -> _StepEnds:
+        j = int(np.searchsorted(self.steps, step))
+        if j == len(self.steps) or self.steps[j] != step:
+            return _StepEnds([], [], [])
+        a, b = int(self.lo[j]), int(self.hi[j])
+        return _StepEnds(self.rank[a:b].tolist(), self.end[a:b].tolist(), self.inst[a:b].tolist())
+
+
+class _StepEnds:
+    """One step's member ends as Python lists sorted by (rank, end, instance), for the walk's lookups."""
+
+    def __init__(self, rank: list[int], end: list[float], inst: list[int]) -> None:
+        self.rank, self.end, self.inst = rank, end, inst
+
+    def latest(self, rank: int, t: float, after: float) -> int | None:
+        """The position of the latest (end, instance) of `rank` with after < end <= t."""
+        a = bisect.bisect_left(self.rank, rank)
+        b = bisect.bisect_right(self.rank, rank, a)
+        q = bisect.bisect_right(self.end, t, a, b) - 1
         return q if q >= a and self.end[q] > after else None
-
-
-def _search(steps: Ints, ranks: Ints, step: int, rank: int, side: Literal["left", "right"]) -> int:
-    lo = int(np.searchsorted(steps, step, side="left"))
-    hi = int(np.searchsorted(steps, step, side="right"))
-    return lo + int(np.searchsorted(ranks[lo:hi], rank, side=side))
 
 
 def _walk(
@@ -131,16 +144,17 @@ def _walk(
     path = CriticalPath(step, start, end)
     if not clocks.trusted:
         path.note = f"no path across ranks: {clocks.reason}"
+    here = ends.of_step(step) if clocks.trusted else _StepEnds([], [], [])
     t = end
     while t > start + EPS:
         # equal ends: the latest instance, as max() over (end, instance) pairs takes it
-        pick = ends.latest(step, rank, t + EPS, start) if clocks.trusted else None
+        pick = here.latest(rank, t + EPS, start)
         if pick is None:
             at = np.flatnonzero(ranks == rank)
             begin = float(starts[at[0]]) if len(at) else start
             path.segments.append(PathSegment(rank, max(start, begin), t, "work", None))
             break
-        left, k = float(ends.end[pick]), int(ends.inst[pick])
+        left, k = here.end[pick], here.inst[pick]
         if t - left > EPS:
             path.segments.append(PathSegment(rank, left, t, "work", None))
         last = float(stats.last[k])

@@ -40,12 +40,11 @@ FAST = re.compile(
 )
 FAST_HEAD = re.compile(r"(.+):(\d+):\d+ \[(-?\d+)\] NCCL INFO ([A-Za-z]+)")
 FAST_TAIL = re.compile(r"(\d+) op (\d+) root (-?\d+) comm (\S+) \[nranks=(\d+)\]", re.ASCII)
-# The pieces of a COLL line between the markers ": opCount ", " ", " count ", " " (vectorised path); each
-# fullmatch below is the corresponding part of `FAST`, so that the pieces of a line all match exactly
-# when `FAST` matches the line as a COLL line, with the same groups (see `_clean_coll`).
+# The parts of a COLL line the vectorised path checks once per distinct value (`nccl_vector.clean_coll`):
+# the text before ": opCount " (prefix and head) and the eight words from the datatype to "[nranks=N]".
+# Each is the corresponding part of `FAST`, with the same groups.
 PIECE_HEAD = re.compile(rb"([^\n]*?)(?<![\w.-])([\w.-]+:\d+:\d+ \[-?\d+\] NCCL INFO [A-Za-z]+)")
-PIECE_BUFFERS = re.compile(rb"sendbuff \S+ recvbuff \S+")
-PIECE_TAIL = re.compile(rb"datatype (\d+ op \d+ root -?\d+ comm \S+ \[nranks=\d+\]) stream \S+([^\n]*)")
+PIECE_TAIL = re.compile(rb"\d+ op \d+ root -?\d+ comm \S+ \[nranks=\d+\]")
 
 ENVELOPE = re.compile(r"(?<![\w.-])([\w.-]+):(\d+):(\d+) \[(-?\d+)\] (?:\S+:\d+ )?NCCL (INFO|WARN)(?= |$) ?")
 FALLBACK = re.compile(r"\[(-?\d+)\] (?:\S+:\d+ )?NCCL (INFO|WARN)(?= |$) ?")

@@ -197,17 +197,16 @@ class _Parser:
         return self._block_vector(data, first_line)
 
     def _block_vector(self, data: bytes, first_line: int) -> int:
-        """Clean COLL lines in runs through pyarrow kernels (`nccl_vector`), everything else through
+        """Clean COLL lines in runs through numpy and pyarrow (`nccl_vector`), everything else through
         `_block_lines`, in line order."""
-        lines, offsets = nccl_vector.split_lines(data)
-        n = len(lines)
-        clean = nccl_vector.clean_coll(lines, self.arange(n)) if n >= VECTOR_MIN_LINES else None
+        block = nccl_vector.Block(data)
+        n = len(block)
+        clean = nccl_vector.clean_coll(block) if n >= VECTOR_MIN_LINES else None
         if clean is None:
             self.vector_pause = VECTOR_PAUSE_BLOCKS
             return self._block_lines(data, first_line)
-        base = offsets[0].as_py()
         by_line = 0
-        for vectorised, a, b in nccl_vector.plan(lines, clean, self.arange):
+        for vectorised, a, b in nccl_vector.plan(block.lines(), clean, self.arange):
             if vectorised:
                 self.nccl_lines += b - a
                 table = nccl_vector.run_table(clean, a, b, first_line, self, self.arange)
@@ -215,9 +214,7 @@ class _Parser:
                     self.res.event_tables.append(table)
             else:
                 by_line += b - a
-                start = offsets[a].as_py() - base + a
-                end = offsets[b].as_py() - base + b - 1
-                self._block_lines(data[start:end], first_line + a)
+                self._block_lines(data[block.starts[a] : block.ends[b - 1]], first_line + a)
         if by_line * 2 > n:
             self.vector_pause = VECTOR_PAUSE_BLOCKS
         return n

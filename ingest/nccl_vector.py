@@ -1,5 +1,5 @@
-"""The vectorised path of the NCCL log reader: a large block of lines is split and cut at the COLL markers
-with pyarrow kernels, the lines that are clean COLL lines are found (`clean_coll`), the block is planned
+"""The vectorised path of the NCCL log reader: a large block of lines is cut into words at its blanks with
+numpy, the lines that are clean COLL lines are found (`clean_coll`), the block is planned
 into runs of such lines and the lines between them (`plan`), and each run becomes one Arrow table of rows
 (`run_table`), exactly as the per-line path would make them one by one."""
 
@@ -10,10 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .nccl_grammar import PIECE_BUFFERS, PIECE_HEAD, PIECE_TAIL
+from .nccl_grammar import PIECE_HEAD, PIECE_TAIL
 
 # Blocks of fewer lines, and runs of fewer clean COLL lines between other lines, take the per-line path:
 # the vectorised path has a fixed cost per block and per run.
@@ -51,17 +52,6 @@ def counts_of(values: pa.Array) -> dict[Any, int]:
     """How often each value occurs."""
     vc = pc.value_counts(values)
     return dict(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist(), strict=True))
-
-
-def split_lines(data: bytes) -> tuple[pa.Array, pa.Array]:
-    """The lines of a block (without copying it) and where each starts in the block's buffer."""
-    typ = pa.binary() if len(data) < 2**31 - 1 else pa.large_binary()
-    offset_type = pa.int32() if typ == pa.binary() else pa.int64()
-    ends = pa.array([0, len(data)], offset_type)
-    whole = pa.Array.from_buffers(typ, 1, [None, ends.buffers()[1], pa.py_buffer(data)])  # no copy
-    lines = pc.split_pattern(whole, b"\n").flatten()
-    offsets = pa.Array.from_buffers(offset_type, len(lines) + 1, [None, lines.buffers()[1]], offset=lines.offset)
-    return lines, offsets
 
 
 def plan(lines: pa.Array, clean: CleanColl, arange: Counting) -> list[tuple[bool, int, int]]:
@@ -200,110 +190,188 @@ class CleanColl:
     n_tails: int
 
 
-def clean_coll(lines: pa.Array, arange: pa.Array) -> CleanColl | None:
+class Block:
+    """A block of whole lines (the last without its newline) as numpy views of its bytes: where each line
+    starts and ends, and unaligned little-endian words at every byte (for literal tests and prefixes)."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.padded = data + b"\0" * 8  # a word read at the last bytes stays inside the buffer
+        self.bytes = np.frombuffer(data, np.uint8)
+        n = len(data)
+        self.word = np.ndarray(shape=(n + 1,), dtype="<u8", buffer=self.padded, strides=(1,))
+        self.word32 = np.ndarray(shape=(n + 1,), dtype="<i4", buffer=self.padded, strides=(1,))
+        newlines = np.flatnonzero(self.bytes == 10)
+        self.starts = np.concatenate(([0], newlines + 1))
+        self.ends = np.concatenate((newlines, [n]))
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def lines(self) -> pa.Array:
+        """The lines as a binary array over the block's bytes (each with its newline; nothing copied)."""
+        offsets = np.concatenate((self.starts, [len(self.data)])).astype(np.int64)
+        return pa.Array.from_buffers(
+            pa.large_binary(), len(self), [None, pa.py_buffer(offsets), pa.py_buffer(self.data)]
+        )
+
+    def views(self, begin: np.ndarray, end: np.ndarray) -> pa.Array:
+        """The byte ranges [begin, end) of the block, each longer than 12 bytes, as an Arrow binary view
+        array that points into the block (nothing copied)."""
+        v = np.empty((len(begin), 4), np.int32)
+        v[:, 0] = end - begin
+        v[:, 1] = self.word32[begin]  # the view's 4-byte prefix
+        v[:, 2] = 0  # buffer index
+        v[:, 3] = begin
+        return pa.Array.from_buffers(pa.binary_view(), len(begin), [None, pa.py_buffer(v), pa.py_buffer(self.data)])
+
+
+def _word(text: bytes) -> int:
+    return int.from_bytes(text.ljust(8, b"\0"), "little")
+
+
+def _mask(n: int) -> np.uint64:
+    return np.uint64((1 << (8 * n)) - 1)
+
+
+OPCOUNT_WORD = np.uint64(_word(b"opCount "))
+# The literals between the variable parts of a COLL line: (space index after ": opCount ", text with the
+# space that follows it; 8-byte words hold 8 bytes, so an 8-letter literal's space is checked apart).
+LITERALS = ((2, b"sendbuff"), (4, b"recvbuff"), (6, b"count "), (8, b"datatype"), (17, b"stream "))
+HEX_NIBBLE = np.full(256, 16, np.uint8)
+HEX_NIBBLE[list(b"0123456789")] = np.arange(10)
+HEX_NIBBLE[list(b"abcdef")] = np.arange(10, 16)
+HEX_NIBBLE[list(b"ABCDEF")] = np.arange(10, 16)
+
+
+def clean_coll(block: Block) -> CleanColl | None:
     """Find the lines that `nccl_grammar.FAST` matches as COLL lines without NCCL text glued before or after.
 
-    A line is cut at the first ": opCount ", the first space after it, the first " count " after that
-    and the first space after that: prefix+head | opCount | "sendbuff .. recvbuff .." | count | "datatype
-    .. stream ..". Each piece must fullmatch its part of `nccl_grammar.FAST` (`PIECE_*`, hex and decimal digits); the
-    repeated pieces are checked once per distinct value. When all do, `nccl_grammar.FAST` matches the line with the
-    same groups: each run of non-blanks or digits ends where the next literal starts, a head cannot contain
-    ": opCount ", and the lazy prefix is the shortest for which the head matches, in `nccl_grammar.FAST` as in
-    `PIECE_HEAD`. Lines where some piece does not match go to the per-line path, which decides exactly;
-    so do opCount of more than 15 and count of more than 18 digits, which int64 cannot always hold."""
-    idx: pa.Array | None = None  # surviving line indices, None while all lines survive
-    pieces: list[pa.Array] = []
-    rest = lines
-    for sep in (b": opCount ", b" ", b" count ", b" "):
-        parts = pc.split_pattern(rest, sep, max_splits=1)
-        ok = pc.equal(pc.list_value_length(parts), 2)
-        if ok.false_count:
-            idx = pc.indices_nonzero(ok) if idx is None else idx.filter(ok)
-            parts = parts.filter(ok)
-            pieces = [piece.filter(ok) for piece in pieces]
-            if not len(parts):
-                return None
-        pieces.append(pc.list_element(parts, 0))
-        rest = pc.list_element(parts, 1)
-    head_piece, opc_piece, buf_piece, count_piece = pieces
-    tail_piece = rest
-
-    heads: dict[bytes, int] = {}
-    enc = pc.dictionary_encode(head_piece)
-    ids = []
-    for text in enc.dictionary.to_pylist():
-        h = PIECE_HEAD.fullmatch(text)
-        if h is None or b"NCCL" in h.group(1) or b"opCount" in h.group(1):
-            ids.append(-1)
+    Blanks cut a COLL line into words: after the first ": opCount " come the opCount, "sendbuff", a
+    buffer, "recvbuff", a buffer, "count", the count, "datatype", then eight words "D op O root R comm C
+    [nranks=N]" (the tail), "stream" and the stream, then anything (the trailing text). The positions of
+    the blanks and the 8-byte words at them (numpy over the whole block) test the literals; the text
+    before ": opCount " (prefix + head) and the tail are checked once per distinct value against their
+    parts of `nccl_grammar.FAST` (`PIECE_HEAD`, `PIECE_TAIL`); the opCount must be 1 to 15 hex digits and
+    the count 1 to 18 decimal digits (larger numbers may not fit int64). When all hold, `FAST` matches the
+    line with the same groups: `\\S+`, digits and hex digits cannot hold a blank, so each takes one word; a
+    head cannot contain ": opCount ", and the lazy prefix is the shortest for which the head matches, in
+    `FAST` as in `PIECE_HEAD`. Lines with other ASCII whitespace (tab, CR, VT, FF), with NCCL text in the
+    prefix or the trailing text, or where anything else differs go to the per-line path, which decides."""
+    b = block.bytes
+    sp = np.flatnonzero(b == 32)
+    ns = len(sp)
+    if ns < 19:
+        return None
+    word = block.word
+    colon = np.flatnonzero(b[np.maximum(sp - 1, 0)] == 58)  # a ": opCount " has its colon before the blank
+    colon = colon[sp[colon] >= 1]
+    cand = colon[word[sp[colon] + 1] == OPCOUNT_WORD]
+    if not len(cand):
+        return None
+    line = np.searchsorted(block.starts, sp[cand], "right") - 1
+    first = np.ones(len(cand), bool)  # the first ": opCount " of each line
+    first[1:] = line[1:] != line[:-1]
+    j, line = cand[first], line[first]
+    ends = block.ends[line]
+    ok = j + 18 < ns
+    j, line, ends = j[ok], line[ok], ends[ok]
+    s = sp[j[:, None] + np.arange(19)]  # blanks from the one before "opCount" to the one after "stream"
+    ok = s[:, 18] < ends
+    nxt = np.where(j + 19 < ns, sp[np.minimum(j + 19, ns - 1)], ends)
+    post = np.minimum(nxt, ends)  # where the trailing text starts (the line's end when there is none)
+    ok &= np.all(np.diff(s, axis=1) > 1, axis=1) & (post > s[:, 18] + 1)  # no word is empty
+    for k, text in LITERALS:
+        w = word[s[:, k] + 1]
+        if len(text) == 8:
+            ok &= (w == np.uint64(_word(text))) & (s[:, k + 1] == s[:, k] + 9)
         else:
-            ids.append(heads.setdefault(h.group(2), len(heads)))
-    head_id = pc.take(pa.array(ids, pa.int64()), enc.indices)
+            ok &= (w & _mask(len(text))) == np.uint64(_word(text))
+    opc_len = s[:, 2] - s[:, 1] - 1
+    count_len = s[:, 8] - s[:, 7] - 1
+    ok &= (opc_len <= 15) & (count_len <= 18)
+    if np.count_nonzero(b - np.uint8(9) < 5) > len(block) - 1:  # other whitespace: those lines go line by line
+        ws = np.flatnonzero((b >= 9) & (b <= 13) & (b != 10))
+        ok &= ~np.isin(line, np.searchsorted(block.starts, ws, "right") - 1)
+    sel = np.flatnonzero(ok)
+    if not len(sel):
+        return None
+    s, line, post, ends = s[sel], line[sel], post[sel], ends[sel]
+    op_count, opc_ok = _hex(b, s[:, 2], opc_len[sel])
+    count, count_ok = _decimal(b, s[:, 8], count_len[sel])
+    ok = opc_ok & count_ok
+    with_post = np.flatnonzero(post < ends)
+    if len(with_post):
+        data = block.data
+        ok[with_post] &= [
+            b"NCCL" not in data[p:e] for p, e in zip(post[with_post].tolist(), ends[with_post].tolist(), strict=True)
+        ]
+
+    line_starts = block.starts[line]
+    head_end = s[:, 0] - 1
+    ok &= head_end - line_starts > 12  # a shorter head cannot match
+    heads: dict[bytes, int] = {}
+    head_id = _ids(block.views(line_starts[ok], head_end[ok]), lambda text: _head(text, heads))
     tails: dict[bytes, int] = {}
-    enc = pc.dictionary_encode(tail_piece)
-    ids = []
-    for text in enc.dictionary.to_pylist():
-        t = PIECE_TAIL.fullmatch(text)
-        ids.append(-1 if t is None or b"NCCL" in t.group(2) else tails.setdefault(t.group(1), len(tails)))
-    tail_id = pc.take(pa.array(ids, pa.int64()), enc.indices)
-    enc = pc.dictionary_encode(buf_piece)
-    buf_ok = [PIECE_BUFFERS.fullmatch(b) is not None for b in enc.dictionary.to_pylist()]
-    buf_ok = pc.take(pa.array(buf_ok, pa.bool_()), enc.indices)
-    op_count, opc_ok = hex_int64(opc_piece)
-    try:
-        count_text = pc.cast(count_piece, pa.string())
-        count_ok = pc.and_(pc.ascii_is_decimal(count_text), pc.less_equal(pc.binary_length(count_piece), 18))
-    except pa.ArrowInvalid:  # not UTF-8
-        count_text = None
-        count_ok = pc.match_substring_regex(count_piece, r"^[0-9]{1,18}$")
-    ok = pc.and_(
-        pc.and_(pc.and_(pc.greater_equal(head_id, 0), pc.greater_equal(tail_id, 0)), buf_ok), pc.and_(opc_ok, count_ok)
-    )
-    if idx is None:
-        idx = pc.indices_nonzero(ok) if ok.false_count else None
-    elif ok.false_count:
-        idx = idx.filter(ok)
-    if ok.false_count:
-        head_id, tail_id, op_count, count_piece = (a.filter(ok) for a in (head_id, tail_id, op_count, count_piece))
-        count_text = None
-        if not len(head_id):
-            return None
-    line = pc.cast(idx, pa.int64()) if idx is not None else arange
+    tail_id = _ids(block.views(s[ok, 9] + 1, s[ok, 17]), lambda text: _tail(text, tails))
+    keep = (head_id >= 0) & (tail_id >= 0)
+    rows = np.flatnonzero(ok)[keep]
+    if not len(rows):
+        return None
     n_tails = len(tails)
     return CleanColl(
-        line=line,
-        key=pc.add(pc.multiply(head_id, n_tails), tail_id),
-        op_count=op_count,
-        count=pc.cast(count_text if count_text is not None else pc.cast(count_piece, pa.string()), pa.int64()),
+        line=_int64(line[rows]),
+        key=_int64(head_id[keep] * n_tails + tail_id[keep]),
+        op_count=_int64(op_count[rows]),
+        count=_int64(count[rows]),
         heads=list(heads),
         tails=list(tails),
         n_tails=n_tails,
     )
 
 
-# Nibble of each byte value; 16 for bytes that are not hex digits.
-HEX_NIBBLE = pa.array([int(chr(b), 16) if chr(b) in "0123456789abcdefABCDEF" else 16 for b in range(256)], pa.uint8())
+def _int64(values: np.ndarray) -> pa.Array:
+    values = np.ascontiguousarray(values, np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
 
 
-def hex_int64(text: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """Hex strings of 1 to 15 digits as int64, and which strings were such (others give garbage).
+def _ids(values: pa.Array, check: Callable[[bytes], int]) -> np.ndarray:
+    """The id `check` gives each value's text (-1: not valid), asking once per distinct value."""
+    if not len(values):
+        return np.empty(0, np.int64)
+    enc = pc.dictionary_encode(values.cast(pa.binary()))  # (the indices of a view dictionary convert slowly)
+    ids = np.array([check(t) for t in enc.dictionary.to_pylist()], np.int64)
+    return ids[enc.indices.to_numpy()]
 
-    Reversed and padded with "0" to 16 bytes, the digits are mapped to nibbles through a lookup table;
-    pairs of nibbles make the bytes of a little-endian int64."""
-    n = len(text)
-    length = pc.binary_length(text)
-    ok_len = pc.and_(pc.greater_equal(length, 1), pc.less_equal(length, 15))
-    pad = pa.scalar(b"0" * 16, text.type)
-    joined = pc.binary_join_element_wise(pc.binary_reverse(text), pad, pa.scalar(b"", text.type))
-    padded = pc.binary_slice(joined, 0, 16)
-    fixed = padded.cast(pa.binary(16))
-    digits = pa.Array.from_buffers(pa.uint8(), n * 16, [None, fixed.buffers()[1]], offset=fixed.offset * 16)
-    nibbles = pc.take(HEX_NIBBLE, digits)
-    bad = pc.equal(nibbles, 16)
-    if bad.offset or nibbles.offset:  # not expected from fresh kernel outputs
-        raise AssertionError("unexpected array offset")
-    bad_any = pa.Array.from_buffers(pa.uint16(), n, [None, bad.buffers()[1]])  # 16 flags per string
-    ok = pc.and_(ok_len, pc.equal(bad_any, 0))
-    pairs = pa.Array.from_buffers(pa.uint16(), n * 8, [None, nibbles.buffers()[1]])  # low nibble | high << 8
-    packed = pc.bit_wise_or(pc.bit_wise_and(pairs, 0x0F), pc.bit_wise_and(pc.shift_right(pairs, 4), 0xF0))
-    as_bytes = pc.cast(packed, pa.uint8())
-    return pa.Array.from_buffers(pa.int64(), n, [None, as_bytes.buffers()[1]]), ok
+
+def _head(text: bytes, heads: dict[bytes, int]) -> int:
+    h = PIECE_HEAD.fullmatch(text)
+    if h is None or b"NCCL" in h.group(1) or b"opCount" in h.group(1):
+        return -1
+    return heads.setdefault(h.group(2), len(heads))
+
+
+def _tail(text: bytes, tails: dict[bytes, int]) -> int:
+    return tails.setdefault(text, len(tails)) if PIECE_TAIL.fullmatch(text) else -1
+
+
+def _hex(b: np.ndarray, end: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Hex numbers of 1 to 15 digits ending before `end` as int64, and which were all hex digits."""
+    cols = np.arange(-int(length.max()), 0)
+    nib = HEX_NIBBLE[b[np.maximum(end[:, None] + cols, 0)]]
+    inside = cols >= -length[:, None]
+    nib = np.where(inside, nib, 0)
+    ok = np.all(nib < 16, axis=1)
+    value = (nib.astype(np.int64) << (4 * (-1 - cols))).sum(axis=1)
+    return value, ok
+
+
+def _decimal(b: np.ndarray, end: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Decimal numbers of 1 to 18 digits ending before `end` as int64, and which were all digits."""
+    cols = np.arange(-int(length.max()), 0)
+    digit = b[np.maximum(end[:, None] + cols, 0)].astype(np.int64) - 48
+    inside = cols >= -length[:, None]
+    digit = np.where(inside, digit, 0)
+    ok = np.all((digit >= 0) & (digit <= 9), axis=1)
+    value = digit @ (10 ** (-1 - cols)).astype(np.int64)
+    return value, ok

@@ -81,7 +81,9 @@ def anchor_text(a: Anchor | None) -> str:
 
 
 def _meta(item: ReviewItem) -> list[Any]:
-    return [html.Span(item.author, className="author"), html.Span(item.created_at.strftime("%Y-%m-%d %H:%M"))]
+    # A deleted user's name may be given to someone else: their old items say so.
+    author = f"{item.author} (former user)" if item.author_removed else item.author
+    return [html.Span(author, className="author"), html.Span(item.created_at.strftime("%Y-%m-%d %H:%M"))]
 
 
 def item_view(item: ReviewItem, selected: bool) -> html.Div:

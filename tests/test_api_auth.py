@@ -54,6 +54,7 @@ def test_network_bind_with_users_needs_tokens_to_write(tmp_path: Path) -> None:
     with ServerThread(Settings(db=db, host="0.0.0.0")) as srv, httpx.Client(base_url=srv.url) as c:
         assert c.get("/api/me").json() == {
             "name": "anonymous",
+            "user_id": None,
             "is_admin": False,
             "can_write": False,
             "via": "anonymous",

@@ -151,7 +151,13 @@ def test_health_docs_and_openapi(client: httpx.Client) -> None:
     assert "swagger" in client.get("/docs").text.lower()
     paths = client.get("/api/openapi.json").json()["paths"]
     assert {"/api/runs", "/api/runs/{run}/files", "/api/jobs/{job_id}", "/api/runs/{run}/export"} <= set(paths)
-    assert client.get("/api/me").json() == {"name": "local", "is_admin": True, "can_write": True, "via": "loopback"}
+    assert client.get("/api/me").json() == {
+        "name": "local",
+        "user_id": None,
+        "is_admin": True,
+        "can_write": True,
+        "via": "loopback",
+    }
 
 
 def test_unknown_paths_and_methods_are_problems(client: httpx.Client) -> None:
@@ -239,10 +245,12 @@ def test_update_and_delete_run(client: httpx.Client) -> None:
         ["y"],
         4,
     )
-    problem(client.get("/api/runs/to-edit"), 404)
+    old = client.get("/api/runs/to-edit")  # the former name reaches the run (tests/test_ownership.py)
+    assert (old.json()["name"], old.json()["aliases"]) == ("edited", ["to-edit"])
     assert "exists" in problem(client.patch("/api/runs/edited", json={"name": "seeded"}), 409)["detail"]
     assert client.delete("/api/runs/edited").status_code == 204
     problem(client.get("/api/runs/edited"), 404)
+    problem(client.get("/api/runs/to-edit"), 404)  # deleted with the run
     problem(client.delete("/api/runs/edited"), 404)
 
 
@@ -559,12 +567,13 @@ def test_users_tokens_and_authorship(client: httpx.Client, server: ServerThread)
     assert r.status_code == 201, r.text
     token = r.json()["token"]
     cur = direct(server)
-    stored = cur.execute("SELECT token_hash FROM users WHERE name = 'ana'").fetchone()[0]
+    stored, ana_id = cur.execute("SELECT token_hash, user_id FROM users WHERE name = 'ana'").fetchone()
     cur.close()
     assert stored == hashlib.sha256(token.encode()).hexdigest() and token not in stored
     ana = {"Authorization": f"Bearer {token}"}
     assert client.get("/api/me", headers=ana).json() == {
         "name": "ana",
+        "user_id": ana_id,
         "is_admin": False,
         "can_write": True,
         "via": "token",

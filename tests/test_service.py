@@ -103,7 +103,7 @@ def test_create_list_rename_and_delete_a_run(con: duckdb.DuckDBPyConnection) -> 
 
     run_id = store.get_run_id(con, "a2")
     assert run_id is not None
-    review.create_item(con, "a2", "alice", "note", None)
+    review.create_item(con, "a2", users.Actor("alice", None, False), "note", None)
     jobs.create_job(con, "j1", "a2", 1, 10)
     with pytest.raises(ConflictError, match="ingest jobs in progress \\(j1\\)"):
         runs.delete_run(con, "a2")
@@ -149,12 +149,18 @@ def test_users_and_tokens(con: duckdb.DuckDBPyConnection) -> None:
 # ------------------------------------------------------------------------------------ review
 
 
+def _actor(con: duckdb.DuckDBPyConnection, name: str) -> users.Actor:
+    users.add_user(con, name)
+    return users.Actor(name, next(u.user_id for u in users.list_users(con) if u.name == name), False)
+
+
 def test_review_items_replies_and_authorship(con: duckdb.DuckDBPyConnection) -> None:
     runs.create_run(con, "r")
-    top = review.create_item(con, "r", "alice", "slow all_reduce", {"view": "histograms", "scheme": "dp", "rank": 3})
-    reply = review.create_item(con, "r", "bob", "agreed", None, parent_id=top)
-    nested = review.create_item(con, "r", "carol", "me too", None, parent_id=reply)
-    other = review.create_item(con, "r", "bob", "tp looks fine", {"view": "histograms", "scheme": "tp"})
+    alice, bob, carol = (_actor(con, n) for n in ("alice", "bob", "carol"))
+    top = review.create_item(con, "r", alice, "slow all_reduce", {"view": "histograms", "scheme": "dp", "rank": 3})
+    reply = review.create_item(con, "r", bob, "agreed", None, parent_id=top)
+    nested = review.create_item(con, "r", carol, "me too", None, parent_id=reply)
+    other = review.create_item(con, "r", bob, "tp looks fine", {"view": "histograms", "scheme": "tp"})
 
     items, total = review.list_items(con, "r", 10, 0, inline=1, anchor={"scheme": "dp"})
     assert total == 1
@@ -174,12 +180,12 @@ def test_review_items_replies_and_authorship(con: duckdb.DuckDBPyConnection) -> 
     assert review.list_items(con, "r", 10, 0, inline=0, rank=3)[1] == 1
 
     with pytest.raises(ForbiddenError):
-        review.update_item(con, top, "bob", False, {"body": "edited"})
-    review.update_item(con, top, "bob", False, {"status": "resolved"})  # anyone may resolve
+        review.update_item(con, top, bob, {"body": "edited"})
+    review.update_item(con, top, bob, {"status": "resolved"})  # anyone may resolve
     assert review.get_item(con, top)["status"] == "resolved"
     with pytest.raises(InvalidError):
-        review.create_item(con, "r", "bob", "x", None, parent_id=99)
-    review.delete_item(con, top, "admin", True)
+        review.create_item(con, "r", bob, "x", None, parent_id=99)
+    review.delete_item(con, top, users.Actor("admin", None, True))
     assert review.list_items(con, "r", 10, 0, inline=5)[1] == 1
     assert review.list_replies(con, other, 10, 0) == ([], 0)
     with pytest.raises(NotFoundError):
@@ -188,9 +194,9 @@ def test_review_items_replies_and_authorship(con: duckdb.DuckDBPyConnection) -> 
 
 def test_a_finding_is_promoted_once(con: duckdb.DuckDBPyConnection) -> None:
     runs.create_run(con, "r")
-    first = review.create_item(con, "r", "alice", "finding", None, finding="small-p2p")
+    first = review.create_item(con, "r", users.Actor("alice", 1, False), "finding", None, finding="small-p2p")
     with pytest.raises(ConflictError, match=f"is review item {first} already"):
-        review.create_item(con, "r", "bob", "again", None, finding="small-p2p")
+        review.create_item(con, "r", users.Actor("bob", 2, False), "again", None, finding="small-p2p")
 
 
 # -------------------------------------------------------------------------------------- jobs

@@ -15,6 +15,7 @@ from commlens.service.users import user_count
 
 from . import analysis, config, errors, export, hang, pairs, review, runs, uploads, users
 from . import time as time_routes
+from .aliases import RunAliases
 from .bodies import JsonBodyGuard
 from .db import Database
 from .deps import AppContext
@@ -100,6 +101,7 @@ def create_app(settings: Settings, ui: Any = None, db: Database | None = None) -
     )
     if ui is not None:
         app.mount("/", as_asgi(ui), name="ui")
+    app.add_middleware(RunAliases, db=db, pages=ui is not None)  # a run's former names reach it
     app.add_middleware(JsonBodyGuard, max_bytes=settings.max_json_body_bytes)
     app.add_middleware(OriginGuard, loopback_bind=settings.loopback)  # outermost: refuses before a body is read
     return app

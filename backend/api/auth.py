@@ -2,7 +2,8 @@
 
 Users and tokens live in commlens.service.users. Without a token: a loopback client of a loopback-bound
 server is the local admin ("local"); elsewhere a tokenless request may read, and may write only when the server was started
-with --insecure. Deleting runs and managing users needs an admin.
+with --insecure. Deleting runs and managing users needs an admin; renaming a run, its owner or an admin; editing a
+review item, its author or an admin (both by user id, `Principal.actor`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import duckdb
 from fastapi import Request
 
 from commlens.contract.access import is_loopback
-from commlens.service.users import ANONYMOUS, LOCAL_USER, user_by_token
+from commlens.service.users import ANONYMOUS, LOCAL_USER, Actor, user_by_token
 
 from .errors import ApiError
 
@@ -24,6 +25,12 @@ class Principal:
     is_admin: bool
     can_write: bool
     via: str  # token | loopback | anonymous
+    user_id: int | None = None  # the token's user; None for the local user and anonymous callers
+
+    @property
+    def actor(self) -> Actor:
+        """Who the service sees acting: owners and authors are matched by user id."""
+        return Actor(self.name, self.user_id, self.is_admin)
 
 
 def principal_for(request: Request, con: duckdb.DuckDBPyConnection, loopback_bind: bool, insecure: bool) -> Principal:
@@ -45,7 +52,7 @@ def principal_for(request: Request, con: duckdb.DuckDBPyConnection, loopback_bin
                 "unauthenticated",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        return Principal(user.name, user.is_admin, True, "token")
+        return Principal(user.name, user.is_admin, True, "token", user.user_id)
     client = request.client.host if request.client else ""
     if loopback_bind and is_loopback(client):
         return Principal(LOCAL_USER, True, True, "loopback")

@@ -14,6 +14,7 @@ from commlens.contract.review import INLINE_REPLIES, Anchor, ReviewCreate, Revie
 from commlens.service import review as service
 from commlens.vocab import Op
 
+from .auth import Principal
 from .deps import Cursor, Limit, Offset, Writer, next_offset
 from .errors import problem_responses
 from .markdown import render
@@ -42,14 +43,14 @@ def review_item(item: dict[str, Any]) -> ReviewItem:
 def create_item(
     cur: duckdb.DuckDBPyConnection,
     run: str,
-    author: str,
+    author: Principal,
     body: str,
     anchor: Anchor | None,
     parent_id: int | None = None,
     finding: str | None = None,
 ) -> ReviewItem:
     item_id = service.create_item(
-        cur, run, author, body, anchor.model_dump(exclude_none=True) if anchor else None, parent_id, finding
+        cur, run, author.actor, body, anchor.model_dump(exclude_none=True) if anchor else None, parent_id, finding
     )
     return review_item(service.get_item(cur, item_id, INLINE_REPLIES))
 
@@ -113,7 +114,7 @@ def list_replies(item_id: int, cur: Cursor, limit: Limit = 50, offset: Offset = 
     "/runs/{run}/review", response_model=ReviewItem, status_code=201, responses=problem_responses(401, 404, 422)
 )
 def add_item(run: str, body: ReviewCreate, cur: Cursor, who: Writer) -> ReviewItem:
-    return create_item(cur, run, who.name, body.body, body.anchor, body.parent_id)
+    return create_item(cur, run, who, body.body, body.anchor, body.parent_id)
 
 
 @router.get("/review/{item_id}", response_model=ReviewItem, responses=problem_responses(404))
@@ -126,11 +127,11 @@ def update_item(item_id: int, body: ReviewUpdate, cur: Cursor, who: Writer) -> R
     changes = {f: getattr(body, f) for f in body.model_fields_set}
     if "anchor" in changes:
         changes["anchor"] = body.anchor.model_dump(exclude_none=True) if body.anchor else None
-    service.update_item(cur, item_id, who.name, who.is_admin, changes)
+    service.update_item(cur, item_id, who.actor, changes)
     return review_item(service.get_item(cur, item_id, INLINE_REPLIES))
 
 
 @router.delete("/review/{item_id}", status_code=204, responses=problem_responses(401, 403, 404))
 def delete_item(item_id: int, cur: Cursor, who: Writer) -> Response:
-    service.delete_item(cur, item_id, who.name, who.is_admin)
+    service.delete_item(cur, item_id, who.actor)
     return Response(status_code=204)

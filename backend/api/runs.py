@@ -64,17 +64,24 @@ def list_sources(
 
 
 @router.post("/runs", response_model=RunDetail, status_code=201, responses=problem_responses(401, 409, 422))
-def create_run(body: RunCreate, cur: Cursor, _: Writer, response: Response) -> RunDetail:
-    service.create_run(cur, body.name, body.description, body.tags, body.config, body.strategy, body.world_size)
+def create_run(body: RunCreate, cur: Cursor, who: Writer, response: Response) -> RunDetail:
+    service.create_run(
+        cur, body.name, body.description, body.tags, body.config, body.strategy, body.world_size, who.actor
+    )
     response.headers["Location"] = f"/api/runs/{body.name}"
     return RunDetail(**service.run_detail(cur, body.name))
 
 
-@router.patch("/runs/{run}", response_model=RunDetail, responses=problem_responses(401, 404, 409, 422))
-def update_run(run: str, body: RunUpdate, cur: Cursor, ctx: Ctx, _: Writer) -> RunDetail:
+@router.patch(
+    "/runs/{run}",
+    response_model=RunDetail,
+    responses=problem_responses(401, 403, 404, 409, 422),
+    summary="Change a run; a new name is for its owner or an admin, and the old name stays an alias",
+)
+def update_run(run: str, body: RunUpdate, cur: Cursor, ctx: Ctx, who: Writer) -> RunDetail:
     changes = {f: getattr(body, f) for f in body.model_fields_set}
     with ctx.ingest_queue.run_lock:  # no job may be created on this run while it is renamed
-        name = service.update_run(cur, run, changes)
+        name = service.update_run(cur, run, changes, who.actor)
     return RunDetail(**service.run_detail(cur, name))
 
 

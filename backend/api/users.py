@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response
 
 from commlens import __version__
 from commlens.contract.common import Page
-from commlens.contract.users import AuthInfo, Health, Me, UserCreate, UserOut, UserToken
+from commlens.contract.users import AuthInfo, Health, Me, UserCreate, UserOut, UserToken, UserUpdate
 from commlens.service import jobs, runs
 from commlens.service import users as service
 from commlens.store import SCHEMA_VERSION
@@ -35,14 +35,20 @@ def health(cur: Cursor, ctx: Ctx) -> Health:
 
 @router.get("/me", response_model=Me, tags=["users"], responses=problem_responses(401))
 def me(who: Caller) -> Me:
-    return Me(name=who.name, is_admin=who.is_admin, can_write=who.can_write, via=who.via)  # type: ignore[arg-type]
+    return Me(
+        name=who.name,
+        user_id=who.user_id,
+        is_admin=who.is_admin,
+        can_write=who.can_write,
+        via=who.via,  # type: ignore[arg-type]
+    )
 
 
 @router.get("/users", response_model=Page[UserOut], tags=["users"], responses=problem_responses(401, 403))
 def list_users(cur: Cursor, _: Admin, limit: Limit = 100, offset: Offset = 0) -> Page[UserOut]:
     total = service.user_count(cur)
     items = [
-        UserOut(name=u.name, is_admin=u.is_admin, created_at=u.created_at)
+        UserOut(user_id=u.user_id, name=u.name, is_admin=u.is_admin, created_at=u.created_at)
         for u in service.list_users(cur, limit, offset)
     ]
     return Page[UserOut](
@@ -75,7 +81,25 @@ def rotate(name: str, cur: Cursor, _: Admin) -> UserToken:
     return UserToken(name=name, is_admin=is_admin, token=token)
 
 
-@router.delete("/users/{name}", status_code=204, tags=["users"], responses=problem_responses(401, 403, 404))
+@router.patch(
+    "/users/{name}",
+    response_model=UserOut,
+    tags=["users"],
+    responses=problem_responses(401, 403, 404, 409, 422),
+    summary="Make a user an admin or not (the last admin stays one)",
+)
+def update_user(name: str, body: UserUpdate, cur: Cursor, _: Admin) -> UserOut:
+    u = service.set_admin(cur, name, body.admin)
+    return UserOut(user_id=u.user_id, name=u.name, is_admin=u.is_admin, created_at=u.created_at)
+
+
+@router.delete(
+    "/users/{name}",
+    status_code=204,
+    tags=["users"],
+    responses=problem_responses(401, 403, 404, 409),
+    summary="Delete a user (not the last admin); its review items keep its name, editable by admins only",
+)
 def delete_user(name: str, cur: Cursor, _: Admin) -> Response:
     service.remove_user(cur, name)
     return Response(status_code=204)

@@ -41,7 +41,13 @@ class ReviewItem(BaseModel):
     item_id: int
     run: str
     parent_id: int | None
-    author: str
+    author: str = Field(description="the author's user name; the name stored with the item once the user is deleted")
+    author_id: int | None = Field(
+        default=None, description="the author's user id; null for the tokenless local user and anonymous writers"
+    )
+    author_removed: bool = Field(
+        default=False, description="the author is no longer a user: only an admin edits or deletes the item"
+    )
     body: str
     body_html: str
     status: Literal["open", "resolved"]

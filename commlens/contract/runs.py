@@ -25,7 +25,8 @@ class RunCreate(StrictModel):
 
 
 class RunUpdate(StrictModel):
-    """Fields to change; absent fields stay, `null` clears description/config/strategy/world_size."""
+    """Fields to change; absent fields stay, `null` clears description/config/strategy/world_size. A new `name`
+    is for the run's owner or an admin; the old one stays an alias of the run."""
 
     name: str | None = Field(default=None, pattern=RUN_NAME_PATTERN)
     description: str | None = Field(default=None, max_length=10_000)
@@ -54,12 +55,20 @@ class RunSummary(BaseModel):
     jobs_active: int
     created_at: datetime
     updated_at: datetime
+    owner: str | None = Field(
+        default=None,
+        description="the user who created the run; null: created by the CLI or a tokenless caller, before owners "
+        "were recorded, or its user was deleted (admins rename such runs)",
+    )
 
 
 class RunDetail(RunSummary):
     config: dict[str, Any] | None
     ranks: int  # distinct known ranks with events
     ops: dict[str, int]  # calls per op
+    aliases: list[str] = Field(
+        default_factory=list, description="former names, oldest first: API paths holding one reach this run"
+    )
 
 
 class SourceOut(BaseModel):

@@ -29,6 +29,7 @@ class Health(BaseModel):
 
 class Me(BaseModel):
     name: str
+    user_id: int | None = Field(default=None, description="null for the tokenless local user and anonymous callers")
     is_admin: bool
     can_write: bool
     via: Literal["token", "loopback", "anonymous"]
@@ -39,7 +40,12 @@ class UserCreate(StrictModel):
     admin: bool = False
 
 
+class UserUpdate(StrictModel):
+    admin: bool = Field(description="whether the user is an admin; the last admin cannot be demoted")
+
+
 class UserOut(BaseModel):
+    user_id: int = Field(description="never reused: a new user given a deleted user's name gets a new id")
     name: str
     is_admin: bool
     created_at: datetime

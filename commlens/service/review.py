@@ -1,7 +1,10 @@
 """Review items: comments anchored to a run and a view, replies one level deep, status open/resolved.
 
 Items are plain dicts with the API's field names (`ReviewItem` less the rendered body); `anchor` is the
-stored JSON object, `replies` the first `inline_replies` replies, oldest first.
+stored JSON object, `replies` the first `inline_replies` replies, oldest first. An item's author is a user
+id (`author_id`): its name is read from the user, the name stored with the item once the user is deleted
+(`author_removed`), and only that id (or an admin) edits it. The tokenless local user and anonymous
+writers have no id; their items are theirs by name, which no user can have.
 """
 
 from __future__ import annotations
@@ -15,11 +18,31 @@ from commlens.backend.iterations import run_id_of
 from commlens.store import transaction
 
 from .errors import ConflictError, ForbiddenError, InvalidError, NotFoundError
+from .users import ANONYMOUS, LOCAL_USER, Actor
 
 WRITE_ATTEMPTS = 5
 ANCHOR_KEYS = ("view", "scheme", "op")  # anchor fields a list filters on by equality
-_COLS = "i.item_id, r.name, i.parent_id, i.author, i.body, i.status, i.anchor, i.finding, i.created_at, i.updated_at"
-_NAMES = ("item_id", "run", "parent_id", "author", "body", "status", "anchor", "finding", "created_at", "updated_at")
+_REMOVED = f"""CASE WHEN i.author_id IS NULL THEN i.author NOT IN ('{LOCAL_USER}', '{ANONYMOUS}')
+                ELSE u.user_id IS NULL END"""
+_COLS = (
+    "i.item_id, r.name, i.parent_id, coalesce(u.name, i.author), i.author_id, "
+    f"{_REMOVED}, i.body, i.status, i.anchor, i.finding, i.created_at, i.updated_at"
+)
+_NAMES = (
+    "item_id",
+    "run",
+    "parent_id",
+    "author",
+    "author_id",
+    "author_removed",
+    "body",
+    "status",
+    "anchor",
+    "finding",
+    "created_at",
+    "updated_at",
+)
+_FROM = "review_items i JOIN runs r USING (run_id) LEFT JOIN users u ON u.user_id = i.author_id"
 
 
 def _json(anchor: dict[str, Any] | None) -> str | None:
@@ -42,7 +65,7 @@ def _with_replies(con: duckdb.DuckDBPyConnection, items: list[dict[str, Any]], i
     rows = con.execute(
         f"""SELECT * FROM (
                 SELECT {_COLS}, row_number() OVER w AS nth, count(*) OVER (PARTITION BY i.parent_id) AS n
-                FROM review_items i JOIN runs r USING (run_id) WHERE list_contains(?, i.parent_id)
+                FROM {_FROM} WHERE list_contains(?, i.parent_id)
                 WINDOW w AS (PARTITION BY i.parent_id ORDER BY i.item_id))
             WHERE nth <= ? ORDER BY item_id""",
         [[i["item_id"] for i in items], inline],
@@ -57,9 +80,7 @@ def _with_replies(con: duckdb.DuckDBPyConnection, items: list[dict[str, Any]], i
 
 def get_item(con: duckdb.DuckDBPyConnection, item_id: int, inline: int | None = None) -> dict[str, Any]:
     """The item, with its first `inline` replies when given."""
-    rows = con.execute(
-        f"SELECT {_COLS} FROM review_items i JOIN runs r USING (run_id) WHERE i.item_id = ?", [item_id]
-    ).fetchall()
+    rows = con.execute(f"SELECT {_COLS} FROM {_FROM} WHERE i.item_id = ?", [item_id]).fetchall()
     if not rows:
         raise NotFoundError(f"no review item {item_id}", "unknown-review-item")
     item = _item(rows[0])
@@ -69,7 +90,7 @@ def get_item(con: duckdb.DuckDBPyConnection, item_id: int, inline: int | None = 
 def create_item(
     con: duckdb.DuckDBPyConnection,
     run: str,
-    author: str,
+    author: Actor,
     body: str,
     anchor: dict[str, Any] | None,
     parent_id: int | None = None,
@@ -94,9 +115,9 @@ def create_item(
             if promoted:
                 raise ConflictError(f"finding {finding!r} is review item {promoted[0][0]} already", "finding-promoted")
         rows = c.execute(
-            "INSERT INTO review_items (run_id, parent_id, author, body, anchor, finding) VALUES (?, ?, ?, ?, ?, ?) "
-            "RETURNING item_id",
-            [run_id, parent, author, body, _json(anchor), finding],
+            "INSERT INTO review_items (run_id, parent_id, author, author_id, body, anchor, finding) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING item_id",
+            [run_id, parent, author.name, author.user_id, body, _json(anchor), finding],
         ).fetchall()
         return int(rows[0][0])
 
@@ -136,8 +157,7 @@ def list_items(
     where = "WHERE " + " AND ".join(conditions)
     total = int(con.execute(f"SELECT count(*) FROM review_items i {where}", params).fetchall()[0][0])
     rows = con.execute(
-        f"SELECT {_COLS} FROM review_items i JOIN runs r USING (run_id) {where} "
-        "ORDER BY i.created_at DESC, i.item_id DESC LIMIT ? OFFSET ?",
+        f"SELECT {_COLS} FROM {_FROM} {where} ORDER BY i.created_at DESC, i.item_id DESC LIMIT ? OFFSET ?",
         [*params, limit, offset],
     ).fetchall()
     return _with_replies(con, [_item(r) for r in rows], inline), total
@@ -150,29 +170,40 @@ def list_replies(
     get_item(con, item_id)  # NotFoundError for an unknown item
     total = int(con.execute("SELECT count(*) FROM review_items WHERE parent_id = ?", [item_id]).fetchall()[0][0])
     rows = con.execute(
-        f"SELECT {_COLS} FROM review_items i JOIN runs r USING (run_id) WHERE i.parent_id = ? "
-        "ORDER BY i.item_id LIMIT ? OFFSET ?",
+        f"SELECT {_COLS} FROM {_FROM} WHERE i.parent_id = ? ORDER BY i.item_id LIMIT ? OFFSET ?",
         [item_id, limit, offset],
     ).fetchall()
     return [_item(r) for r in rows], total
 
 
-def _check_author(c: duckdb.DuckDBPyConnection, item_id: int, who: str, is_admin: bool, action: str) -> None:
-    rows = c.execute("SELECT author FROM review_items WHERE item_id = ?", [item_id]).fetchall()
+def _check_author(c: duckdb.DuckDBPyConnection, item_id: int, who: Actor, action: str) -> None:
+    rows = c.execute(
+        "SELECT i.author, i.author_id, u.user_id IS NOT NULL FROM review_items i "
+        "LEFT JOIN users u ON u.user_id = i.author_id WHERE i.item_id = ?",
+        [item_id],
+    ).fetchall()
     if not rows:
         raise NotFoundError(f"no review item {item_id}", "unknown-review-item")
-    if rows[0][0] != who and not is_admin:
-        raise ForbiddenError(f"only {rows[0][0]!r} (the author) or an admin may {action} item {item_id}", "forbidden")
+    author, author_id, exists = rows[0]
+    if who.is_admin:
+        return
+    if author_id is not None and author_id == who.user_id:
+        return
+    if author_id is None and who.user_id is None and author == who.name:
+        return
+    if (author_id is not None and not exists) or (author_id is None and author not in (LOCAL_USER, ANONYMOUS)):
+        raise ForbiddenError(
+            f"item {item_id}'s author {author!r} is no longer a user; only an admin may {action} it", "forbidden"
+        )
+    raise ForbiddenError(f"only {author!r} (the author) or an admin may {action} item {item_id}", "forbidden")
 
 
-def update_item(
-    con: duckdb.DuckDBPyConnection, item_id: int, who: str, is_admin: bool, changes: dict[str, Any]
-) -> None:
+def update_item(con: duckdb.DuckDBPyConnection, item_id: int, who: Actor, changes: dict[str, Any]) -> None:
     """Apply body, status and anchor changes; body and anchor are the author's (or an admin's), status anyone's."""
 
     def update(c: duckdb.DuckDBPyConnection) -> None:
         if changes.keys() & {"body", "anchor"}:
-            _check_author(c, item_id, who, is_admin, "edit")
+            _check_author(c, item_id, who, "edit")
         elif not c.execute("SELECT 1 FROM review_items WHERE item_id = ?", [item_id]).fetchall():
             raise NotFoundError(f"no review item {item_id}", "unknown-review-item")
         sets: list[str] = []
@@ -193,11 +224,11 @@ def update_item(
     transaction(con, update, WRITE_ATTEMPTS)
 
 
-def delete_item(con: duckdb.DuckDBPyConnection, item_id: int, who: str, is_admin: bool) -> None:
+def delete_item(con: duckdb.DuckDBPyConnection, item_id: int, who: Actor) -> None:
     """Delete an item and its replies (the author's or an admin's)."""
 
     def delete(c: duckdb.DuckDBPyConnection) -> None:
-        _check_author(c, item_id, who, is_admin, "delete")
+        _check_author(c, item_id, who, "delete")
         c.execute("DELETE FROM review_items WHERE item_id = ? OR parent_id = ?", [item_id, item_id])
 
     transaction(con, delete, WRITE_ATTEMPTS)

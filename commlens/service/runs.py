@@ -2,6 +2,11 @@
 
 Results are plain dicts whose keys are the API's field names (`RunSummary`, `RunDetail`, `SourceOut`),
 so every adapter shows the same thing.
+
+A run created through the API is owned by its creator's user id; only the owner or an admin renames it
+(runs without an owner: admins, which the tokenless local user is). A rename keeps the old name as an
+alias (`run_aliases`) that the API resolves, so shared links keep working; no run may take a name that
+is another run's alias, and deleting a run deletes its aliases.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from commlens.contract.runs import TAG_PATTERN
 from commlens.run_json import RunConfig
 from commlens.store import RUN_TABLES, aggregates, transaction
 
-from .errors import ConflictError, InvalidError
+from .errors import ConflictError, ForbiddenError, InvalidError
 from .jobs import check_idle
+from .users import Actor
 
 _TAG = re.compile(TAG_PATTERN)
 WRITE_ATTEMPTS = 5
@@ -115,8 +121,10 @@ def check_tags(tags: list[str]) -> list[str]:
 
 _SUMMARY_SQL = """
 SELECT r.run_id, r.name, r.description, r.tags, r.strategy, r.world_size, r.config, r.created_at, r.updated_at,
-       coalesce(s.total, 0), coalesce(s.ok, 0), coalesce(s.failed, 0), coalesce(s.events, 0), coalesce(j.active, 0)
+       coalesce(s.total, 0), coalesce(s.ok, 0), coalesce(s.failed, 0), coalesce(s.events, 0), coalesce(j.active, 0),
+       o.name
 FROM runs r
+LEFT JOIN users o ON o.user_id = r.owner_id
 LEFT JOIN (SELECT run_id, count(*) AS total, count(*) FILTER (WHERE status = 'ok') AS ok,
                   count(*) FILTER (WHERE status = 'failed') AS failed,
                   sum(n_events) FILTER (WHERE status = 'ok') AS events
@@ -157,6 +165,7 @@ def _summaries(con: duckdb.DuckDBPyConnection, where: str, params: list[Any], ta
                 "sources": {"total": r[9], "ok": r[10], "failed": r[11], "by_kind": kinds[r[0]]},
                 "events": int(r[12]),
                 "jobs_active": r[13],
+                "owner": r[14],
             }
         )
     return out
@@ -216,7 +225,36 @@ def run_detail(con: duckdb.DuckDBPyConnection, name: str) -> dict[str, Any]:
         ).fetchall()
     }
     ranks = con.execute(f"SELECT count(DISTINCT rank) FROM {table} WHERE run_id = ?{where}", [run_id]).fetchall()[0][0]
-    return {**row, "ranks": ranks, "ops": ops}
+    aliases = [
+        a[0]
+        for a in con.execute(
+            "SELECT alias FROM run_aliases WHERE run_id = ? ORDER BY created_at, alias", [run_id]
+        ).fetchall()
+    ]
+    return {**row, "ranks": ranks, "ops": ops, "aliases": aliases}
+
+
+def resolve_alias(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
+    """The current name of the run formerly called `name`; None when a run has that name or none had it.
+    Called on every request addressing a run, so the common case (no alias) is one index lookup."""
+    aliased = con.execute("SELECT run_id FROM run_aliases WHERE alias = ?", [name]).fetchall()
+    if not aliased or con.execute("SELECT 1 FROM runs WHERE name = ?", [name]).fetchall():
+        return None
+    current = con.execute("SELECT name FROM runs WHERE run_id = ?", [aliased[0][0]]).fetchall()
+    return str(current[0][0]) if current else None  # None: deleted meanwhile
+
+
+def _check_not_alias(c: duckdb.DuckDBPyConnection, name: str, run_id: int | None = None) -> None:
+    """ConflictError when `name` is a former name of another run (its links lead there)."""
+    rows = c.execute(
+        "SELECT r.name FROM run_aliases a JOIN runs r USING (run_id) WHERE a.alias = ? AND a.run_id IS DISTINCT FROM ?",
+        [name, run_id],
+    ).fetchall()
+    if rows:
+        raise ConflictError(
+            f"{name!r} is a former name of run {rows[0][0]!r} and links holding it lead there; pick another name",
+            "run-name-is-alias",
+        )
 
 
 def list_sources(
@@ -274,8 +312,10 @@ def create_run(
     config: dict[str, Any] | None = None,
     strategy: str | None = None,
     world_size: int | None = None,
+    owner: Actor | None = None,
 ) -> None:
-    """A new empty run; ConflictError when the name is taken. A config fills strategy and world size not given."""
+    """A new empty run owned by `owner` (when a user of the store); ConflictError when the name is taken or is
+    another run's former name. A config fills strategy and world size not given."""
     checked = check_tags(tags or [])
     stored = None
     if config is not None:
@@ -286,18 +326,30 @@ def create_run(
     def insert(c: duckdb.DuckDBPyConnection) -> None:
         if c.execute("SELECT 1 FROM runs WHERE name = ?", [name]).fetchall():
             raise ConflictError(f"a run named {name!r} exists already; PATCH it or pick another name", "run-exists")
+        _check_not_alias(c, name)
         c.execute(
-            "INSERT INTO runs (name, description, tags, config, strategy, world_size) VALUES (?, ?, ?, ?, ?, ?)",
-            [name, description, checked, json.dumps(stored) if stored is not None else None, strategy, world_size],
+            "INSERT INTO runs (name, description, tags, config, strategy, world_size, owner_id) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                name,
+                description,
+                checked,
+                json.dumps(stored) if stored is not None else None,
+                strategy,
+                world_size,
+                owner.user_id if owner else None,
+            ],
         )
 
     transaction(con, insert, WRITE_ATTEMPTS)
 
 
-def update_run(con: duckdb.DuckDBPyConnection, run: str, changes: dict[str, Any]) -> str:
+def update_run(con: duckdb.DuckDBPyConnection, run: str, changes: dict[str, Any], actor: Actor | None = None) -> str:
     """Apply the given fields (name, description, tags, strategy, world_size, config) and return the run's
-    name now. Renaming needs the run idle (queued uploads find their run by name); a config fills strategy
-    and world size unless they are among the changes. The caller keeps new jobs off the run meanwhile."""
+    name now. Renaming needs the run idle (queued uploads find their run by name) and, when an `actor` is
+    given (None: the store's own operator, the CLI), the run's owner or an admin; the old name becomes an
+    alias. A config fills strategy and world size unless they are among the changes. The caller keeps new
+    jobs off the run meanwhile."""
     if "name" in changes and changes["name"] is None:
         raise InvalidError("name cannot be null", "invalid-request")
     sets: list[str] = []
@@ -326,9 +378,14 @@ def update_run(con: duckdb.DuckDBPyConnection, run: str, changes: dict[str, Any]
     def update(c: duckdb.DuckDBPyConnection) -> None:
         run_id = run_id_of(c, run)
         if new_name != run:
+            if actor is not None:
+                _check_may_rename(c, run, run_id, actor)
             if c.execute("SELECT 1 FROM runs WHERE name = ?", [new_name]).fetchall():
                 raise ConflictError(f"a run named {new_name!r} exists already", "run-exists")
+            _check_not_alias(c, new_name, run_id)
             check_idle(c, run, run_id, "rename")
+            c.execute("DELETE FROM run_aliases WHERE alias = ?", [new_name])  # its own former name, taken back
+            c.execute("INSERT INTO run_aliases (alias, run_id) VALUES (?, ?)", [run, run_id])
         if sets:
             c.execute(
                 f"UPDATE runs SET {', '.join(sets)}, updated_at = current_timestamp WHERE run_id = ?", [*params, run_id]
@@ -338,8 +395,22 @@ def update_run(con: duckdb.DuckDBPyConnection, run: str, changes: dict[str, Any]
     return new_name
 
 
-def rename_run(con: duckdb.DuckDBPyConnection, run: str, new_name: str) -> None:
-    update_run(con, run, {"name": new_name})
+def _check_may_rename(c: duckdb.DuckDBPyConnection, run: str, run_id: int, actor: Actor) -> None:
+    """ForbiddenError unless the actor owns the run or is an admin."""
+    if actor.is_admin:
+        return
+    owner = c.execute(
+        "SELECT r.owner_id, u.name FROM runs r LEFT JOIN users u ON u.user_id = r.owner_id WHERE r.run_id = ?",
+        [run_id],
+    ).fetchall()[0]
+    if owner[0] is not None and owner[0] == actor.user_id:
+        return
+    who_may = f"its owner {owner[1]!r} or an admin" if owner[1] else "an admin (it has no owner)"
+    raise ForbiddenError(f"only {who_may} may rename run {run!r}: its name is in the links people share", "forbidden")
+
+
+def rename_run(con: duckdb.DuckDBPyConnection, run: str, new_name: str, actor: Actor | None = None) -> None:
+    update_run(con, run, {"name": new_name}, actor)
 
 
 def delete_run(con: duckdb.DuckDBPyConnection, run: str) -> None:

@@ -1,7 +1,8 @@
-"""Users and their API tokens.
+"""Users and their API tokens; who acts (`Actor`), and the rule that a store with users keeps an admin.
 
 Tokens are 32 random bytes (url-safe base64 with a `cl_` prefix), shown once; the store keeps only
-their sha256.
+their sha256. Authorship and ownership are bound to `users.user_id`, never reused: a name freed by
+deleting its user may be given again, and the new user gets none of the old one's items or runs.
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import threading
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import duckdb
 
@@ -23,13 +26,32 @@ ANONYMOUS = "anonymous"
 USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MIN_ADMIN_TOKEN_CHARS = 24
 WRITE_ATTEMPTS = 5
+# Deleting and demoting admins check how many remain: DuckDB's optimistic transactions would let two of them
+# commit together (each sees the other admin), and one process writes the store, so a lock orders them.
+_ADMINS = threading.Lock()
+_USER_COLS = "user_id, name, is_admin, created_at"
 
 
 @dataclass(frozen=True)
 class User:
+    user_id: int
     name: str
     is_admin: bool
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who performs an operation: a user of the store, or the tokenless local user or an anonymous
+    writer (`user_id` None), who own nothing by id."""
+
+    name: str
+    user_id: int | None
+    is_admin: bool
+
+
+def _user(row: tuple[Any, ...]) -> User:
+    return User(int(row[0]), str(row[1]), bool(row[2]), row[3])
 
 
 def new_token() -> str:
@@ -102,14 +124,43 @@ def rotate_token(con: duckdb.DuckDBPyConnection, name: str) -> tuple[str, bool]:
     return token, transaction(con, rotate, WRITE_ATTEMPTS)
 
 
+def _check_admin_remains(c: duckdb.DuckDBPyConnection, name: str, action: str) -> None:
+    """ConflictError when `name` is the store's only admin: without one nobody manages users over the API."""
+    admins = [r[0] for r in c.execute("SELECT name FROM users WHERE is_admin").fetchall()]
+    if admins == [name]:
+        raise ConflictError(
+            f"user {name!r} is the last admin; make another user an admin first, then {action} {name!r}",
+            "last-admin",
+        )
+
+
 def remove_user(con: duckdb.DuckDBPyConnection, name: str) -> None:
-    """Delete a user: its token stops working."""
+    """Delete a user: its token stops working; its review items keep its name and no one edits them as their
+    author; runs it owned are renamed by admins. The last admin is not deleted (ConflictError)."""
 
     def remove(c: duckdb.DuckDBPyConnection) -> None:
-        if not c.execute("DELETE FROM users WHERE name = ? RETURNING name", [name]).fetchall():
+        if not c.execute("SELECT 1 FROM users WHERE name = ?", [name]).fetchall():
             raise NotFoundError(f"no user named {name!r}", "unknown-user")
+        _check_admin_remains(c, name, "delete")
+        c.execute("DELETE FROM users WHERE name = ?", [name])
 
-    transaction(con, remove, WRITE_ATTEMPTS)
+    with _ADMINS:
+        transaction(con, remove, WRITE_ATTEMPTS)
+
+
+def set_admin(con: duckdb.DuckDBPyConnection, name: str, admin: bool) -> User:
+    """Make a user an admin or not; the last admin is not demoted (ConflictError)."""
+
+    def change(c: duckdb.DuckDBPyConnection) -> User:
+        if not c.execute("SELECT 1 FROM users WHERE name = ?", [name]).fetchall():
+            raise NotFoundError(f"no user named {name!r}", "unknown-user")
+        if not admin:
+            _check_admin_remains(c, name, "demote")
+        rows = c.execute(f"UPDATE users SET is_admin = ? WHERE name = ? RETURNING {_USER_COLS}", [admin, name])
+        return _user(rows.fetchall()[0])
+
+    with _ADMINS:
+        return transaction(con, change, WRITE_ATTEMPTS)
 
 
 def user_count(con: duckdb.DuckDBPyConnection) -> int:
@@ -118,15 +169,11 @@ def user_count(con: duckdb.DuckDBPyConnection) -> int:
 
 def list_users(con: duckdb.DuckDBPyConnection, limit: int | None = None, offset: int = 0) -> list[User]:
     """Users by name (never their tokens)."""
-    rows = con.execute(
-        "SELECT name, is_admin, created_at FROM users ORDER BY name LIMIT ? OFFSET ?", [limit, offset]
-    ).fetchall()
-    return [User(r[0], bool(r[1]), r[2]) for r in rows]
+    rows = con.execute(f"SELECT {_USER_COLS} FROM users ORDER BY name LIMIT ? OFFSET ?", [limit, offset]).fetchall()
+    return [_user(r) for r in rows]
 
 
 def user_by_token(con: duckdb.DuckDBPyConnection, token: str) -> User | None:
     """The user holding this token, if any."""
-    rows = con.execute(
-        "SELECT name, is_admin, created_at FROM users WHERE token_hash = ?", [hash_token(token)]
-    ).fetchall()
-    return User(rows[0][0], bool(rows[0][1]), rows[0][2]) if rows else None
+    rows = con.execute(f"SELECT {_USER_COLS} FROM users WHERE token_hash = ?", [hash_token(token)]).fetchall()
+    return _user(rows[0]) if rows else None

@@ -1,9 +1,10 @@
 """The schema version kept in `meta.schema_version`, a new store's tables, and the explicit upgrades.
 
-The DDL is split by owner: `trace.sql` (ingested rows and the `comms` view), `review.sql` (users, review
-items), `jobs.sql` (the API's ingest jobs), `aggregates.sql` (per-run aggregates), `time.sql` (the time
-analysis's results), `pairs.sql` (all-to-all bytes per sender and receiver). A new store gets all
-of them at the current version; an older one is upgraded step by step, each step in one transaction.
+The DDL is split by owner: `trace.sql` (runs and their former names, ingested rows and the `comms` view),
+`review.sql` (users, review items), `jobs.sql` (the API's ingest jobs), `aggregates.sql` (per-run
+aggregates), `time.sql` (the time analysis's results), `pairs.sql` (all-to-all bytes per sender and
+receiver). A new store gets all of them at the current version; an older one is upgraded step by step,
+each step in one transaction.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .errors import StoreError
 from .tables import AGG_TABLES, TIME_FINDING_TABLES, TIME_TABLES
 from .transaction import transaction
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 SCHEMA_FILES = ("trace.sql", "review.sql", "jobs.sql", "aggregates.sql", "time.sql", "hang.sql", "pairs.sql")
 META_SQL = """CREATE TABLE IF NOT EXISTS meta (
     key   VARCHAR PRIMARY KEY,
@@ -67,6 +68,9 @@ _TIME_COLUMNS = (
 #         no all-to-all matrix until its files are ingested again).
 # 6 -> 7: the timing findings' inputs (time_finding_cells, _keys, _runs in time.sql), empty: a run's timing
 #         findings appear at its next ingest or scheme change, which fills them after its time tables.
+# 7 -> 8: identity and ownership: review_items.author_id, each item mapped to the user of its author's name (NULL
+#         where none exists now: no one edits such an item as its author); runs.owner_id, NULL for every
+#         existing run (admins rename those); run_aliases (a run's former names), empty.
 MIGRATIONS: dict[int, list[str]] = {
     1: _create_tables("aggregates.sql", AGG_TABLES),
     2: ["ALTER TABLE comm_events ADD COLUMN counted BOOLEAN DEFAULT true"],
@@ -78,6 +82,13 @@ MIGRATIONS: dict[int, list[str]] = {
     4: _create_tables("hang.sql", ("fr_entries",)),
     5: _create_tables("pairs.sql", ("a2a_pairs",)),
     6: _create_tables("time.sql", TIME_FINDING_TABLES),
+    7: [  # idempotent: IF NOT EXISTS, and only items not mapped yet
+        "ALTER TABLE review_items ADD COLUMN IF NOT EXISTS author_id INTEGER",
+        "UPDATE review_items SET author_id = u.user_id FROM users u "
+        "WHERE review_items.author_id IS NULL AND u.name = review_items.author",
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS owner_id INTEGER",
+        *_create_tables("trace.sql", ("run_aliases",)),
+    ],
 }
 
 

@@ -54,6 +54,7 @@ TIME_FINDING_TABLES = ("time_finding_cells", "time_finding_keys", "time_finding_
 # Every table with rows of a run besides `runs` itself: deleting a run deletes its rows in all of them.
 RUN_TABLES = (
     *TRACE_TABLES,
+    "run_aliases",  # trace.sql: the run's former names
     "process_groups",
     "review_items",
     "sources",

@@ -15,7 +15,15 @@ CREATE TABLE IF NOT EXISTS runs (
     strategy    VARCHAR,           -- e.g. "ddp", "zero3", "tp2-sp", "dp2-tp2-pp2"
     world_size  INTEGER,
     created_at  TIMESTAMP NOT NULL DEFAULT current_timestamp,
-    updated_at  TIMESTAMP NOT NULL DEFAULT current_timestamp
+    updated_at  TIMESTAMP NOT NULL DEFAULT current_timestamp,
+    owner_id    INTEGER            -- users.user_id of its creator; NULL: created by the CLI or a tokenless caller
+);
+
+-- A run's former names: links holding one still reach the run. No run is named like another run's alias.
+CREATE TABLE IF NOT EXISTS run_aliases (
+    alias      VARCHAR PRIMARY KEY,
+    run_id     INTEGER NOT NULL,
+    created_at TIMESTAMP NOT NULL DEFAULT current_timestamp
 );
 
 -- Every ingested file (archive members are files of their own: path "archive.tar.gz!member").

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from commlens.ingest.records import ParseResult
 
+from .errors import StoreError
 from .tables import AGG_TABLES, TRACE_TABLES
 from .transaction import transaction
 
@@ -30,6 +31,11 @@ def ensure_run(
     run_id = get_run_id(con, name)
     if run_id is not None:
         return run_id
+    renamed = con.execute(
+        "SELECT r.name FROM run_aliases a JOIN runs r USING (run_id) WHERE a.alias = ?", [name]
+    ).fetchall()
+    if renamed:  # links holding the old name lead to the renamed run; a new run must not take them
+        raise StoreError(f"{name!r} is a former name of run {renamed[0][0]!r}; use that name or pick another")
     return _one(
         con.execute(
             "INSERT INTO runs (name, description, tags) VALUES (?, ?, ?) RETURNING run_id",

@@ -212,6 +212,7 @@ def test_owners_rename_and_former_names_reach_the_run(tmp_path: Path, data_dir: 
         }
         assert old.headers["content-location"] == "/api/runs/exp-v2/histograms?scheme=other&op=all_reduce&weight=bytes"
         assert c.get("/api/runs/exp").json()["ops"] == {"all_reduce": 4}
+        assert [r["run"] for r in c.get("/api/compare", params={"runs": "exp"}).json()["runs"]] == ["exp-v2"]
         assert (
             c.post("/api/runs/exp/review", json={"body": "via the old name"}, headers=t["alice"]).json()["run"]
             == "exp-v2"

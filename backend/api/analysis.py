@@ -36,7 +36,7 @@ from commlens.contract.compare import Comparison, RunComparison, RunsComparison
 from commlens.contract.predict import PredictInput, Prediction
 from commlens.contract.review import Anchor, ReviewItem
 from commlens.service.nccl import nccl_rows
-from commlens.service.runs import predict_input_for_run, run_layout
+from commlens.service.runs import predict_input_for_run, resolve_alias, run_layout
 from commlens.service.schemes import clear_scheme_override, override_scheme
 from commlens.vocab import Op
 
@@ -407,7 +407,7 @@ def compare_runs(
             422, f"runs must name 1 to {MAX_COMPARE_RUNS} different runs, comma-separated", "invalid-argument"
         )
     out = []
-    for name in names:
+    for name in [resolve_alias(cur, n) or n for n in names]:  # a link from before a rename holds former names
         comparison = run_compare(cur, name)
         strategy, world_size = run_layout(cur, name)
         out.append(RunComparison(run=name, strategy=strategy, world_size=world_size, comparison=comparison))

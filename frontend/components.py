@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import re
 from collections.abc import Callable, Sequence
 from functools import wraps
 from typing import Any, Literal
@@ -146,6 +147,30 @@ def table(
     return html.Table([*parts, head, html.Tbody(body)], className="data", **kwargs)
 
 
+_MD_PUNCT = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~&])")
+
+
+def _md_cell(value: Any) -> str:
+    text = "" if value is None else " ".join(str(value).split())
+    return _MD_PUNCT.sub(r"\\\1", text)
+
+
+def static_table(
+    columns: Sequence[str], rows: Sequence[Sequence[Any]], id_: str, numeric: Sequence[str] = ()
+) -> dcc.Markdown:
+    """A long table of plain text as ONE component: the dashboard's renderer pays per component, so a table
+    of hundreds of cells built from html.Td components takes seconds to appear, while this Markdown table
+    (every cell escaped, raw HTML off) is drawn as one piece. It is still a <table> with thead and tbody;
+    numeric columns are right-aligned."""
+    right = set(numeric)
+    lines = [
+        "| " + " | ".join(_md_cell(c) for c in columns) + " |",
+        "| " + " | ".join("---:" if c in right else "---" for c in columns) + " |",
+    ]
+    lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in rows]
+    return dcc.Markdown("\n".join(lines), id=id_, className="md-table", dangerously_allow_html=False)
+
+
 def csv_href(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf)
@@ -219,9 +244,10 @@ def colorbar(title: str, zmax: float, unit: ColorUnit) -> dict[str, Any]:
         ticks = byte_axis(zmax)
     elif unit == "us":
         ticks = duration_axis(zmax)
-    else:  # z in milliseconds, labels in whatever unit reads best
+    else:  # z in milliseconds, labelled so (a bar titled in ms keeps one unit along its length)
         us = duration_axis(zmax * 1e3)
-        ticks = {"tickvals": [v / 1e3 for v in us["tickvals"]], "ticktext": us["ticktext"]}
+        vals = [round(v / 1e3, 9) for v in us["tickvals"]]
+        ticks = {"tickvals": vals, "ticktext": [f"{v:g} ms" for v in vals]}
     return {
         "title": {"text": title},
         "ticks": "outside",

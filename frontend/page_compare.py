@@ -283,7 +283,19 @@ def varied_keys(configs: dict[str, dict[str, float]]) -> list[str]:
     partitions = {tuple(_groups([c.get(k) for c in runs])) for k in varied}
     if len(partitions) != 1 or any(k not in c for k in varied for c in runs):
         return []
+    # Keys that vary together are one parameter only when one follows from the other (two runs put any two
+    # differing keys in the same partition): a derived key rides along with its source, nothing else does.
+    independent = [k for k in varied if not any(_derived_from(k, src) for src in varied if src != k)]
+    if len(independent) != 1:
+        return []
     return sorted(varied, key=lambda k: (k != "model.seq_len", not k.startswith(("model.", "parallel.")), k))
+
+
+def _derived_from(key: str, source: str) -> bool:
+    """The world size is the product of the parallel sizes; the FFN width follows the hidden size."""
+    if key.rsplit(".", 1)[-1] == "world_size":
+        return source.startswith("parallel.") and source.rsplit(".", 1)[-1] in ("dp", "tp", "pp", "cp", "ep")
+    return key == "model.ffn_hidden" and source == "model.hidden"
 
 
 def _groups(values: list[float | None]) -> list[int]:

@@ -492,7 +492,7 @@ def outliers_table(s: RankSummary, run: str) -> Any:
 
 
 def bands_chart(s: RankSummary, run: str) -> Any:
-    schemes = [sp.scheme or UNATTRIBUTED for sp in s.schemes]
+    schemes = list(dict.fromkeys(c.scheme or UNATTRIBUTED for g in s.groups for c in g.cells))
     labels = [g.label for g in s.groups]
     cell = {(g.label, c.scheme or UNATTRIBUTED): c for g in s.groups for c in g.cells}
     z = [[cell[(g, x)].mean if (g, x) in cell else None for x in schemes] for g in labels]

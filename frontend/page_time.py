@@ -28,7 +28,20 @@ from commlens.contract.time import (
 from commlens.vocab import SCHEMES
 
 from .client import ApiClient
-from .components import OP_COLORS, chart_block, empty, figure, guarded, kv, loading, message, push_state, table, td_num
+from .components import (
+    OP_COLORS,
+    chart_block,
+    colorbar,
+    empty,
+    figure,
+    guarded,
+    kv,
+    loading,
+    message,
+    push_state,
+    table,
+    td_num,
+)
 from .config import UiConfig
 from .fmt import duration_us, exact_bytes, num, pct
 from .urls import int_or_none, query, run_path
@@ -574,6 +587,7 @@ def waits_view(run: str, step: int, instances: list[Instance], status: TimeStatu
     labels = [f"#{i.instance_id} {i.op}" for i in measured]
     wait = {(i.instance_id, m.rank): m.wait_us for i in measured for m in i.members if m.wait_us is not None}
     z = [[wait[(i.instance_id, r)] / 1e3 if (i.instance_id, r) in wait else None for i in measured] for r in ranks]
+    top = max((v for row in z for v in row if v is not None), default=0.0)
     fig = figure(
         f"Wait per rank and instance, step {step}", "instance (id, op)", "rank", height=min(640, 160 + 26 * len(ranks))
     )
@@ -583,8 +597,9 @@ def waits_view(run: str, step: int, instances: list[Instance], status: TimeStatu
         z=z,
         colorscale="YlOrRd",
         zmin=0,
+        zmax=top or 1,  # Plotly ignores zmin without zmax: the scale and its ticks start at 0
         hoverongaps=False,
-        colorbar={"title": {"text": "wait (ms)"}, "ticks": "outside", "ticksuffix": " ms"},
+        colorbar=colorbar("wait (ms)", top, "ms"),
         hovertemplate="rank %{y}, instance %{x}<br>wait %{z:.3f} ms<extra></extra>",
     )
     fig.update_yaxes(type="category", autorange="reversed")

@@ -3,36 +3,28 @@ their transports, and the tuner's choices (GET /api/runs/{run}/topology/{comms,t
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import plotly.graph_objects as go
 from dash import Dash, Input, Output, State, ctx, dcc, html
 
-from commlens.contract.analysis import TopologyRows
+from commlens.contract.analysis import GroupAttribution, TopologyRows
 
-from .client import ApiClient, ApiProblem
-from .components import chart_block, empty, figure, guarded, loading, problem_box, push_state, table, td_num
+from .client import ApiClient
+from .components import csv_link, empty, guarded, loading, push_state, static_table
 from .config import UiConfig
 from .fmt import exact_bytes
 from .urls import int_or_none, query, run_path
 
 PAGE = 500
-TRANSPORT_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
 
 def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> html.Div:
-    try:
-        groups = cfg.client(token).groups(run).items
-        head = None
-    except ApiProblem as exc:
-        groups, head = [], problem_box(exc)
-    options = [{"label": "all communicators", "value": ""}] + [
-        {"label": f"{g.group_key} ({g.scheme}{', ' + str(g.size) + ' ranks' if g.size else ''})", "value": g.group_key}
-        for g in groups
-    ]
+    """The frame only: the groups and every table come in one callback whose API calls run side by side."""
+    group = q.get("group", "")
+    options = [{"label": "all communicators", "value": ""}] + ([{"label": group, "value": group}] if group else [])
     return html.Div(
         [
-            head,
             dcc.Store(id="tp-run", data=run),
             dcc.Store(id="tp-offset", data=int_or_none(q.get("offset")) or 0),
             html.Div(
@@ -40,7 +32,7 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
                     html.Div(
                         [
                             html.Label("Communicator / group", htmlFor="tp-group"),
-                            dcc.Dropdown(id="tp-group", options=options, value=q.get("group", ""), clearable=False),
+                            dcc.Dropdown(id="tp-group", options=options, value=group, clearable=False),
                         ],
                         className="field wide",
                     )
@@ -56,68 +48,84 @@ def records(t: TopologyRows) -> list[dict[str, Any]]:
     return [dict(zip(t.columns, row, strict=True)) for row in t.rows]
 
 
-def _cell(v: Any) -> Any:
-    if isinstance(v, bool) or v is None:
-        return "-" if v is None else str(v)
-    if isinstance(v, (int, float)):  # ids, ranks and pids: digits as they are
-        return td_num(v, str(v))
+def _text(v: Any) -> str:
+    """A cell as text: ids, ranks and pids as their digits, lists joined, nothing as '-'."""
+    if v is None:
+        return "-"
     if isinstance(v, list):
         return ", ".join(map(str, v))
     return str(v)
 
 
-def generic_table(t: TopologyRows, rows: list[dict[str, Any]], cols: list[str], table_id: str) -> Any:
-    body = [
-        [html.Td(r.get(c), className="mono") if c == "file" and r.get(c) else _cell(r.get(c)) for c in cols]
-        for r in rows
-    ]
-    return html.Div(table(cols, body, id_=table_id), className="scroll short")
+NUMERIC = (
+    "pid",
+    "cuda_dev",
+    "comm_rank",
+    "nranks",
+    "global_rank",
+    "channel",
+    "rank",
+    "bytes",
+    "time (µs)",
+    "from",
+    "to",
+)
 
 
-def connections_chart(rows: list[dict[str, Any]], run: str) -> Any:
+def generic_table(rows: list[dict[str, Any]], cols: list[str], table_id: str) -> Any:
+    body = [[_text(r.get(c)) for c in cols] for r in rows]
+    return html.Div(static_table(cols, body, table_id, NUMERIC), className="scroll short")
+
+
+MATRIX_RANKS = 32  # up to this many ranks the connections are a sender x receiver grid, else a list
+
+
+def connections_view(rows: list[dict[str, Any]], run: str) -> Any:
+    """Who connects to whom and over what, as tables (one component each): a sender x receiver grid naming
+    the transport and its channel count in each cell, or beyond MATRIX_RANKS ranks one row per (sender,
+    receiver, transport). No chart: plotly.js alone takes seconds to start in a fresh tab, and this page
+    is tables; the CSV keeps every line."""
     conns = [r for r in rows if r["kind"] == "connection" and r["src_rank"] is not None and r["dst_rank"] is not None]
     if not conns:
         return empty('The logs list no connection lines ("Channel NN : a -> b via …").')
-    transports: list[str] = []
+    links: dict[tuple[int, int, str], set[Any]] = {}
+    hosts: dict[tuple[int, int, str], set[str]] = {}
     for r in conns:
-        if (r["transport"] or "unknown") not in transports:
-            transports.append(r["transport"] or "unknown")
-    fig = figure(
-        "Connections: sending rank → receiving rank, by transport", "receiving rank", "sending rank", height=380
-    )
-    for i, tr in enumerate(transports):
-        pts = [r for r in conns if (r["transport"] or "unknown") == tr]
-        fig.add_trace(
-            go.Scatter(
-                name=tr,
-                x=[r["dst_rank"] for r in pts],
-                y=[r["src_rank"] for r in pts],
-                mode="markers",
-                marker={"symbol": "square", "size": 13, "color": TRANSPORT_COLORS[i % len(TRANSPORT_COLORS)]},
-                customdata=[[r["channel"], r["host"], r["detail"]] for r in pts],
-                hovertemplate="%{y} → %{x} via " + tr + "<br>channel %{customdata[0]} on %{customdata[1]}"
-                "<br>%{customdata[2]}<extra></extra>",
-            )
+        key = (r["src_rank"], r["dst_rank"], r["transport"] or "unknown")
+        links.setdefault(key, set()).add(r["channel"])
+        hosts.setdefault(key, set()).add(r["host"] or "-")
+
+    def label(key: tuple[int, int, str]) -> str:
+        n = len(links[key])
+        return f"{key[2]} ({n} channel{'s' if n != 1 else ''})"
+
+    senders = sorted({k[0] for k in links})
+    receivers = sorted({k[1] for k in links})
+    if len(set(senders) | set(receivers)) <= MATRIX_RANKS:
+        cells = {
+            (a, b): "; ".join(label(k) for k in sorted(links) if k[:2] == (a, b)) for a in senders for b in receivers
+        }
+        body = [[str(a), *[cells[(a, b)] or "" for b in receivers]] for a in senders]
+        grid = static_table(["from \\ to", *map(str, receivers)], body, "tp-connections", ())
+        caption = "Sending rank (rows) to receiving rank (columns): the transport and how many channels use it."
+    else:
+        body = [[str(k[0]), str(k[1]), k[2], str(len(links[k])), ", ".join(sorted(hosts[k]))] for k in sorted(links)]
+        grid = static_table(
+            ["from", "to", "transport", "channels", "hosts"], body, "tp-connections", ("from", "to", "channels")
         )
-    fig.update_xaxes(dtick=1)
-    fig.update_yaxes(dtick=1, autorange="reversed")
+        caption = "One row per sending rank, receiving rank and transport."
     cols = ["channel", "from", "to", "transport", "host", "pid", "line"]
-    display = [
-        [
-            td_num(r["channel"]),
-            td_num(r["src_rank"]),
-            td_num(r["dst_rank"]),
-            r["transport"] or "-",
-            r["host"],
-            td_num(r["pid"], str(r["pid"])),
-            html.Td(r["detail"], className="mono"),
-        ]
-        for r in conns
-    ]
     raw = [
         [r["channel"], r["src_rank"], r["dst_rank"], r["transport"], r["host"], r["pid"], r["detail"]] for r in conns
     ]
-    return chart_block("tp-connections", fig, cols, display, raw, f"{run}-connections.csv")
+    return html.Div(
+        [
+            html.P(f"{caption} {len(conns)} connection lines.", className="hint"),
+            html.Div(grid, className="scroll short"),
+            csv_link(cols, raw, f"{run}-connections.csv"),
+        ],
+        className="chart",
+    )
 
 
 def rings_table(rows: list[dict[str, Any]]) -> Any:
@@ -126,22 +134,20 @@ def rings_table(rows: list[dict[str, Any]]) -> Any:
         return empty("No ring lines in the logs.")
     body = [
         [
-            html.Td(r["group_key"] or "-", className="mono"),
-            td_num(r["channel"]),
+            r["group_key"] or "-",
+            _text(r["channel"]),
             " → ".join(map(str, r["ranks"] or [])),
             r["host"] or "-",
-            _cell(r["pid"]),
+            _text(r["pid"]),
         ]
         for r in rings
     ]
-    return html.Div(
-        table(["communicator", "channel", "ring order", "host", "pid"], body, id_="tp-rings"), className="scroll"
-    )
+    cols = ["communicator", "channel", "ring order", "host", "pid"]
+    return html.Div(static_table(cols, body, "tp-rings", NUMERIC), className="scroll")
 
 
 def trees_table(rows: list[dict[str, Any]]) -> Any:
-    """One row per tree position, its channels together: NCCL prints the same tree on every channel, and a
-    row per line made this table most of the page's components (the dashboard slows with their number)."""
+    """One row per tree position, its channels together: NCCL prints the same tree on every channel."""
     trees = [r for r in rows if r["kind"] in ("tree", "nvls_tree")]
     if not trees:
         return empty("No tree lines in the logs.")
@@ -154,41 +160,25 @@ def trees_table(rows: list[dict[str, Any]]) -> Any:
         key = (r["group_key"] or "-", r["kind"], me, "-" if up is None else str(up), down, r["host"] or "-", r["pid"])
         positions.setdefault(key, []).append(r["channel"])
     body = [
-        [
-            html.Td(comm, className="mono"),
-            kind,
-            ", ".join("-" if c is None else str(c) for c in channels),
-            td_num(me),
-            up,
-            down,
-            host,
-        ]
+        [comm, kind, ", ".join("-" if c is None else str(c) for c in channels), _text(me), up, down, host]
         for (comm, kind, me, up, down, host, _), channels in positions.items()
     ]
-    return html.Div(
-        table(["communicator", "kind", "channels", "rank", "parent", "children", "host"], body, id_="tp-trees"),
-        className="scroll",
-    )
+    cols = ["communicator", "kind", "channels", "rank", "parent", "children", "host"]
+    return html.Div(static_table(cols, body, "tp-trees", NUMERIC), className="scroll")
 
 
 def other_lines(rows: list[dict[str, Any]]) -> Any:
     rest = [r for r in rows if r["kind"] not in ("ring", "tree", "nvls_tree", "connection")]
     if not rest:
         return None
-    body = [
-        [
-            r["kind"],
-            html.Td(r["group_key"] or "-", className="mono"),
-            r["host"] or "-",
-            _cell(r["pid"]),
-            html.Td(r["detail"] or "", className="mono"),
-        ]
-        for r in rest
-    ]
+    body = [[r["kind"], r["group_key"] or "-", r["host"] or "-", _text(r["pid"]), r["detail"] or ""] for r in rest]
     return html.Div(
         [
             html.H3("Channels, nodes and other lines"),
-            html.Div(table(["kind", "communicator", "host", "pid", "line"], body, id_="tp-other"), className="scroll"),
+            html.Div(
+                static_table(["kind", "communicator", "host", "pid", "line"], body, "tp-other", NUMERIC),
+                className="scroll",
+            ),
         ]
     )
 
@@ -200,20 +190,18 @@ def tuning_table(t: TopologyRows) -> Any:
     body = [
         [
             r["op"],
-            td_num(r["bytes"], exact_bytes(r["bytes"])),
+            exact_bytes(r["bytes"]),
             r["algo"],
             r["proto"],
-            td_num(r["time_us"]),
-            td_num(r["channels"]),
+            _text(r["time_us"]),
+            _text(r["channels"]),
             r["host"] or "-",
-            _cell(r["pid"]),
+            _text(r["pid"]),
         ]
         for r in rows
     ]
-    return html.Div(
-        table(["op", "bytes", "algorithm", "protocol", "time (µs)", "channels", "host", "pid"], body, id_="tp-tuning"),
-        className="scroll",
-    )
+    cols = ["op", "bytes", "algorithm", "protocol", "time (µs)", "channels", "host", "pid"]
+    return html.Div(static_table(cols, body, "tp-tuning", (*NUMERIC, "channels")), className="scroll")
 
 
 def _pager(t: TopologyRows, run: str, group: str | None, what: str) -> Any:
@@ -227,10 +215,25 @@ def _pager(t: TopologyRows, run: str, group: str | None, what: str) -> Any:
     return html.Div(parts, className="pager")
 
 
-def topology_view(client: ApiClient, run: str, group: str | None, offset: int) -> Any:
-    comms = client.topology(run, "comms", limit=PAGE, group_key=group)
-    topo = client.topology(run, "topology", limit=PAGE, offset=offset, group_key=group)
-    tuning = client.topology(run, "tuning", limit=PAGE)
+def group_options(groups: list[GroupAttribution]) -> list[dict[str, str]]:
+    return [{"label": "all communicators", "value": ""}] + [
+        {"label": f"{g.group_key} ({g.scheme}{', ' + str(g.size) + ' ranks' if g.size else ''})", "value": g.group_key}
+        for g in groups
+    ]
+
+
+def fetch(client: ApiClient, run: str, group: str | None, offset: int) -> tuple[Any, list[dict[str, str]]]:
+    """(the view, the group options): the four API calls at once, so the page waits for the slowest, not
+    their sum (the server answers them in parallel)."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        groups = pool.submit(lambda: client.groups(run).items)
+        comms = pool.submit(client.topology, run, "comms", limit=PAGE, group_key=group)
+        topo = pool.submit(client.topology, run, "topology", limit=PAGE, offset=offset, group_key=group)
+        tuning = pool.submit(client.topology, run, "tuning", limit=PAGE)
+        return topology_view(run, group, comms.result(), topo.result(), tuning.result()), group_options(groups.result())
+
+
+def topology_view(run: str, group: str | None, comms: TopologyRows, topo: TopologyRows, tuning: TopologyRows) -> Any:
     if not (comms.total or topo.total or tuning.total):
         return empty(
             "No NCCL topology in this run: it comes from NCCL debug logs (NCCL_DEBUG=INFO) with their Init, "
@@ -242,9 +245,9 @@ def topology_view(client: ApiClient, run: str, group: str | None, offset: int) -
         [
             html.H2("Connections and transports"),
             _pager(topo, run, group, "topology lines"),
-            connections_chart(rows, run),
+            connections_view(rows, run),
             html.H2("Communicators"),
-            generic_table(comms, records(comms), comm_cols, "tp-comms") if comms.rows else empty("No Init lines."),
+            generic_table(records(comms), comm_cols, "tp-comms") if comms.rows else empty("No Init lines."),
             _pager(comms, run, group, "communicator ranks"),
             html.H2("Rings"),
             rings_table(rows),
@@ -271,12 +274,13 @@ def register(app: Dash, cfg: UiConfig) -> None:
 
     @app.callback(
         Output("tp-content", "children"),
+        Output("tp-group", "options"),
         Input("tp-group", "value"),
         State("tp-offset", "data"),
         State("tp-run", "data"),
         State("token", "data"),
     )
-    @guarded()
+    @guarded(outputs=2)
     def show(group: str, offset: int, run: str, token: str | None) -> Any:
         first = ctx.triggered_id is None  # the offset in the URL holds for the first view, not a new group
-        return topology_view(cfg.client(token), run, group or None, (offset or 0) if first else 0)
+        return fetch(cfg.client(token), run, group or None, (offset or 0) if first else 0)

@@ -47,6 +47,12 @@ table.data td.num { text-align: right; font-variant-numeric: tabular-nums; white
 table.data tr.flag td { background: #fff4e5; }
 table.data tr.bad td { background: #fdecea; }
 table.data caption { text-align: left; font-weight: 600; padding: 4px 0; }
+.md-table table { border-collapse: collapse; width: 100%; font-size: 12.5px; background: #fff; margin: 0; }
+.md-table th { text-align: left; font-weight: 600; color: var(--muted); border-bottom: 2px solid var(--line);
+               padding: 4px 8px; white-space: nowrap; position: sticky; top: 0; background: #fff; }
+.md-table td { border-bottom: 1px solid #edf0f4; padding: 3px 8px; vertical-align: top;
+               font-variant-numeric: tabular-nums; word-break: break-word; }
+.md-table p { margin: 0; }
 .scroll { max-height: 420px; overflow: auto; border: 1px solid var(--line); border-radius: 6px; }
 .scroll.short { max-height: 300px; }
 .chart { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 6px 10px 8px; margin-bottom: 12px; }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,144 @@ def test_an_empty_histogram_says_the_real_reason(tab: Tab) -> None:
     expect(page.locator("#hg-content")).to_contain_text("NCCL_DEBUG_SUBSYS=COLL")
     page = tab.open("/runs/logs/histograms?op=broadcast")
     expect(page.locator("#hg-content")).to_contain_text("No calls match these filters (op broadcast).")
+
+
+# ------------------------------------------------------------------------- colour bars (figures)
+
+FRONTEND = Path(__file__).resolve().parents[1] / "frontend"
+HUMAN_BYTES = re.compile(r"^\d+(\.\d+)? (B|KiB|MiB|GiB|TiB)$")
+HUMAN_TIME = re.compile(r"^\d+(\.\d+)? (µs|ms|s)$")
+
+
+def _graphs(node: Any) -> list[Any]:
+    """The dcc.Graph components of a Dash layout tree."""
+    from dash import dcc
+
+    if isinstance(node, (list, tuple)):
+        return [g for c in node for g in _graphs(c)]
+    if isinstance(node, dcc.Graph):
+        return [node]
+    return _graphs(getattr(node, "children", None)) if hasattr(node, "children") else []
+
+
+def _heatmaps(view: Any) -> list[Any]:
+    return [t for g in _graphs(view) for t in g.figure.data if t.type == "heatmap"]
+
+
+def _assert_colour_bar(trace: Any, human: re.Pattern[str], top: float) -> list[str]:
+    """Tick marks drawn outside the bar, every tick labelled in human units, at least three inside the range,
+    starting at the scale's zero; returns the labels inside the range."""
+    bar = trace.colorbar
+    assert (bar.ticks, bar.tickmode, bar.showticklabels) == ("outside", "array", True)
+    assert bar.ticklen >= 5 and bar.tickwidth >= 1
+    assert trace.zmin == 0 and trace.zmax >= top
+    inside = [t for t, v in zip(bar.ticktext, bar.tickvals, strict=True) if v <= trace.zmax]
+    assert bar.tickvals[0] == 0 and len(inside) >= 3, inside
+    assert all(human.match(t) for t in bar.ticktext), bar.ticktext
+    assert list(bar.tickvals) == sorted(bar.tickvals)
+    return inside
+
+
+def test_every_heatmap_has_a_colour_bar_with_ticks_in_human_units() -> None:
+    from commlens.contract.analysis import RankGroup, RankGroupCell, RankSchemeTotal, RankSummary, RankTotals
+    from commlens.contract.pairs import PairMatrix
+    from commlens.contract.time import Instance, InstanceMember, TimeStatus
+    from commlens.frontend import page_ranks, page_time
+
+    rows = [
+        RankSchemeTotal(
+            rank=str(r),
+            scheme="dp",
+            calls=4,
+            bytes=(3 + r) << 20,
+            time_us=1500.0 * (r + 1),
+            iterations=2,
+            bytes_per_iteration=((3 + r) << 20) / 2,
+            time_us_per_iteration=750.0 * (r + 1),
+        )
+        for r in range(3)
+    ]
+    totals = RankTotals(run="r", rows=rows, imbalance=[], ranks=3)
+    (by_bytes,) = _heatmaps(page_ranks.heatmap(totals, "bytes", "total", [], {}))
+    assert _assert_colour_bar(by_bytes, HUMAN_BYTES, 5 << 20) == ["0 B", "1 MiB", "2 MiB", "3 MiB", "4 MiB", "5 MiB"]
+    (by_time,) = _heatmaps(page_ranks.heatmap(totals, "time_us", "per_iteration", [], {}))
+    assert _assert_colour_bar(by_time, HUMAN_TIME, 2250.0) == ["0 µs", "500 µs", "1 ms", "1.5 ms", "2 ms"]
+
+    cell = RankGroupCell(scheme="dp", ranks=32, mean=9e9, min=1e9, max=2e10, min_rank="3", max_rank="9")
+    summary = RankSummary(
+        run="r",
+        metric="bytes",
+        basis="total",
+        band=32,
+        ranks=64,
+        outlier_limit=32,
+        schemes=[],
+        groups=[
+            RankGroup(label=f"ranks {i}-{i + 31}", kind="band", first=i, last=i + 31, members=32, cells=[cell])
+            for i in (0, 32)
+        ],
+    )
+    (bands,) = _heatmaps(page_ranks.bands_chart(summary, "r"))
+    assert _assert_colour_bar(bands, HUMAN_BYTES, 9e9)[-1] == "8 GiB"
+
+    matrix = PairMatrix(group_key="g", scheme="ep", ranks=[0, 1], bytes=[[0, 700], [300, 0]], calls=2, total_bytes=1000)
+    (pairs,) = _heatmaps(page_ranks.pairs_heatmap(matrix, "the whole run", "r", 0))
+    assert _assert_colour_bar(pairs, HUMAN_BYTES, 700) == ["0 B", "200 B", "400 B", "600 B"]
+
+    members = [
+        InstanceMember(rank=r, seq=1, arrival_us=10.0 * r, end_us=100.0, wait_us=2400.0 - 1200.0 * r) for r in range(3)
+    ]
+    instance = Instance(
+        instance_id=1,
+        group="g",
+        scheme="dp",
+        key=1,
+        keyed_by="key",
+        op="all_reduce",
+        dtype="float32",
+        msg_bytes=4,
+        step=0,
+        skew_us=2400.0,
+        last_rank=2,
+        first_arrival_us=0.0,
+        last_arrival_us=20.0,
+        real_us=80.0,
+        algbw_gbps=None,
+        busbw_gbps=None,
+        members=members,
+    )
+    (waits,) = _heatmaps(page_time.waits_view("r", 0, [instance], TimeStatus(available=True, parts=[])))
+    assert _assert_colour_bar(waits, HUMAN_TIME, 2.4) == ["0 ms", "0.5 ms", "1 ms", "1.5 ms", "2 ms"]
+    assert waits.colorbar.title.text == "wait (ms)"
+
+
+def test_every_heatmap_in_the_dashboard_takes_the_shared_colour_bar() -> None:
+    """No page draws a heatmap with a colour bar of its own making (the figure test above covers each kind)."""
+    found = {}
+    for path in sorted(FRONTEND.glob("*.py")):
+        text = path.read_text()
+        calls = len(re.findall(r"go\.Heatmap\(|add_heatmap\(", text))
+        if calls:
+            found[path.name] = (calls, text.count("colorbar=colorbar("))
+    assert found == {"page_ranks.py": (3, 3), "page_time.py": (1, 1)}
+
+
+def test_two_runs_that_differ_in_two_parameters_offer_no_sweep() -> None:
+    """Two runs put any two differing keys in the same partition; only a key that follows from another (world
+    size from dp, FFN width from hidden) rides along."""
+    from commlens.frontend.page_compare import varied_keys
+
+    base = {
+        "model.seq_len": 64.0,
+        "model.hidden": 32.0,
+        "model.ffn_hidden": 128.0,
+        "parallel.dp": 2.0,
+        "world_size": 2.0,
+    }
+    assert varied_keys({"a": base, "b": {**base, "model.seq_len": 128.0, "parallel.dp": 4.0, "world_size": 4.0}}) == []
+    assert varied_keys({"a": base, "b": {**base, "model.seq_len": 128.0, "model.hidden": 64.0}}) == []
+    assert varied_keys({"a": base, "b": {**base, "model.hidden": 64.0, "model.ffn_hidden": 256.0}}) == [
+        "model.ffn_hidden",
+        "model.hidden",
+    ]
+    assert varied_keys({"a": base, "b": {**base, "world_size": 4.0}}) == ["world_size"]

@@ -44,8 +44,9 @@ RUN = "big"
 # ------------------------------------------------------------------------------------ the store
 
 
-def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
-    """Ingest the real trace (in-process, the same service the API's ingest queue calls) and scale it up."""
+def build_store(db: Path, ranks: int, copies: int, settings: dict[str, str] | None = None) -> dict[str, Any]:
+    """Ingest the real trace (in-process, the same service the API's ingest queue calls) and scale it up.
+    `settings`: DuckDB settings for the build (bench/scale.py caps memory_limit on a shared machine)."""
     from commlens import store
     from commlens.backend.attribution import attribute_run
     from commlens.backend.findings import store_timing_inputs
@@ -54,6 +55,8 @@ def build_store(db: Path, ranks: int, copies: int) -> dict[str, Any]:
     from commlens.store import aggregates
 
     con = store.connect(db)
+    for name, value in (settings or {}).items():
+        con.execute(f"SET {name} = ?", [value])
     ingest_paths(con, [TRACE], RUN)
     ingest_paths(con, [TRACE], "small")
     run_id = store.get_run_id(con, RUN)

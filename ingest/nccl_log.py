@@ -43,7 +43,9 @@ reused) gets the label "<pointer>#2", "#3"... in comm_ptr. The split counter of 
 from __future__ import annotations
 
 import io
+import queue
 import re
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -188,20 +190,19 @@ class _Parser:
 
     # ------------------------------------------------------------------ blocks (fast paths)
 
-    def block(self, data: bytes, first_line: int) -> int:
+    def block(self, data: bytes, first_line: int, cut: Cut | None = None) -> int:
         """A block of whole lines (without the last newline) whose first line is `first_line`; returns
-        the number of its lines."""
+        the number of its lines. `cut` is the block's `vector_cut` when it was made ahead."""
         if self.vector_pause or len(data) < VECTOR_MIN_LINES * 32:
             self.vector_pause = max(0, self.vector_pause - 1)
             return self._block_lines(data, first_line)
-        return self._block_vector(data, first_line)
+        return self._block_vector(data, first_line, cut or vector_cut(data))
 
-    def _block_vector(self, data: bytes, first_line: int) -> int:
+    def _block_vector(self, data: bytes, first_line: int, cut: Cut) -> int:
         """Clean COLL lines in runs through numpy and pyarrow (`nccl_vector`), everything else through
         `_block_lines`, in line order."""
-        block = nccl_vector.Block(data)
+        block, clean = cut
         n = len(block)
-        clean = nccl_vector.clean_coll(block) if n >= VECTOR_MIN_LINES else None
         if clean is None:
             self.vector_pause = VECTOR_PAUSE_BLOCKS
             return self._block_lines(data, first_line)
@@ -795,29 +796,96 @@ def iter_blocks(stream: io.BufferedReader, limits: Limits) -> Iterator[bytes | N
         yield carry
 
 
-def parse_nccl_log(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
-    """Parse one NCCL debug log (one process or many interleaved) into comm_events, nccl_comms,
-    nccl_topology and nccl_tuning rows. Damaged lines are counted in `skipped`, not fatal."""
-    parser = _Parser(name, hint)
+# A block's lines and clean COLL lines (`nccl_vector`), made ahead of the reader's state machine.
+Cut = tuple[nccl_vector.Block, nccl_vector.CleanColl | None]
+
+
+def vector_cut(data: bytes) -> Cut:
+    block = nccl_vector.Block(data)
+    return block, nccl_vector.clean_coll(block) if len(block) >= VECTOR_MIN_LINES else None
+
+
+# What the reader thread hands over per block: lines before the NCCL part, that part, lines after it, and
+# its cut; None for an overlong line.
+Piece = tuple[int, bytes, int, Cut | None] | None
+
+
+def _pieces(stream: io.BufferedReader, limits: Limits) -> Iterator[Piece]:
+    """The blocks of the stream with blank and foreign lines before a block's first NCCL line and after its
+    last counted, never split (a log padded with millions of empty lines costs what reading it costs), and
+    the vectorised cut of each large block."""
     first = True
-    line_no = 1
     for body in iter_blocks(stream, limits):
         if body is None:
-            parser.skip(f"line longer than {limits.max_line_bytes} bytes", line_no)
-            line_no += 1
+            yield None
             continue
         data = body.removeprefix(b"\xef\xbb\xbf") if first else body
         first = False
-        # Blank and foreign lines before a block's first NCCL line and after its last are counted, never split
-        # (a log padded with millions of empty lines costs what reading it costs).
         hits = [i for i in (data.find(b"CCL"), data.find(b"opCount")) if i >= 0]
         if not hits:
-            line_no += data.count(b"\n") + 1
+            yield data.count(b"\n") + 1, b"", 0, None
             continue
         start = data.rfind(b"\n", 0, min(hits)) + 1
         end = data.find(b"\n", max(data.rfind(b"CCL"), data.rfind(b"opCount")))
         end = len(data) if end < 0 else end
-        line_no += data.count(b"\n", 0, start)
-        line_no += parser.block(data[start:end], line_no)
-        line_no += data.count(b"\n", end)
+        part = data[start:end]
+        cut = vector_cut(part) if len(part) >= VECTOR_MIN_LINES * 32 else None
+        yield data.count(b"\n", 0, start), part, data.count(b"\n", end), cut
+
+
+def _ahead(items: Iterator[Piece], depth: int = 2) -> Iterator[Piece]:
+    """The items, made by a thread `depth` items ahead of the consumer: reading, decompressing, hashing
+    and numpy's cuts release the GIL, so on two cores they overlap the reader's Python state machine.
+    An exception in the thread is raised here; a consumer that stops early stops the thread."""
+    q: queue.Queue[tuple[bool, Any]] = queue.Queue(depth)
+    stop = threading.Event()
+
+    def put(entry: tuple[bool, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for item in items:
+                if not put((True, item)):
+                    return
+            put((False, None))
+        except BaseException as exc:  # handed to the consumer, which raises it
+            put((False, exc))
+
+    thread = threading.Thread(target=run, name="nccl-log-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            more, item = q.get()
+            if not more:
+                if item is not None:
+                    raise item
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def parse_nccl_log(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
+    """Parse one NCCL debug log (one process or many interleaved) into comm_events, nccl_comms,
+    nccl_topology and nccl_tuning rows. Damaged lines are counted in `skipped`, not fatal."""
+    parser = _Parser(name, hint)
+    line_no = 1
+    for piece in _ahead(_pieces(stream, limits)):
+        if piece is None:
+            parser.skip(f"line longer than {limits.max_line_bytes} bytes", line_no)
+            line_no += 1
+            continue
+        before, part, after, cut = piece
+        line_no += before
+        if part:
+            line_no += parser.block(part, line_no, cut)
+            line_no += after
     return parser.finish()

@@ -230,14 +230,14 @@ def _word(text: bytes) -> int:
     return int.from_bytes(text.ljust(8, b"\0"), "little")
 
 
-def _mask(n: int) -> np.uint64:
-    return np.uint64((1 << (8 * n)) - 1)
-
-
 OPCOUNT_WORD = np.uint64(_word(b"opCount "))
-# The literals between the variable parts of a COLL line: (space index after ": opCount ", text with the
-# space that follows it; 8-byte words hold 8 bytes, so an 8-letter literal's space is checked apart).
-LITERALS = ((2, b"sendbuff"), (4, b"recvbuff"), (6, b"count "), (8, b"datatype"), (17, b"stream "))
+# The literal words between the variable parts of a COLL line, by the blank before each (counted from the
+# one before "opCount"): where, their length, and their bytes as a little-endian word with its mask.
+LITERALS = ((2, b"sendbuff"), (4, b"recvbuff"), (6, b"count"), (8, b"datatype"), (17, b"stream"))
+LITERAL_AT = np.array([k for k, _ in LITERALS])
+LITERAL_LEN = np.array([len(t) for _, t in LITERALS])
+LITERAL_WORD = np.array([_word(t) for _, t in LITERALS], np.uint64)
+LITERAL_MASK = np.array([(1 << (8 * len(t))) - 1 for _, t in LITERALS], np.uint64)
 HEX_NIBBLE = np.full(256, 16, np.uint8)
 HEX_NIBBLE[list(b"0123456789")] = np.arange(10)
 HEX_NIBBLE[list(b"abcdef")] = np.arange(10, 16)
@@ -281,12 +281,9 @@ def clean_coll(block: Block) -> CleanColl | None:
     nxt = np.where(j + 19 < ns, sp[np.minimum(j + 19, ns - 1)], ends)
     post = np.minimum(nxt, ends)  # where the trailing text starts (the line's end when there is none)
     ok &= np.all(np.diff(s, axis=1) > 1, axis=1) & (post > s[:, 18] + 1)  # no word is empty
-    for k, text in LITERALS:
-        w = word[s[:, k] + 1]
-        if len(text) == 8:
-            ok &= (w == np.uint64(_word(text))) & (s[:, k + 1] == s[:, k] + 9)
-        else:
-            ok &= (w & _mask(len(text))) == np.uint64(_word(text))
+    at = s[:, LITERAL_AT]
+    ok &= np.all(s[:, LITERAL_AT + 1] - at - 1 == LITERAL_LEN, axis=1)
+    ok &= np.all(word[at + 1] & LITERAL_MASK == LITERAL_WORD, axis=1)
     opc_len = s[:, 2] - s[:, 1] - 1
     count_len = s[:, 8] - s[:, 7] - 1
     ok &= (opc_len <= 15) & (count_len <= 18)
@@ -339,7 +336,7 @@ def _ids(values: pa.Array, check: Callable[[bytes], int]) -> np.ndarray:
     """The id `check` gives each value's text (-1: not valid), asking once per distinct value."""
     if not len(values):
         return np.empty(0, np.int64)
-    enc = pc.dictionary_encode(values.cast(pa.binary()))  # (the indices of a view dictionary convert slowly)
+    enc = pc.dictionary_encode(values)
     ids = np.array([check(t) for t in enc.dictionary.to_pylist()], np.int64)
     return ids[enc.indices.to_numpy()]
 

@@ -16,6 +16,16 @@ steps within a rank above NOISE_SPREAD of the effect (the straggler rule's test:
 least twice its spread). Severity scales with
 the cost (ms per step as a share of the step) and drops a level on thin evidence (under STRONG_STEPS
 steps or a single rank). Each check has a threshold below which it stays silent (module constants).
+
+The checks on bytes give the same findings for the same data: what decides them is sizes and counts, never
+CPU op times (a gloo run's half-bandwidth size or time share moves with the host's load). Small messages
+are below the half-bandwidth size measured on device kernels (else DEFAULT_SMALL_BYTES); their share of
+time ranks them only when measured on the device and alike on every rank. Every byte-based finding is
+capped by its evidence (`_evidence_cap`: MIN_CALLS, MEDIUM_CALLS, HIGH_CALLS). Uneven bytes are judged
+only where the data hold every member of the groups and the same calls of each (`_incomparable`), uneven
+time only step after step (`_time_excess`), low busbw only on device times. A suggestion names a view
+only when the run has data for it (`_Views`). Evidence keeps the raw numbers; `evidence_text` shows
+them with units and 3 significant digits.
 """
 
 from __future__ import annotations
@@ -69,6 +79,14 @@ STRONG_STEPS = 4
 MIN_TIME_SHARE = 0.05
 WAIT_DOMINATES = 0.5  # a collective's members spend at least this share of their time in it waiting
 TOP_INSTANCES = 20  # instance ids a finding links to (the largest skews first)
+# Evidence a byte-based finding needs, in calls: under MIN_CALLS it stays silent, under MEDIUM_CALLS it is at
+# most low, under HIGH_CALLS (or on a single rank) at most medium: 8 calls of a 2-rank toy are never "high".
+MIN_CALLS = 8
+MEDIUM_CALLS = 64
+HIGH_CALLS = 512
+MIN_BYTES_SHARE = 0.05  # an uneven scheme carrying less of the run's bytes than this is at most low
+# Ops whose every member moves the same bytes per call: members' totals differ only when the recording does.
+_ASYMMETRIC_OPS = ("all_to_all", "send", "recv")
 
 _SUGGEST_SMALL = {
     "pp": "Batch the sends and receives of one schedule step into one group (batch_isend_irecv), send each "
@@ -95,6 +113,33 @@ def _severity(value: float, high: float, medium: float, low: float, higher_is_wo
     if value >= low:
         return "low"
     return None
+
+
+def _evidence_cap(severity: Severity, calls: int, ranks: int) -> Severity | None:
+    """The severity a finding resting on `calls` calls of `ranks` ranks may have (MIN_CALLS ...)."""
+    if calls < MIN_CALLS:
+        return None
+    cap: Severity = "low" if calls < MEDIUM_CALLS else "medium" if calls < HIGH_CALLS or ranks < 2 else "high"
+    return severity if SEVERITY_ORDER[severity] >= SEVERITY_ORDER[cap] else cap
+
+
+@dataclass(frozen=True)
+class _Views:
+    """Which views have data for this run, so that a suggestion names only views that show something."""
+
+    topology: bool  # NCCL topology (connection) lines
+    arrivals: bool  # the time page's arrivals: instances matched across ranks
+
+    @classmethod
+    def of(cls, con: duckdb.DuckDBPyConnection, run_id: int) -> _Views:
+        topology, arrivals = con.execute(
+            """
+            SELECT EXISTS (SELECT 1 FROM nccl_topology WHERE run_id = $run),
+                   EXISTS (SELECT 1 FROM time_instances WHERE run_id = $run)
+            """,
+            {"run": run_id},
+        ).fetchall()[0]
+        return cls(bool(topology), bool(arrivals))
 
 
 def _time_severity(share: float, steps: int, ranks: int) -> Severity | None:
@@ -162,8 +207,11 @@ def _noise(cells: _Cells) -> str | None:
 
 
 def _num(x: float, digits: int = 3) -> str:
-    """Significant digits without scientific notation (12,345 rather than 1.23e+04)."""
-    return f"{x:,.0f}" if abs(x) >= 10 ** (digits - 1) else f"{x:.{digits}g}"
+    """Significant digits, trailing zeros kept ("25.0", "0.250"), without scientific notation (12,345
+    rather than 1.23e+04)."""
+    if abs(x) >= 10 ** (digits - 1) or x == 0:
+        return f"{x:,.0f}"
+    return f"{x:#.{digits}g}".rstrip(".")
 
 
 def _dur(us: float) -> str:
@@ -176,10 +224,13 @@ def _pct(x: float) -> str:
     return f"{_num(100 * x, 2)}%"
 
 
-def _shown(key: str, value: float | int | str) -> str:
-    """One evidence value for people, by what its key says it is."""
+def _shown(key: str, value: float | int | str, evidence: dict[str, float | int | str | None]) -> str:
+    """One evidence value for people, by what its key (or, for a max and mean, the metric beside it) says
+    it is."""
     if isinstance(value, str):
         return value
+    if key in ("max", "mean") and evidence.get("metric") in ("bytes", "time_us"):
+        key = f"{key}_{evidence['metric']}"
     if key.endswith("_us"):
         return _dur(value)
     if key.endswith("ms_per_step"):
@@ -256,7 +307,17 @@ def _config(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Any]:
 
 
 def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthReport, steps: _Steps) -> list[Finding]:
-    thresholds = {o.op: min(o.half_bw_bytes, SMALL_BYTES_CAP) for o in bw.ops if o.half_bw_bytes}
+    kernel_ops = {
+        str(r[0])
+        for r in con.execute(
+            "SELECT op FROM comm_agg WHERE run_id = ? AND dur_kind IS NOT NULL GROUP BY op "
+            "HAVING bool_and(dur_kind = 'kernel')",
+            [run_id],
+        ).fetchall()
+    }
+    # The size threshold must not move between two runs of one job: a curve measured on CPU op times
+    # (gloo on a shared host) shifts its half-bandwidth bin on noise, so only device kernels set it.
+    thresholds = {o.op: min(o.half_bw_bytes, SMALL_BYTES_CAP) for o in bw.ops if o.half_bw_bytes and o.op in kernel_ops}
     ops = [r[0] for r in con.execute("SELECT DISTINCT op FROM comm_agg WHERE run_id = ?", [run_id]).fetchall()]
     table = pa.table(
         {
@@ -267,14 +328,15 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
     )
     measured = measured_kind_sql("a", "g")
     with registered(con, table) as tname:
-        # From the run's aggregates: one row per (group, op, size, duration kind, ...), weighted by calls.
+        # From the run's aggregates: one row per (scheme, rank) with its calls, small calls and their times.
         rows = con.execute(
             f"""
             WITH c AS (
-                SELECT g.scheme, a.op, a.msg_bytes, a.calls, a.first_row, t.threshold, t.measured,
+                SELECT g.scheme, a.rank_key, a.op, a.msg_bytes, a.calls, a.first_row, t.threshold, t.measured,
                        a.msg_bytes < t.threshold AS small,
                        CASE WHEN {measured} THEN a.sum_dur_us END AS dur,
-                       CASE WHEN {measured} THEN a.calls ELSE 0 END AS timed
+                       CASE WHEN {measured} THEN a.calls ELSE 0 END AS timed,
+                       CASE WHEN {measured} AND a.dur_kind = 'kernel' THEN a.calls ELSE 0 END AS on_device
                 FROM comm_agg a
                 LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
                 JOIN {tname} t ON t.op = a.op
@@ -286,54 +348,83 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
                     FROM c WHERE small GROUP BY scheme, op
                 ) GROUP BY scheme
             )
-            SELECT c.scheme, sum(c.calls), coalesce(sum(c.calls) FILTER (WHERE c.small), 0), sum(c.dur),
-                   sum(c.dur) FILTER (WHERE c.small), sum(c.timed), any_value(s.top_op),
+            SELECT c.scheme, c.rank_key, sum(c.calls), coalesce(sum(c.calls) FILTER (WHERE c.small), 0), sum(c.dur),
+                   sum(c.dur) FILTER (WHERE c.small), sum(c.timed), sum(c.on_device), any_value(s.top_op),
                    bool_and(c.measured) FILTER (WHERE c.small), max(c.threshold) FILTER (WHERE c.small),
                    coalesce(sum(cast(c.msg_bytes AS HUGEINT) * c.calls) FILTER (WHERE c.small), 0)
             FROM c LEFT JOIN small_ops s ON s.scheme IS NOT DISTINCT FROM c.scheme
-            GROUP BY c.scheme
+            GROUP BY c.scheme, c.rank_key ORDER BY c.scheme NULLS LAST, c.rank_key
             """,
             [run_id],
         ).fetchall()
-    run_calls = sum(r[1] for r in rows)
-    run_time = sum(r[3] or 0.0 for r in rows)
+    by_scheme: dict[str | None, list[tuple[Any, ...]]] = {}
+    for r in rows:
+        by_scheme.setdefault(r[0], []).append(r)
+    run_calls = sum(r[2] for r in rows)
+    run_time = sum(r[4] or 0.0 for r in rows)
     out = []
-    for scheme, calls, small, time, small_time, timed, top_op, all_measured, threshold, small_bytes in rows:
+    for scheme, ranks in by_scheme.items():
+        calls, small = sum(r[2] for r in ranks), sum(r[3] for r in ranks)
+        time, small_time = fsum(r[4] or 0.0 for r in ranks), fsum(r[5] or 0.0 for r in ranks)
+        timed, on_device = sum(r[6] for r in ranks), sum(r[7] for r in ranks)
+        top_op = next((r[8] for r in ranks if r[8] is not None), None)
+        all_measured = all(r[9] for r in ranks if r[9] is not None)
+        threshold = max((r[10] for r in ranks if r[10] is not None), default=None)
+        small_bytes = sum(int(r[11]) for r in ranks)
         if not small:
             continue
         call_share = small / calls
-        has_time = timed >= 0.9 * calls and time  # (nearly) every call timed: time shares mean something
-        time_share = (small_time or 0.0) / time if has_time else None
-        if call_share < SMALL_CALL_SHARE and (time_share is None or time_share < SMALL_TIME_SHARE):
+        # Time shares rank findings only when measured on the device for (nearly) every call and every rank
+        # agrees within NOISE_SPREAD of the mean: CPU op times and disagreeing ranks are noise, not evidence.
+        shares = [(r[5] or 0.0) / r[4] for r in ranks if r[4]]
+        time_share = small_time / time if timed >= 0.9 * calls and time else None
+        stable = (
+            time_share is not None
+            and on_device >= 0.9 * calls
+            and len(shares) == len(ranks)
+            and max(shares) - min(shares) <= NOISE_SPREAD * time_share
+        )
+        if call_share < SMALL_CALL_SHARE and not (stable and min(shares) >= SMALL_TIME_SHARE):
             continue
-        severity: Severity
-        if time_share is not None:
-            if time_share >= 0.3:
-                severity = "high"
-            else:
-                severity = "medium" if time_share >= SMALL_TIME_SHARE or call_share >= 0.5 else "low"
-            impact = (small_time or 0.0) / run_time if run_time else 0.0
+        ms, share = steps.cost(small_time) if stable else (None, None)
+        if stable and share is not None:
+            severity = _severity(share, 0.25, 0.10, 0.0) or "low"
+        elif stable and time_share is not None:
+            severity = _severity(time_share, 0.3, SMALL_TIME_SHARE, 0.0) or "low"
         else:
             severity = "medium" if call_share >= 0.5 else "low"
-            impact = small / run_calls
+        capped = _evidence_cap(severity, calls, len(ranks))
+        if capped is None:
+            continue
+        impact = small_time / run_time if stable and run_time else small / run_calls
         name = scheme or "unattributed"
-        ms, share = steps.cost(small_time if time_share is not None else None)
         limit = (
-            f"below the size where busbw reaches half its best (measured per op in this run, at most "
+            f"below the size where busbw reaches half its best (measured per op on the device in this run, at most "
             f"{format_bytes(SMALL_BYTES_CAP)})"
             if all_measured
-            else f"below {format_bytes(DEFAULT_SMALL_BYTES)} (default; no measured bandwidth curve for these ops)"
+            else f"below {format_bytes(DEFAULT_SMALL_BYTES)} (default; no device-measured bandwidth curve for these ops)"
         )
         title = (
-            f"{name}: {call_share:.0%} of calls"
-            + (f" and {time_share:.0%} of communication time" if time_share is not None else "")
+            f"{name}: {_pct(call_share)} of calls"
+            + (f" and {_pct(time_share)} of communication time" if stable and time_share is not None else "")
             + " are small, latency-bound messages"
         )
+        stability = None
+        if shares:
+            spread = (
+                f"small calls' share of time {_pct(min(shares))} to {_pct(max(shares))} across {len(shares)} rank(s)"
+            )
+            if stable:
+                stability = spread
+            elif on_device < 0.9 * calls:
+                stability = spread + ": CPU op times, not used to rank it"
+            else:
+                stability = spread + ": too spread across ranks to rank it by time"
         out.append(
             Finding(
                 id=f"small-messages:{name}",
                 title=title,
-                severity=severity,
+                severity=capped,
                 impact=impact,
                 evidence={
                     "scheme": scheme,
@@ -342,14 +433,16 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
                     "small_call_share": call_share,
                     "small_time_share": time_share,
                     "small_time_us": small_time if time_share is not None else None,
-                    "small_bytes": int(small_bytes),
+                    "small_bytes": small_bytes,
                     "most_common_small_op": top_op,
                     "threshold": limit,
                     "threshold_bytes": int(threshold) if threshold else None,
+                    "ranks": len(ranks),
                 },
                 view={"page": "histograms", "scheme": scheme, "op": top_op},
                 ms_per_step=ms,
                 step_share=share,
+                stability=stability,
                 suggestion=_SUGGEST_SMALL.get(
                     scheme or "",
                     "Find the call sites of these small calls (group and op in "
@@ -372,62 +465,182 @@ def _pp_chain_ratio(con: duckdb.DuckDBPyConnection, run_id: int) -> float:
     return p / (p - 1) if p and p > 2 else 1.0
 
 
+def _incomparable(
+    con: duckdb.DuckDBPyConnection, run_id: int, totals: RankTotals
+) -> dict[str | None, dict[str, str | None]]:
+    """Per scheme and per basis, why its ranks' bytes cannot be compared (None: they can): a group (for
+    calls without one, the world) with members missing from the data, or members whose recordings of one
+    symmetric op differ in calls (an excerpt or a profiler window cut at another call), so that a rank
+    seems to carry more only because more of it was recorded."""
+    iterations = {r.rank: r.iterations for r in totals.rows}
+    rows = con.execute(
+        """
+        SELECT g.scheme, a.group_key, max(coalesce(g.size, a.max_group_size)), a.op, a.rank_key, sum(a.calls),
+               coalesce(sum(a.calls) FILTER (WHERE a.in_iteration), 0)
+        FROM comm_agg a LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
+        WHERE a.run_id = ? AND a.msg_bytes IS NOT NULL
+        GROUP BY ALL ORDER BY 1 NULLS LAST, 2, 4, 5
+        """,
+        [run_id],
+    ).fetchall()
+    members: dict[tuple[str | None, str | None], set[str]] = {}
+    size: dict[tuple[str | None, str | None], int | None] = {}
+    calls: dict[tuple[str | None, str | None, str], dict[str, tuple[int, int]]] = {}
+    world = con.execute("SELECT world_size FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0]
+    for scheme, group, n, op, rank, total, in_it in rows:
+        members.setdefault((scheme, group), set()).add(rank)
+        size[(scheme, group)] = n if group is not None else world  # calls without a group: the whole world
+        if op not in _ASYMMETRIC_OPS:
+            calls.setdefault((scheme, group, op), {})[rank] = (int(total), int(in_it))
+    out: dict[str | None, dict[str, str | None]] = {}
+    for basis in ("total", "per_iteration"):
+        for (scheme, group), ranks in members.items():
+            why = None
+            n = size[(scheme, group)]
+            if n is None:
+                why = "calls without a known process group or world size"
+            elif len(ranks) < n:
+                why = f"{group or 'the world'} has {len(ranks)} of its {n} ranks in the data"
+            else:
+                for (s, g, op), per in calls.items():
+                    if (s, g) != (scheme, group):
+                        continue
+                    seen: set[float]
+                    if basis == "total":
+                        seen = {float(c) for c, _ in per.values()}
+                    else:
+                        seen = {round(i / (iterations.get(r) or 1), 6) for r, (_, i) in per.items()}
+                    if len(seen) > 1:
+                        why = (
+                            f"the members of group {group} recorded different numbers of {op} calls "
+                            f"({_num(min(seen))} to {_num(max(seen))}{' per iteration' if basis != 'total' else ''}): "
+                            "their recordings cover different spans"
+                        )
+                        break
+            for key in (scheme, ALL_SCHEMES):
+                reasons = out.setdefault(key, {})
+                if reasons.get(basis) is None:
+                    reasons[basis] = why
+    return out
+
+
+ALL_SCHEMES = "*"  # the key of the run as a whole in _incomparable
+
+
+def _time_excess(
+    con: duckdb.DuckDBPyConnection, run_id: int, scheme: str | None, all_schemes: bool, rank: str
+) -> tuple[str | None, str]:
+    """Whether a rank's extra time inside collectives holds step after step: (why it is noise or None, its
+    stability in words). Per step with every rank present, the excess is the most loaded rank's time over
+    the mean; it must span MIN_STEPS steps, vary by at most NOISE_SPREAD of its mean, and fall on `rank`
+    in DEFAULT_RULE.step_share of the steps."""
+    rows = con.execute(
+        """
+        SELECT e.step, coalesce(cast(e.rank AS VARCHAR), e.process, '?') AS rk, sum(e.dur_us)
+        FROM comm_events e LEFT JOIN process_groups g ON g.run_id = e.run_id AND g.group_key = e.group_key
+        WHERE e.run_id = $run AND e.counted AND e.step IS NOT NULL AND e.dur_us > 0
+          AND (e.dur_source = 'kernel' OR (e.dur_source = 'cpu_op' AND lower(coalesce(g.backend, '')) NOT LIKE '%nccl%'))
+          AND ($all OR g.scheme IS NOT DISTINCT FROM $scheme)
+        GROUP BY 1, 2 ORDER BY 1, 2
+        """,
+        {"run": run_id, "all": all_schemes, "scheme": scheme},
+    ).fetchall()
+    by_step: dict[int, dict[str, float]] = {}
+    for step, rk, dur in rows:
+        by_step.setdefault(int(step), {})[str(rk)] = float(dur)
+    ranks = set().union(*(set(v) for v in by_step.values())) if by_step else set()
+    excess, top = [], []
+    for per in by_step.values():
+        if set(per) == ranks and len(ranks) > 1:
+            excess.append(max(per.values()) - fmean(per.values()))
+            top.append(max(per, key=lambda r: (per[r], r)))
+    if len(excess) < MIN_STEPS:
+        return f"{len(excess)} step(s) with every rank timed", "stability across steps unknown"
+    mean, spread = fmean(excess), sqrt(fmean([(x - fmean(excess)) ** 2 for x in excess]))
+    most = top.count(rank)
+    text = (
+        f"rank {rank} the most loaded in {most} of {len(top)} steps; {_dur(mean)} ± {_dur(spread)} "
+        "above the mean per step"
+    )
+    if mean <= 0 or spread > NOISE_SPREAD * mean or most < DEFAULT_RULE.step_share * len(top):
+        return "not the same rank, or not the same excess, step after step", text
+    return None, text
+
+
 def _imbalance(
-    con: duckdb.DuckDBPyConnection, run_id: int, totals: RankTotals, steps: _Steps, by_arrival: bool
+    con: duckdb.DuckDBPyConnection, run_id: int, totals: RankTotals, steps: _Steps, by_arrival: bool, views: _Views
 ) -> list[Finding]:
-    """Uneven bytes, or uneven time inside collectives. Time inside a collective is mostly waiting for
-    the last member, so its most loaded rank is usually one that was on time: where the run has the
-    arrival analysis (`by_arrival`), the straggler and wait findings replace the time imbalance."""
+    """Uneven bytes, or uneven time inside collectives. Bytes are compared only where the data hold every
+    member of the groups and the same calls of each (`_incomparable`). Time inside a collective is mostly
+    waiting for the last member, so its most loaded rank is usually one that was on time: where the run has
+    the arrival analysis (`by_arrival`), the straggler and wait findings replace the time imbalance, and
+    without it the time imbalance needs iterations to compare and is never high."""
     run_bytes = sum(r.bytes for r in totals.rows) or 1
     run_time = sum(r.time_us or 0.0 for r in totals.rows) or None
     out: list[Finding] = []
     fired: set[str] = set()
     schemes = {r.scheme for r in totals.rows}
     chain = _pp_chain_ratio(con, run_id) if "pp" in schemes else 1.0
+    blocked = _incomparable(con, run_id, totals)
     for imb in sorted(totals.imbalance, key=lambda i: i.all_schemes):  # per scheme first, then overall
         # The overall view only adds something when several schemes mix and none was uneven alone.
         if imb.all_schemes and (imb.metric in fired or len(schemes) < 2):
             continue
-        if imb.metric == "time_us" and by_arrival:
+        if imb.metric == "time_us" and (by_arrival or imb.basis != "per_iteration"):
+            continue
+        if blocked.get(ALL_SCHEMES if imb.all_schemes else imb.scheme, {}).get(imb.basis):
             continue
         expected = chain if (imb.scheme == "pp" or imb.all_schemes) and imb.metric == "bytes" else 1.0
         ratio = imb.max_over_mean / expected
         severity = _severity(ratio, 1.5, 1.25, IMBALANCE_RATIO)
         if severity is None:
             continue
-        fired.add(imb.metric)
         rows = [r for r in totals.rows if imb.all_schemes or r.scheme == imb.scheme]
+        stability: str | None = None
         if imb.metric == "bytes":
             impact = sum(r.bytes for r in rows) / run_bytes
+            if impact < MIN_BYTES_SHARE:
+                severity = "low"
         else:
             impact = sum(r.time_us or 0.0 for r in rows) / run_time if run_time else 0.0
+            noise, stability = _time_excess(con, run_id, imb.scheme, imb.all_schemes, imb.max_rank)
+            if noise is not None:
+                continue
+            severity = "low" if severity == "high" else severity
+        capped = _evidence_cap(severity, sum(r.calls for r in rows), imb.ranks)
+        if capped is None:
+            continue
+        fired.add(imb.metric)
         name = "all schemes" if imb.all_schemes else imb.scheme or "unattributed"
         what = "bytes"
         ms = share = None
         if imb.metric == "time_us" and steps.ranks:
             # the most loaded rank's time above the mean, per step (totals spread over a rank's steps)
-            per_step = (imb.max - imb.mean) / (1 if imb.basis == "per_iteration" else steps.rank_steps / steps.ranks)
-            ms, share = steps.cost(per_step * steps.rank_steps)
+            ms, share = steps.cost((imb.max - imb.mean) * steps.rank_steps)
         if imb.metric == "bytes":
             suggestion = (
-                f"Rank {imb.max_rank} moves {imb.max_over_mean:.2f}x the mean {what} in {name}. Check uneven "
+                f"Rank {imb.max_rank} moves {_num(imb.max_over_mean)}x the mean {what} in {name}. Check uneven "
                 "sharding or bucket assignment, pipeline stages with unequal layer counts, or skewed expert "
                 "routing; balance the work so no rank carries more traffic than its peers."
             )
         else:
             what = "time inside collectives"
-            suggestion = (
-                f"Rank {imb.max_rank} spends {imb.max_over_mean:.2f}x the mean {what} in {name}. That time is "
-                "mostly waiting for the last member to arrive, so the rank with the most is usually one that "
-                "was on time, not the one everybody waits for: profile with a trace per rank so that the "
-                "arrivals (time page) name who arrives last, or compare the ranks' compute per step."
+            see = (
+                "the time page's arrivals name who arrives last"
+                if views.arrivals
+                else "profile every rank with CUDA activities so that the arrivals name who arrives last"
             )
-        title = f"{name}: uneven {what} across ranks (max/mean {imb.max_over_mean:.2f}, rank {imb.max_rank})"
+            suggestion = (
+                f"Rank {imb.max_rank} spends {_num(imb.max_over_mean)}x the mean {what} in {name}. That time is "
+                "mostly waiting for the last member to arrive, so the rank with the most is usually one that "
+                f"was on time, not the one everybody waits for: {see}, or compare the ranks' compute per step."
+            )
+        title = f"{name}: uneven {what} across ranks (max/mean {_num(imb.max_over_mean)}, rank {imb.max_rank})"
         out.append(
             Finding(
                 id=f"imbalance:{name}:{imb.metric}",
                 title=title,
-                severity=severity,
+                severity=capped,
                 impact=impact,
                 evidence={
                     "scheme": name,
@@ -449,6 +662,7 @@ def _imbalance(
                 },
                 ms_per_step=ms,
                 step_share=share,
+                stability=stability,
                 suggestion=suggestion,
             )
         )
@@ -458,25 +672,46 @@ def _imbalance(
 # ------------------------------------------------------------------------------- bandwidth
 
 
-def _low_busbw(bw: BandwidthReport, steps: _Steps) -> list[Finding]:
+def _low_busbw(
+    con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthReport, steps: _Steps, views: _Views
+) -> list[Finding]:
+    """Bandwidth-bound calls of a (scheme, op) far below the run's best busbw, on device kernel times only:
+    CPU op times (gloo on one host) say nothing about links and move with the host's load."""
     best = bw.best_busbw_gbps
     if not best:
         return []
+    on_device = {
+        (r[0], r[1])
+        for r in con.execute(
+            """
+            SELECT g.scheme, a.op FROM comm_agg a
+            LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
+            WHERE a.run_id = ? AND a.dur_kind IS NOT NULL GROUP BY ALL HAVING bool_and(a.dur_kind = 'kernel')
+            """,
+            [run_id],
+        ).fetchall()
+    }
     total_time = sum(s.time_us for s in bw.by_scheme) or 1.0
     out = []
     for s in bw.by_scheme:
-        if s.large_calls < MIN_LARGE_CALLS or s.large_median_busbw_gbps is None:
+        if s.large_calls < MIN_LARGE_CALLS or s.large_median_busbw_gbps is None or (s.scheme, s.op) not in on_device:
             continue
         ratio = s.large_median_busbw_gbps / best
         severity: Severity | None = "high" if ratio < 0.25 else "medium" if ratio < LOW_BUSBW_RATIO else None
-        if severity is None:
+        if severity is None or (severity := _evidence_cap(severity, s.large_calls, 2)) is None:
             continue
         name = s.scheme or "unattributed"
         ms, share = steps.cost(s.time_us * (1 - ratio))  # the time above what the run's best busbw takes
+        links = (
+            "Compare this group's links with the best one (topology page): a group"
+            if views.topology
+            else "Check where this group's ranks run (the logs hold no NCCL topology lines; NCCL_DEBUG=INFO "
+            "writes them): a group"
+        )
         out.append(
             Finding(
                 id=f"low-busbw:{name}:{s.op}",
-                title=f"{name} {s.op}: bandwidth-bound calls reach {ratio:.0%} of the run's best busbw",
+                title=f"{name} {s.op}: bandwidth-bound calls reach {_pct(ratio)} of the run's best busbw",
                 severity=severity,
                 impact=s.time_us / total_time,
                 evidence={
@@ -491,7 +726,7 @@ def _low_busbw(bw: BandwidthReport, steps: _Steps) -> list[Finding]:
                 view={"page": "bandwidth", "scheme": s.scheme, "op": s.op},
                 ms_per_step=ms,
                 step_share=share,
-                suggestion="Compare this group's links with the best one (topology page): a group spanning nodes runs "
+                suggestion=f"{links} spanning nodes runs "
                 "at network speed, so place this dimension inside a node if the mesh allows; otherwise check "
                 "NCCL's algorithm/protocol choice and channel count for these sizes, and contention with "
                 "overlapping collectives of other groups.",
@@ -1013,11 +1248,12 @@ def findings(
     totals = rank_totals(con, run)
     steps = _steps(con, run_id)
     timed, by_arrival = _time_findings(con, run_id)
+    views = _Views.of(con, run_id)
     out = (
         timed
         + _small_messages(con, run_id, bw, steps)
-        + _imbalance(con, run_id, totals, steps, by_arrival)
-        + _low_busbw(bw, steps)
+        + _imbalance(con, run_id, totals, steps, by_arrival, views)
+        + _low_busbw(con, run_id, bw, steps, views)
     )
     if config is None:
         config = _config(con, run_id)
@@ -1033,6 +1269,6 @@ def findings(
             )
         out += _comparison(comparison)
     for f in out:
-        f.evidence_text = {k: _shown(k, v) for k, v in f.evidence.items() if v is not None}
+        f.evidence_text = {k: _shown(k, v, f.evidence) for k, v in f.evidence.items() if v is not None}
     out.sort(key=lambda f: (SEVERITY_ORDER[f.severity], -(f.ms_per_step or 0.0), -f.impact, f.id))
     return out

@@ -138,13 +138,54 @@ def test_rank_totals_and_imbalance(con):
     assert imb[("dp", "bytes")].basis == "total"  # detected iterations differ (4 vs 2 repeats): totals
     overall = {i.metric: i for i in totals.imbalance if i.all_schemes}
     assert overall["bytes"].max_over_mean == pytest.approx(4 / 3) and overall["bytes"].scheme is None
-    found = {f.id: f for f in findings(con, "imb")}
-    assert found["imbalance:dp:bytes"].severity == "medium"
-    assert found["imbalance:dp:bytes"].evidence["max_rank"] == "0"
-    assert found["imbalance:dp:time_us"].severity == "low"
-    assert found["imbalance:dp:bytes"].view == {"page": "ranks", "scheme": "dp", "metric": "bytes", "rank": "0"}
-    # The overall imbalance repeats the per-scheme one and is not reported twice.
-    assert "imbalance:all schemes:bytes" not in found
+    # Both ranks are in the data, but rank 0's recording holds 4 all-reduces and rank 1's 2: every member
+    # of an all-reduce moves the same bytes per call, so the difference is the recordings', not the job's.
+    assert not [f for f in findings(con, "imb") if f.id.startswith("imbalance")]
+
+
+def uneven_all_to_all(con, run: str, calls: int) -> None:
+    """An ep group of 2 ranks whose rank 0 sends 3 MiB per all_to_all and rank 1 1 MiB, `calls` calls each."""
+    groups = [group("pg:ep", [0, 1], "mesh_ep")]
+    for rank, size in ((0, 3 * MiB), (1, MiB)):
+        events = [ev(rank, i, "all_to_all", size, "pg:ep", 2, dur=50.0) for i in range(calls)]
+        write(con, run, events, groups if rank == 0 else [], rank=rank)
+    attribute_run(con, run)
+
+
+def test_uneven_bytes_scale_with_the_evidence(con):
+    """max/mean 1.5 is high by ratio; 64 calls a rank make it medium, 4 low, 3 nothing."""
+    expected = {64: "medium", 4: "low", 3: None}
+    for calls, severity in expected.items():
+        uneven_all_to_all(con, f"a2a{calls}", calls)
+        found = {f.id: f for f in findings(con, f"a2a{calls}") if f.id.startswith("imbalance")}
+        if severity is None:
+            assert found == {}
+            continue
+        assert list(found) == ["imbalance:ep:bytes"] and found["imbalance:ep:bytes"].severity == severity
+        f = found["imbalance:ep:bytes"]
+        assert f.evidence["max_rank"] == "0" and f.evidence["max_over_mean"] == pytest.approx(1.5)
+        assert f.evidence["max"] == pytest.approx(1.5 * f.evidence["mean"])
+        assert f.view == {"page": "ranks", "scheme": "ep", "metric": "bytes", "rank": "0"}
+    f = {f.id: f for f in findings(con, "a2a64")}["imbalance:ep:bytes"]
+    assert f.evidence["basis"] == "per_iteration"  # one call per detected iteration
+    text = f.evidence_text
+    assert (text["max"], text["mean"], text["max_over_mean"], text["expected_max_over_mean"]) == (
+        "3 MiB",
+        "2 MiB",
+        "1.50x",
+        "1.00x",
+    )
+
+
+def test_uneven_bytes_not_raised_on_ranks_missing_from_the_data(con):
+    """A group of 4 with 2 members in the data: their bytes say nothing about the other two."""
+    groups = [group("pg:ep", [0, 1, 2, 3], "mesh_ep")]
+    for rank, size in ((0, 3 * MiB), (1, MiB)):
+        events = [ev(rank, i, "all_to_all", size, "pg:ep", 4, dur=50.0) for i in range(64)]
+        write(con, "half", events, groups if rank == 0 else [], rank=rank)
+    attribute_run(con, "half")
+    assert {(i.scheme, i.metric) for i in rank_totals(con, "half").imbalance} >= {("ep", "bytes")}
+    assert not [f for f in findings(con, "half") if f.id.startswith("imbalance")]
 
 
 def test_balanced_ranks_and_pipeline_ends_do_not_fire(con):
@@ -179,43 +220,62 @@ def test_balanced_ranks_and_pipeline_ends_do_not_fire(con):
 # --------------------------------------------------------------------------- small messages
 
 
-def pipe_run(con, small: int) -> None:
+def pipe_run(con, small: int, ranks: tuple[int, ...] = (0,)) -> str:
+    """`small` sends of 4 KiB (10 us) and 2 of 64 MiB (1 ms) on each of `ranks`, timed on the device."""
+    name = f"pipe{small}x{len(ranks)}"
     groups = [group("pg:pp", [0, 1], "mesh_pp")]
-    events = [ev(0, i, "send", 4096, "pg:pp", 2, dur=10.0, peer=1) for i in range(small)]
-    events += [ev(0, small + i, "send", 64 * MiB, "pg:pp", 2, dur=1000.0, peer=1) for i in range(2)]
-    write(con, f"pipe{small}", events, groups, rank=0)
-    attribute_run(con, f"pipe{small}")
+    for rank in ranks:
+        events = [ev(rank, i, "send", 4096, "pg:pp", 2, dur=10.0, peer=1 - rank) for i in range(small)]
+        events += [ev(rank, small + i, "send", 64 * MiB, "pg:pp", 2, dur=1000.0, peer=1 - rank) for i in range(2)]
+        write(con, name, events, groups if rank == ranks[0] else [], rank=rank)
+    attribute_run(con, name)
+    return name
 
 
 def test_small_pipeline_messages_fire_with_exact_evidence(con):
-    pipe_run(con, 10)
-    [f] = [f for f in findings(con, "pipe10") if f.id.startswith("small-messages")]
-    assert f.id == "small-messages:pp" and f.severity == "medium"  # 10 of 12 calls, 100 of 2100 us
+    run = pipe_run(con, 10)
+    [f] = [f for f in findings(con, run) if f.id.startswith("small-messages")]
+    # 10 of 12 calls, but 100 of 2100 us: the cost is low, and 12 calls could not make it more
+    assert f.id == "small-messages:pp" and f.severity == "low"
     assert f.evidence["small_calls"] == 10 and f.evidence["calls"] == 12
     assert f.evidence["small_call_share"] == pytest.approx(10 / 12)
     assert f.evidence["small_time_share"] == pytest.approx(100 / 2100)
     assert f.evidence["threshold_bytes"] == MiB and "measured" in f.evidence["threshold"]  # 64 MiB, capped
+    assert f.evidence_text["small_call_share"] == "83%" and f.evidence_text["small_time_us"] == "100 µs"
+    assert f.stability == "small calls' share of time 4.8% to 4.8% across 1 rank(s)"
     assert f.view == {"page": "histograms", "scheme": "pp", "op": "send"}
     assert "batch_isend_irecv" in f.suggestion
     assert f.impact == pytest.approx(100 / 2100)
 
 
+def test_small_messages_severity_scales_with_time_and_evidence(con):
+    """300 small sends take 3 of 5 ms: high by time; on one rank (602 calls) medium, on two ranks high."""
+    for ranks, severity in (((0,), "medium"), ((0, 1), "high")):
+        run = pipe_run(con, 300, ranks)
+        [f] = [f for f in findings(con, run) if f.id.startswith("small-messages")]
+        assert (f.severity, f.evidence["small_time_share"]) == (severity, pytest.approx(3000 / 5000))
+        assert f.title == "pp: 99% of calls and 60% of communication time are small, latency-bound messages"
+
+
 def test_small_messages_silent_when_few(con):
-    pipe_run(con, 0)
-    assert not [f for f in findings(con, "pipe0") if f.id.startswith("small-messages")]
-    # Without durations the default threshold applies and the evidence says so.
+    run = pipe_run(con, 0)
+    assert not [f for f in findings(con, run) if f.id.startswith("small-messages")]
+    # Without durations the default threshold applies and the evidence says so; 4 calls are no evidence,
+    # 12 are at most low, 96 may be medium (three quarters of the calls small).
     groups = [group("pg:tp", [0, 1], "mesh_tp")]
-    write(
-        con,
-        "nodur",
-        [ev(0, i, "all_reduce", 8192, "pg:tp", 2) for i in range(3)] + [ev(0, 3, "all_reduce", 8 * MiB, "pg:tp", 2)],
-        groups,
-        rank=0,
-    )
-    attribute_run(con, "nodur")
-    [f] = findings(con, "nodur")
-    assert f.id == "small-messages:tp" and f.severity == "medium" and f.evidence["small_time_share"] is None
-    assert "default" in f.evidence["threshold"] and f.evidence["threshold_bytes"] == 64 * 1024
+    for calls, severity in ((4, None), (12, "low"), (96, "medium")):
+        events = [ev(0, i, "all_reduce", 8192, "pg:tp", 2) for i in range(calls * 3 // 4)]
+        events += [ev(0, calls + i, "all_reduce", 8 * MiB, "pg:tp", 2) for i in range(calls // 4)]
+        write(con, f"nodur{calls}", events, groups, rank=0)
+        attribute_run(con, f"nodur{calls}")
+        found = findings(con, f"nodur{calls}")
+        if severity is None:
+            assert found == []
+            continue
+        [f] = found
+        assert f.id == "small-messages:tp" and f.severity == severity and f.evidence["small_time_share"] is None
+        assert "default" in f.evidence["threshold"] and f.evidence["threshold_bytes"] == 64 * 1024
+        assert f.stability is None
 
 
 # ------------------------------------------------------------------------------- low busbw
@@ -223,8 +283,8 @@ def test_small_messages_silent_when_few(con):
 
 def test_low_busbw_against_run_best(con):
     groups = [group("pg:tp", [0, 1], "mesh_tp"), group("pg:dp", [0, 2], "mesh_dp")]
-    events = [ev(0, i, "all_reduce", 16 * MiB, "pg:tp", 2, dur=100.0) for i in range(3)]
-    events += [ev(0, 3 + i, "all_reduce", 16 * MiB, "pg:dp", 2, dur=1000.0) for i in range(3)]
+    events = [ev(0, i, "all_reduce", 16 * MiB, "pg:tp", 2, dur=100.0) for i in range(64)]
+    events += [ev(0, 64 + i, "all_reduce", 16 * MiB, "pg:dp", 2, dur=1000.0) for i in range(64)]
     write(con, "slow", events, groups, rank=0)
     attribute_run(con, "slow")
     found = {f.id: f for f in findings(con, "slow")}
@@ -232,13 +292,24 @@ def test_low_busbw_against_run_best(con):
     fast, slow = 16 * MiB / 100 / 1e3, 16 * MiB / 1000 / 1e3  # factor 1 for n = 2
     assert low.evidence["run_best_busbw_gbps"] == pytest.approx((fast + slow) / 2)
     assert low.evidence["ratio"] == pytest.approx(slow / ((fast + slow) / 2))
-    assert low.severity == "high"
+    assert low.severity == "medium"  # high by ratio (0.18), 64 calls on one rank's trace
+    assert low.evidence_text["ratio"] == "18%" and low.evidence_text["median_busbw_gbps"] == "16.8 GB/s"
+    # no NCCL topology lines in this run: the suggestion does not send anyone to the topology page
+    assert "topology page" not in low.suggestion and "NCCL_DEBUG=INFO" in low.suggestion
     assert "low-busbw:tp:all_reduce" not in found
     # Same speed everywhere: nothing to report.
-    events = [ev(0, i, "all_reduce", 16 * MiB, g, 2, dur=100.0) for i, g in enumerate(["pg:tp"] * 3 + ["pg:dp"] * 3)]
+    events = [ev(0, i, "all_reduce", 16 * MiB, g, 2, dur=100.0) for i, g in enumerate(["pg:tp"] * 64 + ["pg:dp"] * 64)]
     write(con, "even", events, groups, rank=0)
     attribute_run(con, "even")
     assert not [f for f in findings(con, "even") if f.id.startswith("low-busbw")]
+    # The same calls timed on the CPU by gloo say nothing about links: no bandwidth finding.
+    cpu = [group("pg:tp", [0, 1], "mesh_tp", "cpu:gloo"), group("pg:dp", [0, 2], "mesh_dp", "cpu:gloo")]
+    events = [ev(0, i, "all_reduce", 16 * MiB, "pg:tp", 2, dur=100.0, src="cpu_op") for i in range(64)]
+    events += [ev(0, 64 + i, "all_reduce", 16 * MiB, "pg:dp", 2, dur=1000.0, src="cpu_op") for i in range(64)]
+    write(con, "gloo", events, cpu, rank=0)
+    attribute_run(con, "gloo")
+    assert bandwidth(con, "gloo").best_busbw_gbps == pytest.approx((fast + slow) / 2)
+    assert not [f for f in findings(con, "gloo") if f.id.startswith("low-busbw")]
 
 
 # ----------------------------------------------------------------------- config and comparison

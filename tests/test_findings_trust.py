@@ -1,0 +1,136 @@
+"""Findings a team can trust, on real data: the exact findings and severities of the ResNet-50 DDP trace,
+the 8-rank DLRM job and the NCCL log excerpts (one run per job, and all in one run); suggestions that name
+only views with data for the run; evidence for people; and the byte-based findings of two gloo harness runs
+of one configuration the same."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from commlens import store
+from commlens.backend.findings import findings
+from commlens.contract.analysis import Finding
+from commlens.ingest.inputs import iter_inputs
+from commlens.service.ingest import ingest_run
+
+# The checks this audit covers (the timing findings have their own tests: test_findings_time.py).
+BYTE_BASED = ("small-messages:", "imbalance:", "low-busbw:", "zero-accumulation", "above-prediction:")
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[duckdb.DuckDBPyConnection]:
+    from conftest import shared_data
+
+    data = shared_data()
+    con = store.connect(tmp_path_factory.mktemp("trust") / "s.duckdb")
+    ingest_run(con, "resnet", iter_inputs([data / "kineto-hta" / "nccl_parser_config" / "nccl_data.json.gz"]))
+    ingest_run(con, "dlrm", iter_inputs([data / "kineto-param" / "dlrm_kineto.tar.gz"]))
+    ingest_run(con, "logs", iter_inputs([data / "nccl-logs"]), split_jobs=True)
+    ingest_run(con, "merged", iter_inputs([data / "nccl-logs"]))  # what --one-run stores
+    yield con
+    con.close()
+
+
+def _set(found: list[Finding]) -> set[tuple[str, str]]:
+    return {(f.id, f.severity) for f in found}
+
+
+def test_resnet50_and_dlrm_exact_findings(real: duckdb.DuckDBPyConnection) -> None:
+    # ResNet-50 over 2 ranks: 5 gradient buckets and 2 buffer broadcasts a step, none small; only the
+    # exposed all-reduce time (a timing finding) speaks
+    assert _set(findings(real, "resnet")) == {("exposed-comm:dp", "low")}
+    dlrm = {f.id: f for f in findings(real, "dlrm")}
+    assert _set(list(dlrm.values())) == {
+        ("exposed-comm:unattributed", "medium"),
+        ("small-messages:unattributed", "medium"),
+    }
+    small = dlrm["small-messages:unattributed"]
+    # 48 of 64 calls below 64 KiB (the all_to_all of embedding lookups): medium by calls, not high: 64 calls
+    # of one profiled step, and the time they take (mostly waiting for peers) differs too much across ranks
+    assert small.title == "unattributed: 75% of calls are small, latency-bound messages"
+    assert (small.evidence["calls"], small.evidence["small_calls"], small.evidence["ranks"]) == (64, 48, 8)
+    assert small.evidence["small_time_us"] == pytest.approx(41471.0)
+    assert small.evidence_text == {
+        "calls": "64",
+        "small_calls": "48",
+        "small_call_share": "75%",
+        "small_time_share": "85%",
+        "small_time_us": "41.5 ms",
+        "small_bytes": "507 KiB",
+        "most_common_small_op": "all_to_all",
+        "threshold": "below 64 KiB (default; no device-measured bandwidth curve for these ops)",
+        "threshold_bytes": "64 KiB",
+        "ranks": "8",
+    }
+    assert small.stability == (
+        "small calls' share of time 49% to 98% across 8 rank(s): too spread across ranks to rank it by time"
+    )
+    assert small.ms_per_step is None and small.view == {"page": "histograms", "scheme": None, "op": "all_to_all"}
+
+
+def test_nccl_log_excerpts_raise_nothing_split_or_merged(real: duckdb.DuckDBPyConnection) -> None:
+    """Excerpts of a few calls of a few ranks: no finding in any of the 19 runs, and merged into one run no
+    "uneven bytes across ranks" (their groups miss most of their ranks; 1193 is 3 ranks of 128)."""
+    runs = [r[0] for r in real.execute("SELECT name FROM runs WHERE name LIKE 'logs%' ORDER BY 1").fetchall()]
+    assert len(runs) == 19
+    assert {run: _set(findings(real, run)) for run in runs} == {run: set() for run in runs}
+    assert findings(real, "merged") == []
+
+
+def test_suggestions_name_only_views_with_data(real: duckdb.DuckDBPyConnection) -> None:
+    for run in ("resnet", "dlrm"):
+        run_id = real.execute("SELECT run_id FROM runs WHERE name = ?", [run]).fetchall()[0][0]
+        has = {
+            "time": real.execute("SELECT count(*) FROM time_breakdown WHERE run_id = ?", [run_id]).fetchall()[0][0],
+            "topology": real.execute("SELECT count(*) FROM nccl_topology WHERE run_id = ?", [run_id]).fetchall()[0][0],
+            "bandwidth": real.execute("SELECT count(*) FROM bw_bins WHERE run_id = ?", [run_id]).fetchall()[0][0],
+        }
+        assert has["topology"] == 0  # profiler traces: no NCCL topology lines
+        for f in findings(real, run):
+            page = f.view["page"]
+            assert has.get(str(page), 1), (run, f.id, page)
+            assert "topology page" not in f.suggestion, (run, f.id)
+
+
+MODEL = [
+    *("--layers", "1", "--hidden", "32", "--heads", "4", "--vocab", "64", "--seq-len", "16"),
+    *("--micro-batch-size", "2", "--steps", "6", "--device", "cpu", "--dtype", "float32", "--timeout", "120"),
+    *("--tp", "2"),
+]
+INGEST = ("--ingest", "--db")
+
+
+def test_two_harness_runs_of_one_config_give_the_same_byte_based_findings(tmp_path: Path) -> None:
+    """Two real gloo runs of one configuration (CPU op times that move with the host's load): the small
+    tensor-parallel all-reduces (4 KiB activations) are found in both, with the same severity and
+    evidence counts; neither the size threshold nor the severity rests on those times."""
+    pytest.importorskip("torch")
+    db = tmp_path / "s.duckdb"
+    for run in ("a", "b"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "commlens.cli", "harness", "--out", str(tmp_path / run), *MODEL, *INGEST, str(db)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    con = duckdb.connect(str(db))
+    try:
+        found = {run: {f.id: f for f in findings(con, run) if f.id.startswith(BYTE_BASED)} for run in ("a", "b")}
+    finally:
+        con.close()
+    # 36 calls of 4 KiB: all small, low (under MEDIUM_CALLS calls), in both runs
+    assert _set(list(found["a"].values())) == _set(list(found["b"].values())) == {("small-messages:tp", "low")}
+    for run in ("a", "b"):
+        tp = found[run]["small-messages:tp"]
+        assert (tp.evidence["calls"], tp.evidence["small_calls"], tp.evidence["threshold_bytes"]) == (36, 36, 65536)
+        assert tp.ms_per_step is None and tp.stability is not None and tp.stability.endswith("not used to rank it")

@@ -86,6 +86,39 @@ def counts(db: Path) -> tuple[int, int, int]:
     return int(row[0]), int(row[1]), int(row[2])
 
 
+def phases(folder: Path, scheduler: str, tmp: Path) -> dict[str, float]:
+    """Where the cluster ingest's time goes, measured in this process: the parse phase (tasks on the
+    workers: wall, and the workers' own parse and Parquet-write seconds summed), storing the files (attach
+    and write, then the run's finishing), and the finishing alone, run again on the same store."""
+    from distributed import Client
+
+    from commlens import store
+    from commlens.ingest.inputs import DEFAULT_LIMITS
+    from commlens.ingest.records import RankHint
+    from commlens.service import cluster
+    from commlens.service.ingest import complete_run
+
+    con = store.connect(tmp / "phases.duckdb")
+    with Client(scheduler) as client:
+        t0 = time.perf_counter()
+        done = cluster.parse_on(client, [str(folder)], str(tmp / "parts"), "job", RankHint(), DEFAULT_LIMITS)
+        t1 = time.perf_counter()
+    cluster.store_files(con, "job", done, RankHint(), DEFAULT_LIMITS, None, None, False)
+    t2 = time.perf_counter()
+    run_id = store.get_run_id(con, "job")
+    assert run_id is not None
+    complete_run(con, run_id, "job")
+    t3 = time.perf_counter()
+    con.close()
+    return {
+        "parse wall": t1 - t0,
+        "parse (workers' sum)": sum(d.parse_s for d in done),
+        "Parquet write (workers' sum)": sum(d.write_s for d in done),
+        "attach, write and finish": t2 - t1,
+        "finish alone (link, aggregates, attribution, time)": t3 - t2,
+    }
+
+
 def has_jobs_option() -> bool:
     out = subprocess.run(
         [sys.executable, "-m", "commlens.cli", "ingest", "--help"], capture_output=True, text=True, check=False
@@ -107,7 +140,7 @@ def main() -> None:
         size = build_job(folder, args.ranks)
         t0 = time.perf_counter()
         with LocalCluster(
-            n_workers=args.workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+            n_workers=args.workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0"
         ) as cluster:
             start = time.perf_counter() - t0
             rows = []
@@ -122,6 +155,7 @@ def main() -> None:
                 db = Path(tmp) / f"{len(rows)}.duckdb"
                 seconds, rss = ingest(db, folder, *extra)
                 rows.append((label, seconds, rss, counts(db)))
+            split = phases(folder, cluster.scheduler_address, Path(tmp))
         base = rows[0][1]
         if len({r[3] for r in rows}) != 1:
             raise SystemExit(f"the ingests differ: {[(r[0], r[3]) for r in rows]}")
@@ -137,6 +171,12 @@ def main() -> None:
             "| ingest | wall s | x single process | peak RSS MiB |",
             "|---|---|---|---|",
             *(f"| {label} | {s:.1f} | {s / base:.2f} | {rss:.0f} |" for label, s, rss, _ in rows),
+            "",
+            "Where the cluster ingest's time goes (in one process, same files, after the two runs above):",
+            "",
+            "| phase | s |",
+            "|---|---|",
+            *(f"| {phase} | {s:.1f} |" for phase, s in split.items()),
         ]
         text = "\n".join(lines)
         print(text)

@@ -25,7 +25,7 @@ COMPARED = ("runs", *(t for t in RUN_TABLES if t not in ("jobs", "review_items")
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0"
     ) as c:
         yield c.scheduler_address
 
@@ -110,3 +110,35 @@ def test_cluster_ingest_of_folders_splits_jobs_and_names_bad_files(cluster: str,
     rows = _compare(single, dask)
     assert {t: r for t, r in rows.items() if r[1] or r[2]} == {}
     assert rows["runs"][0] == 2 and rows["sources"][0] == 3 and rows["comm_events"][0] == 12
+
+
+def test_cluster_reads_and_writes_through_fsspec_urls(tmp_path: Path) -> None:
+    """Inputs and dataset as fsspec URLs (an in-memory filesystem, shared by a cluster of threads in this
+    process): the archive is read through fsspec, the dataset written and attached through it."""
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/cluster-test/in/dlrm_kineto.tar.gz", (shared_data() / DLRM).read_bytes())
+    try:
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as c:
+            db = tmp_path / "s.duckdb"
+            args = ("memory://cluster-test/in", "--cluster", c.scheduler_address)
+            _ingest(db, *args, "--parquet-out", "memory://cluster-test/parts", "--one-run")
+        assert memory.glob("/cluster-test/parts/comm_events/run=job/rank=7/*.parquet")
+    finally:
+        memory.rm("/cluster-test", recursive=True)
+    con = duckdb.connect(str(db), read_only=True)
+    files = con.execute("SELECT path FROM sources ORDER BY path").fetchall()
+    calls = con.execute("SELECT count(*) FROM comms").fetchone()
+    con.close()
+    assert len(files) == 8 and all(f[0].startswith("memory://cluster-test/in/dlrm_kineto.tar.gz!") for f in files)
+    assert calls == (64,)
+
+
+def test_a_worker_failure_names_the_file(cluster: str, tmp_path: Path) -> None:
+    """A dataset folder the workers cannot write: every file fails, named, with the worker's error."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    path = shared_data() / "kineto-hta" / "rank_non_gpu"
+    said = _ingest(tmp_path / "s.duckdb", str(path), "--cluster", cluster, "--parquet-out", str(blocked), ok=False)
+    assert f"{path / 'rank_non_gpu.json.gz'}: failed on a cluster worker" in " ".join(said.split())

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -38,9 +39,9 @@ from commlens.service.ingest import FileOutcome, IngestReport, PendingRun, compl
 from commlens.service.jobs_split import FileEvidence, evidence, split_jobs
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
-# The dataset's tables: a parsed file's rows per store table, and its `sources` row (the file's own facts).
-# The tables whose rows the ingest service reads as dicts (as the parse step leaves them), by ParseResult field;
-# comm_events, timeline_intervals and a2a_pairs stay Arrow.
+# The dataset holds a parsed file's rows per store table, its process groups and its `sources` row (the
+# file's own facts). Back from it, these tables' rows become the dicts the parse step leaves them as (the
+# ingest service reads them), by ParseResult field; comm_events, timeline_intervals and a2a_pairs stay Arrow.
 ROW_TABLES = {
     "steps": "steps",
     "groups": "process_groups",
@@ -79,6 +80,8 @@ class FileDone:
     parse_error: str | None = None  # the parser's or the worker's error, naming the file
     parts: dict[str, list[str]] = field(default_factory=dict)  # table -> Parquet files written
     evidence: FileEvidence | None = None  # what splitting files into jobs reads
+    parse_s: float = 0.0  # the worker's seconds parsing the file, then writing its part of the dataset
+    write_s: float = 0.0
 
     @property
     def order(self) -> tuple[int, int]:
@@ -109,7 +112,8 @@ def plan_tasks(paths: list[str], archive_shards: int) -> tuple[list[Task], list[
             continue
         for f in files:
             entry = next(entries)
-            name = path if not walked else fs.unstrip_protocol(f) if url else str(Path(path) / os.path.relpath(f, root))
+            below = os.path.relpath(f, root)
+            name = path if not walked else f"{path.rstrip('/')}/{below}" if url else str(Path(path) / below)
             suffix = os.path.splitext(f)[1].lower()
             if walked and suffix in NOT_TRACES:
                 skip = f"not a trace ({suffix} files are passed over in directories)"
@@ -128,8 +132,7 @@ def _inputs_of(task: Task, limits: Limits) -> Iterator[InputFile]:
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(task.url)
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
-    if "file" not in protocols:
+    if not _is_local(fs):
         if not task.url.lower().endswith(ARCHIVE_SUFFIXES):
             yield InputFile(task.name, int(fs.size(root)), lambda: fs.open(root, "rb"))
             return
@@ -138,6 +141,11 @@ def _inputs_of(task: Task, limits: Limits) -> Iterator[InputFile]:
     for item in iter_inputs([Path(local)], limits):
         item.name = task.name + item.name[len(local) :]
         yield item
+
+
+def _is_local(fs: Any) -> bool:
+    """Whether an fsspec filesystem is this machine's (a path or a `file://` URL)."""
+    return "file" in ((fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol)
 
 
 def run_task(task: Task, out: str, run: str, hint: RankHint, limits: Limits) -> list[FileDone]:
@@ -161,8 +169,10 @@ def run_task(task: Task, out: str, run: str, hint: RankHint, limits: Limits) -> 
 def _parse_and_write(
     task: Task, member: int, item: InputFile, out: str, run: str, hint: RankHint, limits: Limits
 ) -> FileDone:
+    start = time.perf_counter()
     parsed = parse_tables(item, hint, limits)
     done = FileDone(task.entry, member, item.name, parsed.size, kind=parsed.kind, sha256=parsed.sha256)
+    done.parse_s = time.perf_counter() - start
     if parsed.result is None:
         done.parse_error = parsed.error or f"{item.name}: not parsed"
         return done
@@ -171,6 +181,7 @@ def _parse_and_write(
     key = f"{task.entry:06d}-{member:06d}"
     for table, rows in parsed_tables(item.name, done.sha256, parsed.size, parsed.result).items():
         done.parts[table] = write_part(rows, out, table, run, key)
+    done.write_s = time.perf_counter() - start - done.parse_s
     return done
 
 
@@ -300,6 +311,7 @@ def ingest_cluster(
     removed after, when None: right for a cluster on this machine). With `split`, files of several jobs go
     to a run each, as a single-process ingest does."""
     try:
+        import fsspec
         from distributed import Client
     except ImportError as exc:
         raise InvalidError(f"--cluster needs Dask: pip install 'commlens[cluster]' ({exc})", "cluster") from None
@@ -308,16 +320,19 @@ def ingest_cluster(
     except OSError as exc:
         raise InvalidError(f"--cluster {scheduler}: cannot reach the Dask scheduler ({exc})", "cluster") from None
     out = parquet_out or tempfile.mkdtemp(prefix="commlens-cluster-")
+    fs, _ = fsspec.core.url_to_fs(out)
+    if not _is_local(fs):
+        con.register_filesystem(fs)  # DuckDB reads the dataset through the same fsspec filesystem
     try:
         with client:
-            done = _parse_on(client, paths, out, run, hint or RankHint(), limits)
-        return _store(con, run, done, hint or RankHint(), limits, on_file, description, split)
+            done = parse_on(client, paths, out, run, hint or RankHint(), limits)
+        return store_files(con, run, done, hint or RankHint(), limits, on_file, description, split)
     finally:
         if parquet_out is None:
             shutil.rmtree(out, ignore_errors=True)
 
 
-def _parse_on(client: Any, paths: list[str], out: str, run: str, hint: RankHint, limits: Limits) -> list[FileDone]:
+def parse_on(client: Any, paths: list[str], out: str, run: str, hint: RankHint, limits: Limits) -> list[FileDone]:
     """Every file's FileDone in ingest order; a task that failed as a whole (its worker died) fails its input,
     named."""
     workers = max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
@@ -335,7 +350,7 @@ def _parse_on(client: Any, paths: list[str], out: str, run: str, hint: RankHint,
     return sorted(done, key=lambda d: d.order)
 
 
-def _store(
+def store_files(
     con: duckdb.DuckDBPyConnection,
     run: str,
     done: list[FileDone],

@@ -208,6 +208,14 @@ def findings_list(client: ApiClient, run: str, limit: int = TOP_FINDINGS) -> Any
         html.Div(
             [
                 html.Div([severity_badge(f.severity), html.Span(f.title, className="title")]),
+                html.Div(
+                    " · ".join(
+                        f"{k.removesuffix('_us').removesuffix('_gbps').replace('_', ' ')} {v}"
+                        for k, v in f.evidence_text.items()
+                    )
+                    + (f" ({f.stability})" if f.stability else ""),
+                    className="hint finding-evidence",
+                ),
                 html.Div(f.suggestion, className="hint"),
                 dcc.Link("open the view →", href=view_link(run, f.view)),
             ],

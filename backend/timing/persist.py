@@ -83,33 +83,34 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
                e.ts_us AS arrival, e.ts_us + e.dur_us AS end_us
         FROM comm_events e JOIN sources s USING (source_id)
         WHERE e.run_id = $run AND e.counted AND e.rank IS NOT NULL
-        ORDER BY e.rank, e.source_id, e.seq
         """,
         params={"ops": ops or [""], "dtypes": dtypes or [""], "groups": groups or [""], "run": run_id},
     ).to_arrow_table()
+    # Sorted here, not by DuckDB: its sort of a 10M-row result kept about 2 GB after it was done.
+    o = np.lexsort((_ints(c["seq"]), _ints(c["source_id"]), _ints(c["rank"])))
     calls = CallTable(
-        rank=_ints(c["rank"]),
-        seq=_ints(c["seq"]),
-        op=_ints(c["op"]),
+        rank=_ints(c["rank"])[o],
+        seq=_ints(c["seq"])[o],
+        op=_ints(c["op"])[o],
         ops=ops,
-        dtype=_ints(c["dtype"]),
+        dtype=_ints(c["dtype"])[o],
         dtypes=dtypes,
-        msg_bytes=_ints(c["msg_bytes"]),
-        has_bytes=_valid(c["msg_bytes"]),
-        group=_ints(c["grp"]),
+        msg_bytes=_ints(c["msg_bytes"])[o],
+        has_bytes=_valid(c["msg_bytes"])[o],
+        group=_ints(c["grp"])[o],
         groups=groups,
-        group_size=_ints(c["group_size"], -1),
-        match_key=_ints(c["key"]),
-        has_key=_valid(c["key"]),
-        step=_ints(c["step"]),
-        has_step=_valid(c["step"]),
-        arrival=_floats(c["arrival"]),
-        end=_floats(c["end_us"]),
+        group_size=_ints(c["group_size"], -1)[o],
+        match_key=_ints(c["key"])[o],
+        has_key=_valid(c["key"])[o],
+        step=_ints(c["step"])[o],
+        has_step=_valid(c["step"])[o],
+        arrival=_floats(c["arrival"])[o],
+        end=_floats(c["end_us"])[o],
         group_ranks=[group_ranks.get(g) if g else None for g in groups],
         world_ranks=None,
-        source_id=_ints(c["source_id"]),
+        source_id=_ints(c["source_id"])[o],
     )
-    del c
+    del c, o
     ranks: dict[int, RankArrays] = {}
 
     def rank_of(r: int) -> RankArrays:
@@ -124,25 +125,30 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
         "AND ts_us IS NOT NULL AND dur_us IS NOT NULL ORDER BY rank, ts_us",
         params=[run_id],
     ).to_arrow_table()
-    for r, (a, b) in _by_rank(steps):
+    for r, (a, b) in _by_rank(_ints(steps["rank"])):
         rank_of(r).steps = StepArrays(
             _ints(steps["step"])[a:b], _floats(steps["ts_us"])[a:b], _floats(steps["end_us"])[a:b]
         )
     iv = con.sql(
         "SELECT rank, coalesce(list_position(?, kind) - 1, -1) AS kind, stream, start_us, end_us, nbytes "
-        "FROM timeline_intervals WHERE run_id = ? AND rank IS NOT NULL ORDER BY rank, kind, stream, start_us",
+        "FROM timeline_intervals WHERE run_id = ? AND rank IS NOT NULL",
         params=[list(KINDS), run_id],
     ).to_arrow_table()
-    kind, stream, start, stop, nbytes = (
-        _ints(iv["kind"], -1),
-        _ints(iv["stream"], -1),
-        _floats(iv["start_us"]),
-        _floats(iv["end_us"]),
-        _ints(iv["nbytes"]),
+    # by rank, kind (by name), stream (nulls last) and start, as ORDER BY would
+    kind = _ints(iv["kind"], -1)
+    by_name = np.append(np.argsort(np.argsort(KINDS)), len(KINDS))  # code -1: the last entry
+    iv_rank = _ints(iv["rank"])
+    o = np.lexsort((_floats(iv["start_us"]), _ints(iv["stream"], np.iinfo(np.int64).max), by_name[kind], iv_rank))
+    kind, iv_rank = kind[o], iv_rank[o]
+    stream, start, stop, nbytes = (
+        _ints(iv["stream"], -1)[o],
+        _floats(iv["start_us"])[o],
+        _floats(iv["end_us"])[o],
+        _ints(iv["nbytes"])[o],
     )
-    for r, (a, b) in _by_rank(iv):
+    del iv, o
+    for r, (a, b) in _by_rank(iv_rank):
         rank_of(r).intervals = IntervalArrays(kind[a:b], stream[a:b], start[a:b], stop[a:b], nbytes[a:b])
-    del iv
     notes: list[str] = []
     for r, has_device, tl_notes in con.execute(
         """
@@ -180,13 +186,12 @@ def _no_intervals() -> IntervalArrays:
     return IntervalArrays(*_empty(np.int64, np.int64, np.float64, np.float64, np.int64))
 
 
-def _by_rank(table: pa.Table) -> Iterator[tuple[int, tuple[int, int]]]:
-    """The row ranges of each rank in a table sorted by its first column (rank)."""
-    if not table.num_rows:
+def _by_rank(rank: Ints) -> Iterator[tuple[int, tuple[int, int]]]:
+    """The row ranges of each rank in rows sorted by rank."""
+    if not len(rank):
         return
-    rank = table.column(0).to_numpy()
     cut = np.flatnonzero(rank[1:] != rank[:-1]) + 1
-    starts, ends = [0, *cut.tolist()], [*cut.tolist(), table.num_rows]
+    starts, ends = [0, *cut.tolist()], [*cut.tolist(), len(rank)]
     for a, b in zip(starts, ends, strict=True):
         yield int(rank[a]), (a, b)
 
@@ -195,9 +200,7 @@ def persist_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     """Compute the run's time analysis and replace its rows in the time tables, in one transaction. An
     analysis that fails leaves the run's files and other analyses alone: its time_status says why."""
     try:
-        data = load_run(con, run_id)
-        job = analyze_columns(data.ranks, data.calls, data.world_size, data.hosts, data.schemes) if data.ranks else None
-        tables = result_tables(data, job)
+        tables = _analysed(con, run_id)
     except Exception as exc:  # a bug or an input the analysis cannot take must not fail the ingest
         log.exception("time analysis of run %s", run_id)
         reason = f"the time analysis failed: {type(exc).__name__}: {exc}"
@@ -210,6 +213,13 @@ def persist_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
             _insert(c, table, run_id, columns)
 
     transaction(con, write)
+
+
+def _analysed(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Columns]:
+    """The run's time tables; the input and the analysis are dropped on return, before the write."""
+    data = load_run(con, run_id)
+    job = analyze_columns(data.ranks, data.calls, data.world_size, data.hosts, data.schemes) if data.ranks else None
+    return result_tables(data, job)
 
 
 def _insert(con: duckdb.DuckDBPyConnection, table: str, run_id: int, columns: Columns) -> None:

@@ -54,6 +54,14 @@ SCHEME_COLORS = {
 }
 
 
+def scheme_color(scheme: str | None) -> str:
+    """A scheme's one colour on every page: calls without a scheme ("unattributed") grey, an unknown name as
+    "other"."""
+    if scheme in (None, "", "unattributed", "-"):
+        return SCHEME_COLORS[None]
+    return SCHEME_COLORS.get(scheme, SCHEME_COLORS["other"])
+
+
 # ------------------------------------------------------------------------------------ messages
 
 
@@ -207,7 +215,15 @@ def chart_block(
     )
     return html.Div(
         [
-            dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, className="graph"),
+            # responsive graphs take their parent's height: a graph whose box has none yet when it is drawn
+            # (side by side in a grid) collapsed to a strip with its legend over the axis titles
+            dcc.Graph(
+                id=graph_id,
+                figure=fig,
+                config=GRAPH_CONFIG,
+                className="graph",
+                style={"height": f"{fig.layout.height or 340}px"},
+            ),
             html.Div(note, className="chart-note") if note else None,
             html.Details(
                 [html.Summary("Table view"), more, html.Div(table(columns, shown), className="scroll")], open=open_table

@@ -15,7 +15,6 @@ from commlens.vocab import format_bytes
 
 from .client import ApiClient, ApiProblem
 from .components import (
-    SCHEME_COLORS,
     chart_block,
     empty,
     figure,
@@ -24,6 +23,7 @@ from .components import (
     loading,
     message,
     problem_box,
+    scheme_color,
     severity_badge,
     table,
     td_num,
@@ -158,7 +158,7 @@ def volumes_chart(c: Comparison, graph_id: Any = "ov-volumes") -> Any:
         name="measured",
         x=names,
         y=measured,
-        marker_color=[SCHEME_COLORS.get(n, "#777") for n in names],
+        marker_color=[scheme_color(n) for n in names],
         customdata=[exact_bytes(v) for v in measured],
         hovertemplate="%{x} measured: %{customdata}<extra></extra>",
     )

@@ -17,7 +17,6 @@ from commlens.vocab import SCHEMES, format_bytes
 from .client import ApiProblem
 from .components import (
     OP_COLORS,
-    SCHEME_COLORS,
     chart_block,
     empty,
     figure,
@@ -26,6 +25,7 @@ from .components import (
     message,
     problem_box,
     push_state,
+    scheme_color,
     table,
     td_num,
 )
@@ -323,7 +323,7 @@ def prediction_view(p: Prediction, run: str) -> Any:
             name=name,
             x=x,
             y=values,
-            marker_color=color or [SCHEME_COLORS.get(s, "#777") for s in x],
+            marker_color=color or [scheme_color(s) for s in x],
             customdata=[exact_bytes(v) for v in values],
             hovertemplate="%{x}: %{customdata}<extra>" + name + "</extra>",
         )

@@ -28,7 +28,6 @@ from .client import ApiProblem
 from .components import (
     MAX_TABLE_ROWS,
     OP_COLORS,
-    SCHEME_COLORS,
     chart_block,
     colorbar,
     empty,
@@ -36,6 +35,7 @@ from .components import (
     guarded,
     loading,
     push_state,
+    scheme_color,
     table,
     td_num,
 )
@@ -333,10 +333,6 @@ def imbalance_table(t: RankTotals, findings: list[Finding]) -> Any:
     )
 
 
-def _scheme_color(scheme: str | None) -> str:
-    return SCHEME_COLORS.get(scheme, SCHEME_COLORS["other"])
-
-
 def _fmt_unit(v: float | None, metric: str) -> str:
     return "-" if v is None else (exact_bytes(v) if metric == "bytes" else duration_us(v))
 
@@ -381,7 +377,7 @@ def spread_chart(s: RankSummary, run: str) -> Any:
     for sp in s.schemes:
         name = sp.scheme or UNATTRIBUTED
         iqr = sp.q3 - sp.q1
-        color = _scheme_color(sp.scheme)
+        color = scheme_color(sp.scheme)
         fig.add_trace(
             go.Box(
                 name=name,

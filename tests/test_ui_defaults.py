@@ -281,3 +281,68 @@ def test_two_runs_that_differ_in_two_parameters_offer_no_sweep() -> None:
         "model.hidden",
     ]
     assert varied_keys({"a": base, "b": {**base, "world_size": 4.0}}) == ["world_size"]
+
+
+# ------------------------------------------------------------------- palettes and legends (pages)
+
+LEGEND_CLEAR = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(g => {
+  const legend = g.querySelector('.legend');
+  const box = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const titles = Array.from(g.querySelectorAll('.g-xtitle text, .g-ytitle text, .g-x2title text, .g-y2title text'))
+    .filter(t => t.textContent.trim() !== '').map(box);
+  const l = legend ? box(legend) : null;
+  const hit = l ? titles.filter(t => t[0] < l[2] && l[0] < t[2] && t[1] < l[3] && l[1] < t[3]) : [];
+  return {id: g.parentElement.id || g.closest('[id]').id, titles: titles.length, overlaps: hit.length};
+})"""
+
+
+def test_one_palette_per_kind_of_thing() -> None:
+    """Schemes, ops and runs: runs never take a colour that means a scheme or an op anywhere."""
+    from commlens.frontend.components import OP_COLORS, RUN_COLORS, SCHEME_COLORS, scheme_color
+
+    assert not set(RUN_COLORS) & (set(SCHEME_COLORS.values()) | set(OP_COLORS.values()))
+    assert scheme_color("unattributed") == scheme_color(None) == SCHEME_COLORS[None]
+    assert scheme_color("dp") == SCHEME_COLORS["dp"] and scheme_color("mystery") == SCHEME_COLORS["other"]
+
+
+@pytest.mark.slow
+def test_no_legend_over_an_axis_title_and_colours_that_mean_one_thing(tab: Tab, api: httpx.Client) -> None:
+    from commlens.frontend.components import RUN_COLORS, scheme_color
+
+    pages = [
+        "/runs/dlrm",
+        "/runs/dlrm/histograms",
+        "/runs/dlrm/predicted",
+        "/runs/dlrm/ranks",
+        "/runs/logs/histograms",
+        "/runs/logs/ranks",
+        "/compare?runs=dlrm,logs",
+    ]
+    for path in pages:
+        page = tab.open(path)
+        drawn = (
+            "() => { const gs = Array.from(document.querySelectorAll('.js-plotly-plot'));"
+            " return gs.length > 0 && gs.every(g => g.data && g.layout && g.querySelector('.main-svg')); }"
+        )
+        page.wait_for_function(drawn, timeout=test_ui.WAIT_MS)
+        tab.idle()
+        page.wait_for_function(drawn, timeout=test_ui.WAIT_MS)
+        plots = page.evaluate(LEGEND_CLEAR)
+        assert plots, f"no chart on {path}"
+        assert all(p["titles"] >= 1 for p in plots), (path, plots)
+        assert [p for p in plots if p["overlaps"]] == [], path
+    # the overview colours its measured bars by scheme; Compare colours by run
+    tab.open("/runs/dlrm")
+    bars = tab.page.evaluate(
+        "() => { const g = document.querySelector('#ov-volumes .js-plotly-plot');"
+        " const t = g.data.find(d => d.name === 'measured'); return [Array.from(t.x), t.marker.color]; }"
+    )
+    assert bars[1] == [scheme_color(s) for s in bars[0]]
+    tab.open("/compare?runs=dlrm,logs")
+    traces = {t["name"] for t in tab.figure_data("cmp-volumes")}
+    colours = tab.page.evaluate(
+        "() => document.querySelector('#cmp-volumes .js-plotly-plot').data.map(d => [d.name, d.marker.color])"
+    )
+    assert {name for name, _ in colours} == traces
+    assert {c for _, c in colours} <= set(RUN_COLORS[:2])
+    assert dict(colours)["dlrm measured"] != dict(colours)["logs measured"]

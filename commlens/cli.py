@@ -592,13 +592,16 @@ def report(
 
 
 EXPORT_PARQUET = typer.Option(..., "--parquet", metavar="DIR", help="New folder for the Parquet dataset.")
+EXPORT_DB = typer.Option(
+    Path("commlens.duckdb"), "--db", help="DuckDB store file (never created; a server holding it must stop first)."
+)
 
 
 @app.command("export")
 def export_command(
     parquet: Path = EXPORT_PARQUET,
     run: str | None = typer.Option(None, "--run", help="Only this run's rows (default: every run)."),
-    db: Path = READ_DB_OPTION,
+    db: Path = EXPORT_DB,
 ) -> None:
     """Write every table and view of the store as hive-partitioned Parquet (<name>/run=<run>/rank=<r>/part-0.parquet),
     which DuckDB, Spark or Trino query with the store's documented SQL (docs/store.md)."""

@@ -102,11 +102,25 @@ def ingest(
         metavar="DIR",
         help="With --cluster: where workers write the parsed Parquet dataset (kept); default a temporary folder.",
     ),
+    jobs: int | None = typer.Option(
+        None, "--jobs", "-j", min=1, help="Parse files in this many worker processes (default: the cores)."
+    ),
+    max_trace_events: int | None = typer.Option(
+        None,
+        "--max-trace-events",
+        min=1,
+        help="Refuse a profiler trace whose parse would hold more communication records (default 3,000,000).",
+    ),
 ) -> None:
     """Ingest NCCL debug logs and PyTorch profiler (Kineto) traces into the store, one run per training job."""
+    from dataclasses import replace
+
     from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, iter_inputs
     from commlens.ingest.records import RankHint
     from commlens.service.ingest import FileOutcome, ingest_run
+    from commlens.service.parallel import arrow_without_pandas, default_jobs
+
+    limits = DEFAULT_LIMITS if max_trace_events is None else replace(DEFAULT_LIMITS, max_trace_events=max_trace_events)
 
     con = _open_store(db, f"commlens upload {' '.join(map(str, paths))} --run {run} --api {{url}}")
     progress = Progress(
@@ -118,7 +132,7 @@ def ingest(
         disable=not err_console.is_terminal,
         transient=True,
     )
-    with progress:
+    with progress, arrow_without_pandas():
         task = progress.add_task(run, total=None)
 
         def on_file(_: InputFile, outcome: FileOutcome) -> None:
@@ -132,11 +146,13 @@ def ingest(
             report = ingest_run(
                 con,
                 run,
-                iter_inputs(paths, DEFAULT_LIMITS),
+                iter_inputs(paths, limits),
                 RankHint(rank=rank),
+                limits,
                 on_file=on_file,
                 description=description,
                 split_jobs=not one_run,
+                jobs=jobs or default_jobs(),
             )
     if len(report.jobs) > 1:
         _print_jobs(con, report)

@@ -30,6 +30,9 @@ class Limits:
     max_members: int = 100_000
     max_line_bytes: int = 16 * 2**20  # NCCL log lines longer than this are skipped
     max_json_depth: int = 64
+    # communication records (CPU ops, NCCL kernels, launches) a profiler trace may make the parse hold
+    # until its end: about 0.6 KB each with their calls (docs/security.md), so about 1.8 GB at most
+    max_trace_events: int = 3_000_000
 
 
 DEFAULT_LIMITS = Limits()
@@ -47,6 +50,36 @@ class InputFile:
     open_raw: Callable[[], BinaryIO]
     error: str | None = None  # set when the container itself could not be read
     skip: str | None = None  # set for files a directory walk passes over (documentation, code, images)
+
+
+@dataclass(frozen=True)
+class OpenPath:
+    """A picklable opener of a file on disk (an InputFile's `open_raw` that can go to another process)."""
+
+    path: str
+
+    def __call__(self) -> BinaryIO:
+        return open(self.path, "rb")
+
+
+@dataclass(frozen=True)
+class OpenBytes:
+    """A picklable opener of bytes held in memory (an archive member sent to another process)."""
+
+    data: bytes
+
+    def __call__(self) -> BinaryIO:
+        return io.BytesIO(self.data)
+
+
+def portable(item: InputFile) -> InputFile:
+    """The same input with a picklable opener: a file on disk by its path, an archive member by its bytes
+    (read here, so the archive is expanded once, in the caller's process, within its limits)."""
+    if isinstance(item.open_raw, (OpenPath, OpenBytes)) or item.error or item.skip:
+        return item
+    with item.open_raw() as f:
+        data = f.read()
+    return InputFile(item.name, item.size, OpenBytes(data))
 
 
 # Files a directory walk passes over: what sits next to traces in real job folders but is never one.
@@ -235,7 +268,7 @@ def _iter_file(path: Path, name: str, limits: Limits) -> Iterator[InputFile]:
     elif kind == "zip":
         yield from _iter_zip(path, name, path.stat().st_size, limits)
     else:
-        yield InputFile(name, path.stat().st_size, lambda p=path: open(p, "rb"))  # type: ignore[misc]  # noqa: SIM115 - the reader closes it
+        yield InputFile(name, path.stat().st_size, OpenPath(str(path)))
 
 
 def _safe_member_name(member: str) -> str | None:

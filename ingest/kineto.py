@@ -12,6 +12,8 @@ import os
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from commlens.contract.common import MAX_RANK
 
 from .inputs import DEFAULT_LIMITS, Limits
@@ -23,12 +25,14 @@ from .kineto_model import TraceContext, as_int
 from .kineto_timeline import Activity, RankTimeline, call_times, timeline_notes, timeline_of
 from .records import ParseError, ParseResult, RankHint
 
+ROW_BATCH = 65_536  # rows held as dicts before they are moved into an Arrow table (ParseResult.flush_events)
+
 
 def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
     """Parse one Kineto JSON trace (decompressed stream) into comm_events, steps, process groups and the
     rank's timeline (activity intervals; each call's match key and CPU/device spans), in one pass."""
     result = ParseResult(kind="kineto")
-    col = Collector()
+    col = Collector(limits.max_trace_events)
     act = Activity()
     scan = scan_trace(
         stream, limits.max_json_depth, PREFIXES, Collector.wanted, col.add, LAUNCH_PREFIXES, col.launch, act.add
@@ -64,15 +68,22 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
 
     process = str(rank) if rank is not None else os.path.basename(name.split("!")[-1])
     gen: Counter[str] = Counter()
-    for call in build_calls(col, result):
-        row = call_row(call, ctx, result, gen)
+    calls = build_calls(col, result)
+    shapes: dict[Any, Any] = {}
+    seq = 0
+    for i, call in enumerate(calls):
+        calls[i] = None  # type: ignore[call-overload]  # each call's objects go once its row is made
+        row = call_row(call, ctx, result, gen, shapes)
         if row is None:
             continue
-        row.update(rank=rank, process=process, seq=len(result.events), step=step_of(steps, call.issue_ts))
+        row.update(rank=rank, process=process, seq=seq, step=step_of(steps, call.issue_ts))
         row.update(call_times(call))
         result.events.append(row)
+        seq += 1
+        if len(result.events) >= ROW_BATCH:
+            result.flush_events()  # rows are held as columns, not as dicts
     result.groups = _dedupe_groups(result.groups)
-    result.intervals = act.intervals_table(rank, result.events, col.cpu)
+    result.intervals = act.intervals_table(rank, _comm_spans(result), col.cpu)
 
     result.meta = {
         "generation": _generation(col, gen, gen_dist),
@@ -103,6 +114,21 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
         },
     }
     return result
+
+
+def _comm_spans(result: ParseResult) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of the calls with a CPU time span (ts_us and dur_us), rows and event tables."""
+    timed = [(e["ts_us"], e["dur_us"]) for e in result.events if e["ts_us"] is not None and e["dur_us"] is not None]
+    pairs = np.asarray(timed, dtype=np.float64).reshape(-1, 2)
+    starts, ends = [pairs[:, 0]], [pairs[:, 0] + pairs[:, 1]]
+    for t in result.event_tables:
+        if "ts_us" in t.column_names and "dur_us" in t.column_names:
+            ts = t.column("ts_us").to_numpy(zero_copy_only=False).astype(np.float64)
+            dur = t.column("dur_us").to_numpy(zero_copy_only=False).astype(np.float64)
+            ok = ~(np.isnan(ts) | np.isnan(dur))
+            starts.append(ts[ok])
+            ends.append(ts[ok] + dur[ok])
+    return np.concatenate(starts), np.concatenate(ends)
 
 
 def read_timeline(

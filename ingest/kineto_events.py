@@ -29,12 +29,14 @@ import re
 from collections import Counter, defaultdict, deque
 from typing import Any
 
+import orjson
+
 from commlens.vocab import COLLECTIVE_LIKE, SYMM_MEM_NAMESPACE, WRAPPER_NAMESPACES, normalize_op
 
 from .kineto_calls import annot_elems, call_op, container_sizes, kernel_op
-from .kineto_fields import meta
+from .kineto_fields import SPELLINGS, meta
 from .kineto_model import EPS, Call, CpuEv, Kernel, Label, as_float
-from .records import ParseResult
+from .records import ParseError, ParseResult
 
 # Names worth parsing. The byte pattern is what the fast scanner looks for; the str pattern decides.
 PREFIXES = (
@@ -52,13 +54,26 @@ _LAUNCH = re.compile(r"(?:cu|hip)\w*Launch")
 _ANNOT = re.compile(r"(nccl|gloo|ucc|mpi|xccl):(\w+)")
 _STEP = re.compile(r"ProfilerStep#(\d+)")
 # gloo implements some ops with others: which worker annotation can carry a call's work.
+# The args the parse reads (kineto_fields' spellings and the keys kineto_calls and kineto_timeline name); the
+# rest (registers, grid, occupancy...) is dropped as the event arrives. Those that change with every event
+# (ids, sequence numbers) are kept on the event's record, the others shared between events (Collector.compact).
+_PER_EVENT_ARGS = ("External id", "correlation", "Seq")
+_SHARED_ARGS = frozenset(
+    {k for keys in SPELLINGS.values() for k in keys}
+    | {"Collective name", "Concrete Inputs", "Input Dims", "Input type", "finished"}
+)
 _GLOO_COMPATIBLE = {"reduce_scatter": {"reduce_scatter", "all_reduce"}, "barrier": {"barrier", "all_reduce"}}
 
 
 class Collector:
     """Receives the wanted events in file order and keeps compact records of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = budget  # records kept (CPU ops, kernels, launches) past which the trace is refused
+        self.kept = 0
+        self._shared: dict[bytes, dict[str, Any]] = {}  # args the parse reads -> one dict for all events with them
+        self._names: dict[str, str] = {}  # one string object per event name
+        self._ids: dict[Any, Any] = {}  # one object per pid and tid
         self.cpu: list[CpuEv] = []
         self.kernels: list[Kernel] = []
         self.launches: dict[Any, tuple[Any, Any, float]] = {}
@@ -82,8 +97,29 @@ class Collector:
                 self.link_style = "external_id"
         if self.link_style == "external_id":
             return False
+        self._keep()
         self.launches[corr] = (pid, tid, ts)
         return True
+
+    def _keep(self) -> None:
+        """Count one more kept record against the budget: a trace that would need more is refused now,
+        before its records take the memory."""
+        self.kept += 1
+        if self.budget is not None and self.kept > self.budget:
+            raise ParseError(
+                f"more than {self.budget:,} communication records (CPU ops, NCCL kernels, launches) to hold "
+                "while reading the trace: refused to bound memory (Limits.max_trace_events, "
+                "`commlens ingest --max-trace-events`)"
+            )
+
+    def compact(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The args the parse reads, as one dict shared by every event that carries the same ones."""
+        kept = {k: v for k, v in args.items() if k in _SHARED_ARGS}
+        key = orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)
+        shared = self._shared.get(key)
+        if shared is None:
+            shared = self._shared[key] = kept
+        return shared
 
     @staticmethod
     def wanted(ev: dict) -> bool:
@@ -137,7 +173,10 @@ class Collector:
 
     def _device(self, name: str, cat: str, ts: float, dur: float, args: dict[str, Any]) -> None:
         if cat == "kernel" and name.startswith("nccl"):
-            self.kernels.append(Kernel(name, ts, dur, args.get("External id"), args.get("correlation"), args))
+            self._keep()
+            name = self._names.setdefault(name, name)
+            ext, corr, seq = (args.get(k) for k in _PER_EVENT_ARGS)
+            self.kernels.append(Kernel(name, ts, dur, ext, corr, self.compact(args), seq))
         elif cat == "gpu_user_annotation":
             self.skipped["gpu_user_annotation (the device view of a call already counted)"] += 1
 
@@ -167,9 +206,11 @@ class Collector:
                 self.skipped[f"annotation {name!r} (not a collective)"] += 1
                 return
             kind, backend = "annot", m.group(1)
-        self.cpu.append(
-            CpuEv(kind, name, op, ev.get("pid"), ev.get("tid"), ts, dur, args.get("External id"), args, backend)
-        )
+        self._keep()
+        name = self._names.setdefault(name, name)
+        ext, seq = args.get("External id"), args.get("Seq")
+        pid, tid = (self._ids.setdefault(v, v) for v in (ev.get("pid"), ev.get("tid")))
+        self.cpu.append(CpuEv(kind, name, op, pid, tid, ts, dur, ext, self.compact(args), backend, seq))
 
 
 # ------------------------------------------------------------------------------------ grouping

@@ -20,8 +20,9 @@ class CpuEv:
     ts: float
     dur: float
     ext: Any
-    args: dict[str, Any]
+    args: dict[str, Any]  # the args the parse reads, shared by events that carry the same (Collector.compact)
     backend: str | None = None  # for annotations
+    seq: Any = None  # PyTorch's collective sequence number (args "Seq"), per event
 
 
 @dataclass(slots=True)
@@ -31,7 +32,8 @@ class Kernel:
     dur: float
     ext: Any
     corr: Any
-    args: dict[str, Any]
+    args: dict[str, Any]  # as CpuEv.args
+    seq: Any = None  # as CpuEv.seq
 
 
 @dataclass(slots=True)
@@ -46,7 +48,7 @@ class Label:
     pg: str
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     root: CpuEv | None
     members: list[CpuEv] = field(default_factory=list)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .kineto_model import EPS, Call, CpuEv, as_int
 from .records import ParseResult
@@ -117,20 +118,18 @@ class Activity:
         self.lanes[(kind, tid if stream is None else stream)].add(ts, ts + dur, nbytes if kind != COMPUTE else 0)
         return False
 
-    def intervals_table(self, rank: int | None, calls: list[dict[str, Any]], comm_cpu: list[CpuEv]) -> pa.Table:
+    def intervals_table(
+        self, rank: int | None, comm_spans: tuple[np.ndarray, np.ndarray], comm_cpu: list[CpuEv]
+    ) -> pa.Table:
         """The timeline_intervals rows: device lanes, or for a trace without device activity the calls'
-        CPU spans (`calls`: comm_events rows with ts_us/dur_us) as communication and the CPU ops that
-        start outside every communication event of their thread (`comm_cpu`) as compute."""
+        CPU spans (`comm_spans`: starts and ends of the calls with ts_us and dur_us) as communication and
+        the CPU ops that start outside every communication event of their thread (`comm_cpu`) as compute."""
         parts: list[tuple[str, int, tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
         if self.has_device:
             parts = [(kind, stream, lane.merged()) for (kind, stream), lane in sorted(self.lanes.items())]
         else:
-            spans = [
-                (c["ts_us"], c["ts_us"] + c["dur_us"])
-                for c in calls
-                if c.get("ts_us") is not None and c.get("dur_us") is not None
-            ]
-            parts.append((COMM, COMM_LANE, _union(spans)))
+            s, e = comm_spans
+            parts.append((COMM, COMM_LANE, merge_intervals(s, e, np.zeros(len(s), dtype=np.int64))))
             parts.extend(self._cpu_compute(comm_cpu))
         lengths = [len(p[2][0]) for p in parts]
         n = sum(lengths)
@@ -178,8 +177,8 @@ def call_times(call: Call) -> dict[str, Any]:
     device kernels' span (first start, last end), for its comm_events row."""
     root = call.root
     key = None
-    for args in [ev.args for ev in call.members if ev.name == "record_param_comms"] + [k.args for k in call.kernels]:
-        key = as_int(args.get("Seq"))
+    for seq in [ev.seq for ev in call.members if ev.name == "record_param_comms"] + [k.seq for k in call.kernels]:
+        key = as_int(seq)
         if key is not None:
             break
     return {
@@ -271,7 +270,7 @@ def timeline_of(result: ParseResult, name: str) -> RankTimeline:
         steps.end.append(row["ts_us"] + row["dur_us"])
     groups = {g["group_key"]: g for g in result.groups}
     calls = CallColumns()
-    for row in result.events:
+    for row in result.all_events():
         g = groups.get(row["group_key"]) if row["group_key"] else None
         ts, dur = row["ts_us"], row["dur_us"]
         calls.seq.append(row["seq"])
@@ -294,6 +293,13 @@ def timeline_of(result: ParseResult, name: str) -> RankTimeline:
     return RankTimeline(name, result.rank, result.world_size, bool(tl.get("has_device")), iv, steps, calls, notes)
 
 
+def _timed(t: pa.Table) -> int:
+    """Rows of an event table with both ts_us and dur_us."""
+    if "ts_us" not in t.column_names or "dur_us" not in t.column_names:
+        return 0
+    return int(pc.sum(pc.and_(pc.is_valid(t.column("ts_us")), pc.is_valid(t.column("dur_us")))).as_py() or 0)
+
+
 def timeline_notes(result: ParseResult, has_device: bool, lists_devices: bool) -> list[str]:
     """What the trace's timeline lacks, and why (kept in the source's meta)."""
     notes = []
@@ -301,10 +307,12 @@ def timeline_notes(result: ParseResult, has_device: bool, lists_devices: bool) -
         notes.append("no rank in distributedInfo or the file name: the rank is unknown")
     if not result.steps:
         notes.append("no ProfilerStep ranges: per-step quantities cannot be computed")
-    no_end = sum(r.get("ts_us") is None or r.get("dur_us") is None for r in result.events)
+    no_end = sum(r.get("ts_us") is None or r.get("dur_us") is None for r in result.events) + sum(
+        t.num_rows - _timed(t) for t in result.event_tables
+    )
     if no_end:
         notes.append(
-            f"{no_end} of {len(result.events)} calls have no measured duration (NCCL without its kernels "
+            f"{no_end} of {result.n_events} calls have no measured duration (NCCL without its kernels "
             "records only the enqueue): no real time or end for them"
         )
     if not has_device and lists_devices:

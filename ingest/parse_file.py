@@ -25,6 +25,9 @@ class ParsedFile:
     size: int
     result: ParseResult | None = None
     error: str | None = None
+    # sha256 of the content, decompressed (the file's identity: x.log and x.log.gz are one file); None
+    # when unknown (a failed file, a parser that closed its stream)
+    content_sha256: str | None = None
 
 
 class _Hash:
@@ -43,15 +46,25 @@ def parse_file(item: InputFile, hint: RankHint, limits: Limits = DEFAULT_LIMITS)
     """Detect and parse one input file; never raises for a bad file (its error is in the answer)."""
     kind = None
     digest = _Hash()
+    content_digest: _Hash | None = None
     hashing = TapReader(item.open_raw(), digest)
     try:
-        stream = open_content(io.BufferedReader(hashing, 1 << 20), item.name, limits)
+        raw = io.BufferedReader(hashing, 1 << 20)
+        stream = open_content(raw, item.name, limits)
+        if stream is not raw:  # gzip: the content is hashed as the parser reads it
+            content_digest = _Hash()
+            stream = io.BufferedReader(TapReader(stream, content_digest), 1 << 20)
         fmt = formats.detect(stream)
         kind = fmt.kind
         file_hint = RankHint(
             rank=hint.rank if hint.rank is not None else file_rank_hint(item.name), world_size=hint.world_size
         )
         result = fmt.parse(stream, item.name, file_hint, limits)
+        if stream.closed:  # a parser that closed its stream: the service hashes the content itself
+            content_digest = None
+        else:
+            while stream.read(1 << 20):  # what the parser left unread counts for the content's identity
+                pass
         hashing.drain()
     except Exception as exc:  # one bad file never stops the others
         with contextlib.suppress(Exception):  # the hash of a broken file is best effort
@@ -59,7 +72,18 @@ def parse_file(item: InputFile, hint: RankHint, limits: Limits = DEFAULT_LIMITS)
         return ParsedFile(item.name, kind, digest.sha.hexdigest(), digest.size, error=_error_text(item.name, exc, kind))
     finally:
         hashing.close()
-    return ParsedFile(item.name, kind, digest.sha.hexdigest(), digest.size, result=result)
+    content = (content_digest or digest).sha.hexdigest() if content_digest is not None or stream is raw else None
+    return ParsedFile(item.name, kind, digest.sha.hexdigest(), digest.size, result=result, content_sha256=content)
+
+
+def parse_tables(item: InputFile, hint: RankHint, limits: Limits = DEFAULT_LIMITS) -> ParsedFile:
+    """parse_file with the rows as Arrow tables (ParseResult.as_tables; `result.tables()` gives one per store
+    table): the parse step a worker process or a cluster task runs, its answer compact and picklable. `item`
+    must open with a picklable opener to be sent (inputs.portable, inputs.OpenPath)."""
+    parsed = parse_file(item, hint, limits)
+    if parsed.result is not None:
+        parsed.result.as_tables()
+    return parsed
 
 
 def first_line(exc: BaseException) -> str:

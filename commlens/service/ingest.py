@@ -15,8 +15,10 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
+import pyarrow.compute as pc
 
 from commlens import store
 from commlens.backend.attribution import attribute_run
@@ -29,12 +31,15 @@ from commlens.ingest.nccl_link import link_run
 from commlens.ingest.parse_file import ParsedFile, first_line, parse_file
 from commlens.ingest.records import ParseResult, RankHint
 from commlens.service.jobs_split import Job, evidence, split_jobs
+from commlens.service.parallel import parsed_inputs
 from commlens.store import aggregates
+from commlens.store.errors import StoreError
 from commlens.store.overlap import same_nccl_process
 
 log = logging.getLogger("commlens.service.ingest")
 
 CONFLICT_RETRIES = 3
+T = TypeVar("T")
 
 
 @dataclass
@@ -49,6 +54,38 @@ class FileOutcome:
     warnings: list[str] = field(default_factory=list)
     size: int = 0
     run: str | None = None  # the run it went to, where a split sent files of one ingest to several
+
+
+@dataclass
+class PendingRun:
+    """A run made by the first file stored into it, in that file's transaction: an ingest killed before
+    any file commits leaves no empty run behind."""
+
+    name: str
+    description: str | None = None
+    run_id: int | None = None  # once made (or found)
+
+    def write(self, con: duckdb.DuckDBPyConnection, fn: Callable[[duckdb.DuckDBPyConnection, int], T]) -> T:
+        """fn(con, run_id) in one transaction with the run's creation, if it is not made yet."""
+        if self.run_id is not None:
+            return fn(con, self.run_id)
+
+        def body(c: duckdb.DuckDBPyConnection) -> tuple[int, T]:
+            run_id = store.ensure_run(c, self.name, description=self.description)
+            return run_id, fn(c, run_id)
+
+        self.run_id, out = store.transaction(con, body)
+        return out
+
+    def made(self, con: duckdb.DuckDBPyConnection) -> int:
+        """The run's id, made now if no file made it (an ingest whose every file was skipped)."""
+        if self.run_id is None:
+            self.run_id = store.ensure_run(con, self.name, description=self.description)
+        return self.run_id
+
+
+def _as_pending(run: int | PendingRun) -> PendingRun:
+    return run if isinstance(run, PendingRun) else PendingRun("", run_id=run)
 
 
 @dataclass
@@ -78,23 +115,26 @@ def ingest_run(
     replace: bool = False,
     attribute_schemes: bool = True,
     split_jobs: bool = False,
+    jobs: int = 1,
 ) -> IngestReport:
-    """Ingest the files into the run (created if missing; `replace` first removes what earlier files of it
-    stored, its review and overrides kept), link and refresh it, and attribute its groups to schemes.
-    A file that fails is recorded with its error; an exception of `inputs` itself stops before the linking.
-    With `split_jobs` the files are parsed first (all held in memory) and each job's go to a run of its own."""
+    """Ingest the files into the run (created by its first stored file if missing; `replace` first removes
+    what earlier files of it stored, its review and overrides kept), link and refresh it, and attribute its
+    groups to schemes. A file that fails is recorded with its error; an exception of `inputs` itself stops
+    before the linking. With `split_jobs` the files are parsed first (held as Arrow tables) and each job's go
+    to a run of its own. With `jobs` > 1 files are parsed in that many worker processes (same rows)."""
+    hint = hint or RankHint()
     if split_jobs:
-        return _ingest_split(con, run, list(inputs), hint or RankHint(), limits, on_file, description, replace)
-    run_id = store.ensure_run(con, run, description=description)
-    if replace:
-        store.replace_run_data(con, run_id)
+        return _ingest_split(con, run, list(inputs), hint, limits, on_file, description, replace, jobs)
+    pending = PendingRun(run, description, store.get_run_id(con, run))
+    if replace and pending.run_id is not None:
+        store.replace_run_data(con, pending.run_id)
     report = IngestReport(run)
-    for item in inputs:
-        outcome = ingest_file(con, run_id, item, hint or RankHint(), limits)
+    for item, parsed in parsed_inputs(inputs, hint, limits, jobs):
+        outcome = ingest_file(con, pending, item, hint, limits, parsed)
         report.files.append(outcome)
         if on_file is not None:
             on_file(item, outcome)
-    _finish(con, run_id, run, report, attribute_schemes)
+    _finish(con, pending.made(con), run, report, attribute_schemes)
     return report
 
 
@@ -124,10 +164,11 @@ def _ingest_split(
     on_file: Callable[[InputFile, FileOutcome], None] | None,
     description: str | None,
     replace: bool,
+    jobs: int = 1,
 ) -> IngestReport:
     """Parse every file, group the parsed ones by job, then store each job as its own run. Files that could
     not be parsed (and skipped ones) are recorded in the first job's run."""
-    parsed = {id(item): parse_file(item, hint, limits) for item in items if not item.skip and not item.error}
+    parsed = {id(item): p for item, p in parsed_inputs(items, hint, limits, jobs) if p is not None}
     first_of: dict[str, str] = {}  # content identity -> the first file with it
     twin: dict[str, str] = {}  # a file -> the earlier file with its content: it goes where that one goes
     found = []
@@ -135,30 +176,30 @@ def _ingest_split(
         p = parsed.get(id(item))
         if p is None or p.result is None:
             continue
-        identity = gzip_content_sha256(item.open_raw, item.name, limits) or p.sha256
+        identity = _identity(item, p, limits)
         if identity in first_of:
             twin[item.name] = first_of[identity]
             continue
         first_of[identity] = item.name
         found.append(evidence(item.name, p.result))
-    jobs = split_jobs(run, found)
-    where = {f.path: job.run for job in jobs for f in job.files}
+    split = split_jobs(run, found)
+    where = {f.path: job.run for job in split for f in job.files}
     where.update({name: where[first] for name, first in twin.items() if first in where})
-    report = IngestReport(run, jobs=jobs)
-    run_ids: dict[str, int] = {}
-    for job in jobs:
-        run_ids[job.run] = store.ensure_run(con, job.run, description=description)
-        if replace:
-            store.replace_run_data(con, run_ids[job.run])
+    report = IngestReport(run, jobs=split)
+    runs: dict[str, PendingRun] = {}
+    for job in split:
+        pending = runs[job.run] = PendingRun(job.run, description, store.get_run_id(con, job.run))
+        if replace and pending.run_id is not None:
+            store.replace_run_data(con, pending.run_id)
     for item in items:
         target = where.get(item.name, run)
-        outcome = ingest_file(con, run_ids[target], item, hint, limits, parsed.get(id(item)))
+        outcome = ingest_file(con, runs[target], item, hint, limits, parsed.pop(id(item), None))
         outcome.run = target
         report.files.append(outcome)
         if on_file is not None:
             on_file(item, outcome)
-    for job in jobs:
-        _finish(con, run_ids[job.run], job.run, report, True)
+    for job in split:
+        _finish(con, runs[job.run].made(con), job.run, report, True)
     return report
 
 
@@ -186,17 +227,21 @@ def finalize_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
 
 def ingest_file(
     con: duckdb.DuckDBPyConnection,
-    run_id: int,
+    run: int | PendingRun,
     item: InputFile,
     hint: RankHint,
     limits: Limits = DEFAULT_LIMITS,
     parsed: ParsedFile | None = None,
 ) -> FileOutcome:
-    """One file (parsed here unless `parsed` is its parse already), written again when a concurrent
-    transaction conflicted; a parser's bug fails the file (recorded with its error), not the run."""
+    """One file (parsed here unless `parsed` is its parse already) into the run (its id, or a PendingRun the
+    file's transaction makes), written again when a concurrent transaction conflicted; a parser's bug fails
+    the file (recorded with its error), not the run."""
+    pending = _as_pending(run)
     for attempt in range(CONFLICT_RETRIES):
         try:
-            return _ingest_file(con, run_id, item, hint, limits, parsed)
+            return _ingest_file(con, pending, item, hint, limits, parsed)
+        except StoreError:  # the run cannot be made under this name (a renamed run's former name)
+            raise
         except duckdb.TransactionException:
             if attempt == CONFLICT_RETRIES - 1:
                 error = f"{item.name}: could not be written: concurrent changes conflicted {CONFLICT_RETRIES} times"
@@ -205,13 +250,19 @@ def ingest_file(
             log.exception("ingesting %s", item.name)
             error = f"{item.name}: internal error while ingesting ({type(exc).__name__}: {exc})"
             break
-    store.record_failure(con, run_id, item.name, "unknown", "", item.size, error)
+    _record_failure(con, pending, item.name, "unknown", "", item.size, error)
     return FileOutcome(item.name, "failed", error=error, size=item.size)
+
+
+def _record_failure(
+    con: duckdb.DuckDBPyConnection, run: PendingRun, path: str, kind: str, sha256: str, size: int, error: str
+) -> None:
+    run.write(con, lambda c, run_id: store.record_failure(c, run_id, path, kind, sha256, size, error))
 
 
 def _ingest_file(
     con: duckdb.DuckDBPyConnection,
-    run_id: int,
+    run: PendingRun,
     item: InputFile,
     hint: RankHint,
     limits: Limits,
@@ -221,51 +272,51 @@ def _ingest_file(
     if item.skip:
         return FileOutcome(item.name, "skipped", error=item.skip, size=item.size)
     if item.error:
-        store.record_failure(con, run_id, item.name, "unknown", "", item.size, f"{item.name}: {item.error}")
+        _record_failure(con, run, item.name, "unknown", "", item.size, f"{item.name}: {item.error}")
         return FileOutcome(item.name, "failed", error=f"{item.name}: {item.error}", size=item.size)
     parsed = parsed or parse_file(item, hint, limits)
     kind, sha, size, result = parsed.kind or "unknown", parsed.sha256, parsed.size, parsed.result
     if result is None:
         error = parsed.error or f"{item.name}: not parsed"
-        store.record_failure(con, run_id, item.name, kind, sha, size, error)
+        _record_failure(con, run, item.name, kind, sha, size, error)
         return FileOutcome(item.name, "failed", kind=parsed.kind, error=error, size=size)
-    content_sha = gzip_content_sha256(item.open_raw, item.name, limits)
-    existing = store.find_source(con, run_id, content_sha or sha)
-    if existing is None and content_sha is not None:
-        existing = store.find_source(con, run_id, sha)  # stored before identity was the content
+    identity = _identity(item, parsed, limits)
+    existing = None if run.run_id is None else store.find_source(con, run.run_id, identity)
+    if existing is None and identity != sha and run.run_id is not None:
+        existing = store.find_source(con, run.run_id, sha)  # stored before identity was the content
     if existing is not None:
         error = f"{_same_what(con, existing[0], size)} as {existing[1]}, already ingested"
         return FileOutcome(item.name, "duplicate", kind=kind, error=error, size=size)
-    sha = content_sha or sha
+    sha = identity
     if not result.n_events and formats.get(result.kind).has(Trait.PER_RANK_TIMED_TRACE):
         result.warn(
             f"{item.name}: no communication: the trace holds no collective or point-to-point call "
             "(profiled steps without communication, or a single-process job)"
         )
-    process = _same_nccl_process(con, run_id, result)
+    process = None if run.run_id is None else _same_nccl_process(con, run.run_id, result)
     if process is not None:
         error = (
             f"{item.name}: NCCL process {process[0]} is already in this run from {process[1]}: the same host, pid, "
             "communicator, op counts and calls, so they would count twice. "
             "Ingest it into another run, or delete the run and ingest the files you mean"
         )
-        store.record_failure(con, run_id, item.name, kind, sha, size, error)
+        _record_failure(con, run, item.name, kind, sha, size, error)
         return FileOutcome(item.name, "failed", kind=kind, rank=result.rank, error=error, size=size)
-    other = _same_rank_trace(con, run_id, result)
+    other = None if run.run_id is None else _same_rank_trace(con, run.run_id, result)
     if other is not None:
         error = (
             f"{item.name}: rank {result.rank} already has a profiler trace in this run ({other}) whose "
             f"{'steps' if result.steps else 'time span'} overlap this one's; its calls would count twice. "
             "Ingest it into another run, or delete the run and ingest the files you mean"
         )
-        store.record_failure(con, run_id, item.name, kind, sha, size, error)
+        _record_failure(con, run, item.name, kind, sha, size, error)
         return FileOutcome(item.name, "failed", kind=kind, rank=result.rank, error=error, size=size)
     try:
-        store.write_result(con, run_id, item.name, sha, size, result)  # rolled back whole on failure
+        run.write(con, lambda c, run_id: store.write_result(c, run_id, item.name, sha, size, result))  # all or none
     except (duckdb.DataError, duckdb.IntegrityError, OverflowError, ValueError, TypeError) as exc:
         # the file's values (pyarrow's errors are ValueError/TypeError); a store problem (I/O) still raises
         error = f"{item.name}: a value does not fit the store ({type(exc).__name__}: {first_line(exc)})"
-        store.record_failure(con, run_id, item.name, kind, sha, size, error)
+        _record_failure(con, run, item.name, kind, sha, size, error)
         return FileOutcome(item.name, "failed", kind=kind, error=error, size=size)
     return FileOutcome(
         item.name,
@@ -283,9 +334,13 @@ def _same_rank_trace(con: duckdb.DuckDBPyConnection, run_id: int, result: ParseR
     """A per-rank timed trace of the same rank already in the run that describes some of the same calls: one
     with any of this trace's profiler steps, or (without steps) whose calls' time span overlaps this one's.
     Traces of other step windows of a rank (a profiler schedule with repeat) are welcome."""
-    if not formats.get(result.kind).has(Trait.PER_RANK_TIMED_TRACE) or result.rank is None or not result.events:
+    if not formats.get(result.kind).has(Trait.PER_RANK_TIMED_TRACE) or result.rank is None or not result.n_events:
         return None
     times = [e["ts_us"] for e in result.events if e.get("ts_us") is not None]
+    for table in result.event_tables:  # rows already moved into Arrow: their span
+        if "ts_us" in table.column_names and table.column("ts_us").null_count < table.num_rows:
+            span = pc.min_max(table.column("ts_us")).as_py()
+            times += [span["min"], span["max"]]
     return store.same_rank_trace(
         con,
         run_id,
@@ -294,6 +349,12 @@ def _same_rank_trace(con: duckdb.DuckDBPyConnection, run_id: int, result: ParseR
         sorted({st["step"] for st in result.steps}),
         (min(times), max(times)) if times else None,
     )
+
+
+def _identity(item: InputFile, parsed: ParsedFile, limits: Limits) -> str:
+    """The file's identity: the sha256 of its content, decompressed (the parse hashed it as it read, else it
+    is read again here)."""
+    return parsed.content_sha256 or gzip_content_sha256(item.open_raw, item.name, limits) or parsed.sha256
 
 
 def _same_what(con: duckdb.DuckDBPyConnection, source_id: int, size: int) -> str:
@@ -310,7 +371,7 @@ def _same_nccl_process(con: duckdb.DuckDBPyConnection, run_id: int, result: Pars
     if result.kind not in logs:
         return None
     calls: dict[tuple[str, str], set[tuple[int, str, int | None]]] = {}
-    for e in result.events:
+    for e in result.event_rows(["process", "comm_ptr", "op_count", "op", "msg_bytes"]):
         process, comm, count = e.get("process"), e.get("comm_ptr"), e.get("op_count")
         if not process or process.startswith("unknown") or not comm or count is None:
             continue  # a paste without host and pid names no process

@@ -8,7 +8,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from commlens.ingest.records import ParseResult
+from commlens.ingest.records import TABLE_COLUMNS, ParseResult, rows_table
 
 from .errors import StoreError
 from .tables import AGG_TABLES, TRACE_TABLES
@@ -79,119 +79,11 @@ def record_failure(
     )
 
 
-# Column order and Arrow types of the tables parsers fill (run_id, source_id added here).
-_COLUMNS: dict[str, dict[str, pa.DataType]] = {
-    "comm_events": {
-        "rank": pa.int32(),
-        "process": pa.string(),
-        "seq": pa.int64(),
-        "op": pa.string(),
-        "dtype": pa.string(),
-        "msg_bytes": pa.int64(),
-        "elems_in": pa.int64(),
-        "elems_out": pa.int64(),
-        "group_size": pa.int32(),
-        "group_key": pa.string(),
-        "peer": pa.int32(),
-        "step": pa.int32(),
-        "ts_us": pa.float64(),
-        "dur_us": pa.float64(),
-        "dur_source": pa.string(),
-        "op_count": pa.int64(),
-        "comm_ptr": pa.string(),
-        "raw_name": pa.string(),
-        "match_key": pa.int64(),
-        "cpu_start_us": pa.float64(),
-        "cpu_end_us": pa.float64(),
-        "dev_start_us": pa.float64(),
-        "dev_end_us": pa.float64(),
-    },
-    "steps": {"rank": pa.int32(), "step": pa.int32(), "ts_us": pa.float64(), "dur_us": pa.float64()},
-    "timeline_intervals": {
-        "rank": pa.int32(),
-        "kind": pa.string(),
-        "stream": pa.int64(),
-        "start_us": pa.float64(),
-        "end_us": pa.float64(),
-        "nbytes": pa.int64(),
-    },
-    "nccl_comms": {
-        "group_key": pa.string(),
-        "host": pa.string(),
-        "pid": pa.int32(),
-        "cuda_dev": pa.int32(),
-        "comm_ptr": pa.string(),
-        "comm_rank": pa.int32(),
-        "nranks": pa.int32(),
-        "global_rank": pa.int32(),
-        "comm_id": pa.string(),
-        "parent_ptr": pa.string(),
-        "color": pa.int32(),
-        "split_key": pa.int32(),
-        "bus_id": pa.string(),
-        "nvml_dev": pa.int32(),
-        "api": pa.string(),
-        "nccl_version": pa.string(),
-    },
-    "nccl_topology": {
-        "group_key": pa.string(),
-        "host": pa.string(),
-        "pid": pa.int32(),
-        "comm_ptr": pa.string(),
-        "kind": pa.string(),
-        "channel": pa.int32(),
-        "ranks": pa.list_(pa.int32()),
-        "src_rank": pa.int32(),
-        "dst_rank": pa.int32(),
-        "transport": pa.string(),
-        "detail": pa.string(),
-    },
-    "fr_entries": {
-        "rank": pa.int32(),
-        "record_id": pa.int64(),
-        "group_key": pa.string(),
-        "group_name": pa.string(),
-        "group_desc": pa.string(),
-        "group_ranks": pa.list_(pa.int32()),
-        "collective_seq": pa.int64(),
-        "p2p_seq": pa.int64(),
-        "op_id": pa.int64(),
-        "op": pa.string(),
-        "raw_name": pa.string(),
-        "is_p2p": pa.bool_(),
-        "dtype": pa.string(),
-        "msg_bytes": pa.int64(),
-        "state": pa.string(),
-        "created_us": pa.float64(),
-        "started_us": pa.float64(),
-        "completed_us": pa.float64(),
-        "duration_us": pa.float64(),
-        "timeout_ms": pa.float64(),
-        "retired": pa.bool_(),
-    },
-    "a2a_pairs": {"rank": pa.int32(), "seq": pa.int64(), "peer": pa.int32(), "bytes": pa.int64()},
-    "nccl_tuning": {
-        "host": pa.string(),
-        "pid": pa.int32(),
-        "op": pa.string(),
-        "bytes": pa.int64(),
-        "algo": pa.string(),
-        "proto": pa.string(),
-        "time_us": pa.float64(),
-        "channels": pa.string(),
-    },
-}
-
-
 def _insert_rows(
     con: duckdb.DuckDBPyConnection, table: str, run_id: int, source_id: int, rows: list[dict[str, Any]]
 ) -> None:
-    if not rows:
-        return
-    present = set().union(*(r.keys() for r in rows))
-    # keys not in the table are ignored; columns no row has are left to their default (NULL)
-    struct = pa.struct([(k, t) for k, t in _COLUMNS[table].items() if k in present])
-    _insert_table(con, table, run_id, source_id, pa.Table.from_struct_array(pa.array(rows, type=struct)))
+    if rows:  # keys not in the table are ignored; columns no row has are left to their default (NULL)
+        _insert_table(con, table, run_id, source_id, rows_table(table, rows))
 
 
 def _same_schema_batches(tables: list[pa.Table]) -> list[pa.Table]:
@@ -210,7 +102,7 @@ def _insert_table(con: duckdb.DuckDBPyConnection, table: str, run_id: int, sourc
     dictionary of the declared type is taken as it is), other columns ignored, missing ones NULL."""
     if not arrow.num_rows:
         return
-    columns = _COLUMNS[table]
+    columns = TABLE_COLUMNS[table]
     cols, names = [], []
     for name, typ in columns.items():
         if name not in arrow.column_names:
@@ -305,6 +197,8 @@ def _write_result(
     _insert_rows(con, "nccl_tuning", run_id, source_id, result.tuning)
     _insert_rows(con, "fr_entries", run_id, source_id, result.fr_entries)
     _insert_rows(con, "a2a_pairs", run_id, source_id, result.a2a_pairs)
+    for table, rows in result.arrow_rows.items():
+        _insert_table(con, table, run_id, source_id, rows)
     _merge_groups(con, run_id, result.groups)
     if result.run_config is not None:
         set_run_config(con, run_id, result.run_config)

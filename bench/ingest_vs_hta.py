@@ -1,0 +1,139 @@
+"""A job directory of 8 ranks x 54 MB of real Kineto JSON: `commlens ingest` against HTA's TraceAnalysis load
+and against the floor, whole processes, imports included, in the same run.
+
+The directory is the real 2-rank trace `df_index_resolver.json.gz` (54 MB of JSON, 2,020 all-reduce kernels)
+written out 8 times as plain JSON with distributedInfo's rank set to 0..7 and world_size to 8 (the only
+bytes changed), into a temporary folder. The floor is what any reader must do: read each file and
+`orjson.loads` it, in as many processes as commlens uses. Peak RSS is the whole process tree's (psutil,
+sampled every 20 ms), so worker processes count.
+
+    python bench/ingest_vs_hta.py                # --jobs 2 (the cores here) and 1; HTA; the floor
+    python bench/ingest_vs_hta.py --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gzip
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+import psutil
+from results import write_section
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("COMMLENS_DATA", ROOT.parent / "shared" / "data"))
+SRC = DATA / "kineto-hta/df_index_resolver/df_index_resolver.json.gz"
+RANKS = 8
+
+HTA = (
+    "import logging, sys; logging.disable(logging.CRITICAL)\n"
+    "from hta.trace_analysis import TraceAnalysis\n"
+    "TraceAnalysis(trace_dir=sys.argv[1])\n"
+)
+FLOOR = (
+    "import sys, orjson\n"
+    "from multiprocessing import Pool\n"
+    "from pathlib import Path\n"
+    "def load(p):\n"
+    "    return len(orjson.loads(Path(p).read_bytes())['traceEvents'])\n"
+    "if __name__ == '__main__':\n"
+    "    files = sorted(str(p) for p in Path(sys.argv[1]).iterdir())\n"
+    "    with Pool(int(sys.argv[2])) as pool:\n"
+    "        print(sum(pool.map(load, files)))\n"
+)
+
+
+def build(out: Path) -> int:
+    """The 8-rank directory; the size of one decompressed file."""
+    doc = orjson.loads(gzip.decompress(SRC.read_bytes()))
+    size = 0
+    for rank in range(RANKS):
+        doc["distributedInfo"] = {**doc["distributedInfo"], "rank": rank, "world_size": RANKS}
+        data = orjson.dumps(doc)
+        (out / f"rank{rank}.json").write_bytes(data)
+        size = max(size, len(data))
+    return size
+
+
+def measure(cmd: list[str]) -> dict:
+    """Wall seconds and the peak RSS of the process and its children, summed at each sample."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    top = psutil.Process(proc.pid)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            procs = [top, *top.children(recursive=True)]
+            peak = max(peak, sum(p.memory_info().rss for p in procs if p.is_running()))
+        except psutil.Error:
+            pass
+        time.sleep(0.02)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
+    return {"wall": wall, "rss_mb": peak / 2**20, "status": proc.returncode, "err": err.strip()[-300:]}
+
+
+def run(jobs: int) -> str:
+    work = Path(tempfile.mkdtemp(prefix="commlens-vs-hta-"))
+    traces = work / "traces"
+    traces.mkdir()
+    try:
+        largest = build(traces)
+        total = sum(p.stat().st_size for p in traces.iterdir())
+        res = {}
+        for j in (jobs, 1):
+            db = work / f"j{j}.duckdb"
+            cmd = [sys.executable, "-m", "commlens.cli", "ingest", str(traces), "--db", str(db), "--run", "job"]
+            res[f"commlens -j {j}"] = measure([*cmd, "--jobs", str(j)])
+            db.unlink(missing_ok=True)
+        res["HTA TraceAnalysis"] = measure([sys.executable, "-c", HTA, str(traces)])
+        res[f"floor ({jobs} processes)"] = measure([sys.executable, "-c", FLOOR, str(traces), str(jobs)])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for name, r in res.items():
+        if r["status"]:
+            print(f"{name} failed: {r['err']}", file=sys.stderr)
+    c, h, f = res[f"commlens -j {jobs}"], res["HTA TraceAnalysis"], res[f"floor ({jobs} processes)"]
+    goal_rss = 2 * largest / 2**20 + 300
+    load = os.getloadavg()
+    out = [
+        f"Measured {dt.date.today().isoformat()} on {platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, `python bench/ingest_vs_hta.py` (load average {load[0]:.1f} at "
+        "the end; other jobs shared the cores).",
+        "",
+        f"{RANKS} ranks x {largest / 1e6:.1f} MB of Kineto JSON ({total / 1e6:.0f} MB), whole processes, imports "
+        "included; peak RSS of the process tree.",
+        "",
+        "| process | wall s | peak RSS MB |",
+        "|---|---|---|",
+        *(f"| {name} | {r['wall']:.2f} | {r['rss_mb']:,.0f} |" for name, r in res.items()),
+        "",
+        f"commlens (--jobs {jobs}) against HTA: **{h['wall'] / c['wall']:.1f}x** faster (goal 10x); against the "
+        f"floor: **{c['wall'] / f['wall']:.2f}x** its time (goal within 1.5x); peak RSS {c['rss_mb']:,.0f} MB "
+        f"against the goal of 2 x the largest file + 300 MB = {goal_rss:,.0f} MB.",
+    ]
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--no-write", action="store_true", help="print only; do not update bench/README.md")
+    args = ap.parse_args()
+    text = run(args.jobs)
+    print(text)
+    if not args.no_write:
+        write_section("ingest_vs_hta", text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Long profiler traces: memory and throughput of `commlens ingest` on one trace of many small all-reduces.
+
+The trace is synthetic (tests/kineto_synth.py): the event shapes of the real DDP trace `nccl_data.json.gz`
+(record_param_comms, nccl:all_reduce, cudaLaunchKernelExC, the NCCL kernel; Kineto's key order), repeated
+with fresh ids and times, gzipped into a temporary folder. Each measurement is a whole process
+(`python -m commlens.cli ingest`, imports included), its peak RSS and CPU time from os.wait4; the floor is
+a process that gunzips the same file and `orjson.loads` it, in the same run.
+
+    python bench/stream.py --events 1000000 4000000           # sizes to measure (trace events)
+    python bench/stream.py --events 20000000 --max-trace-events 20000000 --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from results import write_section
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("COMMLENS_DATA", ROOT.parent / "shared" / "data"))
+sys.path.insert(0, str(ROOT / "tests"))
+import kineto_synth  # noqa: E402 - the generator the tests use
+
+SRC = DATA / "kineto-hta/nccl_parser_config/nccl_data.json.gz"
+FLOOR = "import gzip, sys, orjson; orjson.loads(gzip.open(sys.argv[1], 'rb').read())"
+
+
+def measure(cmd: list[str]) -> dict:
+    """Wall and CPU seconds and peak RSS of one process; its exit status."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = proc.stdout.read()  # type: ignore[union-attr]
+    _, status, ru = os.wait4(proc.pid, 0)
+    return {
+        "wall": time.perf_counter() - t0,
+        "cpu": ru.ru_utime + ru.ru_stime,
+        "rss_mb": ru.ru_maxrss / 1024,
+        "status": os.waitstatus_to_exitcode(status),
+        "tail": out.decode(errors="replace").strip().splitlines()[-1:] if status else [],
+    }
+
+
+def run(sizes: list[int], budget: int | None, floor: bool) -> str:
+    work = Path(tempfile.mkdtemp(prefix="commlens-stream-"))
+    lines = []
+    try:
+        for events in sizes:
+            calls = events // kineto_synth.EVENTS_PER_CALL
+            trace = work / f"allreduce-{calls}.json.gz"
+            print(f"generating {calls:,} calls ...", flush=True)
+            written = kineto_synth.write_trace_gz(SRC, calls, trace)
+            cmd = [sys.executable, "-m", "commlens.cli", "ingest", str(trace), "--db", str(work / f"{calls}.duckdb")]
+            cmd += ["--run", "long", "-j", "1"] + (["--max-trace-events", str(budget)] if budget else [])
+            c = measure(cmd)
+            f = measure([sys.executable, "-c", FLOOR, str(trace)]) if floor else None
+            (work / f"{calls}.duckdb").unlink(missing_ok=True)
+            result = "stored" if c["status"] == 0 else f"exit {c['status']}: {' '.join(c['tail'])[:300]}"
+            floor_txt = (
+                f"{f['wall']:.1f} s, {f['rss_mb']:,.0f} MB ({c['wall'] / f['wall']:.1f}x)"
+                if f and not f["status"]
+                else "-"
+            )
+            lines.append(
+                f"| {written:,} | {calls:,} | {trace.stat().st_size / 2**20:,.0f} | {result} | {c['wall']:.1f} | "
+                f"{c['cpu']:.1f} | {written / c['cpu']:,.0f} | {calls / c['cpu']:,.0f} | {c['rss_mb']:,.0f} | {floor_txt} |"
+            )
+            print(lines[-1], flush=True)
+            trace.unlink()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    load = os.getloadavg()
+    head = [
+        f"Measured {dt.date.today().isoformat()} on {platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, `python bench/stream.py --events {' '.join(map(str, sizes))}"
+        f"{f' --max-trace-events {budget}' if budget else ''}` (load average {load[0]:.1f} at the end: other "
+        "jobs shared the cores, so CPU seconds are the fairer measure).",
+        "",
+        "| trace events | all-reduce calls | MB gzipped | result | wall s | CPU s | trace events / CPU s | "
+        "calls / CPU s | peak RSS MB | floor: gunzip + orjson.loads (x commlens wall) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    return "\n".join(head + lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, nargs="+", default=[1_000_000, 4_000_000])
+    ap.add_argument("--max-trace-events", type=int, default=None, help="passed to commlens ingest")
+    ap.add_argument("--no-floor", action="store_true", help="skip the gunzip + orjson.loads floor")
+    ap.add_argument("--no-write", action="store_true", help="print only; do not update bench/README.md")
+    args = ap.parse_args()
+    text = run(args.events, args.max_trace_events, not args.no_floor)
+    print(text)
+    if not args.no_write:
+        write_section("stream", text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Ingest with --jobs N: files parsed in worker processes give the same store as one process; the CLI's
+ingest of one small file loads no pandas, FastAPI, Dash or plotly; a killed ingest leaves no empty run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from conftest import shared_data
+
+from commlens import store
+from commlens.ingest.inputs import iter_inputs
+from commlens.service.ingest import ingest_run
+from commlens.store.tables import AGG_TABLES, TRACE_TABLES
+
+DLRM = "kineto-param/dlrm_kineto.tar.gz"
+RESNET = "kineto-hta/nccl_parser_config/nccl_data.json.gz"
+# Per-run tables compared row for row: every column but the ids the store assigns and the clock's
+COMPARED = (*TRACE_TABLES, "sources", "process_groups", *AGG_TABLES)
+
+
+def _rows(con: duckdb.DuckDBPyConnection, table: str) -> list[tuple]:
+    cols = [
+        name
+        for name, typ in con.execute(
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? ORDER BY ordinal_position",
+            [table],
+        ).fetchall()
+        if name not in ("run_id", "source_id") and "TIMESTAMP" not in typ
+    ]
+    listed = ", ".join(f't."{c}"' for c in cols)
+    sql = f"SELECT r.name, {listed} FROM {table} t JOIN runs r USING (run_id) ORDER BY ALL"  # fixed names
+    return [tuple(json.dumps(v, default=str) for v in row) for row in con.execute(sql).fetchall()]
+
+
+def _ingest(tmp_path: Path, name: str, paths: list[Path], jobs: int) -> duckdb.DuckDBPyConnection:
+    con = store.connect(tmp_path / f"{name}.duckdb")
+    report = ingest_run(con, "run", iter_inputs(paths), split_jobs=True, jobs=jobs)
+    assert not report.failed, [f.error for f in report.failed]
+    return con
+
+
+@pytest.mark.parametrize("inputs", [[DLRM], ["kineto-hta"]], ids=["dlrm-archive", "hta-directory"])
+def test_workers_store_what_one_process_stores(tmp_path: Path, inputs: list[str]) -> None:
+    paths = [shared_data() / p for p in inputs]
+    serial = _ingest(tmp_path, "serial", paths, jobs=1)
+    parallel = _ingest(tmp_path, "parallel", paths, jobs=2)
+    runs = serial.execute("SELECT name FROM runs ORDER BY 1").fetchall()
+    assert runs == parallel.execute("SELECT name FROM runs ORDER BY 1").fetchall()
+    for table in COMPARED:
+        assert _rows(serial, table) == _rows(parallel, table), table
+    n = serial.execute("SELECT count(*) FROM comm_events").fetchone()
+    assert n is not None
+    # the DLRM job: 8 ranks x 8 calls; the HTA directory: every trace's calls
+    assert n[0] == (64 if inputs == [DLRM] else 2233)
+
+
+def test_ingest_of_one_small_file_loads_no_server_or_dataframe_library(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from commlens.cli import app\n"
+        "try:\n"
+        f"    app(['ingest', {str(shared_data() / RESNET)!r}, '--db', {str(tmp_path / 's.duckdb')!r}, '--run', 'r'])\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'fastapi', 'dash', 'plotly', 'starlette'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+    con = duckdb.connect(str(tmp_path / "s.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM comm_events").fetchone() == (21,)
+
+
+def test_a_killed_ingest_leaves_no_empty_run(tmp_path: Path) -> None:
+    """SIGKILL while the first file is being parsed: no file committed, so no run either."""
+    import kineto_synth
+
+    trace = tmp_path / "big.json.gz"
+    kineto_synth.write_trace_gz(shared_data() / RESNET, 40_000, trace)
+    db = tmp_path / "s.duckdb"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commlens.cli", "ingest", str(trace), "--db", str(db), "--run", "killed", "-j", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not db.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.5)  # the store is open (the run used to be made here) and the parse is under way
+        assert proc.poll() is None, "the ingest finished before it could be killed: make the trace longer"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    con = store.connect(db)
+    assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+    assert con.execute("SELECT count(*) FROM sources").fetchone() == (0,)
+    con.close()

@@ -45,7 +45,7 @@ def _reference(spans: RankSpans, t0: float, t1: float) -> tuple[dict[str, float]
         np.add.at(delta, np.searchsorted(bounds, arr[:, 1]), -1)
         return np.cumsum(delta)[: len(bounds) - 1] > 0
 
-    parts = {n: clip(getattr(spans, n)) for n in ("compute", "comm", "memory", "wait")}
+    parts = {n: clip(spans.spans(n)) for n in ("compute", "comm", "memory", "wait")}
     calls = sorted((max(s, t0), min(e, t1), sc) for s, e, sc in spans.calls if e > t0 and s < t1)
     pts = np.asarray([x for s, e, _ in calls for x in (s, e)], dtype=np.float64)
     bounds = np.unique(np.concatenate([np.asarray([t0, t1]), *(p.ravel() for p in parts.values()), pts]))

@@ -38,19 +38,25 @@ def _pairs(spans: Spans | npt.NDArray[np.float64]) -> F64:
     return np.asarray(spans, dtype=np.float64).reshape(-1, 2)
 
 
-@dataclass
 class RankSpans:
-    """One rank's activity in its own clock, ready to classify any window: (n, 2) arrays of (start,
-    end), and its calls' spans with each call's scheme as a code into the sorted `scheme_names`."""
+    """One rank's activity in its own clock, ready to classify any window: compute, comm, memory, wait
+    and its calls' spans, each kept only as its index (sorted by start), and each call's scheme as a
+    code into the sorted `scheme_names`. Inputs are (n, 2) arrays of (start, end)."""
 
-    compute: F64
-    comm: F64
-    memory: F64
-    wait: F64
-    call_span: F64
-    call_scheme: Ints
-    scheme_names: list[str]
-    _index: dict[str, _SpanIndex] = field(default_factory=dict, repr=False)
+    def __init__(
+        self,
+        compute: F64,
+        comm: F64,
+        memory: F64,
+        wait: F64,
+        call_span: F64,
+        call_scheme: Ints,
+        scheme_names: list[str],
+    ) -> None:
+        given = {"compute": compute, "comm": comm, "memory": memory, "wait": wait, "calls": call_span}
+        self._index = {name: _SpanIndex(spans, keep_order=name == "calls") for name, spans in given.items()}
+        self.call_scheme = call_scheme
+        self.scheme_names = scheme_names
 
     @classmethod
     def of_rows(
@@ -62,29 +68,33 @@ class RankSpans:
         span = _pairs([(a, e) for a, e, _ in calls])
         return cls(_pairs(compute), _pairs(comm), _pairs(memory), _pairs(wait), span, code, names)
 
+    def spans(self, name: str) -> F64:
+        """`name`'s spans as (start, end) rows, sorted by start."""
+        ix = self._index[name]
+        return np.stack([ix.start, ix.end], axis=1)
+
     @property
     def calls(self) -> list[tuple[float, float, str]]:
-        return [
-            (a, e, self.scheme_names[c])
-            for (a, e), c in zip(self.call_span.tolist(), self.call_scheme.tolist(), strict=True)
-        ]
+        ix = self._index["calls"]
+        codes = self.call_scheme[ix.order].tolist()
+        return [(a, e, self.scheme_names[c]) for a, e, c in zip(ix.start.tolist(), ix.end.tolist(), codes, strict=True)]
 
     def index_of(self, name: str) -> _SpanIndex:
-        """The index of `name`'s spans (compute, comm, memory, wait, calls), built on first use."""
-        if name not in self._index:
-            self._index[name] = _SpanIndex(self.call_span if name == "calls" else getattr(self, name))
+        """The index of `name`'s spans (compute, comm, memory, wait, calls)."""
         return self._index[name]
 
 
 class _SpanIndex:
     """Spans sorted by start with the running maximum of their ends, so the spans meeting a window are
-    found by two binary searches instead of a scan of the rank's whole run (a step, a path segment)."""
+    found by two binary searches instead of a scan of the rank's whole run (a step, a path segment).
+    `order` (the given position of each) is kept only where asked: the calls, for their schemes."""
 
-    def __init__(self, spans: F64) -> None:
+    def __init__(self, spans: F64, keep_order: bool = True) -> None:
         arr = _pairs(spans)
-        self.order = np.argsort(arr[:, 0], kind="stable")
-        self.start = arr[self.order, 0]
-        self.end = arr[self.order, 1]
+        order = np.argsort(arr[:, 0], kind="stable")
+        self.start = arr[order, 0]
+        self.end = arr[order, 1]
+        self.order = order if keep_order else np.zeros(0, dtype=np.intp)
         self.reach = np.maximum.accumulate(self.end) if len(self.end) else self.end
 
 

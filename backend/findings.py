@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from math import fsum, sqrt
 from statistics import fmean
 from typing import Any
@@ -123,23 +124,27 @@ def _evidence_cap(severity: Severity, calls: int, ranks: int) -> Severity | None
     return severity if SEVERITY_ORDER[severity] >= SEVERITY_ORDER[cap] else cap
 
 
-@dataclass(frozen=True)
 class _Views:
-    """Which views have data for this run, so that a suggestion names only views that show something."""
+    """Which views have data for this run, so that a suggestion names only views that show something (each
+    read when a suggestion first asks)."""
 
-    topology: bool  # NCCL topology (connection) lines
-    arrivals: bool  # the time page's arrivals: instances matched across ranks
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+        self.con, self.run_id = con, run_id
 
-    @classmethod
-    def of(cls, con: duckdb.DuckDBPyConnection, run_id: int) -> _Views:
-        topology, arrivals = con.execute(
-            """
-            SELECT EXISTS (SELECT 1 FROM nccl_topology WHERE run_id = $run),
-                   EXISTS (SELECT 1 FROM time_instances WHERE run_id = $run)
-            """,
-            {"run": run_id},
-        ).fetchall()[0]
-        return cls(bool(topology), bool(arrivals))
+    def _any(self, table: str) -> bool:
+        return bool(
+            self.con.execute(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE run_id = ?)", [self.run_id]).fetchall()[0][0]
+        )
+
+    @cached_property
+    def topology(self) -> bool:
+        """NCCL topology (connection) lines."""
+        return self._any("nccl_topology")
+
+    @cached_property
+    def arrivals(self) -> bool:
+        """The time page's arrivals: instances matched across ranks."""
+        return self._any("time_instances")
 
 
 def _time_severity(share: float, steps: int, ranks: int) -> Severity | None:
@@ -307,18 +312,16 @@ def _config(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Any]:
 
 
 def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthReport, steps: _Steps) -> list[Finding]:
-    kernel_ops = {
-        str(r[0])
-        for r in con.execute(
-            "SELECT op FROM comm_agg WHERE run_id = ? AND dur_kind IS NOT NULL GROUP BY op "
-            "HAVING bool_and(dur_kind = 'kernel')",
-            [run_id],
-        ).fetchall()
-    }
+    # ops, and whether every measured call of each is a device kernel
+    kinds = con.execute(
+        "SELECT op, coalesce(bool_and(dur_kind = 'kernel') FILTER (WHERE dur_kind IS NOT NULL), false) "
+        "FROM comm_agg WHERE run_id = ? GROUP BY op ORDER BY op",
+        [run_id],
+    ).fetchall()
+    ops, kernel_ops = [str(r[0]) for r in kinds], {str(r[0]) for r in kinds if r[1]}
     # The size threshold must not move between two runs of one job: a curve measured on CPU op times
     # (gloo on a shared host) shifts its half-bandwidth bin on noise, so only device kernels set it.
     thresholds = {o.op: min(o.half_bw_bytes, SMALL_BYTES_CAP) for o in bw.ops if o.half_bw_bytes and o.op in kernel_ops}
-    ops = [r[0] for r in con.execute("SELECT DISTINCT op FROM comm_agg WHERE run_id = ?", [run_id]).fetchall()]
     table = pa.table(
         {
             "op": pa.array(ops, pa.string()),
@@ -581,19 +584,20 @@ def _imbalance(
     fired: set[str] = set()
     schemes = {r.scheme for r in totals.rows}
     chain = _pp_chain_ratio(con, run_id) if "pp" in schemes else 1.0
-    blocked = _incomparable(con, run_id, totals)
+    blocked: dict[str | None, dict[str, str | None]] | None = None  # read for the first candidate only
     for imb in sorted(totals.imbalance, key=lambda i: i.all_schemes):  # per scheme first, then overall
         # The overall view only adds something when several schemes mix and none was uneven alone.
         if imb.all_schemes and (imb.metric in fired or len(schemes) < 2):
             continue
         if imb.metric == "time_us" and (by_arrival or imb.basis != "per_iteration"):
             continue
-        if blocked.get(ALL_SCHEMES if imb.all_schemes else imb.scheme, {}).get(imb.basis):
-            continue
         expected = chain if (imb.scheme == "pp" or imb.all_schemes) and imb.metric == "bytes" else 1.0
         ratio = imb.max_over_mean / expected
         severity = _severity(ratio, 1.5, 1.25, IMBALANCE_RATIO)
         if severity is None:
+            continue
+        blocked = _incomparable(con, run_id, totals) if blocked is None else blocked
+        if blocked.get(ALL_SCHEMES if imb.all_schemes else imb.scheme, {}).get(imb.basis):
             continue
         rows = [r for r in totals.rows if imb.all_schemes or r.scheme == imb.scheme]
         stability: str | None = None
@@ -672,16 +676,10 @@ def _imbalance(
 # ------------------------------------------------------------------------------- bandwidth
 
 
-def _low_busbw(
-    con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthReport, steps: _Steps, views: _Views
-) -> list[Finding]:
-    """Bandwidth-bound calls of a (scheme, op) far below the run's best busbw, on device kernel times only:
-    CPU op times (gloo on one host) say nothing about links and move with the host's load."""
-    best = bw.best_busbw_gbps
-    if not best:
-        return []
-    on_device = {
-        (r[0], r[1])
+def _on_device(con: duckdb.DuckDBPyConnection, run_id: int) -> set[tuple[str | None, str]]:
+    """The (scheme, op) pairs whose every measured call is a device kernel."""
+    return {
+        (r[0], str(r[1]))
         for r in con.execute(
             """
             SELECT g.scheme, a.op FROM comm_agg a
@@ -691,14 +689,28 @@ def _low_busbw(
             [run_id],
         ).fetchall()
     }
+
+
+def _low_busbw(
+    con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthReport, steps: _Steps, views: _Views
+) -> list[Finding]:
+    """Bandwidth-bound calls of a (scheme, op) far below the run's best busbw, on device kernel times only:
+    CPU op times (gloo on one host) say nothing about links and move with the host's load."""
+    best = bw.best_busbw_gbps
+    if not best:
+        return []
+    on_device: set[tuple[str | None, str]] | None = None  # read for the first candidate only
     total_time = sum(s.time_us for s in bw.by_scheme) or 1.0
     out = []
     for s in bw.by_scheme:
-        if s.large_calls < MIN_LARGE_CALLS or s.large_median_busbw_gbps is None or (s.scheme, s.op) not in on_device:
+        if s.large_calls < MIN_LARGE_CALLS or s.large_median_busbw_gbps is None:
             continue
         ratio = s.large_median_busbw_gbps / best
         severity: Severity | None = "high" if ratio < 0.25 else "medium" if ratio < LOW_BUSBW_RATIO else None
         if severity is None or (severity := _evidence_cap(severity, s.large_calls, 2)) is None:
+            continue
+        on_device = _on_device(con, run_id) if on_device is None else on_device
+        if (s.scheme, s.op) not in on_device:
             continue
         name = s.scheme or "unattributed"
         ms, share = steps.cost(s.time_us * (1 - ratio))  # the time above what the run's best busbw takes
@@ -1248,7 +1260,7 @@ def findings(
     totals = rank_totals(con, run)
     steps = _steps(con, run_id)
     timed, by_arrival = _time_findings(con, run_id)
-    views = _Views.of(con, run_id)
+    views = _Views(con, run_id)
     out = (
         timed
         + _small_messages(con, run_id, bw, steps)

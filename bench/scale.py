@@ -15,7 +15,8 @@ and built in the same run, each in its own process (`nice -n 10`; build time and
 warm-up); the 1,024-rank ingested run's own endpoints too.
 
     python bench/scale.py                              # 1,024 ranks; 10M baseline and 100M target
-    python bench/scale.py --calls 10e6 1e6 --no-write  # quick look
+    python bench/scale.py --ranks 64 --calls 2e4 4e4 -n 3 --no-write       # quick look
+    python bench/scale.py --work /tmp/scale   # keep the stores; a second run reuses them (build numbers kept)
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ def bench_ranks(tmp: Path, ranks: int, jobs: int) -> dict[str, Any]:
     made = write_rank_traces(traces, ranks)
     made["write_s"] = time.perf_counter() - t0
     db = tmp / "ranks.duckdb"
+    db.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "commlens.cli", "ingest", "--db", str(db), "--run", RANKS_RUN, "--jobs", str(jobs)]
     m = measure_process([*cmd, str(traces)])
     con = __import__("duckdb").connect(str(db), read_only=True)
@@ -192,6 +194,12 @@ def endpoints(run: str, step: int | None, other: str | None) -> dict[str, tuple[
     }
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used: what a request costs, apart from waiting for a core."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def quantile(samples: list[float], q: float) -> float:
     s = sorted(samples)
     return s[min(len(s) - 1, max(0, round(q * len(s)) - 1))]
@@ -206,6 +214,7 @@ def time_endpoints(db: Path, run: str, step: int | None, other: str | None, n: i
                 for _ in range(warmup):
                     c.get(path, params=params)
                 samples, status, size = [], 0, 0
+                cpu0 = cpu_s(proc.pid)
                 for _ in range(n):
                     t0 = time.perf_counter()
                     resp = c.get(path, params=params)
@@ -214,6 +223,7 @@ def time_endpoints(db: Path, run: str, step: int | None, other: str | None, n: i
                 out[label] = {
                     "p50": quantile(samples, 0.5),
                     "p90": quantile(samples, 0.9),
+                    "cpu_ms": (cpu_s(proc.pid) - cpu0) * 1000 / n,
                     "status": status,
                     "kib": size / 1024,
                 }
@@ -242,12 +252,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="commlens ingest --jobs")
-    ap.add_argument("--calls", type=float, nargs=2, default=[10e6, 100e6], metavar=("BASELINE", "TARGET"))
+    ap.add_argument("--calls", type=float, nargs="+", default=[10e6, 100e6], help="store sizes, the baseline first")
     ap.add_argument("-n", type=int, default=20, help="timed requests per endpoint")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--memory-limit", default="6GB", help="DuckDB memory_limit of the store builds")
-    ap.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()), help="where stores and traces go")
-    ap.add_argument("--keep", action="store_true", help="keep the stores (printed) for a later look")
+    ap.add_argument(
+        "--work",
+        type=Path,
+        help="keep the stores here (each with its build summary, calls<N>M.json) and reuse those already built; "
+        "default: a temporary folder, removed at the end",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only; do not update bench/README.md")
     ap.add_argument("--build", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--copies", type=int, help=argparse.SUPPRESS)
@@ -256,36 +270,43 @@ def main() -> None:
         build_main(args.build, args.ranks, args.copies, args.memory_limit)
         return
 
-    tmp = Path(tempfile.mkdtemp(prefix="commlens-scale-", dir=args.tmp))
+    work = args.work or Path(tempfile.mkdtemp(prefix="commlens-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
     started = dt.datetime.now(dt.UTC)
     try:
         print(f"part 1: {args.ranks} rank traces, ingest --jobs {args.jobs}", flush=True)
-        ranks = bench_ranks(tmp, args.ranks, args.jobs)
+        ranks = bench_ranks(work, args.ranks, args.jobs)
         print(f"  {ranks}", flush=True)
         ranks["latency"] = time_endpoints(
             ranks["db"], RANKS_RUN, first_step(ranks["db"], RANKS_RUN), None, args.n, args.warmup
         )
-        stores = []
-        for calls in args.calls:
-            copies = max(1, round(calls / (CALLS_PER_COPY * args.ranks)))
-            db = tmp / f"calls{calls:.0e}.duckdb"
-            print(f"part 2: store of {args.ranks} ranks x {copies} copies", flush=True)
-            info = build_in_child(db, args.ranks, copies, args.memory_limit)
-            print(f"  {info}", flush=True)
-            step = info["first_step"] + info["steps_per_rank"] // 2
-            info["latency"] = time_endpoints(db, RUN, step, "small", args.n, args.warmup)
-            stores.append(info)
-            if not args.keep:
-                db.unlink()
+        stores = [store_latency(work, calls, args) for calls in args.calls]
         text = render(args, started, ranks, stores)
         print(text)
         if not args.no_write:
             write_section("scale", text)
     finally:
-        if args.keep:
-            print(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def store_latency(work: Path, calls: float, args: argparse.Namespace) -> dict[str, Any]:
+    """Build (or reuse) the store of about `calls` calls and time the endpoints on it."""
+    copies = max(1, round(calls / (CALLS_PER_COPY * args.ranks)))
+    db = work / f"calls{calls / 1e6:g}M.duckdb"
+    summary = db.with_suffix(".json")
+    if summary.exists() and db.exists():
+        info = {**json.loads(summary.read_text()), "reused": True}
+        print(f"part 2: reusing {db} ({info['calls']:,} calls)", flush=True)
+    else:
+        print(f"part 2: building a store of {args.ranks} ranks x {copies} copies", flush=True)
+        db.unlink(missing_ok=True)
+        info = build_in_child(db, args.ranks, copies, args.memory_limit)
+        summary.write_text(json.dumps(info))
+    print(f"  {info}", flush=True)
+    step = info["first_step"] + info["steps_per_rank"] // 2
+    info["latency"] = time_endpoints(db, RUN, step, "small", args.n, args.warmup)
+    return info
 
 
 def render(args: argparse.Namespace, started: dt.datetime, ranks: dict[str, Any], stores: list[dict[str, Any]]) -> str:
@@ -301,7 +322,7 @@ def render(args: argparse.Namespace, started: dt.datetime, ranks: dict[str, Any]
         f"### Scale ({started:%Y-%m-%d %H:%M} UTC, {cpu}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, "
         f"Python {platform.python_version()})",
         "",
-        f"`python bench/scale.py --ranks {args.ranks} --jobs {args.jobs} --calls {args.calls[0]:.0e} {args.calls[1]:.0e} "
+        f"`python bench/scale.py --ranks {args.ranks} --jobs {args.jobs} --calls {' '.join(f'{c:g}' for c in args.calls)} "
         f"-n {args.n} --warmup {args.warmup} --memory-limit {args.memory_limit}`",
         "",
         f"**{ranks['ranks']:,} ranks ingested** from the DLRM job's 8 real rank traces ({ranks['files']:,} files, "
@@ -310,16 +331,19 @@ def render(args: argparse.Namespace, started: dt.datetime, ranks: dict[str, Any]
         f"peak RSS {ranks['tree_rss_mb']:,.0f} MiB for the process tree ({ranks['max_rss_mb']:,.0f} MiB its largest "
         f"process), store {ranks['db_mb']:,.0f} MiB.",
         "",
-        "| store | calls | ranks | build s (wall) | build peak RSS MiB | store MiB |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| store | calls | ranks | build wall s | build CPU s | of which: scale, aggregates, attribution, time rows, "
+        "findings inputs (wall s) | build peak RSS MiB | store MiB |",
+        "|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     lines += [
-        f"| {s['calls'] / 1e6:g}M | {s['calls']:,} | {s['ranks']:,} | {s['wall_s']:.0f} | {s['tree_rss_mb']:,.0f} | "
-        f"{s['db_mb']:,.0f} |"
+        f"| {s['calls'] / 1e6:.3g}M{' (built by an earlier run of the command)' if s.get('reused') else ''} | "
+        f"{s['calls']:,} | {s['ranks']:,} | {s['wall_s']:.0f} | {s['cpu_s']:.0f} | "
+        + ", ".join(f"{s[k]:.1f}" for k in ("scale_s", "refresh_s", "attribute_s", "time_s", "inputs_s"))
+        + f" | {s['tree_rss_mb']:,.0f} | {s['db_mb']:,.0f} |"
         for s in stores
     ]
-    head = ["endpoint", f"{ranks['ranks']} ranks ingested p50/p90 ms"] + [
-        f"{s['calls'] / 1e6:.3g}M calls p50 / p90 ms" for s in stores
+    head = ["endpoint", f"{ranks['ranks']} ranks ingested: p50 / p90 / CPU ms"] + [
+        f"{s['calls'] / 1e6:.3g}M calls: p50 / p90 / CPU ms" for s in stores
     ]
     lines += ["", "| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     for label in stores[-1]["latency"]:
@@ -329,7 +353,8 @@ def render(args: argparse.Namespace, started: dt.datetime, ranks: dict[str, Any]
             cells.append(
                 ""
                 if m is None
-                else f"{m['p50']:.1f} / {m['p90']:.1f}" + ("" if m["status"] == 200 else f" ({m['status']})")
+                else f"{m['p50']:.1f} / {m['p90']:.1f} / {m['cpu_ms']:.0f}"
+                + ("" if m["status"] == 200 else f" (HTTP {m['status']})")
             )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from conftest import shared_data
 
 from commlens import store
 from commlens.ingest.inputs import iter_inputs
+from commlens.service import parallel as parallel_module
 from commlens.service.ingest import ingest_run
 from commlens.store.tables import AGG_TABLES, TRACE_TABLES
 
@@ -48,10 +49,17 @@ def _ingest(tmp_path: Path, name: str, paths: list[Path], jobs: int) -> duckdb.D
 
 
 @pytest.mark.parametrize("inputs", [[DLRM], ["kineto-hta"]], ids=["dlrm-archive", "hta-directory"])
-def test_workers_store_what_one_process_stores(tmp_path: Path, inputs: list[str]) -> None:
+def test_workers_store_what_one_process_stores(
+    tmp_path: Path, inputs: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     paths = [shared_data() / p for p in inputs]
     serial = _ingest(tmp_path, "serial", paths, jobs=1)
+    monkeypatch.setattr(parallel_module, "PARALLEL_MIN_BYTES", 0)  # workers even for these small files
+    started = []
+    in_workers = parallel_module._in_workers
+    monkeypatch.setattr(parallel_module, "_in_workers", lambda *a: started.append(a[-1]) or in_workers(*a))
     parallel = _ingest(tmp_path, "parallel", paths, jobs=2)
+    assert started == [2]
     runs = serial.execute("SELECT name FROM runs ORDER BY 1").fetchall()
     assert runs == parallel.execute("SELECT name FROM runs ORDER BY 1").fetchall()
     for table in COMPARED:

@@ -10,6 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # test-only helpers (synthetic.py) import by module name
+from harness_runs import HarnessRuns  # noqa: E402  (found through the path set above)
+
 SHARED_DATA = Path(os.environ.get("COMMLENS_DATA", ROOT.parent / "shared" / "data"))
 
 
@@ -20,6 +22,22 @@ def shared_data() -> Path:
             pytest.fail(f"shared data folder {SHARED_DATA} is missing; CI needs it beside the clone")
         pytest.skip(f"shared data folder {SHARED_DATA} not present")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def harness_runs(tmp_path_factory: pytest.TempPathFactory) -> HarnessRuns:
+    """Harness runs of the whole session, one torchrun launch per configuration (tests/harness_runs.py)."""
+    pytest.importorskip("torch")
+    return HarnessRuns(tmp_path_factory.mktemp("harness-runs"))
+
+
+@pytest.fixture(scope="session")
+def gloo_trace_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Real profiler traces of every gloo collective on 2 ranks (tests/gloo_traces.py), made once."""
+    pytest.importorskip("torch")
+    import gloo_traces
+
+    return gloo_traces.generate(tmp_path_factory.mktemp("gloo"), world=2)
 
 
 @pytest.fixture

@@ -1,17 +1,16 @@
 """The time endpoints over a real uvicorn server, on the real 8-rank DLRM job (one profiled step; the
 numbers are docs/time.md's worked example) and on a real torchrun/gloo harness run with a planted
-straggler (`--dp 2 --delay 1:60`), plus a run without any trace and the bad requests."""
+straggler (`--dp 2 --delay 1:MS`, tests/harness_runs.py), plus a run without any trace and the bad requests."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from typing import Any, get_args
 
 import httpx
 import pytest
 from conftest import shared_data
+from harness_runs import DELAY_MS, PROFILED_STEPS, HarnessRuns, named
 
 from commlens import store
 from commlens.backend.api import Settings
@@ -258,48 +257,15 @@ def test_one_name_for_unattributed_calls() -> None:
 
 # ----------------------------------------------------------------------- a real gloo run with a straggler
 
-DELAY_MS = 60.0
-# Seven profiled steps of one DDP bucket each: the straggler rule needs 6 instances in the group.
-TINY: dict[str, Any] = {
-    "layers": 1,
-    "hidden": 32,
-    "heads": 4,
-    "vocab": 64,
-    "seq_len": 16,
-    "micro_batch_size": 2,
-    "micro_batches": 1,
-    "steps": 9,
-    "profile_wait": 1,
-    "profile_warmup": 1,
-    "profile_active": 7,
-    "device": "cpu",
-    "dtype": "float32",
-    "timeout_s": 120.0,
-}
-
 
 @pytest.fixture(scope="module")
-def gloo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    """`commlens harness --dp 2 --delay 1:60` (torchrun, gloo on CPU) ingested as run "straggler"."""
-    pytest.importorskip("torch")
+def gloo_server(harness_runs: HarnessRuns, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    """`commlens harness --dp 2 --delay 1:MS` (torchrun, gloo on CPU; 8 profiled steps of one DDP bucket each,
+    shared by the session: tests/harness_runs.py) ingested as run "straggler"."""
     from commlens.harness import launch
-    from commlens.harness.config import Delay
 
-    root = tmp_path_factory.mktemp("time-gloo")
-    (run,) = launch.plan_runs(root / "straggler", dict(TINY, dp=2, delays=[Delay(1, DELAY_MS)]), None, [], None)
-    launch.prepare(run, overwrite=False)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        launch.torchrun_command(run, ["pytest", "time-api"]),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,  # the failure is asserted with the run's output
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    db = root / "store.duckdb"
-    launch.ingest_run(db, run)
+    db = tmp_path_factory.mktemp("time-gloo") / "store.duckdb"
+    assert not launch.ingest_run(db, named(harness_runs.straggler("dp-delay"), "straggler")).failed
     with ServerThread(Settings(db=db)) as srv:
         yield srv
 
@@ -317,7 +283,7 @@ def test_gloo_run_names_the_planted_straggler(gloo_server: ServerThread) -> None
     assert any(p.part == "breakdown" and "no device activity" in p.reason for p in s.status.parts)
     (st,) = [x for x in s.stragglers if x.scheme == "dp"]
     assert (st.rank, st.group, st.verdict) == (1, dp.group, "straggler") and st == report.stragglers[0]
-    assert st.steps == st.steps_consistent == 7 and st.arrived_last_share >= 0.9
+    assert st.steps == st.steps_consistent == len(PROFILED_STEPS) and st.arrived_last_share >= 0.9
     assert st.imposed_ms_per_step == pytest.approx(DELAY_MS, rel=0.2)
     assert "straggler rank 1" in st.reason
     # the instances behind the verdict: rank 1 last in the share stated, rank 0's waits are what it imposed
@@ -327,8 +293,8 @@ def test_gloo_run_names_the_planted_straggler(gloo_server: ServerThread) -> None
     assert len(last1) / len(instances.items) == pytest.approx(st.arrived_last_share)
     imposed = sum(m.wait_us or 0.0 for i in last1 for m in i.members if m.rank == 0)
     assert imposed / 1000 / st.steps == pytest.approx(st.imposed_ms_per_step)
-    # no device: no memcpy; each rank's seven profiled steps split into the six categories
-    assert [r.rank for r in b.rows] == [0] * 7 + [1] * 7
+    # no device: no memcpy; each rank's eight profiled steps split into the six categories
+    assert [r.rank for r in b.rows] == [0] * 8 + [1] * 8
     assert all(r.memcpy == [] and r.memcpy_us == 0.0 for r in b.rows)
     for r in b.rows:
         assert sum(getattr(r, cat) for cat in CATEGORIES) == pytest.approx(r.step_us, abs=1e-6)

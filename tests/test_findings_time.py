@@ -1,76 +1,43 @@
-"""Timing findings on real runs: the planted straggler of `commlens harness --delay` (torchrun/gloo, ingested
-by the harness into a store) and the 8-rank DLRM job's exposed communication. A persistent straggler is
-named by arrival with the ms per step its peers wait; a run without delay raises no timing finding, the
+"""Timing findings on real runs: the planted straggler of `commlens harness --delay` (torchrun/gloo runs
+shared by the session, tests/harness_runs.py, ingested into a store) and the 8-rank DLRM job's exposed
+communication. A persistent straggler is named by arrival with the ms per step its peers wait; a run without delay raises no timing finding, the
 same on every call; each finding links the steps, ranks and instances it rests on; the inputs stored at
 ingest follow a scheme override."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
 import pytest
+from harness_runs import DELAY_MS, HarnessRuns, named
 
 from commlens import store
 from commlens.backend.findings import findings
 from commlens.contract.analysis import Finding
+from commlens.harness import launch
 from commlens.ingest.inputs import iter_inputs
 from commlens.service.ingest import ingest_run
 from commlens.service.schemes import override_scheme
 
-DELAY_MS = 60.0
-MODEL = [
-    *("--layers", "1", "--hidden", "32", "--heads", "4", "--vocab", "64", "--seq-len", "16"),
-    *("--micro-batch-size", "2", "--micro-batches", "1", "--device", "cpu", "--dtype", "float32"),
-    *("--steps", "10", "--profile-wait", "1", "--profile-warmup", "1", "--profile-active", "8", "--timeout", "120"),
-]
-RUNS = {
-    "dp": ["--dp", "2"],
-    "dp-delay": ["--dp", "2", "--delay", f"1:{DELAY_MS:g}"],
-    "dp-tp-delay": ["--dp", "2", "--tp", "2", "--delay", f"1:{DELAY_MS:g}"],
-}
-INGEST = ("--ingest", "--db")
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-
 
 @pytest.fixture(scope="module")
-def harness_con(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], duckdb.DuckDBPyConnection]]:
-    """A connection to the store holding the named harness run; each run once, on first use."""
-    pytest.importorskip("torch")
-    root = tmp_path_factory.mktemp("findings-time")
-    db = root / "store.duckdb"
+def harness_con(
+    harness_runs: HarnessRuns, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[str], duckdb.DuckDBPyConnection]]:
+    """A connection to the store holding the named straggler run (tests/harness_runs.py, launched once per
+    session), ingested as `commlens harness --ingest` does; each run once, on first use."""
+    db = tmp_path_factory.mktemp("findings-time") / "store.duckdb"
     done: set[str] = set()
     opened: list[duckdb.DuckDBPyConnection] = []
 
     def get(name: str) -> duckdb.DuckDBPyConnection:
         if name not in done:
-            for c in opened:  # the harness's ingest writes the store
+            for c in opened:  # ingestion writes the store
                 c.close()
             opened.clear()
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "commlens.cli",
-                    "harness",
-                    "--out",
-                    str(root / name),
-                    *MODEL,
-                    *RUNS[name],
-                    *INGEST,
-                    str(db),
-                ],
-                env=ENV,
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=False,
-            )
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+            assert not launch.ingest_run(db, named(harness_runs.straggler(name), name)).failed
             done.add(name)
         if not opened:
             opened.append(store.connect(db))
@@ -94,7 +61,7 @@ def test_dp_delay_finding_names_rank_1_with_its_ms_per_step(harness_con) -> None
     assert f.evidence["rank"] == 1 and f.evidence["scheme"] == "dp" and f.severity == "high"
     assert f.title.startswith("Rank 1 is a persistent dp straggler: its peers wait ")
     assert f.ms_per_step == pytest.approx(DELAY_MS, rel=0.2) and f.evidence["wait_ms_per_step"] == f.ms_per_step
-    assert f.step_share is not None and 0.5 < f.step_share < 1.0  # the sleep is most of a 65-70 ms step
+    assert f.step_share is not None and 0.5 < f.step_share < 1.0  # the sleep is most of the step
     assert f.evidence_text["wait_ms_per_step"].endswith(" ms") and f.evidence_text["arrived_last_share"] == "100%"
     assert f.stability is not None and f.stability.startswith("caused most of the group's wait in 8 of 8 steps")
     assert f.ranks == [0, 1] and f.steps == list(range(2, 10))

@@ -21,41 +21,18 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from statistics import mean, median
+from statistics import median
 from typing import Any
 
 import orjson
 import pytest
+from harness_runs import DELAY_MS, PROFILED_STEPS, STRAGGLER_MODEL, HarnessRuns
 
-from commlens.harness import launch
 from commlens.harness.config import ConfigError, Delay, HarnessConfig, parse_delays, validation_errors
 
-DELAY_MS = 60.0
-# One block, a few profiled steps: the mean over steps damps the scheduling noise of a busy machine.
-TINY: dict[str, Any] = {
-    "layers": 1,
-    "hidden": 32,
-    "heads": 4,
-    "vocab": 64,
-    "seq_len": 16,
-    "micro_batch_size": 2,
-    "micro_batches": 1,
-    "steps": 6,
-    "profile_wait": 1,
-    "profile_warmup": 1,
-    "profile_active": 4,
-    "device": "cpu",
-    "dtype": "float32",
-    "timeout_s": 120.0,
-}
-PROFILED = range(2, 6)
-RUNS: dict[str, dict[str, Any]] = {
-    "dp": {"dp": 2},
-    "dp-delay": {"dp": 2, "delays": [Delay(1, DELAY_MS)]},
-    "dp-tp": {"dp": 2, "tp": 2},
-    "dp-tp-delay": {"dp": 2, "tp": 2, "delays": [Delay(1, DELAY_MS)]},
-    "phases": {"dp": 2, "delays": [Delay(0, 30.0, "backward"), Delay(1, 20.0, "optimizer")]},
-}
+# The runs: tests/harness_runs.py's straggler runs (one block, 8 profiled steps, shared with the time, findings,
+# report and API tests), and one with a delay in each of the later phases.
+PHASES: dict[str, Any] = {"dp": 2, "delays": [Delay(0, 30.0, "backward"), Delay(1, 20.0, "optimizer")]}
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 Event = dict[str, Any]
@@ -113,27 +90,14 @@ def test_cli_refuses_a_delay_outside_the_job_before_starting(tmp_path):
 # ----------------------------------------------------------------------------- real runs
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory):
-    """Each run once, on first use; the suite pays for it once."""
-    root = tmp_path_factory.mktemp("harness-delay")
-    done: dict[str, Path] = {}
+@pytest.fixture
+def runs(harness_runs: HarnessRuns):
+    """A straggler run (or "phases") by name, shared by the session: launched once, on first use."""
 
     def get(name: str) -> Path:
-        if name not in done:
-            (run,) = launch.plan_runs(root / name, dict(TINY, **RUNS[name]), None, [], None)
-            launch.prepare(run, overwrite=False)
-            proc = subprocess.run(
-                launch.torchrun_command(run, ["pytest", name]),
-                env=ENV,
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=False,
-            )
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-            done[name] = run.out
-        return done[name]
+        if name == "phases":
+            return harness_runs("phases", dict(STRAGGLER_MODEL, **PHASES)).out
+        return harness_runs.straggler(name).out
 
     return get
 
@@ -182,13 +146,13 @@ def test_delay_is_recorded_and_visible_in_the_traces(delayed, base, runs):
     rc = RunConfig.model_validate(_run_json(out))
     assert [d.model_dump() for d in rc.delays] == [{"rank": 1, "ms": DELAY_MS, "phase": "forward"}]
     assert sorted(rc.step_wall_ms) == list(range(rc.world_size))
-    assert all(len(walls) == TINY["steps"] for walls in rc.step_wall_ms.values())
+    assert all(len(walls) == STRAGGLER_MODEL["steps"] for walls in rc.step_wall_ms.values())
     assert min(rc.step_wall_ms[1]) >= DELAY_MS  # the sleep is inside the timed step
     assert RunConfig.model_validate(_run_json(runs(base))).delays == []
 
     events = _events(out, 1)
     steps = _steps(events)
-    assert sorted(steps) == list(PROFILED)
+    assert sorted(steps) == list(PROFILED_STEPS)
     for n, step in steps.items():  # once per step, before the forward, at least the delay long
         (delay,) = _named(events, "commlens.delay", step)
         assert delay["dur"] >= DELAY_MS * 1000, (n, delay)
@@ -199,16 +163,16 @@ def test_delay_is_recorded_and_visible_in_the_traces(delayed, base, runs):
     dim = "dp" if base == "dp" else "tp"
     with_delay = allreduce_ms_per_step(out, 0, dim)
     without = allreduce_ms_per_step(runs(base), 0, dim)
-    assert sorted(with_delay) == sorted(without) == list(PROFILED)
-    extra = mean(with_delay.values()) - mean(without.values())
-    if dim == "dp":
+    assert sorted(with_delay) == sorted(without) == list(PROFILED_STEPS)
+    if dim == "dp":  # medians across steps: one crowded step of either run moves a mean by tens of ms
+        extra = median(with_delay.values()) - median(without.values())
         assert extra == pytest.approx(DELAY_MS, rel=0.2), (with_delay, without)
         return
     # Four ranks on a two-core host: without delay, rank 0 also waits for peers that the scheduler
     # set aside (10-25 ms per step on a busy machine), and the sleep absorbs part of that, so the extra
     # over the run without delay falls short of the delay by that much. The control that shares the
     # contention is the run's other tp group: rank 2 holds rank 0's place in it and nobody there sleeps.
-    # Crowding only adds waits (a CI run beside a CPU burner measured +73 ms over the control for the 60 ms
+    # Crowding only adds waits (a CI run beside a CPU burner measured +73 ms over the control for a 60 ms
     # delay), so this raw check is one-sided; the analysis's 20% band for the tp group is asserted in
     # tests/test_time_harness.py, on arrivals rather than on all-reduce durations.
     # Medians across steps: one crowded step (215 ms in an undelayed run beside a burner) moves a mean by more

@@ -5,14 +5,13 @@ job, on a real torchrun/gloo harness run with a planted straggler, and on a run 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import shared_data
+from harness_runs import DELAY_MS, HarnessRuns, named
 
 from commlens import store
 from commlens.ingest.inputs import iter_inputs
@@ -91,50 +90,19 @@ def test_runs_without_timeline_say_why(dlrm_db: Path) -> None:
     assert section.startswith("\n\nNo time analysis for this run (no trace with a timeline).")
 
 
-# Seven profiled steps of one DDP bucket each: the straggler rule needs 6 instances in the group.
-TINY: dict[str, Any] = {
-    "layers": 1,
-    "hidden": 32,
-    "heads": 4,
-    "vocab": 64,
-    "seq_len": 16,
-    "micro_batch_size": 2,
-    "micro_batches": 1,
-    "steps": 9,
-    "profile_wait": 1,
-    "profile_warmup": 1,
-    "profile_active": 7,
-    "device": "cpu",
-    "dtype": "float32",
-    "timeout_s": 120.0,
-}
-
-
-def test_harness_straggler_in_json_and_markdown(tmp_path: Path) -> None:
-    """`--dp 2 --delay 1:60` on torchrun/gloo: time.stragglers names rank 1 in dp."""
-    pytest.importorskip("torch")
+def test_harness_straggler_in_json_and_markdown(harness_runs: HarnessRuns, tmp_path: Path) -> None:
+    """`--dp 2 --delay 1:MS` on torchrun/gloo (8 profiled steps, shared by the session: tests/harness_runs.py):
+    time.stragglers names rank 1 in dp."""
     from commlens.harness import launch
-    from commlens.harness.config import Delay
 
-    (run,) = launch.plan_runs(tmp_path / "late", dict(TINY, dp=2, delays=[Delay(1, 60.0)]), None, [], None)
-    launch.prepare(run, overwrite=False)
-    proc = subprocess.run(
-        launch.torchrun_command(run, ["pytest", "report-time"]),
-        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,  # the failure is asserted with the run's output
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     db = tmp_path / "store.duckdb"
-    launch.ingest_run(db, run)
+    assert not launch.ingest_run(db, named(harness_runs.straggler("dp-delay"), "late")).failed
     t = json.loads(report(db, "late", "json"))["time"]
     (s,) = t["stragglers"]
-    assert (s["rank"], s["scheme"], s["verdict"], s["steps"], s["steps_consistent"]) == (1, "dp", "straggler", 7, 7)
-    assert s["imposed_ms_per_step"] == pytest.approx(60.0, rel=0.2)
+    assert (s["rank"], s["scheme"], s["verdict"], s["steps"], s["steps_consistent"]) == (1, "dp", "straggler", 8, 8)
+    assert s["imposed_ms_per_step"] == pytest.approx(DELAY_MS, rel=0.2)
     ranks = {r["rank"]: r for r in t["ranks"]}
-    assert set(ranks) == {0, 1} and ranks[0]["steps"] == ranks[1]["steps"] == 7
+    assert set(ranks) == {0, 1} and ranks[0]["steps"] == ranks[1]["steps"] == 8
     assert ranks[0]["instances"] == ranks[1]["instances"] > 0
     assert ranks[1]["arrived_last"] >= 0.9 * ranks[1]["instances"]
     assert ranks[0]["wait_us"] > ranks[1]["wait_us"]

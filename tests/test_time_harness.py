@@ -1,12 +1,13 @@
 """The planted straggler through the whole product: `commlens harness --delay RANK:MS` on real torchrun/gloo
-runs, ingested by the harness into a store (`--ingest`), read back from `commlens report --format json`
-(key "time") and the time service.
+runs, ingested into a store as `commlens harness --ingest` does (`launch.ingest_run`), read back from
+`commlens report --format json` (key "time") and the time service.
 
-With `--dp 2 --delay 1:60` rank 1 sleeps 60 ms before every step's forward: it must be named the dp
-straggler, arrive last in >= 90% of the dp instances, and rank 0 must wait 60 ms +- 20% per step. With
-`--dp 2 --tp 2 --delay 1:60` the same holds for rank 1's tp group, where rank 1 arrives last only in the
+With `--dp 2 --delay 1:MS` rank 1 sleeps MS ms (DELAY_MS) before every step's forward: it must be named the
+dp straggler, arrive last in >= 90% of the dp instances, and rank 0 must wait MS ms +- 20% per step. With
+`--dp 2 --tp 2 --delay 1:MS` the same holds for rank 1's tp group, where rank 1 arrives last only in the
 first tp all-reduce of each step (the dozen after it are near-ties), so "last" is weighed by the wait it
-causes there. Without a delay no straggler is named. Each run once per module, on a one-block model.
+causes there. Without a delay no straggler is named. The runs (one-block model, 8 profiled steps) are
+tests/harness_runs.py's, launched once per session.
 """
 
 from __future__ import annotations
@@ -20,25 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness_runs import DELAY_MS, HarnessRuns, named
 
 from commlens import store
 from commlens.contract.time import StragglerReport
+from commlens.harness import launch
 from commlens.service import time as time_service
 
-DELAY_MS = 60.0
-MODEL = [
-    *("--layers", "1", "--hidden", "32", "--heads", "4", "--vocab", "64", "--seq-len", "16"),
-    *("--micro-batch-size", "2", "--micro-batches", "1", "--device", "cpu", "--dtype", "float32"),
-    # 8 profiled steps: the straggler rule needs 6 instances per group and a spread across steps
-    *("--steps", "10", "--profile-wait", "1", "--profile-warmup", "1", "--profile-active", "8"),
-    *("--timeout", "120"),
-]
-RUNS = {
-    "dp": ["--dp", "2"],
-    "dp-delay": ["--dp", "2", "--delay", f"1:{DELAY_MS:g}"],
-    "dp-tp": ["--dp", "2", "--tp", "2"],
-    "dp-tp-delay": ["--dp", "2", "--tp", "2", "--delay", f"1:{DELAY_MS:g}"],
-}
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 pytestmark = pytest.mark.slow
@@ -56,17 +45,15 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def run_db(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """The store holding the named harness run (run name = its directory), each run once, on first use."""
-    pytest.importorskip("torch")
-    root = tmp_path_factory.mktemp("time-harness")
-    db = root / "store.duckdb"
+def run_db(harness_runs: HarnessRuns, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The store holding the named straggler run (tests/harness_runs.py: launched once per session) under its
+    name, ingested as `commlens harness --ingest` does, each run once, on first use."""
+    db = tmp_path_factory.mktemp("time-harness") / "store.duckdb"
     done: set[str] = set()
 
     def get(name: str) -> Path:
         if name not in done:
-            proc = _cli("harness", "--out", str(root / name), *MODEL, *RUNS[name], "--ingest", "--db", str(db))
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+            assert not launch.ingest_run(db, named(harness_runs.straggler(name), name)).failed
             done.add(name)
         return db
 

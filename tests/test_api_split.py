@@ -4,6 +4,9 @@ job, through the same service code), `one_run` merges them, and one job's archiv
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -14,6 +17,8 @@ import pytest
 from commlens import store
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread, wait_job
+from commlens.contract.jobs import JobOut
+from commlens.frontend.page_runs import job_view
 from commlens.ingest.inputs import iter_inputs
 from commlens.service.ingest import ingest_run
 
@@ -81,6 +86,9 @@ def test_nccl_log_excerpts_upload_as_the_cli_splits_them(
         listed = {x["name"]: x["events"] for x in c.get("/api/runs", params={"limit": 100}).json()["items"]}
         assert listed["logs-nvidia-nccl-1193"] == 4 and listed["logs-nvidia-nccl-203"] == 7
         assert sorted(listed) == sorted(cli_runs)
+        # the upload page lists each run with a link to it
+        page = str(job_view(JobOut.model_validate(job)))
+        assert "up-jobs" in page and "/runs/logs-nvidia-nccl-1193" in page and "The files are of 19 jobs" in page
         if as_archive:
             assert all(x["upload"] == "logs.tar.gz" for x in job["results"])
         else:
@@ -109,3 +117,27 @@ def test_one_run_merges_and_dlrm_stays_one_run(tmp_path: Path, data_dir: Path, h
             "/api/runs/pair/files", files={"files": (pair[0].name, pair[0].read_bytes())}, data={"one_run": "maybe"}
         )
         assert bad.status_code == 422 and "form field 'one_run' is 'maybe'" in bad.json()["detail"]
+
+
+def test_commlens_upload_prints_the_runs_and_one_run_merges(tmp_path: Path, data_dir: Path) -> None:
+    pair = [str(data_dir / "nccl-logs" / f) for f in ("nvidia-nccl-1193.log", "nvidia-nccl-203.log")]
+    with ServerThread(Settings(db=tmp_path / "s.duckdb")) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+
+        def upload(run: str, *flags: str) -> str:
+            proc = subprocess.run(
+                [sys.executable, "-m", "commlens.cli", "upload", *pair, "--api", srv.url, "--run", run, *flags],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env={**os.environ, "COLUMNS": "400"},
+            )
+            assert proc.returncode == 0, proc.stderr
+            return proc.stdout
+
+        split = upload("two")
+        assert "The files are of 2 jobs: each is a run of its own (--one-run stores them all)." in split
+        assert "two-nvidia-nccl-203: 1 file(s), world size 2" in split
+        assert "The files are of" not in upload("one", "--one-run")
+        runs = {x["name"]: x["events"] for x in c.get("/api/runs").json()["items"]}
+        assert runs == {"two": 4, "two-nvidia-nccl-203": 7, "one": 11}

@@ -307,7 +307,7 @@ def _calls(db: Path) -> int:
         [
             sys.executable,
             "-c",
-            f"import duckdb; print(duckdb.connect({str(db)!r}).sql('SELECT count(*) FROM comms').fetchone()[0])",
+            f"import duckdb; print(duckdb.connect({str(db)!r}).execute('SELECT count(*) FROM comms').fetchall()[0][0])",
         ],
         capture_output=True,
         text=True,

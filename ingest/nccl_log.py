@@ -10,10 +10,12 @@ The reader is split by job: `nccl_grammar` (patterns, message classification, na
 
 Speed: per-operation (COLL) lines dominate large logs. Rows come from a template cached per (envelope
 with op name, "datatype .. comm .. [nranks=..]" text); only opCount, count and the sequence number vary.
-A large block (`VECTOR_MIN_LINES` lines or more) is split into lines and cut at the COLL markers with
-pyarrow kernels; the pieces are checked (the repeated ones once per distinct value) so that a line takes
-the vectorised route only when `FAST` would match it as a clean COLL line with these very groups; its
-rows then go into an Arrow table (`ParseResult.event_tables`). Every other line (init, topology,
+A large block (`VECTOR_MIN_LINES` lines or more) is cut into words at its blanks with numpy; the words
+are checked (the literals as 8-byte words, opCount and count as digit columns, the head and the tail
+once per distinct value) so that a line takes the vectorised route only when `FAST` would match it as a
+clean COLL line with these very groups; its rows then go into an Arrow table
+(`ParseResult.event_tables`). A thread reads, decompresses, hashes and cuts the next blocks while this
+module's state machine works on the current one (`_ahead`): on two cores the two overlap. Every other line (init, topology,
 tuning, damaged lines), and short runs of clean COLL lines between such lines, go through the
 per-line path in order (`_block_lines`), so sequence numbers, communicator instances and skips come
 out exactly as line by line. A small block is matched with one compiled bytes regex that yields one

@@ -26,7 +26,7 @@ from . import (
     page_topology,
 )
 from .client import ApiProblem
-from .components import guarded, message, problem_box
+from .components import guarded, message, preload_plotly_imports, problem_box
 from .config import UiConfig
 from .style import CSS
 from .urls import RUN_PAGES, parse, route, run_path
@@ -55,6 +55,7 @@ INDEX = (
 def create_ui(api_url: str | None = None) -> Dash:
     """The dashboard. `api_url`: the API's server root; None when mounted in the API's own server."""
     cfg = UiConfig(api_url=api_url)
+    preload_plotly_imports()
     app = Dash(
         __name__,
         title="commlens",

@@ -234,6 +234,18 @@ def chart_block(
     )
 
 
+def preload_plotly_imports() -> None:
+    """Plotly imports pandas and numpy lazily on the first figure and elsewhere reads them from sys.modules
+    without waiting for an import in progress: two callbacks building the first figures of a fresh server at
+    once met a half-imported pandas ("partially initialized module 'pandas'", a 500 for both). The dashboard
+    calls this once before it serves; `import commlens.frontend` stays light."""
+    from _plotly_utils.optional_imports import get_module
+
+    for name in ("numpy", "pandas"):
+        get_module(name)
+    go.Figure(layout={"template": "plotly_white"}).to_plotly_json()
+
+
 def figure(title: str, x_title: str, y_title: str, height: int = 340) -> go.Figure:
     fig = go.Figure()
     fig.update_layout(

@@ -140,6 +140,9 @@ def harness(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Validate, write the config and print the torchrun commands; start nothing."
     ),
+    verbose: bool = typer.Option(
+        False, "--verbose", help="Also show the profiler's start/stop markers (STAGE:/USDT: lines), hidden by default."
+    ),
 ) -> None:
     """Train a small GPT under DDP, ZeRO-1/2/3, TP(+SP), PP and their combinations, with profiler traces."""
     from . import launch
@@ -217,7 +220,7 @@ def harness(
             console.print("  multi-node:  " + launch.multinode_command(run), markup=False, soft_wrap=True)
             continue
         console.print(f"[bold]{header}[/bold] -> {run.out}")
-        code = launch.launch(run, command)
+        code = launch.launch(run, command, verbose=verbose)
         if code != 0 and run.cfg.hang is not None:
             _report_hang(run, code)
         if code != 0:

@@ -8,11 +8,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from .config import ConfigError, HarnessConfig, resolve_world, validation_errors
 
@@ -23,6 +25,12 @@ CONFIG_NAME = ".harness-config.json"  # hidden: `commlens ingest DIR` skips it
 # In ingestion order: run.json first (it labels the groups), then traces, NCCL logs and the Flight Recorder dumps
 # a --hang run leaves (ingested beside the traces, they show where the job stopped)
 OUTPUT_GLOBS = ("run.json", "trace.rank*.json.gz", "nccl.*.log", "flight_recorder.rank*.json")
+# The markers Kineto (the profiler's C++ side) writes to every rank's stderr at each start and stop, whatever
+# KINETO_LOG_LEVEL says short of silencing its errors too, e.g.
+#   STAGE:2026-11-25 02:09:48 27459:27459 SyncActivityProfilerHandler.cpp:51] Completed Stage: Warm Up
+#   USDT:2026-11-25 02:09:48 27459:27459 SyncActivityProfilerHandler.cpp:52] profiler_start
+# They say nothing about the run; the launcher drops them unless --verbose. Kineto's warnings and errors pass.
+PROFILER_NOISE = re.compile(rb"^(?:STAGE|USDT):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ [\w.]+\.cpp:\d+\] ")
 
 
 @dataclass
@@ -129,15 +137,42 @@ def prepare(run: PlannedRun, overwrite: bool) -> Path:
     return path
 
 
-def launch(run: PlannedRun, command: list[str], timeout_s: float | None = None) -> int:
-    """Run torchrun in the foreground (its output, progress and any rank's traceback, go to ours)."""
+def launch(run: PlannedRun, command: list[str], timeout_s: float | None = None, verbose: bool = False) -> int:
+    """Run torchrun in the foreground: its output (progress, any rank's traceback) goes to ours, less the
+    profiler's start/stop markers on stderr (PROFILER_NOISE) unless `verbose`."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    proc = subprocess.Popen(torchrun_command(run, command), env=env, stderr=None if verbose else subprocess.PIPE)
+    copier = None
+    if proc.stderr is not None:
+        copier = threading.Thread(target=copy_without_noise, args=(proc.stderr, sys.stderr), daemon=True)
+        copier.start()
     try:
-        return subprocess.run(torchrun_command(run, command), env=env, timeout=timeout_s, check=False).returncode
+        code = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        if copier is not None:  # ranks that outlive torchrun keep the pipe open: stop copying soon
+            copier.join(timeout=5)
         return 124
+    if copier is not None:
+        copier.join()
+    return code
+
+
+def copy_without_noise(source: IO[bytes], sink: IO[str]) -> None:
+    """Copy the ranks' stderr line by line as it comes, leaving out the profiler's markers."""
+    out = getattr(sink, "buffer", None)
+    for line in iter(source.readline, b""):
+        if PROFILER_NOISE.match(line):
+            continue
+        if out is not None:
+            out.write(line)
+            out.flush()
+        else:
+            sink.write(line.decode(errors="replace"))
+            sink.flush()
 
 
 def output_files(out: Path) -> list[Path]:

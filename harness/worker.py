@@ -36,6 +36,13 @@ FAIL_RANK_ENV = "COMMLENS_HARNESS_FAIL_RANK"  # fault injection for tests: that 
 NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,COLL,P2P,GRAPH,TUNING"}
 
 
+def progress(message: str) -> None:
+    """One progress line in one write: the ranks share torchrun's stdout, and print's separate newline lets
+    two ranks' lines run together."""
+    sys.stdout.write(f"{PROGRESS_PREFIX} {message}\n")
+    sys.stdout.flush()
+
+
 def trace_path(out: Path, rank: int) -> Path:
     return out / f"trace.rank{rank}.json.gz"
 
@@ -55,9 +62,7 @@ def dump_flight_recorder(out: Path, rank: int) -> None:
 def _hang_here(cfg: HarnessConfig, out: Path, rank: int, step: int) -> None:
     """--hang: the planted rank dumps its entries and stops before its next collective, never arriving; its
     peers time out (--timeout) and torchrun then ends it. It leaves by itself if nobody does."""
-    print(
-        f"{PROGRESS_PREFIX} rank {rank} hangs at step {step} (--hang): it never enters its next collective", flush=True
-    )
+    progress(f"rank {rank} hangs at step {step} (--hang): it never enters its next collective")
     dump_flight_recorder(out, rank)
     time.sleep(2 * cfg.timeout_s + 30)
     os._exit(3)
@@ -148,7 +153,8 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
     )
     for group in mesh.groups.values():  # create every communicator now, not inside a step (NCCL is lazy)
         dist.barrier(group=group.pg)
-    reporter = coords["pp"] == cfg.pp - 1 and coords["dp"] == 0 and coords["tp"] == 0 and coords["cp"] == 0
+    # one progress line per step, from the last stage's first rank (ep ranks train replicas of their own too)
+    reporter = coords["pp"] == cfg.pp - 1 and all(coords.get(d, 0) == 0 for d in ("dp", "tp", "cp", "ep"))
     losses: list[float] = []
     seconds: list[float] = []
     replicas, replica = cfg.dp * cfg.ep, coords["dp"] * cfg.ep + coords.get("ep", 0)  # ep ranks see other samples
@@ -184,10 +190,7 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
                 losses.append(loss)
             if reporter:
                 which = " (dp replica 0)" if cfg.dp > 1 else ""
-                print(
-                    f"{PROGRESS_PREFIX} step {step + 1}/{cfg.steps} loss{which} {loss:.4f} ({seconds[-1]:.2f}s)",
-                    flush=True,
-                )
+                progress(f"step {step + 1}/{cfg.steps} loss{which} {loss:.4f} ({seconds[-1]:.2f}s)")
     info = {
         "rank": rank,
         "coords": coords,
@@ -203,7 +206,7 @@ def train(cfg: HarnessConfig, out: Path, command: list[str]) -> None:
     dist.all_gather_object(gathered, info)
     if rank == 0:
         path = write_run_json(cfg, out, gathered, mesh, shape, command)
-        print(f"{PROGRESS_PREFIX} wrote {path}", flush=True)
+        progress(f"wrote {path}")
     dist.barrier()
 
 
@@ -215,7 +218,7 @@ def _step(runner: StepRunner, batches: list[torch.Tensor], cfg: HarnessConfig, o
         return runner.step(batches)
     except Exception:
         dump_flight_recorder(out, rank)
-        print(f"{PROGRESS_PREFIX} rank {rank}: a collective timed out (--hang); Flight Recorder dumped", flush=True)
+        progress(f"rank {rank}: a collective timed out (--hang); Flight Recorder dumped")
         raise
 
 

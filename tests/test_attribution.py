@@ -247,53 +247,14 @@ def test_real_rccl_hang_log(con, data_dir):
 
 
 @pytest.fixture(scope="module")
-def harness_run(tmp_path_factory):
-    """dp=2 x tp=2 GPT on gloo, 4 steps (2 profiled), ingested into a store file."""
-    import os
-    import subprocess
-    import sys
+def harness_run(harness_runs, tmp_path_factory):
+    """dp=2 x tp=2 GPT on gloo, 4 steps (2 profiled): test_harness's "ddp+tp" run, shared by the session
+    (tests/harness_runs.py), ingested into a store file."""
+    from test_harness import SCHEMES, TINY
 
-    pytest.importorskip("torch")
-    out = tmp_path_factory.mktemp("h") / "dp2tp2"
-    cmd = [
-        sys.executable,
-        "-m",
-        "commlens.cli",
-        "harness",
-        "--out",
-        str(out),
-        "--device",
-        "cpu",
-        "--dp",
-        "2",
-        "--tp",
-        "2",
-        "--layers",
-        "2",
-        "--hidden",
-        "32",
-        "--heads",
-        "2",
-        "--vocab",
-        "64",
-        "--seq-len",
-        "16",
-        "--micro-batches",
-        "2",
-        "--steps",
-        "4",
-    ]
-    proc = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    con = store.connect(out.parent / "store.duckdb")
-    ingest_real(con, out, "dp2tp2")
+    run = harness_runs("ddp+tp", dict(TINY, **SCHEMES["ddp+tp"]))
+    con = store.connect(tmp_path_factory.mktemp("h") / "store.duckdb")
+    ingest_real(con, run.out, "dp2tp2")
     attribute_run(con, "dp2tp2")
     yield con
     con.close()

@@ -8,9 +8,11 @@ from the harness's code) — once on the raw Kineto JSON and once through the in
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -39,9 +41,10 @@ TINY = {
 }
 
 SCHEMES: dict[str, dict] = {
-    "ddp": {"dp": 2, "micro_batches": 2},
-    # 1.8 MB of gradients: PyTorch's 1 MiB first bucket, then the rest (the predictor's bucket rule, exercised).
-    "ddp-2buckets": {"dp": 2, "micro_batches": 1, "hidden": 128, "vocab": 256},
+    # 1.8 MB of gradients: PyTorch's 1 MiB first bucket, then the rest (the predictor's bucket rule, exercised);
+    # two micro-batches: DDP still all-reduces each bucket once per step. (One bucket: the dp runs of the other
+    # modules.)
+    "ddp": {"dp": 2, "micro_batches": 2, "hidden": 128, "vocab": 256},
     "zero1": {"dp": 2, "zero": 1, "micro_batches": 2},
     "zero2": {"dp": 2, "zero": 2, "micro_batches": 2},
     "zero3": {"dp": 2, "zero": 3, "micro_batches": 2},
@@ -53,6 +56,17 @@ SCHEMES: dict[str, dict] = {
     "tp-sp+pp": {"tp": 2, "pp": 2, "sp": True, "micro_batches": 2, "schedule": "1f1b"},
 }
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+# Everything `commlens harness` itself prints on stdout: the run header, the ranks' progress, the table of output
+# files (title and box lines), the losses and the ingest summary.
+HARNESS_STDOUT = re.compile(
+    r"run \d+/\d+ \S+: \S+, world \d+ \((?:cpu|cuda)\) -> \S+"
+    r"|\[commlens harness\] (?:step \d+/\d+ loss[^\n]* \(\d+\.\d\ds\)|wrote \S+/run\.json)"
+    r"| *\S+: output files *|[┏┃┡│└].*[┓┃┩│┘]"
+    r"|loss per step: \d+\.\d{4}(?:, \d+\.\d{4})*"
+    r"|ingested \d+/\d+ files into \S+ as run '\S+'"
+)
+# Kineto's start/stop markers (STAGE:..., USDT:...), which `commlens harness` leaves out unless --verbose
+PROFILER_MARKER = re.compile(r"^(?:STAGE|USDT):", re.MULTILINE)
 
 
 # ----------------------------------------------------------------------------- no processes
@@ -129,6 +143,23 @@ def test_cli_refuses_impossible_config_before_starting(tmp_path):
     assert "world size 3 (--nproc) is not divisible by tp*pp = 2*2 = 4" in proc.stderr
     assert "--layers 3 is not divisible by --pp 2" in proc.stderr
     assert not out.exists()  # nothing written, nothing started
+
+
+def test_profiler_markers_are_left_out_and_everything_else_passes():
+    kept = [
+        b"[W123 socket.cpp:464] a warning of gloo's\n",
+        b"ERROR:2026-11-25 02:09:48 27459:27459 CuptiActivityApi.cpp:52] an error of Kineto's\n",
+        b"Traceback (most recent call last):\n",
+        "  \u00e9 not ASCII\n".encode(),
+    ]
+    markers = [
+        b"STAGE:2026-11-25 02:09:48 27459:27459 SyncActivityProfilerHandler.cpp:51] Completed Stage: Warm Up\n",
+        b"USDT:2026-11-25 02:09:48 27459:27459 SyncActivityProfilerHandler.cpp:52] profiler_start\n",
+    ]
+    source = io.BytesIO(b"".join([markers[0], kept[0], markers[1], *kept[1:]]))
+    sink = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
+    launch.copy_without_noise(source, sink)
+    assert sink.buffer.getvalue() == b"".join(kept)  # type: ignore[attr-defined]
 
 
 def test_cli_import_does_not_import_torch():
@@ -308,34 +339,10 @@ def trace_calls(path: Path) -> tuple[dict, dict[int, Counter]]:
 # ----------------------------------------------------------------------------- real runs
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Runs each scheme once, on first use; later tests reuse the outputs."""
-    root = tmp_path_factory.mktemp("harness")
-    done: dict[str, launch.PlannedRun] = {}
-    failed: dict[str, str] = {}  # a run that failed once is reported with its own output, not launched again
-
-    def get(scheme: str) -> launch.PlannedRun:
-        if scheme in failed:
-            pytest.fail(f"the {scheme} run failed earlier in this module:\n{failed[scheme]}")
-        if scheme not in done:
-            (run,) = launch.plan_runs(root / scheme, dict(TINY, **SCHEMES[scheme]), None, [], None)
-            launch.prepare(run, overwrite=False)
-            proc = subprocess.run(
-                launch.torchrun_command(run, ["pytest", scheme]),
-                env=ENV,
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=False,
-            )
-            if proc.returncode != 0:
-                failed[scheme] = proc.stdout[-3000:] + proc.stderr[-6000:]
-                pytest.fail(f"torchrun exited {proc.returncode}:\n{failed[scheme]}")
-            done[scheme] = run
-        return done[scheme]
-
-    return get
+@pytest.fixture
+def runs(harness_runs):
+    """A scheme's run, shared by the session (tests/harness_runs.py): launched once, on first use."""
+    return lambda scheme: harness_runs(scheme, dict(TINY, **SCHEMES[scheme]))
 
 
 @pytest.mark.slow
@@ -361,7 +368,7 @@ def test_scheme_run(scheme, runs):
     )  # embeddings + LM head, positions, blocks, final LN
     assert rc.model.param_count == 2 * vocab * h + s * h + layers * (12 * h * h + 13 * h) + 2 * h
     assert rc.profile.profiled_steps == [2, 3] and rc.mesh_dims == cfg.mesh_dims
-    assert rc.torch_version and rc.backend == "gloo" and rc.command == ["pytest", scheme]
+    assert rc.torch_version and rc.backend == "gloo" and rc.command == ["pytest", run.name]
     for info in rc.ranks:
         assert info.coords == cfg.coords(info.rank)
         assert info.param_count == psi_r(
@@ -498,6 +505,9 @@ def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path)
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "trace.rank1.json.gz" in proc.stdout and "loss per step" in proc.stdout
+    # no profiler or library noise: stdout holds only the harness's own lines, stderr no profiler marker
+    assert [line for line in proc.stdout.splitlines() if not HARNESS_STDOUT.fullmatch(line)] == []
+    assert PROFILER_MARKER.findall(proc.stderr) == [], proc.stderr[-2000:]
     tp_bytes = {}
     for s in (8, 16):
         run_dir = out / f"seq-len-{s}"

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from harness_runs import HarnessRuns, named
 
 from commlens.harness import launch
 from commlens.harness.config import HarnessConfig, validation_errors
@@ -76,24 +77,14 @@ def test_cli_refuses_experts_not_divisible_by_ep(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("ep")
-    db = root / "store.duckdb"
+def runs(harness_runs: HarnessRuns, tmp_path_factory: pytest.TempPathFactory):
+    """A configuration's run (shared by the session: tests/harness_runs.py), ingested into this module's store."""
+    db = tmp_path_factory.mktemp("ep") / "store.duckdb"
     done: dict[str, launch.PlannedRun] = {}
 
     def get(name: str) -> tuple[launch.PlannedRun, Path]:
         if name not in done:
-            (run,) = launch.plan_runs(root / name, dict(TINY, **CONFIGS[name]), None, [], None)
-            launch.prepare(run, overwrite=False)
-            proc = subprocess.run(
-                launch.torchrun_command(run, ["pytest", name]),
-                env=ENV,
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=False,
-            )
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+            run = named(harness_runs(name, dict(TINY, **CONFIGS[name])), name)
             assert not launch.ingest_run(db, run).failed
             done[name] = run
         return done[name], db

@@ -272,9 +272,8 @@ def test_rank_from_file_name_or_hint(data_dir: Path, con, tmp_path: Path) -> Non
 
 
 @pytest.fixture(scope="module")
-def gloo_traces(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    pytest.importorskip("torch")
-    return gloo.generate(tmp_path_factory.mktemp("gloo"), world=2)
+def gloo_traces(gloo_trace_files: list[Path]) -> list[Path]:
+    return gloo_trace_files  # generated once per session (conftest.py), shared with test_timing_gloo.py
 
 
 def test_gloo_every_collective_exactly_once(gloo_traces: list[Path], con) -> None:

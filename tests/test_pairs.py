@@ -12,13 +12,12 @@ A trace whose all_to_all calls record no split list (the 2023 DLRM job) says why
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from harness_runs import HarnessRuns, named
 from test_harness_ep import CONFIGS, TINY
 
 from commlens import store
@@ -29,27 +28,16 @@ from commlens.ingest.inputs import iter_inputs
 from commlens.service.ingest import ingest_run
 from commlens.service.pairs import pairs
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 DLRM = "kineto-param/dlrm_kineto.tar.gz"
 Matrix = list[list[int]]
 
 
 @pytest.fixture(scope="module")
-def ep_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, Any]]:
-    """`--ep 2 --experts 4 --top-k 2` at test_harness_ep's sizes, ingested: (store, run name, run.json)."""
-    root = tmp_path_factory.mktemp("pairs")
-    db = root / "store.duckdb"
-    (run,) = launch.plan_runs(root / "ep2", dict(TINY, **CONFIGS["ep2"]), None, [], None)
-    launch.prepare(run, overwrite=False)
-    proc = subprocess.run(
-        launch.torchrun_command(run, ["pytest", "pairs"]),
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+def ep_run(harness_runs: HarnessRuns, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, Any]]:
+    """`--ep 2 --experts 4 --top-k 2` at test_harness_ep's sizes (the session's run of it: tests/harness_runs.py),
+    ingested: (store, run name, run.json)."""
+    db = tmp_path_factory.mktemp("pairs") / "store.duckdb"
+    run = named(harness_runs("ep2", dict(TINY, **CONFIGS["ep2"])), "ep2")
     assert not launch.ingest_run(db, run).failed
     return db, run.name, json.loads((run.out / "run.json").read_text())
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gloo_traces as gloo
 import pytest
 
@@ -12,10 +14,10 @@ from commlens.ingest.kineto_timeline import RankTimeline
 
 
 @pytest.fixture(scope="module")
-def timelines(tmp_path_factory: pytest.TempPathFactory) -> dict[int, RankTimeline]:
-    pytest.importorskip("torch")
+def timelines(gloo_trace_files: list[Path]) -> dict[int, RankTimeline]:
+    """The session's gloo traces (conftest.py), read as timelines."""
     out = {}
-    for f in iter_inputs(gloo.generate(tmp_path_factory.mktemp("gloo"), world=2)):
+    for f in iter_inputs(gloo_trace_files):
         with f.open_raw() as raw:
             tl = read_timeline(open_content(raw, f.name), f.name)
         assert tl.rank is not None

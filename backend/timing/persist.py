@@ -54,16 +54,16 @@ def _vocab(con: duckdb.DuckDBPyConnection, column: str, run_id: int) -> list[str
     return [r[0] for r in rows]
 
 
-def _ints(col: pa.ChunkedArray, null: int = 0) -> Ints:
-    return np.asarray(col.fill_null(null).to_numpy(), dtype=np.int64)
+def _ints(col: pa.Array | pa.ChunkedArray, null: int = 0) -> Ints:
+    return np.asarray(col.fill_null(null).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _valid(col: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
+def _valid(col: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.bool_]:
     return np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _floats(col: pa.ChunkedArray) -> F64:
-    return np.asarray(col.cast(pa.float64()).fill_null(np.nan).to_numpy(), dtype=np.float64)
+def _floats(col: pa.Array | pa.ChunkedArray) -> F64:
+    return np.asarray(col.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
 def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
@@ -74,7 +74,8 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
         for k, v in con.execute("SELECT group_key, ranks FROM process_groups WHERE run_id = ?", [run_id]).fetchall()
     }
     ops, dtypes, groups = (_vocab(con, c, run_id) for c in ("op", "dtype", "group_key"))
-    c = con.sql(
+    c = _fetch(
+        con,
         """
         SELECT e.rank, e.source_id, e.seq, list_position($ops, e.op) - 1 AS op,
                coalesce(list_position($dtypes, e.dtype) - 1, -1) AS dtype, e.msg_bytes,
@@ -84,33 +85,36 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
         FROM comm_events e JOIN sources s USING (source_id)
         WHERE e.run_id = $run AND e.counted AND e.rank IS NOT NULL
         """,
-        params={"ops": ops or [""], "dtypes": dtypes or [""], "groups": groups or [""], "run": run_id},
-    ).to_arrow_table()
+        {"ops": ops or [""], "dtypes": dtypes or [""], "groups": groups or [""], "run": run_id},
+        ints={"rank": 0, "source_id": 0, "seq": 0, "op": 0, "dtype": -1, "grp": -1, "group_size": -1},
+        flagged=("msg_bytes", "key", "step"),
+        floats=("arrival", "end_us"),
+    )
     # Sorted here, not by DuckDB: its sort of a 10M-row result kept about 2 GB after it was done.
-    o = np.lexsort((_ints(c["seq"]), _ints(c["source_id"]), _ints(c["rank"])))
+    _permute(c, np.lexsort((c["seq"], c["source_id"], c["rank"])))
     calls = CallTable(
-        rank=_ints(c["rank"])[o],
-        seq=_ints(c["seq"])[o],
-        op=_ints(c["op"])[o],
+        rank=c["rank"],
+        seq=c["seq"],
+        op=c["op"],
         ops=ops,
-        dtype=_ints(c["dtype"])[o],
+        dtype=c["dtype"],
         dtypes=dtypes,
-        msg_bytes=_ints(c["msg_bytes"])[o],
-        has_bytes=_valid(c["msg_bytes"])[o],
-        group=_ints(c["grp"])[o],
+        msg_bytes=c["msg_bytes"],
+        has_bytes=c["has_msg_bytes"],
+        group=c["grp"],
         groups=groups,
-        group_size=_ints(c["group_size"], -1)[o],
-        match_key=_ints(c["key"])[o],
-        has_key=_valid(c["key"])[o],
-        step=_ints(c["step"])[o],
-        has_step=_valid(c["step"])[o],
-        arrival=_floats(c["arrival"])[o],
-        end=_floats(c["end_us"])[o],
+        group_size=c["group_size"],
+        match_key=c["key"],
+        has_key=c["has_key"],
+        step=c["step"],
+        has_step=c["has_step"],
+        arrival=c["arrival"],
+        end=c["end_us"],
         group_ranks=[group_ranks.get(g) if g else None for g in groups],
         world_ranks=None,
-        source_id=_ints(c["source_id"])[o],
+        source_id=c["source_id"],
     )
-    del c, o
+    del c
     ranks: dict[int, RankArrays] = {}
 
     def rank_of(r: int) -> RankArrays:
@@ -129,24 +133,20 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
         rank_of(r).steps = StepArrays(
             _ints(steps["step"])[a:b], _floats(steps["ts_us"])[a:b], _floats(steps["end_us"])[a:b]
         )
-    iv = con.sql(
-        "SELECT rank, coalesce(list_position(?, kind) - 1, -1) AS kind, stream, start_us, end_us, nbytes "
-        "FROM timeline_intervals WHERE run_id = ? AND rank IS NOT NULL",
-        params=[list(KINDS), run_id],
-    ).to_arrow_table()
-    # by rank, kind (by name), stream (nulls last) and start, as ORDER BY would
-    kind = _ints(iv["kind"], -1)
-    by_name = np.append(np.argsort(np.argsort(KINDS)), len(KINDS))  # code -1: the last entry
-    iv_rank = _ints(iv["rank"])
-    o = np.lexsort((_floats(iv["start_us"]), _ints(iv["stream"], np.iinfo(np.int64).max), by_name[kind], iv_rank))
-    kind, iv_rank = kind[o], iv_rank[o]
-    stream, start, stop, nbytes = (
-        _ints(iv["stream"], -1)[o],
-        _floats(iv["start_us"])[o],
-        _floats(iv["end_us"])[o],
-        _ints(iv["nbytes"])[o],
+    iv = _fetch(
+        con,
+        "SELECT rank, coalesce(list_position($kinds, kind) - 1, -1) AS kind, stream, start_us, end_us, nbytes "
+        "FROM timeline_intervals WHERE run_id = $run AND rank IS NOT NULL",
+        {"kinds": list(KINDS), "run": run_id},
+        ints={"rank": 0, "kind": -1, "stream": np.iinfo(np.int64).max, "nbytes": 0},
+        floats=("start_us", "end_us"),
     )
-    del iv, o
+    # by rank, kind (by name), stream (nulls last) and start, as ORDER BY would
+    by_name = np.append(np.argsort(np.argsort(KINDS)), len(KINDS))  # code -1: the last entry
+    _permute(iv, np.lexsort((iv["start_us"], iv["stream"], by_name[iv["kind"]], iv["rank"])))
+    iv_rank, kind, start, stop, nbytes = (iv[n] for n in ("rank", "kind", "start_us", "end_us", "nbytes"))
+    stream = np.where(iv["stream"] == np.iinfo(np.int64).max, -1, iv["stream"])
+    del iv
     for r, (a, b) in _by_rank(iv_rank):
         rank_of(r).intervals = IntervalArrays(kind[a:b], stream[a:b], start[a:b], stop[a:b], nbytes[a:b])
     notes: list[str] = []
@@ -176,6 +176,41 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
     timed = bool((~np.isnan(calls.arrival)).any())
     ordered = dict(sorted(ranks.items()))
     return RunInput(ordered, calls, world[0] if world else None, hosts or None, schemes, timed, notes)
+
+
+def _fetch(
+    con: duckdb.DuckDBPyConnection,
+    sql: str,
+    params: dict[str, Any],
+    ints: Mapping[str, int],
+    floats: Sequence[str] = (),
+    flagged: Sequence[str] = (),
+) -> dict[str, npt.NDArray[Any]]:
+    """A query's columns as numpy arrays, read in record batches so that neither DuckDB nor Arrow holds
+    the whole result beside them: `ints` with the value given for null, `floats` with NaN, `flagged` as
+    ints (null: 0) and `has_<name>` flags."""
+    parts: dict[str, list[npt.NDArray[Any]]] = defaultdict(list)
+    reader = con.sql(sql, params=params).to_arrow_reader(1 << 20)
+    for batch in reader:
+        cols = dict(zip(batch.schema.names, batch.columns, strict=True))
+        for name, null in ints.items():
+            parts[name].append(_ints(cols[name], null))
+        for name in flagged:
+            parts[name].append(_ints(cols[name]))
+            parts[f"has_{name}"].append(_valid(cols[name]))
+        for name in floats:
+            parts[name].append(_floats(cols[name]))
+    names = [*ints, *flagged, *(f"has_{n}" for n in flagged), *floats]
+    empty = {
+        n: np.zeros(0, dtype=bool if n.startswith("has_") else np.float64 if n in floats else np.int64) for n in names
+    }
+    return {n: np.concatenate(parts.pop(n)) if parts.get(n) else empty[n] for n in names}
+
+
+def _permute(columns: dict[str, npt.NDArray[Any]], order: Ints) -> None:
+    """Reorder every column, one at a time (one extra column in memory, not all)."""
+    for name in list(columns):
+        columns[name] = columns[name][order]
 
 
 def _empty(*dtypes: type) -> list[npt.NDArray[Any]]:

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 
 from commlens.backend.timing.breakdown import RankSpans, classify
-from commlens.backend.timing.segments import classify_windows, memory_busy, segment_sum, sparse_sum
+from commlens.backend.timing.segments import classify_windows, memory_busy, segment_sum, sequential_sums, sparse_sum
 
 
 def test_segment_sum_adds_in_numpys_order() -> None:
@@ -20,6 +20,21 @@ def test_segment_sum_adds_in_numpys_order() -> None:
     at = np.concatenate([[0], np.cumsum(counts)])
     want = [values[a:b].sum() for a, b in itertools.pairwise(at)]
     assert got.tolist() == [float(x) for x in want]
+
+
+def test_sequential_sums_add_as_python_does() -> None:
+    """Runs short and long (the straggler and rank sums that were `+=` loops), 1-D and per column."""
+    rng = np.random.default_rng(11)
+    counts = rng.integers(0, 90, 200)
+    counts[:3] = [0, 1, 500]
+    values = rng.random(int(counts.sum())) * rng.choice([1e-3, 1.0, 1e3, 1e9], int(counts.sum()))
+    at = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    want = [sum(values[a:b].tolist()) for a, b in itertools.pairwise(at)]
+    assert sequential_sums(values, counts).tolist() == want
+    assert want != [float(values[a:b].sum()) for a, b in itertools.pairwise(at)]  # pairwise order differs
+    table = np.stack([values, values[::-1]], axis=1)
+    cols = sequential_sums(table, counts)
+    assert cols[:, 1].tolist() == [sum(table[a:b, 1].tolist()) for a, b in itertools.pairwise(at)]
 
 
 def test_sparse_sum_is_the_sum_of_the_whole_array() -> None:

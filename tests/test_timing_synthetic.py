@@ -70,6 +70,16 @@ def test_keyed_matching_pairs_by_seq_not_order() -> None:
     assert (miss.position, miss.reason, miss.rank_b, miss.side_b) == (1, "missing on a member", 1, None)
 
 
+def test_a_key_seen_twice_on_a_rank_pairs_its_last_call() -> None:
+    r0 = _rank(0, [("all_reduce", 64, 10, 20, 1, 0), ("all_reduce", 64, 30, 40, 2, 0)])
+    r1 = _rank(
+        1, [("all_reduce", 64, 12, 20, 1, 0), ("all_reduce", 64, 33, 40, 1, 0), ("all_reduce", 64, 35, 40, 2, 0)]
+    )
+    m = match_instances({0: r0.calls, 1: r1.calls})
+    assert m.instances.key == [1, 2] and not m.mismatches
+    assert m.instances.member_seq == [(0, 1), (1, 2)] and m.instances.member_arrival == [(10, 33), (30, 35)]
+
+
 def test_size_must_agree_except_all_to_all() -> None:
     r0 = _rank(0, [("all_to_all", 64, 10, 20, None, 0), ("all_reduce", 64, 30, 40, None, 0)])
     r1 = _rank(1, [("all_to_all", 96, 10, 20, None, 0), ("all_reduce", 32, 30, 40, None, 0)])

@@ -384,23 +384,33 @@ def _instances(job: TimeAnalysis, schemes: Mapping[str, str]) -> Columns:
 def _members(job: TimeAnalysis, data: RunInput) -> Columns:
     inst, st, clocks = job.match.instances, job.stats, job.clocks
     t = data.calls
-    # source of a member: the last call (store order) of its rank with its seq
-    o = np.lexsort((np.arange(len(t)), t.seq, t.rank))
-    r_s, q_s = t.rank[o], t.seq[o]
-    last = np.r_[(r_s[1:] != r_s[:-1]) | (q_s[1:] != q_s[:-1]), True] if len(o) else np.zeros(0, dtype=bool)
-    group = np.empty(len(t), dtype=np.int64)
-    group[o] = np.cumsum(np.r_[True, last[:-1]]) - 1 if len(o) else group[o]
     assert t.source_id is not None
-    source = t.source_id[o][last][group[inst.m_row]]
     return {
         "instance_id": inst.m_inst,
         "rank": inst.m_rank,
-        "source_id": source,
+        "source_id": _member_sources(t, t.source_id, inst.m_row),
         "seq": inst.m_seq,
         "arrival_ref_us": _f(st.m_arrival_ref),
         "end_ref_us": _f(inst.m_end + clocks.offset_of(inst.m_rank)),
         "wait_us": _f(st.m_wait),
     }
+
+
+def _member_sources(t: CallTable, source_id: Ints, rows: Ints) -> Ints:
+    """Each member's source: the last call (store order) of its rank with its seq. With one source per
+    rank that is the member's own call; else a (rank, seq) seen in two sources takes the later one."""
+    if not len(t):
+        return source_id[rows]
+    new_rank = np.r_[True, t.rank[1:] != t.rank[:-1]]
+    new_source = new_rank | np.r_[True, source_id[1:] != source_id[:-1]]
+    if int(new_rank.sum()) == int(new_source.sum()):  # rows are by rank, source: one source per rank
+        return source_id[rows]
+    o = np.lexsort((np.arange(len(t)), t.seq, t.rank))
+    r_s, q_s = t.rank[o], t.seq[o]
+    last = np.r_[(r_s[1:] != r_s[:-1]) | (q_s[1:] != q_s[:-1]), True]
+    group = np.empty(len(t), dtype=np.int64)
+    group[o] = np.cumsum(np.r_[True, last[:-1]]) - 1
+    return source_id[o][last][group[rows]]
 
 
 def _ensure(out: Columns, names: Sequence[str]) -> Columns:

@@ -189,27 +189,47 @@ def breakdown(
         where, params = where + " AND rank = ?", [*params, rank]
     if step is not None:
         where, params = where + " AND step = ?", [*params, step]
-    (total,) = _rows(con, f"SELECT count(*) FROM time_breakdown WHERE {where} AND scheme IS NULL", params)[0]
-    whole = _rows(
-        con,
-        f"""SELECT rank, step, step_us, compute_us, overlapped_us, wait_us, exposed_us, memcpy_us, idle_us
-            FROM time_breakdown WHERE {where} AND scheme IS NULL ORDER BY rank, step LIMIT ? OFFSET ?""",
-        [*params, limit, offset],
-    )
     split: dict[tuple[int, int], list[SchemeTime]] = defaultdict(list)
     lanes: dict[tuple[int, int], list[MemcpyLane]] = defaultdict(list)
+    if step is not None:
+        # One step holds a row per rank and scheme: read them in one pass (no step-ordered zone maps to prune
+        # with, each pass reads the whole table), count and page here.
+        whole, split_rows = [], []
+        for r, n, sc, t, c, ov, w, ex, m, i in _rows(
+            con,
+            f"""SELECT rank, step, scheme, step_us, compute_us, overlapped_us, wait_us, exposed_us, memcpy_us, idle_us
+                FROM time_breakdown WHERE {where} ORDER BY rank, step, scheme NULLS FIRST""",
+            params,
+        ):
+            if sc is None:
+                whole.append((r, n, t, c, ov, w, ex, m, i))
+            elif scheme is None or sc == scheme:
+                split_rows.append((r, n, sc, ov, w, ex))
+        total, whole = len(whole), whole[offset : offset + limit]
+        keys = {(r, n) for r, n, *_ in whole}
+        split_rows = [x for x in split_rows if (x[0], x[1]) in keys]
+    else:
+        (total,) = _rows(con, f"SELECT count(*) FROM time_breakdown WHERE {where} AND scheme IS NULL", params)[0]
+        whole = _rows(
+            con,
+            f"""SELECT rank, step, step_us, compute_us, overlapped_us, wait_us, exposed_us, memcpy_us, idle_us
+                FROM time_breakdown WHERE {where} AND scheme IS NULL ORDER BY rank, step LIMIT ? OFFSET ?""",
+            [*params, limit, offset],
+        )
     if whole:
         # the page's rows lie between its first and last (rank, step): one range for the split and the lanes
         lo, hi = (whole[0][0], whole[0][1]), (whole[-1][0], whole[-1][1])
         page = f"{where} AND rank BETWEEN ? AND ? AND (rank, step) BETWEEN (?, ?) AND (?, ?)"
         bounds = [*params, lo[0], hi[0], *lo, *hi]
-        for r, n, sc, ov, w, ex in _rows(
-            con,
-            f"""SELECT rank, step, scheme, overlapped_us, wait_us, exposed_us FROM time_breakdown
-                WHERE {page} AND scheme IS NOT NULL {"AND scheme = ?" if scheme else ""}
-                ORDER BY rank, step, scheme""",
-            bounds + ([scheme] if scheme else []),
-        ):
+        if step is None:
+            split_rows = _rows(
+                con,
+                f"""SELECT rank, step, scheme, overlapped_us, wait_us, exposed_us FROM time_breakdown
+                    WHERE {page} AND scheme IS NOT NULL {"AND scheme = ?" if scheme else ""}
+                    ORDER BY rank, step, scheme""",
+                bounds + ([scheme] if scheme else []),
+            )
+        for r, n, sc, ov, w, ex in split_rows:
             split[(r, n)].append(SchemeTime(scheme=sc, overlapped_us=ov, wait_us=w, exposed_us=ex))
         for r, n, d, b, busy, gbps in _rows(
             con,

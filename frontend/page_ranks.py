@@ -231,9 +231,9 @@ def heatmap(
         s = imb.scheme or UNATTRIBUTED
         if imb.max_rank not in ranks:  # another band's rank: a marker would add a row
             continue
-        fig.add_annotation(
-            x=s,
-            y=imb.max_rank,
+        fig.add_annotation(  # positions, not names: Plotly reads a name like "700" as the number 700
+            x=schemes.index(s),
+            y=ranks.index(imb.max_rank),
             text=f"max ×{imb.max_over_mean:.2f}",  # noqa: RUF001 - the multiplication sign is meant
             showarrow=True,
             arrowhead=2,
@@ -243,7 +243,7 @@ def heatmap(
             bgcolor="#fff",
         )
     if focus.get("rank") is not None and str(focus["rank"]) in ranks:
-        fig.add_hline(y=str(focus["rank"]), line_color="#d92d20", line_width=2, opacity=0.6)
+        fig.add_hline(y=ranks.index(str(focus["rank"])), line_color="#d92d20", line_width=2, opacity=0.6)
     cols = ["rank", "scheme", "calls", "bytes", "time", "iterations", "bytes / iteration", "time / iteration"]
     display = [
         [
@@ -686,11 +686,11 @@ def _few(ranks: list[int], most: int = 12) -> str:
 
 
 def bandwidth_view(b: BandwidthReport) -> Any:
-    if not b.bins:
+    if not b.bins:  # the report's notes say this run's own reason (no duration, no group size...)
+        if b.notes:
+            return empty("; ".join(n[0].upper() + n[1:] for n in b.notes) + ".")
         why = ", ".join(f"{k}: {num(v)}" for k, v in b.excluded.items())
-        return empty(
-            "No measured durations in this run (NCCL logs carry no time)" + (f"; left out: {why}" if why else "") + "."
-        )
+        return empty("No call of this run has a measured duration" + (f"; left out: {why}" if why else "") + ".")
     fig = figure("Median bus bandwidth by message size", "median message size S (log)", "median busbw (GB/s)")
     ops: list[str] = []
     for x in b.bins:

@@ -331,6 +331,10 @@ def test_no_legend_over_an_axis_title_and_colours_that_mean_one_thing(tab: Tab, 
         assert plots, f"no chart on {path}"
         assert all(p["titles"] >= 1 for p in plots), (path, plots)
         assert [p for p in plots if p["overlaps"]] == [], path
+    # the ranks page's bandwidth section gives this run's own reason (a profiler-trace run, not NCCL logs)
+    tab.open("/runs/dlrm/ranks")
+    expect(tab.page.locator("#rk-bandwidth")).to_contain_text("No bandwidth: 64 calls: group size unknown")
+    assert "NCCL logs" not in tab.page.inner_text("#rk-bandwidth")
     # the overview colours its measured bars by scheme; Compare colours by run
     tab.open("/runs/dlrm")
     bars = tab.page.evaluate(

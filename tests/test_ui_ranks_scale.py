@@ -153,7 +153,8 @@ def _heatmap(tab: Tab, dom_id: str, rows: int) -> dict[str, Any]:
     return tab.page.evaluate(
         "(id) => { const t = document.getElementById(id).querySelector('.js-plotly-plot').data[0];"
         " return {x: Array.from(t.x), y: Array.from(t.y), z: t.z, ticks: t.colorbar.ticks,"
-        " ticktext: Array.from(t.colorbar.ticktext || [])}; }",
+        " ticktext: Array.from(t.colorbar.ticktext || []),"
+        " yrange: document.getElementById(id).querySelector('.js-plotly-plot')._fullLayout.yaxis.range}; }",
         dom_id,
     )
 
@@ -178,6 +179,7 @@ def test_the_page_summarises_then_drills_down_to_a_band_and_a_rank(tab: Tab, api
     band = _heatmap(tab, "rk-heatmap", 32)
     assert band["y"] == [str(r) for r in range(672, 704)] and band["x"] == ["dp", "pp"]
     assert band["z"][HOT - 672] == [48 * MiB, 2 * MiB]
+    assert sorted(band["yrange"]) == [-0.5, 31.5]  # the marker on rank 700 is placed by position, not read as 700
 
     tab.page.locator("#rk-rank").click()
     tab.page.get_by_role("option", name=str(HOT), exact=True).click()
@@ -191,7 +193,8 @@ def test_the_page_summarises_then_drills_down_to_a_band_and_a_rank(tab: Tab, api
     # the URL reproduces the drill-down
     tab.page.reload()
     tab.idle()
-    assert _heatmap(tab, "rk-heatmap", 32)["y"][0] == "672"
+    again = _heatmap(tab, "rk-heatmap", 32)
+    assert again["y"][0] == "672" and sorted(again["yrange"]) == [-0.5, 31.5]  # with the chosen rank's line
     expect(tab.page.locator("#rk-rank-detail tbody tr")).to_have_count(2)
     tab.shot("ranks-scale-band")
 

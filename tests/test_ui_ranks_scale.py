@@ -172,6 +172,7 @@ def test_the_page_summarises_then_drills_down_to_a_band_and_a_rank(tab: Tab, api
     expect(tab.page.locator("#rk-outliers tbody tr")).to_have_count(1)
     expect(tab.page.locator("#rk-outliers tbody tr")).to_contain_text(str(HOT))
     assert tab.page.locator("#rk-heatmap").count() == 0  # no per-rank drawing before a band is chosen
+    tab.shot("ranks-scale-summary")
 
     tab.page.locator("#rk-band").click()
     tab.page.get_by_role("option", name="ranks 672-703", exact=True).click()

@@ -28,6 +28,7 @@ import gzip
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -281,14 +282,24 @@ def main() -> None:
         ranks["latency"] = time_endpoints(
             ranks["db"], RANKS_RUN, first_step(ranks["db"], RANKS_RUN), None, args.n, args.warmup
         )
-        stores = [store_latency(work, calls, args) for calls in args.calls]
-        text = render(args, started, ranks, stores)
+        stores, failed = [], []
+        for calls in args.calls:
+            try:
+                stores.append(store_latency(work, calls, args))
+            except BuildError as exc:  # a size the machine cannot build: report it, keep the others
+                print(f"  {exc}", flush=True)
+                failed.append(str(exc))
+        text = render(args, started, ranks, stores, failed)
         print(text)
         if not args.no_write:
             write_section("scale", text)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+class BuildError(RuntimeError):
+    """A store could not be built (its process failed): why, in one line."""
 
 
 def store_latency(work: Path, calls: float, args: argparse.Namespace) -> dict[str, Any]:
@@ -302,7 +313,16 @@ def store_latency(work: Path, calls: float, args: argparse.Namespace) -> dict[st
     else:
         print(f"part 2: building a store of {args.ranks} ranks x {copies} copies", flush=True)
         db.unlink(missing_ok=True)
-        info = build_in_child(db, args.ranks, copies, args.memory_limit)
+        try:
+            info = build_in_child(db, args.ranks, copies, args.memory_limit)
+        except RuntimeError as exc:
+            db.unlink(missing_ok=True)
+            tail = str(exc).strip().splitlines()
+            # the first exception raised (later ones are raised while handling it)
+            why = next((ln for ln in tail if re.match(r"[\w.]+(Error|Exception): ", ln)), tail[-1])
+            raise BuildError(
+                f"the {calls / 1e6:g}M-call store ({args.ranks} ranks x {copies} copies) failed: {why}"
+            ) from None
         summary.write_text(json.dumps(info))
     print(f"  {info}", flush=True)
     step = info["first_step"] + info["steps_per_rank"] // 2
@@ -310,7 +330,13 @@ def store_latency(work: Path, calls: float, args: argparse.Namespace) -> dict[st
     return info
 
 
-def render(args: argparse.Namespace, started: dt.datetime, ranks: dict[str, Any], stores: list[dict[str, Any]]) -> str:
+def render(
+    args: argparse.Namespace,
+    started: dt.datetime,
+    ranks: dict[str, Any],
+    stores: list[dict[str, Any]],
+    failed: list[str],
+) -> str:
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError, StopIteration):
         cpu = next(
@@ -343,6 +369,7 @@ def render(args: argparse.Namespace, started: dt.datetime, ranks: dict[str, Any]
         + f" | {s['tree_rss_mb']:,.0f} | {s['db_mb']:,.0f} |"
         for s in stores
     ]
+    lines += [f"| not built: {why} |||||||" for why in failed]
     head = ["endpoint", f"{ranks['ranks']} ranks ingested: p50 / p90 / CPU ms"] + [
         f"{s['calls'] / 1e6:.3g}M calls: p50 / p90 / CPU ms" for s in stores
     ]

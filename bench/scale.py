@@ -153,7 +153,7 @@ def build_in_child(db: Path, ranks: int, copies: int, memory_limit: str) -> dict
     cmd = ["nice", "-n", "10", sys.executable, __file__, "--build", str(db), "--ranks", str(ranks)]
     m = measure_process([*cmd, "--copies", str(copies), "--memory-limit", memory_limit])
     info = json.loads(m.pop("stdout").strip().splitlines()[-1])
-    return {**info, **m}
+    return {**info, **m, "memory_limit": memory_limit}
 
 
 def build_main(db: Path, ranks: int, copies: int, memory_limit: str) -> None:
@@ -358,13 +358,13 @@ def render(
         f"peak RSS {ranks['tree_rss_mb']:,.0f} MiB for the process tree ({ranks['max_rss_mb']:,.0f} MiB its largest "
         f"process), store {ranks['db_mb']:,.0f} MiB.",
         "",
-        "| store | calls | ranks | build wall s | build CPU s | of which: scale, aggregates, attribution, time rows, "
+        "| store | calls | ranks | build wall s (DuckDB memory_limit) | build CPU s | of which: scale, aggregates, attribution, time rows, "
         "findings inputs (wall s) | build peak RSS MiB | store MiB |",
         "|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     lines += [
         f"| {s['calls'] / 1e6:.3g}M{' (built by an earlier run of the command)' if s.get('reused') else ''} | "
-        f"{s['calls']:,} | {s['ranks']:,} | {s['wall_s']:.0f} | {s['cpu_s']:.0f} | "
+        f"{s['calls']:,} | {s['ranks']:,} | {s['wall_s']:.0f} ({s['memory_limit']}) | {s['cpu_s']:.0f} | "
         + ", ".join(f"{s[k]:.1f}" for k in ("scale_s", "refresh_s", "attribute_s", "time_s", "inputs_s"))
         + f" | {s['tree_rss_mb']:,.0f} | {s['db_mb']:,.0f} |"
         for s in stores

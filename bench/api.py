@@ -49,7 +49,7 @@ def build_store(db: Path, ranks: int, copies: int, settings: dict[str, str] | No
     `settings`: DuckDB settings for the build (bench/scale.py caps memory_limit on a shared machine)."""
     from commlens import store
     from commlens.backend.attribution import attribute_run
-    from commlens.backend.findings import store_timing_inputs
+    from commlens.backend.findings_time import store_timing_inputs
     from commlens.contract.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
     from commlens.service.ingest import ingest_paths
     from commlens.store import aggregates
@@ -598,7 +598,7 @@ is one rank's), so `persist_run` would store an all-idle breakdown with no schem
 smaller rows than a real run's, which would flatter the breakdown endpoints. Generated rows keep a real
 run's row counts, so they stay. The timing
 findings read no cell or member row per request: after the time tables the ingest service stores their
-inputs (`backend/findings.py` `store_timing_inputs`: per finding kind, key and rank the cells' count,
+inputs (`backend/findings_time.py` `store_timing_inputs`: per finding kind, key and rank the cells' count,
 sum and squared deviations, per key its steps and linked instances, per run its steps and memcpy
 totals), so a request reads O(keys x ranks) rows.
 

@@ -81,7 +81,7 @@ def test_summary_of_the_dlrm_job(client: httpx.Client) -> None:
     assert s.stragglers == []
     (v,) = s.verdicts
     assert (v.group, v.verdict, v.candidate_rank) == ("world", "no straggler", 7)
-    assert "1 step(s) with instances, consistency needs 2" in v.reason
+    assert "1 step(s) with instances, consistency needs 4" in v.reason
 
 
 def test_breakdown_per_rank_and_step(client: httpx.Client) -> None:

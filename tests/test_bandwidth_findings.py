@@ -413,12 +413,13 @@ def test_real_kineto_ddp_bandwidth_from_kernel_durations(con, data_dir):
     # DDP over 2 ranks with 25 MiB buckets: no bandwidth or small-message finding is warranted (the 4-16
     # MiB buckets sit below the measured half-bandwidth size, but that is above the 1 MiB cap: overlap,
     # not latency). The time analysis finds the all-reduces' exposed time: 10.2, 10.5 and 18.9 ms with no
-    # compute running in profiler steps 4-6 of 220-225 ms; low, one rank's trace being thin evidence.
-    [f] = findings(con, "resnet")
-    assert f.id.startswith("exposed-comm:") and f.severity == "low" and (f.steps, f.ranks) == ([4, 5, 6], [0])
-    assert f.ms_per_step == pytest.approx((10163.76 + 10539.61 + 18856.09) / 3 / 1e3, abs=1e-3)
-    assert f.evidence_text["ms_per_step"] == "13.2 ms" and f.evidence_text["step_share"] == "5.9%"
-    assert f.stability == "13.2 ms ± 4.91 ms per step over 3 steps"
+    # compute running in profiler steps 4-6 of 220-225 ms, on one rank: 3 steps are too few to tell its
+    # spread (findings_time.MIN_STEPS), so no timing finding either.
+    exposed = con.execute(
+        "SELECT step, exposed_us + wait_us FROM time_breakdown WHERE scheme IS NULL ORDER BY step"
+    ).fetchall()
+    assert [(s, round(x, 2)) for s, x in exposed] == [(4, 10163.76), (5, 10539.61), (6, 18856.09)]
+    assert findings(con, "resnet") == []
 
 
 def test_real_kineto_without_group_size_has_no_busbw(con, data_dir):

@@ -7,7 +7,9 @@ ingest follow a scheme override."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from math import sqrt
 from pathlib import Path
+from statistics import fmean, stdev
 
 import duckdb
 import pytest
@@ -15,6 +17,7 @@ from harness_runs import DELAY_MS, HarnessRuns, named
 
 from commlens import store
 from commlens.backend.findings import findings
+from commlens.backend.findings_time import _Cells, _noise, _Rank, _timed
 from commlens.contract.analysis import Finding
 from commlens.harness import launch
 from commlens.ingest.inputs import iter_inputs
@@ -119,8 +122,15 @@ def test_dlrm_exposed_communication_with_its_evidence(tmp_path: Path, data_dir: 
     assert f.title == "unattributed: 5.86 ms of exposed communication per step (37% of the step, no compute running)"
     assert f.evidence_text["ms_per_step"] == "5.86 ms" and f.evidence_text["wait_share"] == "97%"
     assert f.stability == (
-        "one profiled step (stability across steps unknown): 5.86 ms; 1.58 ms (rank 7) to 11.1 ms (rank 1) across 8 ranks"
+        "one profiled step (stability across steps unknown): 5.86 ms; 1.58 ms (rank 7) to 11.1 ms (rank 1) across "
+        "8 ranks, standard error 1.14 ms across them"
     )
+    # its stability as evidence: too few steps for a spread across them, so the ranks are the replicates (5.86
+    # ms less 3 standard errors is 2.43 ms, over 5% of the 16.0 ms mean step: raised)
+    assert (f.evidence["steps"], f.evidence["ranks"], f.evidence["spread_across_steps_us"]) == (1, 8, None)
+    assert f.evidence["spread_across_ranks_us"] == pytest.approx(stdev(exposed))
+    assert f.evidence["standard_error_us"] == pytest.approx(stdev(exposed) / sqrt(8))
+    assert f.evidence_text["standard_error_us"] == "1.14 ms" and "spread_across_steps_us" not in f.evidence_text
     assert "waiting for a late member" in f.suggestion and f.view == {"page": "time", "scheme": "unattributed"}
     # one step is no evidence of a straggler; nor of waits that rank 7 (12.5 ms step, 0.35 ms waiting in
     # the all_to_alls) barely shows: a single step counts only where every rank shows it
@@ -143,3 +153,65 @@ def test_an_override_moves_the_timing_findings_with_the_stored_inputs(harness_co
         before.ranks,
     )
     assert not [f.id for f in found if f.evidence.get("scheme") == "dp"]
+
+
+# ------------------------------------------------------------------------- the stability rule, synthetic
+
+
+def _cells(values: dict[int, list[float]], step_us: float = 100_000.0) -> _Cells:
+    """Cells of a quantity (µs per (rank, step)) against a fixed step, summarised as the ingest stores them."""
+    ranks = {
+        r: _Rank(len(v), sum(v), sum((x - fmean(v)) ** 2 for x in v), step_us * len(v), min(v) < 0.05 * step_us)
+        for r, v in values.items()
+    }
+    n_steps = max(len(v) for v in values.values())
+    return _Cells(ranks, n_steps, lambda: list(range(n_steps)))
+
+
+def _exposed(cells: _Cells) -> Finding | None:
+    return _timed("exposed-comm:dp", "{ms} ({share})", cells, {}, {"page": "time"}, "overlap")
+
+
+def test_too_few_steps_raise_nothing() -> None:
+    # 20 ms of a 100 ms step on each of 2 ranks, the same in each of 3 steps: a spread needs 4 steps
+    cells = _cells({0: [20_000.0] * 3, 1: [20_000.0] * 3})
+    assert _noise(cells) == (
+        "too few profiled steps to tell: 3 step(s) on 2 rank(s); a spread across steps needs 4 steps (or 8 ranks "
+        "that each show it)"
+    )
+    assert _exposed(cells) is None
+    # one step on 8 ranks is evidence only when every rank shows 5% of its step
+    assert _noise(_cells({r: [20_000.0 if r else 4_000.0] for r in range(8)})) == (
+        "too few profiled steps to tell, and ranks [0] show under 5.0% of a step"
+    )
+
+
+def test_noise_raises_nothing() -> None:
+    # 20 ms on average, but 5 or 35 ms step by step: the spread (16 ms) is over half the effect
+    assert _noise(_cells({0: [5_000.0, 35_000.0] * 4, 1: [35_000.0, 5_000.0] * 4})) == (
+        "spread across steps 16.0 ms against an effect of 20.0 ms"
+    )
+    # 6.25 ms ± 2.63 ms over 4 steps: within the spread test, but its mean less 3 standard errors (1.31 ms) is
+    # 2.30 ms, under 5% of the 100 ms step: an effect this near the floor comes and goes from run to run
+    cells = _cells({0: [4_000.0, 9_000.0, 4_000.0, 8_000.0], 1: [4_000.0, 9_000.0, 4_000.0, 8_000.0]})
+    assert _noise(cells) == "6.25 ms less 3 standard errors of 1.31 ms is under 5.0% of the step (5.00 ms)"
+    assert _exposed(cells) is None
+
+
+def test_consistent_effect_is_raised_with_its_stability() -> None:
+    # 20 ms ± 1 ms on rank 0 and 30 ms ± 1 ms on rank 1, over 8 steps: 25% of the step, high
+    cells = _cells({0: [19_000.0, 21_000.0] * 4, 1: [29_000.0, 31_000.0] * 4})
+    assert _noise(cells) is None
+    f = _exposed(cells)
+    assert f is not None and (f.id, f.severity, f.ms_per_step) == ("exposed-comm:dp", "high", 25.0)
+    assert f.stability == (
+        "25.0 ms ± 1.07 ms per step over 8 steps, standard error 378 µs; 20.0 ms (rank 0) to 30.0 ms (rank 1) "
+        "across 2 ranks"
+    )
+    assert (f.evidence["steps"], f.evidence["ranks"]) == (8, 2)
+    assert f.evidence["spread_across_steps_us"] == pytest.approx(sqrt(8 / 7) * 1_000)
+    assert f.evidence["spread_across_ranks_us"] == pytest.approx(stdev([20_000.0, 30_000.0]))
+    assert f.evidence["standard_error_us"] == pytest.approx(sqrt(8 / 7) * 1_000 / sqrt(8))
+    # one step on 8 ranks that each show it: raised, one level lower (thin evidence across steps)
+    one = _exposed(_cells({r: [30_000.0 + 1_000 * r] for r in range(8)}))
+    assert one is not None and one.severity == "medium" and one.evidence["steps"] == 1

@@ -183,7 +183,7 @@ def test_straggler_tables_equal_the_api(tab: Tab, api: httpx.Client) -> None:
         else:  # one profiled step: no straggler, and the reason says why
             assert not report["stragglers"]
             head.to_contain_text("No straggler")
-            head.to_contain_text("consistency needs 2")
+            head.to_contain_text("consistency needs 4")
         tab.shot(f"time-stragglers-{run}")
 
 

@@ -32,7 +32,7 @@ class StragglerRule:
 
     last_share: float = 0.75
     step_share: float = 0.75
-    min_steps: int = 2
+    min_steps: int = 4  # a spread across steps needs 4 (two runs of 2 steps named different stragglers)
     min_instances: int = 6
     min_imposed_share: float = 0.05
     max_spread: float = 0.5
@@ -206,7 +206,10 @@ def _verdict(best: Straggler | None, mean_step_us: float | None, rule: Straggler
     if best.instances < rule.min_instances:
         return f"no straggler: {best.instances} instances in the group, consistency needs {rule.min_instances}"
     if best.steps < rule.min_steps:
-        return f"no straggler: {best.steps} step(s) with instances, consistency needs {rule.min_steps}"
+        return (
+            f"no straggler: too few profiled steps to tell: {best.steps} step(s) with instances, consistency "
+            f"needs {rule.min_steps}"
+        )
     if best.steps_mostly_last < rule.step_share * best.steps:
         return (
             f"no straggler: the rank that caused most of the wait (rank {best.rank}) caused >= "

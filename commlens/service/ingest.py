@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from commlens import store
 from commlens.backend.attribution import attribute_run
-from commlens.backend.findings import store_timing_inputs
+from commlens.backend.findings_time import store_timing_inputs
 from commlens.backend.timing.persist import persist_run
 from commlens.ingest import formats
 from commlens.ingest.formats import Trait

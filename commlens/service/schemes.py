@@ -9,7 +9,7 @@ from __future__ import annotations
 import duckdb
 
 from commlens.backend import attribution
-from commlens.backend.findings import store_timing_inputs
+from commlens.backend.findings_time import store_timing_inputs
 from commlens.backend.iterations import run_id_of
 from commlens.backend.timing.persist import persist_run
 from commlens.contract.analysis import GroupAttribution

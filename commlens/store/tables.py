@@ -48,7 +48,7 @@ TIME_TABLES = (
 )
 
 # The timing findings' inputs of a run (time.sql), replaced together after the time tables
-# (backend/findings.py store_timing_inputs).
+# (backend/findings_time.py store_timing_inputs).
 TIME_FINDING_TABLES = ("time_finding_cells", "time_finding_keys", "time_finding_runs")
 
 # Every table with rows of a run besides `runs` itself: deleting a run deletes its rows in all of them.

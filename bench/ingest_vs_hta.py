@@ -71,15 +71,16 @@ def build(out: Path) -> int:
 
 
 def measure(cmd: list[str]) -> dict:
-    """Wall seconds; CPU seconds and peak RSS of the process tree (workers included), sampled every 20 ms:
-    the peak of the summed RSS, and the sum over processes of their last CPU time seen."""
+    """Wall seconds; CPU seconds and peak memory of the process tree (workers included), sampled every 20 ms:
+    the sum over processes of their last CPU time seen, and the peaks of the summed RSS (shared library
+    pages counted once per process) and of the summed PSS (shared pages split between their processes)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     top = psutil.Process(proc.pid)
-    peak = 0
+    peak = peak_pss = 0
     cpu_of: dict[int, float] = {}
     while proc.poll() is None:
-        rss = 0
+        rss = pss = 0
         try:
             procs = [top, *top.children(recursive=True)]
         except psutil.Error:
@@ -87,17 +88,26 @@ def measure(cmd: list[str]) -> dict:
         for p in procs:
             try:
                 with p.oneshot():
-                    rss += p.memory_info().rss
+                    mem = p.memory_full_info()
+                    rss += mem.rss
+                    pss += mem.pss
                     t = p.cpu_times()
                     cpu_of[p.pid] = t.user + t.system
             except psutil.Error:
                 pass
-        peak = max(peak, rss)
+        peak, peak_pss = max(peak, rss), max(peak_pss, pss)
         time.sleep(0.02)
     wall = time.perf_counter() - t0
     cpu = sum(cpu_of.values())
     err = proc.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
-    return {"wall": wall, "cpu": cpu, "rss_mb": peak / 2**20, "status": proc.returncode, "err": err.strip()[-300:]}
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "rss_mb": peak / 2**20,
+        "pss_mb": peak_pss / 2**20,
+        "status": proc.returncode,
+        "err": err.strip()[-300:],
+    }
 
 
 def run(jobs: int) -> str:
@@ -129,15 +139,19 @@ def run(jobs: int) -> str:
         "the end; other jobs shared the cores).",
         "",
         f"{RANKS} ranks x {largest / 1e6:.1f} MB of Kineto JSON ({total / 1e6:.0f} MB), whole processes, imports "
-        "included; peak RSS of the process tree.",
+        "included; peak RSS and PSS of the process tree.",
         "",
-        "| process | wall s | CPU s | peak RSS MB |",
-        "|---|---|---|---|",
-        *(f"| {name} | {r['wall']:.2f} | {r['cpu']:.2f} | {r['rss_mb']:,.0f} |" for name, r in res.items()),
+        "| process | wall s | CPU s | peak RSS MB | peak PSS MB |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {name} | {r['wall']:.2f} | {r['cpu']:.2f} | {r['rss_mb']:,.0f} | {r['pss_mb']:,.0f} |"
+            for name, r in res.items()
+        ),
         "",
         f"commlens (--jobs {jobs}) against HTA: **{h['wall'] / c['wall']:.1f}x** faster in wall time, "
         f"{h['cpu'] / c['cpu']:.1f}x in CPU time (goal 10x); against the floor: **{c['wall'] / f['wall']:.2f}x** its "
         f"wall time, {c['cpu'] / f['cpu']:.2f}x its CPU time (goal within 1.5x); peak RSS {c['rss_mb']:,.0f} MB "
+        f"(PSS {c['pss_mb']:,.0f} MB) "
         f"against the goal of 2 x the largest file + 300 MB = {goal_rss:,.0f} MB.",
     ]
     return "\n".join(out)

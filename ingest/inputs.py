@@ -31,7 +31,8 @@ class Limits:
     max_line_bytes: int = 16 * 2**20  # NCCL log lines longer than this are skipped
     max_json_depth: int = 64
     # communication records (CPU ops, NCCL kernels, launches) a profiler trace may make the parse hold
-    # until its end: about 0.6 KB each with their calls (docs/security.md), so about 1.8 GB at most
+    # until its end: a trace refused at the default has used about 1 GB, one just under it about 2.2 GB in
+    # all (bench/stream.py; docs/security.md)
     max_trace_events: int = 3_000_000
 
 

@@ -119,6 +119,7 @@ def ingest(
     from commlens.ingest.records import RankHint
     from commlens.service.ingest import FileOutcome, ingest_run
     from commlens.service.parallel import arrow_without_pandas, default_jobs
+    from commlens.store import StoreError
 
     limits = DEFAULT_LIMITS if max_trace_events is None else replace(DEFAULT_LIMITS, max_trace_events=max_trace_events)
 
@@ -132,28 +133,33 @@ def ingest(
         disable=not err_console.is_terminal,
         transient=True,
     )
-    with progress, arrow_without_pandas():
-        task = progress.add_task(run, total=None)
+    try:
+        with progress, arrow_without_pandas():
+            task = progress.add_task(run, total=None)
 
-        def on_file(_: InputFile, outcome: FileOutcome) -> None:
-            progress.advance(task)
-            if outcome.status == "failed":
-                err_console.print(f"[red]failed[/red] {escape(str(outcome.error))}")
+            def on_file(_: InputFile, outcome: FileOutcome) -> None:
+                progress.advance(task)
+                if outcome.status == "failed":
+                    err_console.print(f"[red]failed[/red] {escape(str(outcome.error))}")
 
-        if cluster is not None:
-            report = _ingest_on_cluster(con, run, paths, cluster, parquet_out, rank, on_file, description, one_run)
-        else:
-            report = ingest_run(
-                con,
-                run,
-                iter_inputs(paths, limits),
-                RankHint(rank=rank),
-                limits,
-                on_file=on_file,
-                description=description,
-                split_jobs=not one_run,
-                jobs=jobs or default_jobs(),
-            )
+            if cluster is not None:
+                report = _ingest_on_cluster(con, run, paths, cluster, parquet_out, rank, on_file, description, one_run)
+            else:
+                report = ingest_run(
+                    con,
+                    run,
+                    iter_inputs(paths, limits),
+                    RankHint(rank=rank),
+                    limits,
+                    on_file=on_file,
+                    description=description,
+                    split_jobs=not one_run,
+                    jobs=jobs or default_jobs(),
+                )
+    except StoreError as exc:  # e.g. --run names a former name of a renamed run
+        con.close()
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
     if len(report.jobs) > 1:
         _print_jobs(con, report)
     else:

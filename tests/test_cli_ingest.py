@@ -65,3 +65,22 @@ def test_ingest_into_a_locked_store_says_who_holds_it(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_ingest_into_a_former_run_name_is_refused_without_a_traceback(tmp_path: Path) -> None:
+    from commlens import store
+    from commlens.service import runs
+
+    good = tmp_path / "run.json"
+    good.write_text(_run_json())
+    db = tmp_path / "s.duckdb"
+    assert _commlens("ingest", str(good), "--db", str(db), "--run", "old").returncode == 0
+    con = store.connect(db)
+    runs.update_run(con, "old", {"name": "new"})
+    con.close()
+    proc = _commlens("ingest", str(good), "--db", str(db), "--run", "old")
+    assert proc.returncode == 2, proc.stderr
+    assert "'old' is a former name of run 'new'" in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT name FROM runs").fetchall() == [("new",)]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from functools import cached_property
 from math import fsum, sqrt
-from statistics import fmean
+from statistics import fmean, stdev
 from typing import Any
 
 import duckdb
@@ -46,7 +46,7 @@ from commlens.vocab import format_bytes
 
 from .bandwidth import bandwidth
 from .findings_common import Steps, dur, num, pct, profiled_steps, severity_from, shown
-from .findings_time import MIN_STEPS, NOISE_SPREAD, time_findings
+from .findings_time import MIN_STEPS, short_of_floor, time_findings
 from .iterations import fresh_run_id
 from .ranks import rank_totals
 from .timing.stragglers import DEFAULT_RULE
@@ -62,6 +62,7 @@ SMALL_TIME_SHARE = 0.10  # ... or of its measured time
 IMBALANCE_RATIO = 1.10  # max/mean above which ranks are uneven
 LOW_BUSBW_RATIO = 0.5  # large-message busbw below this share of the run's best
 MIN_LARGE_CALLS = 3
+NOISE_SPREAD = DEFAULT_RULE.max_spread  # ranks' time shares agree within this share of their mean
 # Evidence a byte-based finding needs, in calls: under MIN_CALLS it stays silent, under MEDIUM_CALLS it is at
 # most low, under HIGH_CALLS (or on a single rank) at most medium: 8 calls of a 2-rank toy are never "high".
 MIN_CALLS = 8
@@ -346,12 +347,17 @@ ALL_SCHEMES = "*"  # the key of the run as a whole in _incomparable
 
 
 def _time_excess(
-    con: duckdb.DuckDBPyConnection, run_id: int, scheme: str | None, all_schemes: bool, rank: str
+    con: duckdb.DuckDBPyConnection,
+    run_id: int,
+    scheme: str | None,
+    all_schemes: bool,
+    rank: str,
+    mean_step_us: float | None,
 ) -> tuple[str | None, str]:
     """Whether a rank's extra time inside collectives holds step after step: (why it is noise or None, its
     stability in words). Per step with every rank present, the excess is the most loaded rank's time over
-    the mean; it must span MIN_STEPS steps, vary by at most NOISE_SPREAD of its mean, and fall on `rank`
-    in DEFAULT_RULE.step_share of the steps."""
+    the mean; it must span MIN_STEPS steps, fall on `rank` in DEFAULT_RULE.step_share of the steps, and be
+    well above the timing findings' floor (findings_time.short_of_floor)."""
     rows = con.execute(
         """
         SELECT e.step, coalesce(cast(e.rank AS VARCHAR), e.process, '?') AS rk, sum(e.dur_us)
@@ -373,16 +379,19 @@ def _time_excess(
             excess.append(max(per.values()) - fmean(per.values()))
             top.append(max(per, key=lambda r: (per[r], r)))
     if len(excess) < MIN_STEPS:
-        return f"{len(excess)} step(s) with every rank timed", "stability across steps unknown"
-    mean, spread = fmean(excess), sqrt(fmean([(x - fmean(excess)) ** 2 for x in excess]))
+        return f"too few profiled steps to tell: {len(excess)} step(s) with every rank timed", (
+            "stability across steps unknown"
+        )
+    mean, spread = fmean(excess), stdev(excess)
+    se = spread / sqrt(len(excess))
     most = top.count(rank)
     text = (
         f"rank {rank} the most loaded in {most} of {len(top)} steps; {dur(mean)} ± {dur(spread)} "
-        "above the mean per step"
+        f"above the mean per step, standard error {dur(se)}"
     )
-    if mean <= 0 or spread > NOISE_SPREAD * mean or most < DEFAULT_RULE.step_share * len(top):
-        return "not the same rank, or not the same excess, step after step", text
-    return None, text
+    if most < DEFAULT_RULE.step_share * len(top):
+        return "not the same rank step after step", text
+    return short_of_floor(mean, se, mean_step_us), text
 
 
 def _imbalance(
@@ -422,7 +431,7 @@ def _imbalance(
                 severity = "low"
         else:
             impact = sum(r.time_us or 0.0 for r in rows) / run_time if run_time else 0.0
-            noise, stability = _time_excess(con, run_id, imb.scheme, imb.all_schemes, imb.max_rank)
+            noise, stability = _time_excess(con, run_id, imb.scheme, imb.all_schemes, imb.max_rank, steps.mean_us)
             if noise is not None:
                 continue
             severity = "low" if severity == "high" else severity

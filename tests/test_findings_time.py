@@ -2,7 +2,8 @@
 shared by the session, tests/harness_runs.py, ingested into a store) and the 8-rank DLRM job's exposed
 communication. A persistent straggler is named by arrival with the ms per step its peers wait; a run without delay raises no timing finding, the
 same on every call; each finding links the steps, ranks and instances it rests on; the inputs stored at
-ingest follow a scheme override."""
+ingest follow a scheme override. The stability rule on synthetic cells: too few steps, noise and an effect
+near the floor raise nothing, a consistent effect is raised with its stability."""
 
 from __future__ import annotations
 
@@ -187,11 +188,14 @@ def test_too_few_steps_raise_nothing() -> None:
 
 
 def test_noise_raises_nothing() -> None:
-    # 20 ms on average, but 5 or 35 ms step by step: the spread (16 ms) is over half the effect
+    # 20 ms on average, but 5 or 35 ms step by step over 8 steps: a spread of 16.0 ms, a standard error of
+    # 5.67 ms, and 20 ms less 3 of those is 3.0 ms, under 5% of the 100 ms step
     assert _noise(_cells({0: [5_000.0, 35_000.0] * 4, 1: [35_000.0, 5_000.0] * 4})) == (
-        "spread across steps 16.0 ms against an effect of 20.0 ms"
+        "20.0 ms less 3 standard errors of 5.67 ms is under 5.0% of the step (5.00 ms)"
     )
-    # 6.25 ms ± 2.63 ms over 4 steps: within the spread test, but its mean less 3 standard errors (1.31 ms) is
+    # the same swing on 40 ms of the step is evidence: 55 ms less 3 x 5.67 ms is well above the floor
+    assert _noise(_cells({0: [40_000.0, 70_000.0] * 4, 1: [70_000.0, 40_000.0] * 4})) is None
+    # 6.25 ms ± 2.63 ms over 4 steps: over 5% of the step, but its mean less 3 standard errors (1.31 ms) is
     # 2.30 ms, under 5% of the 100 ms step: an effect this near the floor comes and goes from run to run
     cells = _cells({0: [4_000.0, 9_000.0, 4_000.0, 8_000.0], 1: [4_000.0, 9_000.0, 4_000.0, 8_000.0]})
     assert _noise(cells) == "6.25 ms less 3 standard errors of 1.31 ms is under 5.0% of the step (5.00 ms)"

@@ -12,19 +12,26 @@ from typing import Any
 import httpx
 import pytest
 import test_ui
+from harness_runs import HarnessRuns, named
+from test_harness_ep import CONFIGS, TINY
 from test_ui import CHROMIUM, WAIT_MS, Tab, _cli, _data_dir, _missing, expect
+
+from commlens.harness import launch
 
 pytestmark = pytest.mark.slow
 # test_ui's server, API client, browser and tab fixtures, over this module's own store
 server, api, browser, tab = test_ui.server, test_ui.api, test_ui.browser, test_ui.tab
 
-EP_RUN = "ep2"  # named after the harness's --out directory
+EP_RUN = "ep2"
 DLRM_RUN = "dlrm"
 DLRM = "kineto-param/dlrm_kineto.tar.gz"
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, Any]:
+def store(
+    harness_runs: HarnessRuns, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> dict[str, Any]:
+    """The DLRM job and test_harness_ep's "ep2" run (the session's: tests/harness_runs.py)."""
     if importlib.util.find_spec("playwright") is None:
         _missing("playwright is not installed")
     if not CHROMIUM.exists():
@@ -33,14 +40,7 @@ def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     tmp = tmp_path_factory.mktemp("ui-pairs")
     db = tmp / "pairs.duckdb"
     _cli("ingest", str(data / DLRM), "--db", str(db), "--run", DLRM_RUN)
-    _cli(
-        "harness",
-        *("--out", str(tmp / EP_RUN), "--ep", "2", "--experts", "4", "--top-k", "2", "--device", "cpu"),
-        *("--layers", "2", "--hidden", "32", "--heads", "4", "--vocab", "64", "--seq-len", "16"),
-        *("--steps", "4", "--profile-wait", "1", "--profile-warmup", "1", "--profile-active", "2"),
-        *("--ingest", "--db", str(db)),
-        timeout=600,
-    )
+    assert not launch.ingest_run(db, named(harness_runs(EP_RUN, dict(TINY, **CONFIGS[EP_RUN])), EP_RUN)).failed
     return {"db": db, "tmp": tmp, "data": data}
 
 

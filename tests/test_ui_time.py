@@ -1,7 +1,7 @@
 """The Time page in a real browser (Playwright + Debian's Chromium) against a real `commlens serve` over a
 store with the real 8-rank DLRM job and a harness gloo run with a planted straggler (`--dp 2 --delay
-1:60`): the bars, the timeline, the wait heatmap and the straggler table are read from the Plotly figures
-and the DOM and compared with the API's numbers; the URL state survives a reload."""
+1:MS`, tests/harness_runs.py): the bars, the timeline, the wait heatmap and the straggler table are read
+from the Plotly figures and the DOM and compared with the API's numbers; the URL state survives a reload."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 import test_ui
+from harness_runs import PROFILED_STEPS, HarnessRuns, named
 from test_ui import CHROMIUM, WAIT_MS, Tab, _cli, _data_dir, _missing, _num, expect
 
 from commlens.frontend.page_time import CATEGORY_LABELS
+from commlens.harness import launch
 
 pytestmark = pytest.mark.slow
 # test_ui's server, API client, browser and tab fixtures, over this module's own store
@@ -22,7 +24,7 @@ server, api, browser, tab = test_ui.server, test_ui.api, test_ui.browser, test_u
 
 DLRM = "kineto-param/dlrm_kineto.tar.gz"
 DLRM_RUN = "dlrm"
-GLOO_RUN = "straggler"  # named after the harness's --out directory
+GLOO_RUN = "straggler"
 FIELDS = {
     "compute": "compute_us",
     "overlapped": "overlapped_us",
@@ -34,8 +36,11 @@ FIELDS = {
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, Any]:
-    """The DLRM job and a 2-rank gloo run whose rank 1 sleeps 60 ms before each step's forward."""
+def store(
+    harness_runs: HarnessRuns, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> dict[str, Any]:
+    """The DLRM job and a 2-rank gloo run whose rank 1 sleeps DELAY_MS before each step's forward (eight profiled
+    steps of one DDP bucket each; the session's run: tests/harness_runs.py)."""
     if importlib.util.find_spec("playwright") is None:
         _missing("playwright is not installed")
     if not CHROMIUM.exists():
@@ -44,14 +49,7 @@ def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     tmp = tmp_path_factory.mktemp("ui-time")
     db = tmp / "time.duckdb"
     _cli("ingest", str(data / DLRM), "--db", str(db), "--run", DLRM_RUN)
-    _cli(
-        "harness",
-        *("--out", str(tmp / GLOO_RUN), "--dp", "2", "--delay", "1:60", "--device", "cpu"),
-        *("--layers", "1", "--hidden", "32", "--heads", "4", "--vocab", "64", "--seq-len", "16"),
-        # seven profiled steps of one DDP bucket each: the straggler rule needs 6 instances in the group
-        *("--steps", "9", "--profile-active", "7", "--ingest", "--db", str(db)),
-        timeout=600,
-    )
+    assert not launch.ingest_run(db, named(harness_runs.straggler("dp-delay"), GLOO_RUN)).failed
     return {"db": db, "tmp": tmp, "data": data}
 
 
@@ -189,7 +187,7 @@ def test_straggler_tables_equal_the_api(tab: Tab, api: httpx.Client) -> None:
 
 def test_url_state_survives_a_reload_and_the_run_selector(tab: Tab, api: httpx.Client) -> None:
     steps = sorted({r["step"] for r in api.get(f"/runs/{GLOO_RUN}/time/breakdown").json()["rows"]})
-    assert len(steps) == 7
+    assert len(steps) == len(PROFILED_STEPS)
     page = tab.open(f"/runs/{GLOO_RUN}/time")
     _select(tab, "tm-scheme", "dp")
     tab.wait_for_query(scheme="dp")

@@ -113,14 +113,15 @@ def test_cluster_ingest_of_folders_splits_jobs_and_names_bad_files(cluster: str,
 
 
 def test_cluster_reads_and_writes_through_fsspec_urls(tmp_path: Path) -> None:
-    """Inputs and dataset as fsspec URLs (an in-memory filesystem, shared by a cluster of threads in this
-    process): the archive is read through fsspec, the dataset written and attached through it."""
+    """Inputs and dataset as fsspec URLs (an in-memory filesystem, shared by a cluster of one thread in this
+    process: fsspec's memory files are shared objects whose read position two threads would move under each
+    other): the archive is read through fsspec, the dataset written and attached through it."""
     import fsspec
 
     memory = fsspec.filesystem("memory")
     memory.pipe("/cluster-test/in/dlrm_kineto.tar.gz", (shared_data() / DLRM).read_bytes())
     try:
-        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as c:
+        with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as c:
             db = tmp_path / "s.duckdb"
             args = ("memory://cluster-test/in", "--cluster", c.scheduler_address)
             _ingest(db, *args, "--parquet-out", "memory://cluster-test/parts", "--one-run")

@@ -132,14 +132,20 @@ def _inputs_of(task: Task, limits: Limits) -> Iterator[InputFile]:
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(task.url)
-    if not _is_local(fs):
-        if not task.url.lower().endswith(ARCHIVE_SUFFIXES):
-            yield InputFile(task.name, int(fs.size(root)), lambda: fs.open(root, "rb"))
-            return
-        root = fsspec.open_local(f"simplecache::{task.url}")
-    local = os.path.abspath(root)
+    if _is_local(fs):
+        yield from _named_inputs(task.name, os.path.abspath(root), limits)
+    elif not task.url.lower().endswith(ARCHIVE_SUFFIXES):
+        yield InputFile(task.name, int(fs.size(root)), lambda: fs.open(root, "rb"))
+    else:  # a copy of its own per task: tasks of one archive's shards may run side by side in one process
+        with tempfile.TemporaryDirectory(prefix="commlens-cluster-") as tmp:
+            local = os.path.join(tmp, os.path.basename(root))
+            fs.get(root, local)
+            yield from _named_inputs(task.name, local, limits)
+
+
+def _named_inputs(name: str, local: str, limits: Limits) -> Iterator[InputFile]:
     for item in iter_inputs([Path(local)], limits):
-        item.name = task.name + item.name[len(local) :]
+        item.name = name + item.name[len(local) :]
         yield item
 
 

@@ -177,7 +177,9 @@ def test_sigkill_during_ingest_then_restart(tmp_path: Path, data_dir: Path) -> N
             )
             assert cli.returncode == 2 and "held by another process" in cli.stderr and "commlens serve" in cli.stderr
             files = [("files", (p.name, p.read_bytes())) for p in (first, slow, slow)]
-            job_id = c.post("/api/runs/killed/files", files=files).json()["job_id"]
+            # one_run: each file is stored as soon as it is parsed (a split upload parses every file first, so
+            # it would store all three at once, leaving nothing running to kill)
+            job_id = c.post("/api/runs/killed/files", files=files, params={"one_run": "true"}).json()["job_id"]
             deadline = time.monotonic() + 60
             while (job := c.get(f"/api/jobs/{job_id}").json())["files_done"] < 1:
                 assert job["state"] in ("queued", "running") and time.monotonic() < deadline, job

@@ -102,8 +102,8 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
             "fast_bytes": scan.fast_bytes,
             "fallbacks": scan.fallbacks,
             "decompressed_bytes": scan.decompressed_bytes,
-            "nccl_kernels": len(col.kernels),
-            "launches": len(col.launches),
+            "nccl_kernels": len(col.kernel_cols),
+            "launches": col.n_launches(),
             "kernel_link": col.link_style,
         },
         "sized_by": {k.split(":", 1)[1]: v for k, v in sorted(gen.items()) if k.startswith("sized_by:")},
@@ -203,17 +203,16 @@ def _generation(col: Collector, gen: Counter[str], gen_dist: str) -> dict[str, A
     """Which generation of the format the file is (formats.md B.2-B.4; spellings in kineto_fields)."""
     size_field = group_field = None
     tensorlist_dims = False
-    for ev in col.cpu:
-        a = ev.args
+    for kind, *_, a in col.cpu_cols.keys.values:  # each distinct (event, args), in order of first appearance
         size_field = size_field or spelling(a, "elems_in")
         group_field = group_field or spelling(a, "group_name") or spelling(a, "group_id")
-        if not tensorlist_dims and ev.kind == "container" and isinstance(a.get("Input type"), list):
+        if not tensorlist_dims and kind == "container" and isinstance(a.get("Input type"), list):
             dims = a.get("Input Dims")
             tensorlist_dims = any(
                 t == "TensorList" and isinstance(d, list) and bool(d)
                 for t, d in zip(a["Input type"], dims if isinstance(dims, list) else [], strict=False)
             )
-    kernel_meta = any(has(k.args, "collective") for k in col.kernels)
+    kernel_meta = any(has(args, "collective") for _, args in col.kernel_cols.keys.values)
     if kernel_meta:
         comm = "record_param_comms+kernel"
     elif gen.get("record_param_comms"):

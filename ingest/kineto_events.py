@@ -29,6 +29,7 @@ import re
 from collections import Counter, defaultdict, deque
 from typing import Any
 
+import numpy as np
 import orjson
 
 from commlens.vocab import COLLECTIVE_LIKE, SYMM_MEM_NAMESPACE, WRAPPER_NAMESPACES, normalize_op
@@ -36,6 +37,7 @@ from commlens.vocab import COLLECTIVE_LIKE, SYMM_MEM_NAMESPACE, WRAPPER_NAMESPAC
 from .kineto_calls import annot_elems, call_op, container_sizes, kernel_op
 from .kineto_fields import SPELLINGS, meta
 from .kineto_model import EPS, Call, CpuEv, Kernel, Label, as_float
+from .kineto_records import CpuColumns, KernelColumns, LaunchColumns
 from .records import ParseError, ParseResult
 
 # Names worth parsing. The byte pattern is what the fast scanner looks for; the str pattern decides.
@@ -66,17 +68,18 @@ _GLOO_COMPATIBLE = {"reduce_scatter": {"reduce_scatter", "all_reduce"}, "barrier
 
 
 class Collector:
-    """Receives the wanted events in file order and keeps compact records of them."""
+    """Receives the wanted events in file order and keeps compact records of them: CPU ops, NCCL kernels
+    and launches as columns (kineto_records), read as columns by kineto_columns or as objects (`cpu`,
+    `kernels`, `launches`) by the reference grouping below."""
 
     def __init__(self, budget: int | None = None) -> None:
         self.budget = budget  # records kept (CPU ops, kernels, launches) past which the trace is refused
         self.kept = 0
         self._shared: dict[bytes, dict[str, Any]] = {}  # args the parse reads -> one dict for all events with them
-        self._names: dict[str, str] = {}  # one string object per event name
-        self._ids: dict[Any, Any] = {}  # one object per pid and tid
-        self.cpu: list[CpuEv] = []
-        self.kernels: list[Kernel] = []
-        self.launches: dict[Any, tuple[Any, Any, float]] = {}
+        self.cpu_cols = CpuColumns()
+        self.kernel_cols = KernelColumns()
+        self.launch_cols = LaunchColumns()
+        self._objects: tuple[list[CpuEv], list[Kernel], dict[Any, tuple[Any, Any, float]]] | None = None
         self.steps: dict[int, tuple[float, float]] = {}
         self.labels: list[Label] = []
         self.skipped: dict[str, int] = defaultdict(int)
@@ -86,6 +89,29 @@ class Collector:
         self.link_style: str | None = None
         self._sampled = 0
         self.not_understood: Counter[str] = Counter()  # op names that look like collectives, not counted
+
+    @property
+    def cpu(self) -> list[CpuEv]:
+        return self._as_objects()[0]
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        return self._as_objects()[1]
+
+    @property
+    def launches(self) -> dict[Any, tuple[Any, Any, float]]:
+        return self._as_objects()[2]
+
+    def n_launches(self) -> int:
+        """Distinct correlation ids of the launches kept (len(launches), without making the objects)."""
+        cols = self.launch_cols
+        return len(np.unique(cols.corr.numpy())) if cols.exact() else len(self.launches)
+
+    def _as_objects(self) -> tuple[list[CpuEv], list[Kernel], dict[Any, tuple[Any, Any, float]]]:
+        """The records as objects, made once the trace has been read (the reference path)."""
+        if self._objects is None:
+            self._objects = (self.cpu_cols.objects(), self.kernel_cols.objects(), self.launch_cols.as_dict())
+        return self._objects
 
     def launch(self, pid: Any, tid: Any, ts: float, corr: Any, ext: Any) -> bool:
         """Keep a runtime launch; False once launches are known to be unnecessary."""
@@ -98,7 +124,7 @@ class Collector:
         if self.link_style == "external_id":
             return False
         self._keep()
-        self.launches[corr] = (pid, tid, ts)
+        self.launch_cols.append(pid, tid, ts, corr)
         return True
 
     def _keep(self) -> None:
@@ -174,9 +200,8 @@ class Collector:
     def _device(self, name: str, cat: str, ts: float, dur: float, args: dict[str, Any]) -> None:
         if cat == "kernel" and name.startswith("nccl"):
             self._keep()
-            name = self._names.setdefault(name, name)
             ext, corr, seq = (args.get(k) for k in _PER_EVENT_ARGS)
-            self.kernels.append(Kernel(name, ts, dur, ext, corr, self.compact(args), seq))
+            self.kernel_cols.append(name, ts, dur, ext, corr, self.compact(args), seq)
         elif cat == "gpu_user_annotation":
             self.skipped["gpu_user_annotation (the device view of a call already counted)"] += 1
 
@@ -207,10 +232,10 @@ class Collector:
                 return
             kind, backend = "annot", m.group(1)
         self._keep()
-        name = self._names.setdefault(name, name)
         ext, seq = args.get("External id"), args.get("Seq")
-        pid, tid = (self._ids.setdefault(v, v) for v in (ev.get("pid"), ev.get("tid")))
-        self.cpu.append(CpuEv(kind, name, op, pid, tid, ts, dur, ext, self.compact(args), backend, seq))
+        self.cpu_cols.append(
+            kind, name, op, ev.get("pid"), ev.get("tid"), ts, dur, ext, self.compact(args), backend, seq
+        )
 
 
 # ------------------------------------------------------------------------------------ grouping

@@ -10,7 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # test-only helpers (synthetic.py) import by module name
-from harness_runs import HarnessRuns  # noqa: E402  (found through the path set above)
+import background  # noqa: E402  (found through the path set above)
+from harness_runs import HarnessRuns  # noqa: E402
 
 SHARED_DATA = Path(os.environ.get("COMMLENS_DATA", ROOT.parent / "shared" / "data"))
 
@@ -22,6 +23,20 @@ def shared_data() -> Path:
             pytest.fail(f"shared data folder {SHARED_DATA} is missing; CI needs it beside the clone")
         pytest.skip(f"shared data folder {SHARED_DATA} not present")
     return SHARED_DATA
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the selected modules' `BACKGROUND` commands (tests/background.py): their waiting overlaps the tests."""
+    if session.config.option.collectonly:
+        return
+    modules = {item.module for item in session.items if isinstance(item, pytest.Function)}
+    for module in sorted(modules, key=lambda m: m.__name__):
+        for name, make in getattr(module, "BACKGROUND", {}).items():
+            background.start(name, make)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    background.stop_all()
 
 
 @pytest.fixture(scope="session")

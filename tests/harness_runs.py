@@ -70,16 +70,18 @@ class HarnessRuns:
     """`runs(name, options)`: the finished run of those HarnessConfig options, launched on first use.
 
     `name` names the directory (and the run, and run.json's command `["pytest", name]`) of the first
-    request; a later request for the same options under another name gets that same run."""
+    request; a later request for the same options under another name gets that same run. `replica=n` asks
+    for the n-th independent launch of the same options (a test comparing two runs of one configuration
+    takes replica 0, which other modules share, and replica 1)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._done: dict[str, launch.PlannedRun] = {}
-        self._failed: dict[str, str] = {}
+        self._done: dict[tuple[str, int], launch.PlannedRun] = {}
+        self._failed: dict[tuple[str, int], str] = {}
 
-    def __call__(self, name: str, options: dict[str, Any]) -> launch.PlannedRun:
+    def __call__(self, name: str, options: dict[str, Any], replica: int = 0) -> launch.PlannedRun:
         (planned,) = launch.plan_runs(self.root / name, options, None, [], None)
-        key = planned.cfg.to_json()
+        key = (planned.cfg.to_json(), replica)
         if key in self._failed:
             pytest.fail(f"this harness run failed earlier in the session:\n{self._failed[key]}")
         if key not in self._done:
@@ -90,7 +92,7 @@ class HarnessRuns:
         """One of STRAGGLER_RUNS on STRAGGLER_MODEL."""
         return self(name, dict(STRAGGLER_MODEL, **STRAGGLER_RUNS[name]))
 
-    def _launch(self, planned: launch.PlannedRun, key: str) -> launch.PlannedRun:
+    def _launch(self, planned: launch.PlannedRun, key: tuple[str, int]) -> launch.PlannedRun:
         out, n = planned.out, 1
         while out.exists():  # the name was taken by other options
             n += 1

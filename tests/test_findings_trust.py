@@ -5,18 +5,17 @@ configuration the same."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pytest
+from harness_runs import HarnessRuns, named
 
 from commlens import store
 from commlens.backend.findings import findings
 from commlens.contract.analysis import Finding
+from commlens.harness import launch
 from commlens.ingest.inputs import iter_inputs
 from commlens.service.ingest import ingest_run
 
@@ -100,31 +99,18 @@ def test_suggestions_name_only_views_with_data(real: duckdb.DuckDBPyConnection) 
             assert "topology page" not in f.suggestion, (run, f.id)
 
 
-MODEL = [
-    *("--layers", "1", "--hidden", "32", "--heads", "4", "--vocab", "64", "--seq-len", "16"),
-    *("--micro-batch-size", "2", "--steps", "6", "--device", "cpu", "--dtype", "float32", "--timeout", "120"),
-    *("--tp", "2"),
-]
-INGEST = ("--ingest", "--db")
-
-
-def test_two_harness_runs_of_one_config_give_the_same_findings(tmp_path: Path) -> None:
+def test_two_harness_runs_of_one_config_give_the_same_findings(harness_runs: HarnessRuns, tmp_path: Path) -> None:
     """Two real gloo runs of one configuration (CPU op times that move with the host's load) raise the same
     findings, timing ones included (those are raised only on stable evidence, findings_time._noise). The
     small tensor-parallel all-reduces (4 KiB activations) are found in both, with the same severity and
-    evidence counts; neither the size threshold nor the severity rests on those times."""
-    pytest.importorskip("torch")
+    evidence counts; neither the size threshold nor the severity rests on those times. The runs: test_harness's
+    `tp` configuration, its session run (shared with test_harness) and a second launch of it."""
+    from test_harness import SCHEMES, TINY
+
     db = tmp_path / "s.duckdb"
-    for run in ("a", "b"):
-        proc = subprocess.run(
-            [sys.executable, "-m", "commlens.cli", "harness", "--out", str(tmp_path / run), *MODEL, *INGEST, str(db)],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=dict(os.environ, OMP_NUM_THREADS="1"),
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
+    for replica, run in enumerate(("a", "b")):
+        launched = harness_runs("tp", dict(TINY, **SCHEMES["tp"]), replica=replica)
+        assert not launch.ingest_run(db, named(launched, run)).failed
     con = duckdb.connect(str(db))
     try:
         every = {run: findings(con, run) for run in ("a", "b")}
@@ -135,9 +121,10 @@ def test_two_harness_runs_of_one_config_give_the_same_findings(tmp_path: Path) -
     timed = [f for f in every["a"] + every["b"] if not f.id.startswith(BYTE_BASED)]
     assert all(f.stability and isinstance(f.evidence["steps"], int) for f in timed), [f.id for f in timed]
     found = {run: {f.id: f for f in every[run] if f.id.startswith(BYTE_BASED)} for run in ("a", "b")}
-    # 36 calls of 4 KiB: all small, low (under MEDIUM_CALLS calls), in both runs
+    # per rank and profiled step 10 activation all-reduces of 4 KiB (4 per block, the embedding's and the head's)
+    # and 3 of the loss's 128 B: 52 calls over 2 ranks and 2 steps, all small, low (under MEDIUM_CALLS calls)
     assert _set(list(found["a"].values())) == _set(list(found["b"].values())) == {("small-messages:tp", "low")}
     for run in ("a", "b"):
         tp = found[run]["small-messages:tp"]
-        assert (tp.evidence["calls"], tp.evidence["small_calls"], tp.evidence["threshold_bytes"]) == (36, 36, 65536)
+        assert (tp.evidence["calls"], tp.evidence["small_calls"], tp.evidence["threshold_bytes"]) == (52, 52, 65536)
         assert tp.ms_per_step is None and tp.stability is not None and tp.stability.endswith("not used to rank it")

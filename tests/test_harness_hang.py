@@ -6,12 +6,13 @@ the command exits non-zero naming the rank, and the dumps ingested into a store 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import background
 import pytest
 
 from commlens.backend.report import build_report
@@ -59,35 +60,20 @@ def test_flight_recorder_dumps_are_harness_outputs(tmp_path: Path) -> None:
     assert launch.existing_outputs(out) == [] and (out / launch.CONFIG_NAME).is_file()
 
 
+def _hang_run(folder: Path) -> background.Command:
+    args = [sys.executable, "-m", "commlens.cli", "harness", "--out", str(folder / "hang"), "--dp", "2"]
+    args += ["--device", "cpu", "--steps", "4", "--hang", "1:2", "--timeout", str(HANG_TIMEOUT_S)]
+    return background.Command(args, dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="400"))
+
+
+# The hang run waits out its timeout while the tests before this module run (tests/background.py).
+BACKGROUND = {"hang": _hang_run} if importlib.util.find_spec("torch") else {}
+
+
 def test_a_rank_that_never_arrives_is_named(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    out = tmp_path / "hang"
-    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="400")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "commlens.cli",
-            "harness",
-            "--out",
-            str(out),
-            "--dp",
-            "2",
-            "--device",
-            "cpu",
-            "--steps",
-            "4",
-            "--hang",
-            "1:2",
-            "--timeout",
-            str(HANG_TIMEOUT_S),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
+    folder, proc = background.result("hang", _hang_run, timeout=300)
+    out = folder / "hang"
     output = proc.stdout[-2000:] + proc.stderr[-4000:]
     assert proc.returncode == 1, output
     assert "[commlens harness] rank 1 hangs at step 2 (--hang)" in proc.stdout, output

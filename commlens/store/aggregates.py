@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from commlens.ingest.periods import MIN_COVERAGE, find_period_tokens
@@ -352,7 +353,7 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
             SELECT op, msg_bytes, row_number() OVER () AS tok FROM (SELECT DISTINCT op, msg_bytes FROM ev)
         )
         SELECT source_id, process, comm, any_value(group_key) AS group_key, max(rank) AS rank,
-               list(tok ORDER BY seq) AS toks
+               list(tok ORDER BY seq) AS toks, list(seq ORDER BY seq) AS seqs
         FROM ev JOIN kinds ON kinds.op = ev.op AND kinds.msg_bytes IS NOT DISTINCT FROM ev.msg_bytes
         GROUP BY source_id, process, comm
         ORDER BY source_id, process, comm
@@ -418,39 +419,71 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
         "INSERT INTO process_iterations (run_id, source_id, process, rank, iterations, ord) VALUES (?, ?, ?, ?, ?, ?)",
         [[run_id, s, p, ranks.get((s, p)), it, i] for i, ((s, p), it) in enumerate(sorted(proc_iters.items()))],
     )
-    # The iteration of each call: its position in its communicator's sequence against the period.
-    con.execute(
-        """
-        INSERT INTO comm_iterations (run_id, source_id, process, seq, iteration, reason)
-        WITH x AS (
-            SELECT source_id, process, comm, seq,
-                   row_number() OVER (PARTITION BY source_id, process, comm ORDER BY seq) - 1 AS idx
-            FROM (SELECT e.source_id, coalesce(e.process, cast(e.rank AS VARCHAR), '?') AS process,
-                         coalesce(e.group_key, 'ptr:' || e.comm_ptr) AS comm, e.seq
-                  FROM comm_events e
-                  JOIN agg_sources s ON s.run_id = e.run_id AND s.source_id = e.source_id AND NOT s.has_steps
-                  WHERE e.run_id = ? AND e.counted)
-        ), y AS (
-            SELECT x.source_id, x.process, x.seq, x.idx, pi.iterations AS iters, c.period, c.offset_calls,
-                   CASE WHEN c.period IS NOT NULL AND coalesce(pi.iterations, 0) > 0 AND x.idx >= c.offset_calls
-                        THEN (x.idx - c.offset_calls) // (c.period * (c.repeats // pi.iterations)) END AS it
-            FROM x
-            LEFT JOIN process_iterations pi ON pi.run_id = ? AND pi.source_id = x.source_id AND pi.process = x.process
-            LEFT JOIN comm_periods c ON c.run_id = ? AND c.source_id = x.source_id AND c.process = x.process
-                 AND c.comm IS NOT DISTINCT FROM x.comm
-        )
-        SELECT ?, source_id, process, seq,
-               CASE WHEN it < iters THEN it END,
-               CASE WHEN coalesce(iters, 0) = 0 THEN 'no repeating pattern in its process'
-                    WHEN period IS NULL THEN 'communicator without a repeating pattern'
-                    WHEN idx < offset_calls THEN 'before the repeating pattern (setup)'
-                    WHEN it >= iters THEN 'after the last complete iteration'
-               END
-        FROM y
-        """,
-        [run_id, run_id, run_id, run_id],
-    )
+    _insert_iterations(con, run_id, table, [c["period"] for c in comms.values()], proc_iters)
     return any(proc_iters.values())
+
+
+# Why a call has no detected iteration (comm_iterations.reason), by the first rule that applies.
+_NO_ITERATION = (
+    "no repeating pattern in its process",
+    "communicator without a repeating pattern",
+    "before the repeating pattern (setup)",
+    "after the last complete iteration",
+)
+
+
+def _insert_iterations(
+    con: duckdb.DuckDBPyConnection,
+    run_id: int,
+    table: pa.Table,
+    periods: list[Any],
+    proc_iters: dict[tuple[int, str], int | None],
+) -> None:
+    """comm_iterations from the communicators' calls in seq order (`table`, as `_refresh_periods` reads it):
+    a call's iteration is its position in its communicator against the period, counted in numpy columns
+    from the few per-communicator numbers (a window over every call in SQL sorted them all again)."""
+    seqs = table["seqs"].combine_chunks()
+    offsets = seqs.offsets.to_numpy()
+    counts = np.diff(offsets)
+    process = table["process"].to_pylist()
+    iters = np.array(
+        [proc_iters.get((s, p)) or 0 for s, p in zip(table["source_id"].to_pylist(), process, strict=True)], np.int64
+    )
+    has_period = np.array([p is not None for p in periods], bool)
+    period = np.array([p.period if p else 1 for p in periods], np.int64)
+    first = np.array([p.offset if p else 0 for p in periods], np.int64)
+    # calls per iteration of the process: the period's repeats shared out over the process's iterations
+    span = np.where(
+        has_period & (iters > 0),
+        period * (np.array([p.repeats if p else 1 for p in periods]) // np.maximum(iters, 1)),
+        1,
+    )
+    idx = np.arange(offsets[-1] - offsets[0], dtype=np.int64) - np.repeat(offsets[:-1] - offsets[0], counts)
+    each = [np.repeat(a, counts) for a in (iters, has_period, first, span)]
+    c_iters, c_period, c_first, c_span = each
+    counted = c_period & (c_iters > 0) & (idx >= c_first)
+    it = np.where(counted, (idx - c_first) // c_span, -1)
+    reason = np.select([c_iters == 0, ~c_period, idx < c_first, it >= c_iters], [0, 1, 2, 3], default=-1).astype(
+        np.int32
+    )
+    process_codes = np.repeat(np.arange(len(process), dtype=np.int32), counts)
+    rows = pa.table(
+        {
+            "source_id": pa.array(np.repeat(table["source_id"].to_numpy(), counts), pa.int32()),
+            "process": pa.DictionaryArray.from_arrays(pa.array(process_codes), pa.array(process, pa.string())),
+            "seq": seqs.flatten(),
+            "iteration": pa.array(it, pa.int32(), mask=reason >= 0),
+            "reason": pa.DictionaryArray.from_arrays(
+                pa.array(reason, mask=reason < 0), pa.array(_NO_ITERATION, pa.string())
+            ),
+        }
+    )
+    with registered(con, rows) as name:
+        con.execute(
+            f"INSERT INTO comm_iterations (run_id, source_id, process, seq, iteration, reason) "
+            f"SELECT ?, source_id, process, seq, iteration, reason FROM {name}",
+            [run_id],
+        )
 
 
 def _refresh_bandwidth(con: duckdb.DuckDBPyConnection, run_id: int) -> None:

@@ -21,6 +21,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import httpx
 import pytest
+from harness_runs import HarnessRuns, named
+
+from commlens.harness import launch
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +41,7 @@ CHROMIUM_ARGS = [
 ]
 VIEWPORT = {"width": 1366, "height": 768}
 WAIT_MS = 30_000  # how long a read waits for the state it asserts (a loaded machine renders slowly)
-HARNESS_RUN = "ddp"  # named after the harness's --out directory
+HARNESS_RUN = "ddp"  # the harness run's name in the store
 LOG_FILES = ["nccl-logs/nvidia-nccl-671.log", "nccl-logs/nvidia-nccl-429.log"]
 KINETO = "kineto-hta/nccl_parser_config/nccl_data.json.gz"
 UPLOAD_LOG = "nccl-logs/nvidia-nccl-1238.log"
@@ -85,7 +88,9 @@ def _cli(*args: str, timeout: float = 300) -> str:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, Any]:
+def store(
+    harness_runs: HarnessRuns, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> dict[str, Any]:
     """Three real runs, attributed, and two users with tokens."""
     if importlib.util.find_spec("playwright") is None:
         _missing("playwright is not installed")
@@ -97,32 +102,13 @@ def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     _cli("ingest", str(data / KINETO), "--db", str(db), "--run", "hta")
     # two excerpts of different jobs, kept in one run on purpose (the topology page reads both)
     _cli("ingest", *[str(data / f) for f in LOG_FILES], "--db", str(db), "--run", "nccl", "--one-run")
-    _cli(
-        "harness",
-        "--out",
-        str(tmp / HARNESS_RUN),
-        "--dp",
-        "2",
-        "--layers",
-        "2",
-        "--hidden",
-        "32",
-        "--heads",
-        "4",
-        "--vocab",
-        "64",
-        "--seq-len",
-        "16",
-        "--device",
-        "cpu",
-        "--ingest",
-        "--db",
-        str(db),
-    )
+    # the session's `--dp 2` gloo run (tests/harness_runs.py, shared with the delay, time and findings tests),
+    # ingested as `commlens harness --ingest` does
+    assert not launch.ingest_run(db, named(harness_runs.straggler("dp"), HARNESS_RUN)).failed
     from commlens import store as store_mod
     from commlens.service.users import add_user
 
-    con = store_mod.connect(db)  # `commlens ingest` and `harness --ingest` attributed the runs' schemes
+    con = store_mod.connect(db)  # `commlens ingest` and the harness run's ingest attributed the runs' schemes
     try:
         tokens = {name: add_user(con, name) for name in ("alice", "bob")}
     finally:

@@ -21,6 +21,7 @@ from commlens.backend.attribution import set_override
 from commlens.backend.ranks import rank_summary, rank_totals
 from commlens.contract.pairs import PairMatrix
 from commlens.frontend.page_ranks import MAX_CELLS, pairs_heatmap
+from commlens.store.transaction import transaction
 
 # test_ui's server, API client, browser and tab fixtures, over this module's own store
 server, api, browser, tab = test_ui.server, test_ui.api, test_ui.browser, test_ui.tab
@@ -37,17 +38,22 @@ def build(con: Any) -> None:
         {"group_key": key, "ranks": list(range(RANKS)), "size": RANKS, "origin": "pg_config", "backend": "cuda:nccl"}
         for key in ("pg:dp", "pg:pp")
     ]
-    for rank in range(RANKS):  # one trace per rank, as a profiler writes them
-        events, steps, seq = [], [], 0
-        for step in range(STEPS):
-            steps.append({"rank": rank, "step": step})
-            for _ in range(3 if rank == HOT else 2):
-                events.append(_ev(rank, seq, "all_reduce", 16 * MiB, "pg:dp", RANKS, step))
-                seq += 1
-            if rank < 1000:
-                events.append(_ev(rank, seq, "send", 2 * MiB, "pg:pp", RANKS, step))
-                seq += 1
-        write_rows(con, RUN, events, groups=groups if rank == 0 else (), steps=steps, rank=rank)
+
+    def write(c: Any) -> None:
+        for rank in range(RANKS):  # one trace per rank, as a profiler writes them
+            events, steps, seq = [], [], 0
+            for step in range(STEPS):
+                steps.append({"rank": rank, "step": step})
+                for _ in range(3 if rank == HOT else 2):
+                    events.append(_ev(rank, seq, "all_reduce", 16 * MiB, "pg:dp", RANKS, step))
+                    seq += 1
+                if rank < 1000:
+                    events.append(_ev(rank, seq, "send", 2 * MiB, "pg:pp", RANKS, step))
+                    seq += 1
+            write_rows(c, RUN, events, groups=groups if rank == 0 else (), steps=steps, rank=rank)
+
+    # one transaction for the 1,024 files: a commit apiece was most of this fixture's time
+    transaction(con, write)
     set_override(con, RUN, "pg:dp", "dp", "test: planted")
     set_override(con, RUN, "pg:pp", "pp", "test: planted")
 
@@ -70,7 +76,7 @@ def _ev(rank: int, seq: int, op: str, size: int, group: str, n: int, step: int) 
 
 @pytest.fixture(scope="module")
 def scale_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The 1,024-rank store, built once for the module (about 8 s on 2 loaded cores)."""
+    """The 1,024-rank store, built once for the module."""
     db = tmp_path_factory.mktemp("ui-scale") / "scale.duckdb"
     con = store_mod.connect(db)
     try:

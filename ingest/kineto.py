@@ -18,6 +18,7 @@ from commlens.contract.common import MAX_RANK
 
 from .inputs import DEFAULT_LIMITS, Limits
 from .kineto_calls import call_row, parse_ranks, step_of
+from .kineto_columns import columnar_rows
 from .kineto_events import LAUNCH_PREFIXES, PREFIXES, Collector, build_calls
 from .kineto_fields import has, spelling
 from .kineto_json import scan_trace
@@ -26,6 +27,9 @@ from .kineto_timeline import Activity, RankTimeline, call_times, timeline_notes,
 from .records import ParseError, ParseResult, RankHint
 
 ROW_BATCH = 65_536  # rows held as dicts before they are moved into an Arrow table (ParseResult.flush_events)
+# Calls grouped and rows made on the record columns (kineto_columns) where the trace allows; False: always
+# by the reference path (build_calls + call_row), which the columnar one is tested against.
+COLUMNAR = True
 
 
 def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
@@ -67,23 +71,12 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
     result.steps = [{"rank": rank, "step": n, "ts_us": ts, "dur_us": dur} for ts, dur, n in steps]
 
     process = str(rank) if rank is not None else os.path.basename(name.split("!")[-1])
-    gen: Counter[str] = Counter()
-    calls = build_calls(col, result)
-    shapes: dict[Any, Any] = {}
-    seq = 0
-    for i, call in enumerate(calls):
-        calls[i] = None  # type: ignore[call-overload]  # each call's objects go once its row is made
-        row = call_row(call, ctx, result, gen, shapes)
-        if row is None:
-            continue
-        row.update(rank=rank, process=process, seq=seq, step=step_of(steps, call.issue_ts))
-        row.update(call_times(call))
-        result.events.append(row)
-        seq += 1
-        if len(result.events) >= ROW_BATCH:
-            result.flush_events()  # rows are held as columns, not as dicts
+    gen = columnar_rows(col, ctx, result, process, steps, ROW_BATCH) if COLUMNAR else None
+    if gen is None:
+        gen = _reference_rows(col, ctx, result, rank, process, steps)
     result.groups = _dedupe_groups(result.groups)
-    result.intervals = act.intervals_table(rank, _comm_spans(result), col.cpu)
+    # CPU ops serve as compute only in traces without device activity
+    result.intervals = act.intervals_table(rank, _comm_spans(result), [] if act.has_device else col.cpu)
 
     result.meta = {
         "generation": _generation(col, gen, gen_dist),
@@ -114,6 +107,33 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
         },
     }
     return result
+
+
+def _reference_rows(
+    col: Collector,
+    ctx: TraceContext,
+    result: ParseResult,
+    rank: int | None,
+    process: str,
+    steps: list[tuple[float, float, int]],
+) -> Counter[str]:
+    """The rows by the reference path: calls as objects (build_calls), one row each (call_row)."""
+    gen: Counter[str] = Counter()
+    calls = build_calls(col, result)
+    shapes: dict[Any, Any] = {}
+    seq = 0
+    for i, call in enumerate(calls):
+        calls[i] = None  # type: ignore[call-overload]  # each call's objects go once its row is made
+        row = call_row(call, ctx, result, gen, shapes)
+        if row is None:
+            continue
+        row.update(rank=rank, process=process, seq=seq, step=step_of(steps, call.issue_ts))
+        row.update(call_times(call))
+        result.events.append(row)
+        seq += 1
+        if len(result.events) >= ROW_BATCH:
+            result.flush_events()  # rows are held as columns, not as dicts
+    return gen
 
 
 def _comm_spans(result: ParseResult) -> tuple[np.ndarray, np.ndarray]:

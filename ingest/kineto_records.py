@@ -172,15 +172,16 @@ class CpuColumns:
         condition)."""
         return not (self.ext.other or self.seq.other or self.ts.other)
 
+    def record(self, i: int) -> CpuEv:
+        kind, name, op, pid, tid, backend, args = self.keys.values[self.key[i]]
+        return CpuEv(
+            kind, name, op, pid, tid, self.ts.value(i), self.dur.data[i], self.ext.value(i), args, backend,
+            self.seq.value(i),
+        )  # fmt: skip
+
     def objects(self) -> list[CpuEv]:
         """The records as CpuEv objects (the reference path)."""
-        keys, out = self.keys.values, []
-        dur = self.dur.data
-        for i, k in enumerate(self.key):
-            kind, name, op, pid, tid, backend, args = keys[k]
-            ts = self.ts.value(i)
-            out.append(CpuEv(kind, name, op, pid, tid, ts, dur[i], self.ext.value(i), args, backend, self.seq.value(i)))
-        return out
+        return [self.record(i) for i in range(len(self.key))]
 
 
 class KernelColumns:
@@ -209,15 +210,14 @@ class KernelColumns:
     def exact(self) -> bool:
         return not (self.ext.other or self.corr.other or self.seq.other or self.ts.other)
 
+    def record(self, i: int) -> Kernel:
+        name, args = self.keys.values[self.key[i]]
+        return Kernel(
+            name, self.ts.value(i), self.dur.data[i], self.ext.value(i), self.corr.value(i), args, self.seq.value(i)
+        )
+
     def objects(self) -> list[Kernel]:
-        keys, out = self.keys.values, []
-        dur = self.dur.data
-        for i, k in enumerate(self.key):
-            name, args = keys[k]
-            out.append(
-                Kernel(name, self.ts.value(i), dur[i], self.ext.value(i), self.corr.value(i), args, self.seq.value(i))
-            )
-        return out
+        return [self.record(i) for i in range(len(self.key))]
 
 
 class LaunchColumns:

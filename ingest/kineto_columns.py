@@ -1,0 +1,458 @@
+"""The grouping of kineto_events and the rows of kineto_calls, done on the columns of kineto_records.
+
+Same rules, same answer as `kineto_events.build_calls` + `kineto_calls.call_row` (the reference, which
+tests compare this with row for row), without an object per event or per call: calls are found by sorts
+and `searchsorted` per thread, kernels joined by correlation / External id the same way, each distinct
+shape of call (its events' names, kinds and shared args; its kernels') described once by the reference's
+own `describe_call` on one call of that shape made as objects, and the rows built as Arrow columns whose
+per-shape values are dictionary-encoded. Traces outside what this covers (gloo worker threads, commlens
+labels, ids that are no plain integers, calls of many events) return None and take the reference path.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .kineto_calls import CallFacts, call_op, describe_call, kernel_op
+from .kineto_events import KERNEL_BEFORE_WINDOW, Collector, _is_wait, _skip_not_collective
+from .kineto_model import EPS, Call, Kernel, TraceContext
+from .kineto_records import NONE
+from .records import FROM_ROWS, TABLE_COLUMNS, ParseResult
+
+MAX_PARTS = 16  # events (or kernels) of one call beyond which the reference path is taken
+_PER_SHAPE = ("op", "dtype", "msg_bytes", "elems_in", "elems_out", "group_size", "group_key", "peer", "dur_source")
+
+
+def covered(col: Collector) -> bool:
+    """Whether the columnar path reads this trace (else the reference path does)."""
+    return (
+        not col.labels
+        and col.cpu_cols.exact()
+        and col.kernel_cols.exact()
+        and col.launch_cols.exact()
+        and not any(k[5] == "gloo" for k in col.cpu_cols.keys.values)
+    )
+
+
+@dataclass
+class _Calls:
+    """The CPU calls of the trace in the reference's thread order: member records (CPU record indices)
+    ordered by call then position, and each call's root record and thread."""
+
+    member: np.ndarray  # CPU record indices, grouped by call, in member order
+    bounds: np.ndarray  # member[bounds[c]:bounds[c + 1]] are call c's
+    thread: np.ndarray  # per call
+    starts: list[np.ndarray]  # per thread: issue times of its calls (sorted)
+    first: list[int]  # per thread: its first call's number
+
+
+def _containing(starts: np.ndarray, rstart: np.ndarray, rend: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """kineto_events._containing vectorised: the call (index into starts) whose root contains t, else -1."""
+    i = np.searchsorted(starts, t + EPS, side="right") - 1
+    found = np.full(len(t), -1, dtype=np.int64)
+    for off in range(4):
+        j = i - off
+        ok = (found < 0) & (j >= 0)
+        jj = np.where(ok, j, 0)
+        ok &= (rstart[jj] - EPS <= t) & (t <= rend[jj] + EPS) if len(rstart) else False
+        found[ok] = j[ok]
+    return found
+
+
+def _nest(order: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Call number (within the thread) of each container in `order` (sorted by start, longest first),
+    by _thread_calls' stack rule: an op inside the innermost open op that contains it joins its call."""
+    s, e = ts[order], end[order]
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = s[1:] > reach[:-1] + EPS
+    if new.all():  # no op starts inside an earlier one: each is a call (the usual case)
+        return np.arange(len(order))
+    out = np.empty(len(order), dtype=np.int64)
+    stack: list[float] = []  # ends of the open ops of the current call
+    call = -1
+    for i, (a, b) in enumerate(zip(s.tolist(), e.tolist(), strict=True)):
+        while stack and a > stack[-1] + EPS:
+            stack.pop()
+        if not (stack and b <= stack[-1] + EPS):
+            stack.clear()
+            call += 1
+        stack.append(b)
+        out[i] = call
+    return out
+
+
+def _group_cpu(col: Collector, ts: np.ndarray, dur: np.ndarray) -> _Calls | None:
+    """Calls of each thread (kineto_events._thread_calls), threads in order of first appearance."""
+    cpu = col.cpu_cols
+    keys = cpu.keys.values
+    key = np.frombuffer(cpu.key, dtype=np.int32)
+    thread_ids: dict[tuple[Any, Any], int] = {}
+    key_thread = np.asarray([thread_ids.setdefault((k[3], k[4]), len(thread_ids)) for k in keys], dtype=np.int64)
+    key_annot = np.asarray([k[0] == "annot" for k in keys], dtype=bool)
+    rec_thread = key_thread[key] if len(key) else np.zeros(0, dtype=np.int64)
+    rec_annot = key_annot[key] if len(key) else np.zeros(0, dtype=bool)
+    end = ts + dur
+    by_thread = np.argsort(rec_thread, kind="stable")
+    cuts = np.searchsorted(rec_thread[by_thread], np.arange(len(thread_ids) + 1))
+    members: list[np.ndarray] = []
+    sizes: list[np.ndarray] = []
+    threads: list[np.ndarray] = []
+    starts: list[np.ndarray] = []
+    first: list[int] = []
+    n_calls = 0
+    for t in range(len(thread_ids)):  # dict order = first appearance of the thread
+        idx = by_thread[cuts[t] : cuts[t + 1]]
+        cont = idx[~rec_annot[idx]]
+        cont = cont[np.lexsort((-dur[cont], ts[cont]))]
+        call_of = _nest(cont, ts, end)
+        nc = int(call_of[-1]) + 1 if len(cont) else 0
+        heads = np.flatnonzero(np.r_[True, call_of[1:] != call_of[:-1]]) if len(cont) else np.zeros(0, dtype=np.int64)
+        roots = cont[heads]
+        ann = idx[rec_annot[idx]]
+        ann = ann[np.argsort(ts[ann], kind="stable")]
+        into = _containing(ts[roots], ts[roots], end[roots], ts[ann])
+        alone = ann[into < 0]
+        # the thread's calls: container calls then lone annotations, stably sorted by issue time
+        issue = np.concatenate([ts[roots], ts[alone]])
+        order = np.argsort(issue, kind="stable")
+        rank_of = np.empty(len(order), dtype=np.int64)
+        rank_of[order] = np.arange(len(order))
+        # members with (call, position): containers in sorted order, then joined annotations in time order
+        m_call = np.concatenate([rank_of[call_of], rank_of[into[into >= 0]], rank_of[nc + np.arange(len(alone))]])
+        m_rec = np.concatenate([cont, ann[into >= 0], alone])
+        m_pos = np.arange(len(m_rec))  # containers before annotations; each group in its own order
+        o = np.lexsort((m_pos, m_call))
+        members.append(m_rec[o])
+        sizes.append(np.bincount(m_call, minlength=len(order)))
+        threads.append(np.full(len(order), t, dtype=np.int64))
+        starts.append(issue[order])
+        first.append(n_calls)
+        n_calls += len(order)
+    size = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+    if len(size) and size.max() > MAX_PARTS:
+        return None
+    return _Calls(
+        member=np.concatenate(members) if members else np.zeros(0, dtype=np.int64),
+        bounds=np.r_[0, np.cumsum(size)],
+        thread=np.concatenate(threads) if threads else np.zeros(0, dtype=np.int64),
+        starts=starts,
+        first=first,
+    )
+
+
+def _launch_index(col: Collector, kcorr: np.ndarray) -> np.ndarray:
+    """For each kernel, the launch of its correlation id (the last one listed, as the reference's dict
+    keeps), else -1."""
+    lc = col.launch_cols
+    out = np.full(len(kcorr), -1, dtype=np.int64)
+    if not len(lc):
+        return out
+    corr = lc.corr.numpy()
+    rev = corr[::-1]
+    uniq, at = np.unique(rev, return_index=True)
+    last = len(corr) - 1 - at
+    pos = np.clip(np.searchsorted(uniq, kcorr), 0, len(uniq) - 1)
+    hit = (kcorr != NONE) & (uniq[pos] == kcorr)
+    out[hit] = last[pos[hit]]
+    return out
+
+
+def _at(a: np.ndarray, i: np.ndarray, fill: Any = 0) -> np.ndarray:
+    """a[i], or `fill` everywhere when a is empty (then i only holds placeholders)."""
+    return a[i] if len(a) else np.full(len(i), fill, dtype=a.dtype)
+
+
+def _padded(values: np.ndarray, bounds: np.ndarray, width: int) -> np.ndarray:
+    """Segments values[bounds[i]:bounds[i + 1]] as the rows of a matrix, padded with -1."""
+    sizes = np.diff(bounds)
+    out = np.full((len(sizes), width), -1, dtype=np.int64)
+    if len(values):
+        pos = np.arange(len(values)) - np.repeat(bounds[:-1], sizes)
+        out[np.repeat(np.arange(len(sizes)), sizes), pos] = values
+    return out
+
+
+def _shape_ids(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(shape number of each row of m, first row of each shape)."""
+    if not len(m):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    top = int(m.max()) + 2
+    bits = max(1, top.bit_length())
+    if bits * m.shape[1] <= 62:  # one int64 per row: a 1-D unique
+        packed = np.zeros(len(m), dtype=np.int64)
+        for j in range(m.shape[1]):
+            packed = (packed << bits) | (m[:, j] + 1)
+        _, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
+    else:
+        _, first, inverse = np.unique(m, axis=0, return_index=True, return_inverse=True)
+    return inverse.reshape(-1), first
+
+
+def _segment_first(valid: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Per segment [bounds[i], bounds[i + 1]), the first position where valid, else -1."""
+    big = len(valid)
+    pos = np.where(valid, np.arange(len(valid)), big)
+    out = np.full(len(bounds) - 1, big, dtype=np.int64)
+    nonempty = np.diff(bounds) > 0
+    if len(valid) and nonempty.any():
+        out[nonempty] = np.minimum.reduceat(pos, bounds[:-1][nonempty])
+    return np.where(out >= big, -1, out)
+
+
+def _kernel_spans(
+    kts: np.ndarray, kdur: np.ndarray, kidx: np.ndarray, counts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row (its kernels: kidx in segments of `counts`): first start, the reference's duration (max of
+    each kernel's offset from that start plus its duration) and last end; NaN for rows without kernels."""
+    n = len(counts)
+    start, span, end = (np.full(n, np.nan) for _ in range(3))
+    has = counts > 0
+    if not has.any():
+        return start, span, end
+    at = (np.cumsum(counts) - counts)[has]
+    t, d = kts[kidx], kdur[kidx]
+    start[has] = np.minimum.reduceat(t, at)
+    span[has] = np.maximum.reduceat((t - np.repeat(start, counts)) + d, at)
+    end[has] = np.maximum.reduceat(t + d, at)
+    return start, span, end
+
+
+def _steps(steps: list[tuple[float, float, int]], ts: np.ndarray) -> np.ndarray:
+    """kineto_calls.step_of vectorised; -1 for none."""
+    out = np.full(len(ts), -1, dtype=np.int64)
+    if not steps:
+        return out
+    s0 = np.asarray([s[0] for s in steps], dtype=np.float64)
+    s1 = np.asarray([s[1] for s in steps], dtype=np.float64)
+    n = np.asarray([s[2] for s in steps], dtype=np.int64)
+    i = np.searchsorted(s0, ts + EPS, side="right") - 1
+    j = np.maximum(i, 0)
+    ok = (i >= 0) & (ts <= s0[j] + s1[j] + EPS)
+    out[ok] = n[j[ok]]
+    return out
+
+
+def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in its order
+    col: Collector,
+    ctx: TraceContext,
+    result: ParseResult,
+    process: str,
+    steps: list[tuple[float, float, int]],
+    batch: int,
+) -> Counter[str] | None:
+    """Group the trace's records into calls and add their rows to `result` (tables of `batch` rows, the
+    rest as dicts, as the reference flushes them); the generation tally, or None (nothing changed) when
+    the trace is not `covered` or a call has more than MAX_PARTS events."""
+    if not covered(col):
+        return None
+    cpu, kc = col.cpu_cols, col.kernel_cols
+    ts, dur = cpu.ts.numpy(), cpu.dur.numpy()
+    calls = _group_cpu(col, ts, dur)
+    if calls is None:
+        return None
+    kts, kdur, kext, kcorr = kc.ts.numpy(), kc.dur.numpy(), kc.ext.numpy(), kc.corr.numpy()
+    kkey = np.frombuffer(kc.key, dtype=np.int32).astype(np.int64)
+    n_calls = len(calls.thread)
+    sizes = np.diff(calls.bounds)
+    member_call = np.repeat(np.arange(n_calls), sizes)
+    root = calls.member[calls.bounds[:-1]]
+
+    # kernels -> calls (_attach_kernels): the call around the launch on its thread, else the call of the
+    # kernel's External id (its first member in thread and call order)
+    launch = _launch_index(col, kcorr)
+    lts = col.launch_cols.ts.numpy()
+    kcall = np.full(len(kts), -1, dtype=np.int64)
+    if (launch >= 0).any():
+        thread_no: dict[tuple[Any, Any], int] = {}
+        for k in cpu.keys.values:
+            thread_no.setdefault((k[3], k[4]), len(thread_no))
+        lthread = np.asarray([thread_no.get(th, -1) for th in col.launch_cols.threads.values], dtype=np.int64)
+        kthr = np.where(launch >= 0, lthread[np.frombuffer(col.launch_cols.thread, dtype=np.int32)][launch], -1)
+        for t, first in enumerate(calls.first):
+            sel = np.flatnonzero(kthr == t)
+            if len(sel):
+                r = root[first : first + len(calls.starts[t])]
+                found = _containing(calls.starts[t], ts[r], ts[r] + dur[r], lts[launch[sel]])
+                kcall[sel[found >= 0]] = first + found[found >= 0]
+    mext = cpu.ext.numpy()[calls.member]
+    valid = mext != NONE
+    uext, at = np.unique(mext[valid], return_index=True)
+    ext_call = member_call[valid][at]
+    del mext, valid
+    want = (kcall < 0) & (kext != NONE) & (kext != kcorr)
+    if len(uext) and want.any():
+        pos = np.clip(np.searchsorted(uext, kext), 0, len(uext) - 1)
+        hit = want & (uext[pos] == kext)
+        kcall[hit] = ext_call[pos[hit]]
+    korder = np.argsort(kcall, kind="stable")
+    korder = korder[kcall[korder] >= 0]  # each call's kernels, in file order
+    kcount = np.bincount(kcall[korder], minlength=n_calls)
+    if n_calls and kcount.max() > MAX_PARTS:
+        return None
+    kbounds = np.r_[0, np.cumsum(kcount)]
+
+    # the shape of each call (kineto_calls._shape): members' (kind, name, op, backend, args), kernels' (name, args)
+    ref_ids: dict[Any, int] = {}
+    key_ref = np.asarray(
+        [ref_ids.setdefault((k[0], k[1], k[2], k[5], id(k[6])), len(ref_ids)) for k in cpu.keys.values],
+        dtype=np.int64,
+    )
+    rec_ref = key_ref[np.frombuffer(cpu.key, dtype=np.int32)] if len(cpu) else np.zeros(0, dtype=np.int64)
+    shape_m = _padded(rec_ref[calls.member], calls.bounds, int(sizes.max()) if n_calls else 0)
+    shape_k = _padded(kkey[korder], kbounds, int(kcount.max()) if n_calls else 0)
+    shape_of, shape_first = _shape_ids(np.concatenate([shape_m, shape_k], axis=1))
+    del shape_m, shape_k, rec_ref
+
+    def objects(c: int) -> Call:
+        mem = [cpu.record(int(i)) for i in calls.member[calls.bounds[c] : calls.bounds[c + 1]]]
+        return Call(mem[0], mem, [kc.record(int(i)) for i in korder[kbounds[c] : kbounds[c + 1]]], issue_ts=mem[0].ts)
+
+    # _sort_calls: what each shape is (0 a collective, 1 skipped with its kernels loose, 2 skipped) and skips
+    n_shapes = len(shape_first)
+    kind_of = np.zeros(n_shapes, dtype=np.int8)
+    skips: list[list[tuple[str, int]]] = []
+    for s, c in enumerate(shape_first.tolist()):
+        call = objects(c)
+        probe = ParseResult(kind="kineto")
+        assert call.root is not None
+        if _is_wait(call.root):
+            probe.skip("record_param_comms 'wait'")
+            kind_of[s] = 1
+        elif call_op(call) is None:
+            kind_of[s] = 1 if _skip_not_collective(call, call.root, probe) else 2
+        skips.append(list(probe.skipped.items()))
+    counts = np.bincount(shape_of, minlength=n_shapes)
+    for s in np.argsort(shape_first, kind="stable").tolist():
+        for reason, n in skips[s]:
+            result.skip(reason, n * int(counts[s]))
+    call_kind = kind_of[shape_of]
+
+    # _kernel_calls: kernels of no call, then those of skipped calls, as calls of their own
+    loose = np.concatenate([np.flatnonzero(kcall < 0), korder[np.repeat(call_kind == 1, kcount)]])
+    lk = launch[loose]
+    before = (lk < 0) & (col.link_style == "correlation") & bool(len(col.launch_cols))
+    if col.link_style == "external_id":
+        before |= (kext[loose] == NONE) | (kext[loose] == 0)
+    told = np.asarray([kernel_op(Kernel(n, 0.0, 0.0, None, None, a)) is not None for n, a in kc.keys.values] or [False])
+    reason = np.where(before, 1, np.where(told[kkey[loose]] if len(loose) else False, 0, 2))
+    texts = {
+        1: KERNEL_BEFORE_WINDOW,
+        2: "NCCL kernel with no CPU call, whose name does not tell the collective (SendRecv, Generic)",
+    }
+    for r in sorted({1, 2} & set(reason.tolist()), key=lambda r: int(np.argmax(reason == r))):
+        result.skip(texts[r], int((reason == r).sum()))
+    alone = loose[reason == 0]
+    alone_issue = np.where(launch[alone] >= 0, _at(lts, np.maximum(launch[alone], 0), 0.0), kts[alone])
+    for name, n in sorted(col.not_understood.items()):
+        result.warn(f"{n} events named {name!r} look like a collective but are not understood: not counted")
+
+    # the calls in issue order (collectives in thread order, then kernel calls; a stable sort)
+    coll = np.flatnonzero(call_kind == 0)
+    issue = np.concatenate([ts[root[coll]], alone_issue])
+    order = np.argsort(issue, kind="stable")
+    is_k = order >= len(coll)
+    src = coll[np.where(is_k, 0, order)] if len(coll) else np.zeros(len(order), dtype=np.int64)
+    ksrc = alone[np.where(is_k, order - len(coll), 0)] if len(alone) else np.zeros(len(order), dtype=np.int64)
+    row_shape = np.where(is_k, n_shapes + _at(kkey, ksrc), _at(shape_of, src))
+    issue = issue[order]
+
+    # each shape described once, on its first call (call_row), in call order
+    n_row_shapes = n_shapes + len(kc.keys.values)
+    facts: list[CallFacts | None] = [None] * n_row_shapes
+    present, first_row = np.unique(row_shape, return_index=True)
+    gen: Counter[str] = Counter()
+    shape_rows = np.bincount(row_shape, minlength=n_row_shapes)
+    for s in present[np.argsort(first_row)].tolist():
+        i = int(first_row[np.searchsorted(present, s)])
+        call = objects(int(src[i])) if s < n_shapes else Call(None, [], [kc.record(int(ksrc[i]))])
+        f = facts[s] = describe_call(call, ctx)
+        if f is None:
+            continue
+        for note in f.notes:
+            result.warn(note)
+        if f.group is not None:
+            result.groups.append(f.group)
+        gen.update({k: v * int(shape_rows[s]) for k, v in f.tally.items()})
+    ok = np.asarray([f is not None for f in facts] or [False])
+    keep = ok[row_shape] if len(row_shape) else np.zeros(0, dtype=bool)
+    if (~keep).any():
+        result.skip("call whose collective cannot be told", int((~keep).sum()))
+    src, ksrc, is_k, row_shape, issue = src[keep], ksrc[keep], is_k[keep], row_shape[keep], issue[keep]
+
+    # per row: the root's CPU span, the kernels' span, the match key, the step
+    croot = _at(root, src)
+    k_n = np.where(is_k, 1, _at(kcount, src))
+    k_first = np.where(is_k, 0, _at(kbounds[:-1], src))
+    seg = np.repeat(np.arange(len(k_n)), k_n)
+    within = np.arange(len(seg)) - np.repeat(np.cumsum(k_n) - k_n, k_n)
+    kidx = np.where(is_k[seg], ksrc[seg], _at(korder, np.minimum(k_first[seg] + within, max(len(korder) - 1, 0))))
+    dev_start, k_span, dev_end = _kernel_spans(kts, kdur, kidx, k_n)
+    has_k = k_n > 0
+    cpu_start = np.where(is_k, np.nan, _at(ts, croot, np.nan))
+    cpu_dur = np.where(is_k, np.nan, _at(dur, croot, np.nan))
+    cpu_end = cpu_start + cpu_dur
+    gloo = np.asarray([f is not None and f.row["dur_source"] == "cpu_op" for f in facts] or [False])[row_shape]
+    ts_us = np.where(has_k, dev_start, cpu_start)
+    dur_us = np.where(has_k, k_span, np.where(gloo & ~has_k, cpu_dur, np.nan))
+
+    # match key (call_times): the first Seq of a record_param_comms member, else of a kernel
+    rpc = np.asarray([k[1] == "record_param_comms" for k in cpu.keys.values] or [False])
+    mseq = cpu.seq.numpy()[calls.member]
+    mrpc = rpc[np.frombuffer(cpu.key, dtype=np.int32)[calls.member]] if len(calls.member) else np.zeros(0, dtype=bool)
+    m_at = _segment_first(mrpc & (mseq != NONE), calls.bounds)
+    kseq_sorted = kc.seq.numpy()[korder]
+    k_at = _segment_first(kseq_sorted != NONE, kbounds)
+    k_key = np.where(k_at >= 0, _at(kseq_sorted, np.maximum(k_at, 0), NONE), NONE)
+    call_key = np.where(m_at >= 0, _at(mseq, np.maximum(m_at, 0), NONE), k_key)
+    match_key = np.where(is_k, _at(kc.seq.numpy(), ksrc, NONE), _at(call_key, src, NONE))
+
+    _emit(result, facts, process, row_shape, issue, steps, batch,
+          {"ts_us": ts_us, "dur_us": dur_us, "cpu_start_us": cpu_start, "cpu_end_us": cpu_end,
+           "dev_start_us": dev_start, "dev_end_us": dev_end}, match_key)  # fmt: skip
+    return gen
+
+
+def _emit(
+    result: ParseResult,
+    facts: list[CallFacts | None],
+    process: str,
+    row_shape: np.ndarray,
+    issue: np.ndarray,
+    steps: list[tuple[float, float, int]],
+    batch: int,
+    times: dict[str, np.ndarray],
+    match_key: np.ndarray,
+) -> None:
+    """The rows as Arrow columns (per-shape values dictionary-encoded), in tables of `batch` rows and the
+    rest as dicts; the all_to_all rows' a2a_pairs."""
+    n = len(row_shape)
+    index = pa.array(row_shape.astype(np.int32))
+    zero = pa.array(np.zeros(n, dtype=np.int8))
+    cols: dict[str, pa.Array] = {
+        "rank": pa.DictionaryArray.from_arrays(zero, pa.array([result.rank], pa.int32())),
+        "process": pa.DictionaryArray.from_arrays(zero, pa.array([process], pa.string())),
+        "seq": pa.array(np.arange(n, dtype=np.int64)),
+    }
+    for c in (*_PER_SHAPE, "raw_name"):
+        values = pa.array([f.row[c] if f is not None else None for f in facts], TABLE_COLUMNS["comm_events"][c])
+        cols[c] = pa.DictionaryArray.from_arrays(index, values)
+    step = _steps(steps, issue)
+    cols["step"] = pa.array(step.astype(np.int32), mask=step < 0)
+    for c, v in times.items():
+        cols[c] = pa.array(v, mask=np.isnan(v))
+    cols["match_key"] = pa.array(match_key, mask=match_key == NONE)
+    names = [c for c in TABLE_COLUMNS["comm_events"] if c in cols]
+    table = pa.table([cols[c] for c in names], names=names).replace_schema_metadata({FROM_ROWS: b"1"})
+    full = n - n % batch
+    result.event_tables += [table.slice(i, batch) for i in range(0, full, batch)]
+    result.events += table.slice(full).to_pylist()
+    pairs = [s for s, f in enumerate(facts) if f is not None and f.peer_bytes is not None]
+    for seq in np.flatnonzero(np.isin(row_shape, pairs)).tolist() if pairs else []:
+        pb = facts[int(row_shape[seq])].peer_bytes  # type: ignore[union-attr]
+        result.a2a_pairs += [{"rank": result.rank, "seq": seq, "peer": p, "bytes": b} for p, b in enumerate(pb)]  # type: ignore[arg-type]

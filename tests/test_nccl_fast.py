@@ -1,6 +1,8 @@
-"""The detected iteration of every NCCL-log call, counted in numpy columns (`aggregates._insert_iterations`),
-against the SQL window it replaced (kept here as the reference), row for row: on the real logs and on a
-bench-shaped interleaved log with garbled lines."""
+"""The faster NCCL-log paths against the general ones they replace, row for row: the detected iteration of
+every call, counted in numpy columns (`aggregates._insert_iterations`), against the SQL window it replaced
+(kept here as the reference) on the real logs and on bench-shaped logs with garbled lines; the time
+analysis's matching of members that saw the same keys against the sorting path, on bench-shaped logs
+(whole, and with calls lost on one member) and on a real profile."""
 
 from __future__ import annotations
 
@@ -9,8 +11,12 @@ import random
 import sys
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
+from commlens.backend.timing import matching, persist
+from commlens.backend.timing.analysis import analyze_columns
 from commlens.service.ingest import ingest_paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,3 +122,66 @@ def test_per_process_files_iterations_equal_the_sql_window(tmp_path, con, shape)
     rows = _same_as_reference(con, "pp")
     assert len(rows) == sum(f.events for f in summary.files)
     assert {r[3] for r in rows if r[3] is not None}
+
+
+def _last_per_key_sorted(k, rows):
+    """The general form of matching._last_per_key: sort every member's keys."""
+    uk, first = np.unique(k[::-1], return_index=True)
+    return uk, rows[::-1][first]
+
+
+def _time_tables(con, run: str) -> dict:
+    data = persist.load_run(con, _run_id(con, run))
+    job = analyze_columns(data.ranks, data.calls, data.world_size, data.hosts, data.schemes)
+    return persist.result_tables(data, job)
+
+
+def _assert_same_tables(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for table, columns in a.items():
+        assert columns.keys() == b[table].keys(), table
+        for name, x in columns.items():
+            y = b[table][name]
+            if isinstance(x, np.ndarray):
+                assert x.dtype == y.dtype and np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), (table, name)
+            elif isinstance(x, pa.Array | pa.ChunkedArray):
+                assert x.equals(y), (table, name)
+            else:
+                assert x == y, (table, name)
+
+
+def _time_same_as_general_path(con, run: str, monkeypatch) -> dict:
+    fast = _time_tables(con, run)
+    with monkeypatch.context() as m:
+        m.setattr(matching, "_last_per_key", _last_per_key_sorted)
+        m.setattr(matching, "_aligned", matching._aligned_any)
+        general = _time_tables(con, run)
+    _assert_same_tables(fast, general)
+    return fast
+
+
+def test_time_analysis_fast_keys_equal_the_general_path(tmp_path, con, monkeypatch):
+    bench = _bench()
+    path = tmp_path / "job.log"
+    bench.write_interleaved(path, 24_000, "2.28.3")
+    ingest_paths(con, [path], "whole")
+    whole = _time_same_as_general_path(con, "whole", monkeypatch)
+    # the generator stops each process mid-iteration: the last calls of a communicator miss on some members
+    ends = whole["time_mismatches"]["reason"]
+    assert set(ends) == {"missing on a member"}
+    # the same job with 5 calls of process 3 lost: keys differ between members, some missing on one
+    lines = path.read_text().splitlines()
+    lost = [i for i, line in enumerate(lines) if ":52151:52151 [3]" in line and "AllGather: opCount" in line][5:10]
+    damaged = tmp_path / "lost.log"
+    damaged.write_text("\n".join(line for i, line in enumerate(lines) if i not in set(lost)) + "\n")
+    ingest_paths(con, [damaged], "lost")
+    out = _time_same_as_general_path(con, "lost", monkeypatch)
+    assert out["time_mismatches"]["reason"] == ["missing on a member"] * (len(ends) + 5)
+    n_whole = len(whole["time_instances"]["instance_id"])
+    assert len(out["time_instances"]["instance_id"]) == n_whole - 5
+
+
+def test_time_analysis_fast_keys_on_a_real_profile(con, data_dir, monkeypatch):
+    ingest_paths(con, [data_dir / "kineto-param/dlrm_kineto.tar.gz"], "dlrm")
+    out = _time_same_as_general_path(con, "dlrm", monkeypatch)
+    assert len(out["time_instances"]["instance_id"]) == 8

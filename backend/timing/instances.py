@@ -96,7 +96,9 @@ def instance_stats(inst: Instances, clocks: ClockAlignment) -> InstanceStats:
     real = np.where(known, (inst.m_end[last_pos] + off[last_pos]) - last, np.nan)
     factor = np.ones(n)
     members = inst.members
-    for op, size in {(o, m) for o, m in zip(inst.op_code.tolist(), members.tolist(), strict=True)}:
+    width = int(members.max()) + 1
+    for pair in np.unique(inst.op_code * width + members).tolist():  # the few distinct (op, members) pairs
+        op, size = divmod(pair, width)
         factor[(inst.op_code == op) & (members == size)] = busbw_factor(inst.ops[op], size)
     ok = known & (real > 0) & inst.has_size
     with np.errstate(invalid="ignore", divide="ignore"):

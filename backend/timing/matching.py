@@ -286,15 +286,7 @@ def _match_ordered(
 def _match_keyed(
     t: CallTable, code: int, name: str, member_ranks: list[int], by_rank: list[Ints], out: MatchResult
 ) -> _Block:
-    last: list[tuple[Ints, Ints]] = []
-    for x in by_rank:  # a key seen twice on a rank: its last call
-        k = t.match_key[x][::-1]
-        uk, first = np.unique(k, return_index=True)
-        last.append((uk, x[::-1][first]))
-    keys = np.unique(np.concatenate([k for k, _ in last]))
-    rows = np.full((len(keys), len(by_rank)), -1, dtype=np.int64)
-    for j, (uk, ur) in enumerate(last):
-        rows[np.searchsorted(keys, uk), j] = ur
+    keys, rows = _aligned([_last_per_key(t.match_key[x], x) for x in by_rank])
     complete = (rows >= 0).all(axis=1)
     found: list[tuple[int, int, Mismatch]] = []
     for q in np.flatnonzero(~complete).tolist():
@@ -319,6 +311,32 @@ def _match_keyed(
     out.mismatches.extend(m for _, _, m in sorted(found, key=lambda x: (x[0], x[1])))
     ok = full[~bad]
     return _Block(code, member_ranks, keys[ok], True, rows[ok])
+
+
+def _last_per_key(k: Ints, rows: Ints) -> tuple[Ints, Ints]:
+    """The distinct keys of one member in ascending order, each with the row of its last call. Keys that
+    only grow in call order (opCount) are that already: the sort is skipped."""
+    if len(k) < 2 or bool((k[1:] > k[:-1]).all()):
+        return k, rows
+    uk, first = np.unique(k[::-1], return_index=True)
+    return uk, rows[::-1][first]
+
+
+def _aligned(last: list[tuple[Ints, Ints]]) -> tuple[Ints, Ints]:
+    """Every key any member has, ascending, and per key each member's row (-1: missing on that member),
+    from each member's (keys, rows) of `_last_per_key`. Members that all saw the same keys (NCCL logs,
+    complete profiles) are their rows side by side."""
+    if last and all(np.array_equal(last[0][0], k) for k, _ in last[1:]):
+        return last[0][0], np.stack([r for _, r in last], axis=1).astype(np.int64, copy=False)
+    return _aligned_any(last)
+
+
+def _aligned_any(last: list[tuple[Ints, Ints]]) -> tuple[Ints, Ints]:
+    keys = np.unique(np.concatenate([k for k, _ in last]))
+    rows = np.full((len(keys), len(last)), -1, dtype=np.int64)
+    for j, (uk, ur) in enumerate(last):
+        rows[np.searchsorted(keys, uk), j] = ur
+    return keys, rows
 
 
 def _step_of(t: CallTable, rows: Ints) -> tuple[Ints, Bools]:

@@ -260,11 +260,11 @@ def _worker(mode: str, paths: list[str]) -> dict:
     raise SystemExit(f"unknown mode {mode}")
 
 
-def measure(cmd: list[str]) -> dict:
+def measure(cmd: list[str], env: dict[str, str] | None = None) -> dict:
     """A whole process: wall seconds, CPU seconds (user + system) and peak RSS of the process tree's
     largest member, through os.wait4 on the child."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     assert proc.stdout is not None and proc.stderr is not None
     out = proc.stdout.read()
     err = proc.stderr.read()
@@ -280,8 +280,11 @@ def measure(cmd: list[str]) -> dict:
     }
 
 
-def measure_shape(name: str, paths: list[Path], lines: int, work: Path, repeat: int) -> dict:
-    """Floors and the whole `commlens ingest`, best of `repeat` for each."""
+def measure_shape(
+    name: str, paths: list[Path], lines: int, work: Path, repeat: int, baseline: Path | None = None
+) -> dict:
+    """Floors and the whole `commlens ingest`, best of `repeat` for each; with `baseline` (the package
+    layout of an earlier checkout, `make layout`), its `commlens ingest` too, runs alternating."""
     strs = [str(p) for p in paths]
 
     def best(cmd: list[str]) -> dict:
@@ -291,14 +294,23 @@ def measure_shape(name: str, paths: list[Path], lines: int, work: Path, repeat: 
     res["wc"] = best(["wc", "-l", *strs])
     res["loop"] = best([sys.executable, __file__, "--worker", "lines", *strs])
     res["parse"] = best([sys.executable, __file__, "--worker", "parse", *strs])
-    runs = []
+    runs, before = [], []
     for i in range(repeat):
         db = work / f"{name}-{i}.duckdb"
         runs.append(measure([str(COMMLENS), "ingest", *strs, "--db", str(db), "--run", name]))
         calls = _calls(db)
         db.unlink()
+        if baseline is not None:
+            env = {**os.environ, "PYTHONPATH": str(baseline)}
+            before.append(measure([str(COMMLENS), "ingest", *strs, "--db", str(db), "--run", name], env))
+            if _calls(db) != calls:
+                raise SystemExit(f"{name}: the baseline stored a different number of calls")
+            db.unlink()
     res["ingest"] = min(runs, key=lambda m: m["wall"])
     res["calls"] = calls
+    if before:
+        res["before"] = min(before, key=lambda m: m["cpu"])
+        res["ingest_cpu"] = min(r["cpu"] for r in runs)
     return res
 
 
@@ -316,7 +328,7 @@ def _calls(db: Path) -> int:
     return int(out.stdout.strip())
 
 
-def report(results: list[dict]) -> str:
+def report(results: list[dict], baseline: str = "") -> str:
     out = [
         f"Measured {dt.date.today().isoformat()} on {platform.machine()}, {os.cpu_count()} cores "
         f"({_mem_gib():.0f} GiB), Python {platform.python_version()}, `python bench/nccl.py`; whole processes "
@@ -334,6 +346,20 @@ def report(results: list[dict]) -> str:
             f"| {r['parse']['wall']:.2f} | {r['loop']['wall']:.2f} | {r['wc']['wall']:.2f} "
             f"| {ing['wall'] / r['loop']['wall']:.2f} |"
         )
+    if any("before" in r for r in results):
+        out += [
+            "",
+            f"Against the baseline code ({baseline}), the same files, runs alternating, best CPU of each:",
+            "",
+            "| shape | baseline CPU s | CPU s | CPU ratio | baseline peak RSS MiB | peak RSS MiB | M lines per CPU s |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in results:
+            b = r["before"]
+            out.append(
+                f"| {r['name']} | {b['cpu']:.2f} | {r['ingest_cpu']:.2f} | {r['ingest_cpu'] / b['cpu']:.2f} "
+                f"| {b['rss'] / 2**20:.0f} | {r['ingest']['rss'] / 2**20:.0f} | {r['lines'] / r['ingest_cpu'] / 1e6:.2f} |"
+            )
     return "\n".join(out)
 
 
@@ -363,8 +389,15 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=2_000_000, help="lines per shape (about)")
     ap.add_argument("--gzip", action="store_true", help="write the logs gzipped")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--baseline-label", default="an earlier checkout", help="what --baseline is, for the report")
     ap.add_argument("--generate", type=Path, help="only write the shapes into this folder")
     ap.add_argument("--no-write", action="store_true", help="print only; do not update bench/README.md")
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        help="package layout of an earlier checkout (`git archive REV | tar -x -C DIR && make -C DIR layout`, then "
+        "DIR/.layout): its `commlens ingest` measured beside this one",
+    )
     args = ap.parse_args()
     if args.generate:
         for name, paths, n in generate(args.generate, args.lines, args.gzip):
@@ -376,12 +409,14 @@ def main() -> None:
         for name, paths, n in generate(work, args.lines, args.gzip):
             print(f"{name}: {n:,} lines ...", flush=True)
             results.append(
-                measure_shape(name.split(",")[0].replace(" ", "-") + str(len(results)), paths, n, work, args.repeat)
+                measure_shape(
+                    name.split(",")[0].replace(" ", "-") + str(len(results)), paths, n, work, args.repeat, args.baseline
+                )
             )
             results[-1]["name"] = name
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = report(results)
+    text = report(results, args.baseline_label)
     print(text)
     if not args.no_write:
         sys.path.insert(0, str(Path(__file__).parent))

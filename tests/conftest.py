@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,10 +41,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
-def harness_runs(tmp_path_factory: pytest.TempPathFactory) -> HarnessRuns:
+def harness_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HarnessRuns]:
     """Harness runs of the whole session, one torchrun launch per configuration (tests/harness_runs.py)."""
     pytest.importorskip("torch")
-    return HarnessRuns(tmp_path_factory.mktemp("harness-runs"))
+    runs = HarnessRuns(tmp_path_factory.mktemp("harness-runs"))
+    yield runs
+    runs.close()
 
 
 @pytest.fixture(scope="session")

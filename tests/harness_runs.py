@@ -5,7 +5,8 @@ torch), and several modules read the same run: the `--dp 2 --delay 1:60` straggl
 time, findings, report, API and dashboard tests, the `--ep 2` run by the EP and pairs tests. `HarnessRuns`
 launches each configuration once, on first use, keyed by the complete HarnessConfig (so two modules that
 ask for the same options get the same directory); a test that ingests a run gives it its own run name
-(`named`). A run that failed is reported again with its output, never launched twice.
+(`named`). A module may `prefetch` the runs its tests will read: they launch in the background while the
+tests before them run. A run that failed is reported again with its output, never launched twice.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import threading
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,9 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 # Well above a run's worst time beside a CPU burner (a 4-rank run of 10 steps: about a minute); the
 # process-group timeout of each configuration (`timeout_s`) is what ends a run whose rank died.
 LAUNCH_TIMEOUT_S = 600
+# Background launches at a time (HarnessRuns.prefetch): two runs of 2-4 ranks overlap each other's start-up and
+# the checks of the tests before them on 2 cores without exhausting 24 GiB.
+PREFETCH_WORKERS = 2
 
 # The planted straggler's sleep: the issue's ground truth (`--delay 1:60`). A crowded host adds noise to every
 # step (one step of 215 ms instead of ~10 beside a CPU burner), which the 8 profiled steps below and the rule's
@@ -66,39 +73,100 @@ def named(run: launch.PlannedRun, name: str) -> launch.PlannedRun:
     return dataclasses.replace(run, name=name)
 
 
+Key = tuple[str, int]  # (the HarnessConfig as JSON, replica)
+
+
 class HarnessRuns:
     """`runs(name, options)`: the finished run of those HarnessConfig options, launched on first use.
 
     `name` names the directory (and the run, and run.json's command `["pytest", name]`) of the first
     request; a later request for the same options under another name gets that same run. `replica=n` asks
     for the n-th independent launch of the same options (a test comparing two runs of one configuration
-    takes replica 0, which other modules share, and replica 1)."""
+    takes replica 0, which other modules share, and replica 1).
+
+    `prefetch` launches runs a module is about to read in the background, PREFETCH_WORKERS at a time, while
+    its tests check the runs before them: the byte-exact schemes of test_harness, the CP and EP runs. A run
+    whose times are the evidence (the straggler runs) is asked for with `alone=True`: it waits for the
+    background launches to end and none starts until it is done, so its steps share the host with nothing of
+    ours (a crowded host blurs a 60 ms straggler)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._done: dict[tuple[str, int], launch.PlannedRun] = {}
-        self._failed: dict[tuple[str, int], str] = {}
+        self._runs: dict[Key, Future[launch.PlannedRun]] = {}
+        self._pool = ThreadPoolExecutor(PREFETCH_WORKERS, thread_name_prefix="harness-run")
+        self._state = threading.Condition()
+        self._background = 0  # background launches running
+        self._alone = False  # a launch that must run alone is waiting or running
 
-    def __call__(self, name: str, options: dict[str, Any], replica: int = 0) -> launch.PlannedRun:
-        (planned,) = launch.plan_runs(self.root / name, options, None, [], None)
-        key = (planned.cfg.to_json(), replica)
-        if key in self._failed:
-            pytest.fail(f"this harness run failed earlier in the session:\n{self._failed[key]}")
-        if key not in self._done:
-            self._done[key] = self._launch(planned, key)
-        return self._done[key]
+    def __call__(self, name: str, options: dict[str, Any], replica: int = 0, alone: bool = False) -> launch.PlannedRun:
+        planned, key = self._plan(name, options, replica)
+        with self._state:
+            future = self._runs.get(key)
+            mine = future is None
+            if future is None:
+                future = self._runs[key] = Future()
+        if mine:
+            self._run_into(future, planned, alone)
+        try:
+            return future.result()
+        except LaunchError as exc:
+            pytest.fail(str(exc))
+
+    def prefetch(self, runs: Iterable[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], int]]) -> None:
+        """Start launching these (name, options[, replica]) in the background, in order; each once."""
+        for name, options, *replica in runs:
+            planned, key = self._plan(name, options, replica[0] if replica else 0)
+            with self._state:
+                if key not in self._runs:
+                    self._runs[key] = self._pool.submit(self._background_launch, planned)
 
     def straggler(self, name: str) -> launch.PlannedRun:
-        """One of STRAGGLER_RUNS on STRAGGLER_MODEL."""
-        return self(name, dict(STRAGGLER_MODEL, **STRAGGLER_RUNS[name]))
+        """One of STRAGGLER_RUNS on STRAGGLER_MODEL (alone: its times are the evidence)."""
+        return self(name, dict(STRAGGLER_MODEL, **STRAGGLER_RUNS[name]), alone=True)
 
-    def _launch(self, planned: launch.PlannedRun, key: tuple[str, int]) -> launch.PlannedRun:
-        out, n = planned.out, 1
-        while out.exists():  # the name was taken by other options
-            n += 1
-            out = planned.out.with_name(f"{planned.out.name}-{n}")
-        run = dataclasses.replace(planned, name=out.name, out=out)
-        launch.prepare(run, overwrite=False)
+    def close(self) -> None:
+        """Drop the launches not started; wait for the running ones (end of the session)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _plan(self, name: str, options: dict[str, Any], replica: int) -> tuple[launch.PlannedRun, Key]:
+        (planned,) = launch.plan_runs(self.root / name, options, None, [], None)
+        return planned, (planned.cfg.to_json(), replica)
+
+    def _run_into(self, future: Future[launch.PlannedRun], planned: launch.PlannedRun, alone: bool) -> None:
+        """Launch in this thread; alone: after the background launches end, holding off new ones."""
+        if alone:
+            with self._state:
+                self._alone = True
+                self._state.wait_for(lambda: self._background == 0)
+        try:
+            future.set_result(self._launch(planned))
+        except LaunchError as exc:
+            future.set_exception(exc)
+        finally:
+            if alone:
+                with self._state:
+                    self._alone = False
+                    self._state.notify_all()
+
+    def _background_launch(self, planned: launch.PlannedRun) -> launch.PlannedRun:
+        with self._state:
+            self._state.wait_for(lambda: not self._alone)
+            self._background += 1
+        try:
+            return self._launch(planned)
+        finally:
+            with self._state:
+                self._background -= 1
+                self._state.notify_all()
+
+    def _launch(self, planned: launch.PlannedRun) -> launch.PlannedRun:
+        with self._state:  # a directory of its own, also when two threads plan the same name
+            out, n = planned.out, 1
+            while out.exists():  # the name was taken by other options
+                n += 1
+                out = planned.out.with_name(f"{planned.out.name}-{n}")
+            run = dataclasses.replace(planned, name=out.name, out=out)
+            launch.prepare(run, overwrite=False)
         proc = subprocess.run(
             launch.torchrun_command(run, ["pytest", run.name]),
             env=ENV,
@@ -108,8 +176,23 @@ class HarnessRuns:
             check=False,
         )
         if proc.returncode != 0:
-            self._failed[key] = (
+            raise LaunchError(
                 f"{run.name}: torchrun exited {proc.returncode}\n{proc.stdout[-3000:]}{proc.stderr[-6000:]}"
             )
-            pytest.fail(self._failed[key])
         return run
+
+
+class LaunchError(RuntimeError):
+    """A harness run that failed, with its output; every later request for it is failed with the same text."""
+
+
+def selected(request: pytest.FixtureRequest, param: str) -> list[Any]:
+    """The values of the parameter `param` in the selected tests of the requesting module, in run order (the
+    runs a module prefetches: only those its selected tests will read)."""
+    values: list[Any] = []
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        mine = getattr(item, "module", None) is request.module and callspec is not None
+        if mine and param in callspec.params and callspec.params[param] not in values:
+            values.append(callspec.params[param])
+    return values

@@ -108,8 +108,10 @@ def test_two_harness_runs_of_one_config_give_the_same_findings(harness_runs: Har
     from test_harness import SCHEMES, TINY
 
     db = tmp_path / "s.duckdb"
+    options = dict(TINY, **SCHEMES["tp"])
+    harness_runs.prefetch([("tp", options, 0), ("tp", options, 1)])  # side by side
     for replica, run in enumerate(("a", "b")):
-        launched = harness_runs("tp", dict(TINY, **SCHEMES["tp"]), replica=replica)
+        launched = harness_runs("tp", options, replica=replica)
         assert not launch.ingest_run(db, named(launched, run)).failed
     con = duckdb.connect(str(db))
     try:

@@ -18,7 +18,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import background
 import pytest
+from harness_runs import selected
 
 from commlens.harness import launch
 from commlens.harness.config import ConfigError, HarnessConfig, resolve_world, validation_errors
@@ -340,8 +342,14 @@ def trace_calls(path: Path) -> tuple[dict, dict[int, Counter]]:
 
 
 @pytest.fixture
-def runs(harness_runs):
-    """A scheme's run, shared by the session (tests/harness_runs.py): launched once, on first use."""
+def runs(harness_runs, request):
+    """A scheme's run, shared by the session (tests/harness_runs.py): launched once; the selected tests' schemes
+    are launched in the background while the tests check the runs before them."""
+    harness_runs.prefetch((scheme, dict(TINY, **SCHEMES[scheme])) for scheme in selected(request, "scheme"))
+    chosen = {item.name for item in request.session.items if getattr(item, "module", None) is request.module}
+    for test, (name, make) in BACKGROUND_WITH_RUNS.items():  # the CLI's crash and sweep runs beside them
+        if test in chosen:
+            background.start(name, make)
     return lambda scheme: harness_runs(scheme, dict(TINY, **SCHEMES[scheme]))
 
 
@@ -423,44 +431,35 @@ def test_harness_predictor_matches_the_traces(scheme, runs):
     assert sorted(covered) == list(range(run.cfg.world_size))
 
 
+def _crash_run(folder: Path) -> background.Command:
+    args = [sys.executable, "-m", "commlens.cli", "harness", "--out", str(folder / "crash"), "--device", "cpu"]
+    args += ["--dp", "2", "--layers", "2", "--hidden", "32", "--vocab", "64", "--seq-len", "16", "--steps", "3"]
+    args += ["--profile-wait", "1", "--profile-warmup", "0", "--timeout", "60"]
+    return background.Command(args, dict(ENV, COMMLENS_HARNESS_FAIL_RANK="1"))
+
+
+def _sweep_args(out: Path, db: Path, sweep: str) -> list[str]:
+    args = [sys.executable, "-m", "commlens.cli", "harness", "--out", str(out), "--device", "cpu", "--tp", "2"]
+    args += ["--layers", "2", "--hidden", "32", "--vocab", "64", "--steps", "4", "--sweep", sweep]
+    return [*args, "--ingest", "--db", str(db)]
+
+
+def _sweep_run(folder: Path) -> background.Command:
+    return background.Command(_sweep_args(folder / "sweep", folder / "store.duckdb", "seq-len=8,16"), ENV)
+
+
+# The CLI runs of these tests, started with the schemes' runs (the `runs` fixture) rather than when collection
+# ends, so that only this module's byte-exact runs share the host with them (tests/background.py).
+BACKGROUND_WITH_RUNS = {
+    "test_crashing_rank_ends_the_job_with_its_traceback": ("crash", _crash_run),
+    "test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len": ("sweep", _sweep_run),
+}
+
+
 @pytest.mark.slow
-def test_crashing_rank_ends_the_job_with_its_traceback(tmp_path):
-    out = tmp_path / "crash"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "commlens.cli",
-            "harness",
-            "--out",
-            str(out),
-            "--device",
-            "cpu",
-            "--dp",
-            "2",
-            "--layers",
-            "2",
-            "--hidden",
-            "32",
-            "--vocab",
-            "64",
-            "--seq-len",
-            "16",
-            "--steps",
-            "3",
-            "--profile-wait",
-            "1",
-            "--profile-warmup",
-            "0",
-            "--timeout",
-            "60",
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(ENV, COMMLENS_HARNESS_FAIL_RANK="1"),
-        timeout=240,
-        check=False,
-    )
+def test_crashing_rank_ends_the_job_with_its_traceback():
+    folder, proc = background.result("crash", _crash_run, timeout=240)
+    out = folder / "crash"
     assert proc.returncode == 1
     both = proc.stdout + proc.stderr
     assert "injected failure on rank 1" in both and "Traceback" in both
@@ -469,40 +468,9 @@ def test_crashing_rank_ends_the_job_with_its_traceback(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path):
-    out, db = tmp_path / "sweep", tmp_path / "store.duckdb"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "commlens.cli",
-            "harness",
-            "--out",
-            str(out),
-            "--device",
-            "cpu",
-            "--tp",
-            "2",
-            "--layers",
-            "2",
-            "--hidden",
-            "32",
-            "--vocab",
-            "64",
-            "--steps",
-            "4",
-            "--sweep",
-            "seq-len=8,16",
-            "--ingest",
-            "--db",
-            str(db),
-        ],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=600,
-        check=False,
-    )
+def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len():
+    folder, proc = background.result("sweep", _sweep_run, timeout=600)
+    out, db = folder / "sweep", folder / "store.duckdb"
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "trace.rank1.json.gz" in proc.stdout and "loss per step" in proc.stdout
     # no profiler or library noise: stdout holds only the harness's own lines, stderr no profiler marker
@@ -534,32 +502,7 @@ def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path)
 
     def again(out_dir: Path, *extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "commlens.cli",
-                "harness",
-                "--out",
-                str(out_dir),
-                "--device",
-                "cpu",
-                "--tp",
-                "2",
-                "--layers",
-                "2",
-                "--hidden",
-                "32",
-                "--vocab",
-                "64",
-                "--steps",
-                "4",
-                "--sweep",
-                "seq-len=8",
-                "--ingest",
-                "--db",
-                str(db),
-                *extra,
-            ],
+            [*_sweep_args(out_dir, db, "seq-len=8"), *extra],
             capture_output=True,
             text=True,
             env=ENV,
@@ -571,9 +514,9 @@ def test_cli_sweep_ingests_each_run_and_tp_volume_is_linear_in_seq_len(tmp_path)
     # directory of the same name) the store holds its run ...
     proc = again(out)
     assert proc.returncode == 2 and "already holds harness outputs" in proc.stderr
-    proc = again(tmp_path / "other" / "sweep")
+    proc = again(folder / "other" / "sweep")
     assert proc.returncode == 2 and "already holds run(s) sweep.seq-len-8" in proc.stderr
-    assert not (tmp_path / "other").exists()
+    assert not (folder / "other").exists()
     # ... and with --overwrite the run's data is replaced, not added to.
     proc = again(out, "--overwrite")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

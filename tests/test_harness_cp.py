@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from harness_runs import HarnessRuns, named
+from harness_runs import HarnessRuns, named, selected
 
 from commlens.harness import launch
 from commlens.harness.config import HarnessConfig, validation_errors
@@ -143,10 +143,11 @@ def expected_calls(cfg: HarnessConfig) -> Calls:
 
 
 @pytest.fixture(scope="module")
-def runs(harness_runs: HarnessRuns, tmp_path_factory: pytest.TempPathFactory):
+def runs(harness_runs: HarnessRuns, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
     """A configuration's run (shared by the session: tests/harness_runs.py), ingested into this module's store
     under its name, once, on first use."""
     db = tmp_path_factory.mktemp("cp") / "store.duckdb"
+    harness_runs.prefetch((name, dict(TINY, **CONFIGS[name])) for name in selected(request, "name"))
     done: dict[str, launch.PlannedRun] = {}
 
     def get(name: str) -> tuple[launch.PlannedRun, Path]:

@@ -96,7 +96,7 @@ def runs(harness_runs: HarnessRuns):
 
     def get(name: str) -> Path:
         if name == "phases":
-            return harness_runs("phases", dict(STRAGGLER_MODEL, **PHASES)).out
+            return harness_runs("phases", dict(STRAGGLER_MODEL, **PHASES), alone=True).out
         return harness_runs.straggler(name).out
 
     return get

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from harness_runs import HarnessRuns, named
+from harness_runs import HarnessRuns, named, selected
 
 from commlens.harness import launch
 from commlens.harness.config import HarnessConfig, validation_errors
@@ -77,9 +77,10 @@ def test_cli_refuses_experts_not_divisible_by_ep(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(harness_runs: HarnessRuns, tmp_path_factory: pytest.TempPathFactory):
+def runs(harness_runs: HarnessRuns, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
     """A configuration's run (shared by the session: tests/harness_runs.py), ingested into this module's store."""
     db = tmp_path_factory.mktemp("ep") / "store.duckdb"
+    harness_runs.prefetch((name, dict(TINY, **CONFIGS[name])) for name in selected(request, "name"))
     done: dict[str, launch.PlannedRun] = {}
 
     def get(name: str) -> tuple[launch.PlannedRun, Path]:

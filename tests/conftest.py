@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,10 +42,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
-def harness_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HarnessRuns]:
-    """Harness runs of the whole session, one torchrun launch per configuration (tests/harness_runs.py)."""
+def harness_runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[HarnessRuns]:
+    """Harness runs of the whole session, one torchrun launch per configuration (tests/harness_runs.py); from
+    its first use, the runs the selected modules' `harness_prefetch(items)` list launch in the background."""
     pytest.importorskip("torch")
     runs = HarnessRuns(tmp_path_factory.mktemp("harness-runs"))
+    by_module: dict[Any, list[pytest.Item]] = {}
+    for item in request.session.items:
+        if isinstance(item, pytest.Function):
+            by_module.setdefault(item.module, []).append(item)
+    for module, items in by_module.items():  # run order
+        if prefetch := getattr(module, "harness_prefetch", None):
+            runs.prefetch(prefetch(items))
     yield runs
     runs.close()
 

@@ -5,8 +5,8 @@ torch), and several modules read the same run: the `--dp 2 --delay 1:60` straggl
 time, findings, report, API and dashboard tests, the `--ep 2` run by the EP and pairs tests. `HarnessRuns`
 launches each configuration once, on first use, keyed by the complete HarnessConfig (so two modules that
 ask for the same options get the same directory); a test that ingests a run gives it its own run name
-(`named`). A module may `prefetch` the runs its tests will read: they launch in the background while the
-tests before them run. A run that failed is reported again with its output, never launched twice.
+(`named`). A module's `harness_prefetch(items)` lists the runs its selected tests will read: they launch in
+the background while the tests before them run. A run that failed is reported again with its output, never launched twice.
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ class HarnessRuns:
     for the n-th independent launch of the same options (a test comparing two runs of one configuration
     takes replica 0, which other modules share, and replica 1).
 
-    `prefetch` launches runs a module is about to read in the background, PREFETCH_WORKERS at a time, while
-    its tests check the runs before them: the byte-exact schemes of test_harness, the CP and EP runs. A run
+    `prefetch` launches runs in the background, PREFETCH_WORKERS at a time, while the tests before those that
+    read them run: conftest.py's fixture prefetches, from its first use on, what the selected test modules'
+    `harness_prefetch(items)` list (the byte-exact schemes of test_harness, the CP and EP runs...). A run
     whose times are the evidence (the straggler runs) is asked for with `alone=True`: it waits for the
     background launches to end and none starts until it is done, so its steps share the host with nothing of
     ours (a crowded host blurs a 60 ms straggler)."""
@@ -186,13 +187,12 @@ class LaunchError(RuntimeError):
     """A harness run that failed, with its output; every later request for it is failed with the same text."""
 
 
-def selected(request: pytest.FixtureRequest, param: str) -> list[Any]:
-    """The values of the parameter `param` in the selected tests of the requesting module, in run order (the
-    runs a module prefetches: only those its selected tests will read)."""
+def params(items: list[pytest.Item], name: str) -> list[Any]:
+    """The values of the test parameter `name` over `items`, in run order, each once (a module's
+    `harness_prefetch` lists the runs of its selected tests with it)."""
     values: list[Any] = []
-    for item in request.session.items:
+    for item in items:
         callspec = getattr(item, "callspec", None)
-        mine = getattr(item, "module", None) is request.module and callspec is not None
-        if mine and param in callspec.params and callspec.params[param] not in values:
-            values.append(callspec.params[param])
+        if callspec is not None and name in callspec.params and callspec.params[name] not in values:
+            values.append(callspec.params[name])
     return values

@@ -246,6 +246,15 @@ def test_real_rccl_hang_log(con, data_dir):
 # ----------------------------------------------------------------------- a tiny harness run
 
 
+def harness_prefetch(items: list[pytest.Item]) -> list[tuple[str, dict]]:
+    """test_harness's "ddp+tp" run when a selected test reads it (tests/harness_runs.py)."""
+    from test_harness import SCHEMES, TINY
+
+    if not any("harness_run" in getattr(item, "fixturenames", ()) for item in items):
+        return []
+    return [("ddp+tp", dict(TINY, **SCHEMES["ddp+tp"]))]
+
+
 @pytest.fixture(scope="module")
 def harness_run(harness_runs, tmp_path_factory):
     """dp=2 x tp=2 GPT on gloo, 4 steps (2 profiled): test_harness's "ddp+tp" run, shared by the session

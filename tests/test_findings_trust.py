@@ -99,6 +99,15 @@ def test_suggestions_name_only_views_with_data(real: duckdb.DuckDBPyConnection) 
             assert "topology page" not in f.suggestion, (run, f.id)
 
 
+def harness_prefetch(items: list[pytest.Item]) -> list[tuple[str, dict, int]]:
+    """Both runs of the stability test (tests/harness_runs.py launches them in the background)."""
+    from test_harness import SCHEMES, TINY
+
+    if not any(item.name == "test_two_harness_runs_of_one_config_give_the_same_findings" for item in items):
+        return []
+    return [("tp", dict(TINY, **SCHEMES["tp"]), replica) for replica in (0, 1)]
+
+
 def test_two_harness_runs_of_one_config_give_the_same_findings(harness_runs: HarnessRuns, tmp_path: Path) -> None:
     """Two real gloo runs of one configuration (CPU op times that move with the host's load) raise the same
     findings, timing ones included (those are raised only on stable evidence, findings_time._noise). The
@@ -108,10 +117,8 @@ def test_two_harness_runs_of_one_config_give_the_same_findings(harness_runs: Har
     from test_harness import SCHEMES, TINY
 
     db = tmp_path / "s.duckdb"
-    options = dict(TINY, **SCHEMES["tp"])
-    harness_runs.prefetch([("tp", options, 0), ("tp", options, 1)])  # side by side
     for replica, run in enumerate(("a", "b")):
-        launched = harness_runs("tp", options, replica=replica)
+        launched = harness_runs("tp", dict(TINY, **SCHEMES["tp"]), replica=replica)
         assert not launch.ingest_run(db, named(launched, run)).failed
     con = duckdb.connect(str(db))
     try:

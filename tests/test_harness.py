@@ -20,7 +20,7 @@ from pathlib import Path
 
 import background
 import pytest
-from harness_runs import selected
+from harness_runs import params
 
 from commlens.harness import launch
 from commlens.harness.config import ConfigError, HarnessConfig, resolve_world, validation_errors
@@ -341,11 +341,14 @@ def trace_calls(path: Path) -> tuple[dict, dict[int, Counter]]:
 # ----------------------------------------------------------------------------- real runs
 
 
+def harness_prefetch(items: list[pytest.Item]) -> list[tuple[str, dict]]:
+    """The selected tests' schemes (tests/harness_runs.py launches them in the background)."""
+    return [(scheme, dict(TINY, **SCHEMES[scheme])) for scheme in params(items, "scheme")]
+
+
 @pytest.fixture
 def runs(harness_runs, request):
-    """A scheme's run, shared by the session (tests/harness_runs.py): launched once; the selected tests' schemes
-    are launched in the background while the tests check the runs before them."""
-    harness_runs.prefetch((scheme, dict(TINY, **SCHEMES[scheme])) for scheme in selected(request, "scheme"))
+    """A scheme's run, shared by the session (tests/harness_runs.py): launched once."""
     chosen = {item.name for item in request.session.items if getattr(item, "module", None) is request.module}
     for test, (name, make) in BACKGROUND_WITH_RUNS.items():  # the CLI's crash and sweep runs beside them
         if test in chosen:

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from harness_runs import HarnessRuns, named, selected
+from harness_runs import HarnessRuns, named, params
 
 from commlens.harness import launch
 from commlens.harness.config import HarnessConfig, validation_errors
@@ -76,11 +76,15 @@ def test_cli_refuses_experts_not_divisible_by_ep(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+def harness_prefetch(items: list[pytest.Item]) -> list[tuple[str, dict]]:
+    """The selected tests' configurations (tests/harness_runs.py launches them in the background)."""
+    return [(name, dict(TINY, **CONFIGS[name])) for name in params(items, "name")]
+
+
 @pytest.fixture(scope="module")
-def runs(harness_runs: HarnessRuns, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
+def runs(harness_runs: HarnessRuns, tmp_path_factory: pytest.TempPathFactory):
     """A configuration's run (shared by the session: tests/harness_runs.py), ingested into this module's store."""
     db = tmp_path_factory.mktemp("ep") / "store.duckdb"
-    harness_runs.prefetch((name, dict(TINY, **CONFIGS[name])) for name in selected(request, "name"))
     done: dict[str, launch.PlannedRun] = {}
 
     def get(name: str) -> tuple[launch.PlannedRun, Path]:

@@ -222,14 +222,14 @@ def build_time_rows(con: Any, run_id: int, base_source: int) -> dict[str, int]:
            SELECT ?, rank, step, 'dp', NULL, NULL, 0.15 * dur_us, CASE WHEN rank = ? THEN 0.0 ELSE 0.05 * dur_us END,
                   0.1 * dur_us, NULL, NULL
            FROM steps WHERE run_id = ?
-           ORDER BY rank, step, 4 NULLS FIRST""",
+           ORDER BY step // 256, rank, step, 4 NULLS FIRST""",  # commlens/store/layout.py's order
         [run_id, STRAGGLER_RANK, run_id, run_id, STRAGGLER_RANK, run_id],
     )
     con.execute(
         """INSERT INTO time_memcpy
            SELECT ?, rank, step, d.direction, d.bytes, 0.01 * dur_us, d.bytes / (0.01 * dur_us * 1e3)
            FROM steps, (VALUES ('dtoh', 216), ('htod', 31112)) d(direction, bytes)
-           WHERE run_id = ? ORDER BY rank, step, direction""",
+           WHERE run_id = ? ORDER BY step // 256, rank, step, direction""",
         [run_id, run_id],
     )
     con.execute(

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from commlens.contract.analysis import UNATTRIBUTED
 from commlens.store import transaction
+from commlens.store.layout import BREAKDOWN_ORDER, MEMCPY_ORDER
 from commlens.store.tables import TIME_TABLES
 
 from .analysis import TimeAnalysis, analyze_columns
@@ -257,6 +258,9 @@ def _analysed(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Columns]
     return result_tables(data, job)
 
 
+_ORDER = {"time_breakdown": BREAKDOWN_ORDER, "time_memcpy": MEMCPY_ORDER}
+
+
 def _insert(con: duckdb.DuckDBPyConnection, table: str, run_id: int, columns: Columns) -> None:
     n = len(next(iter(columns.values())))
     if not n:
@@ -264,7 +268,9 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, run_id: int, columns: Co
     con.register("_commlens_time", pa.table(columns))
     try:
         listed = ", ".join(columns)
-        con.execute(f"INSERT INTO {table} (run_id, {listed}) SELECT ?, {listed} FROM _commlens_time", [run_id])
+        # the step-block layout (commlens/store/layout.py) lets reads of one step and of one rank prune
+        order = f" ORDER BY {_ORDER[table].removeprefix('run_id, ')}" if table in _ORDER else ""
+        con.execute(f"INSERT INTO {table} (run_id, {listed}) SELECT ?, {listed} FROM _commlens_time{order}", [run_id])
     finally:
         con.unregister("_commlens_time")
 

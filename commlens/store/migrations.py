@@ -16,10 +16,11 @@ from importlib import resources
 import duckdb
 
 from .errors import StoreError
+from .layout import BREAKDOWN_ORDER, MEMCPY_ORDER
 from .tables import AGG_TABLES, TIME_FINDING_TABLES, TIME_TABLES
 from .transaction import transaction
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 SCHEMA_FILES = ("trace.sql", "review.sql", "jobs.sql", "aggregates.sql", "time.sql", "hang.sql", "pairs.sql")
 META_SQL = """CREATE TABLE IF NOT EXISTS meta (
     key   VARCHAR PRIMARY KEY,
@@ -56,6 +57,16 @@ _TIME_COLUMNS = (
 )
 
 
+def _reorder(table: str, order: str) -> list[str]:
+    """Rewrite a time table in the given row order: renamed aside, created as declared, filled in order."""
+    return [
+        f"ALTER TABLE {table} RENAME TO {table}_v8",
+        *_create_tables("time.sql", (table,)),
+        f"INSERT INTO {table} SELECT * FROM {table}_v8 ORDER BY {order}",
+        f"DROP TABLE {table}_v8",
+    ]
+
+
 # Explicit upgrades: {from_version: [sql, ...]} applied in order up to SCHEMA_VERSION.
 # 1 -> 2: per-run aggregate tables, empty; each run's are filled by its first refresh.
 # 2 -> 3: comm_events.counted (an NCCL log and a profiler trace of the same rank count each call once);
@@ -71,6 +82,8 @@ _TIME_COLUMNS = (
 # 7 -> 8: identity and ownership: review_items.author_id, each item mapped to the user of its author's name (NULL
 #         where none exists now: no one edits such an item as its author); runs.owner_id, NULL for every
 #         existing run (admins rename those); run_aliases (a run's former names), empty.
+# 8 -> 9: time_breakdown and time_memcpy rewritten in the step-block order (layout.py), so that reads of one step
+#         and of one rank prune row groups; the rows themselves are unchanged.
 MIGRATIONS: dict[int, list[str]] = {
     1: _create_tables("aggregates.sql", AGG_TABLES),
     2: ["ALTER TABLE comm_events ADD COLUMN counted BOOLEAN DEFAULT true"],
@@ -89,6 +102,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE runs ADD COLUMN IF NOT EXISTS owner_id INTEGER",
         *_create_tables("trace.sql", ("run_aliases",)),
     ],
+    8: [*_reorder("time_breakdown", BREAKDOWN_ORDER), *_reorder("time_memcpy", MEMCPY_ORDER)],
 }
 
 

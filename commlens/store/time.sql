@@ -87,6 +87,8 @@ CREATE TABLE IF NOT EXISTS time_clock_offsets (
 -- Per rank, step and scheme: where each µs of the step went, each µs once (docs/time.md precedence).
 -- scheme NULL: the whole step (the six categories sum to step_us). A scheme row splits the
 -- communication categories by the scheme of the call covering them; its other columns are NULL.
+-- Rows are stored in step-block order (commlens/store/layout.py: blocks of 256 steps, rank-major inside), so a
+-- read of one step and a read of one rank both skip most row groups.
 CREATE TABLE IF NOT EXISTS time_breakdown (
     run_id        INTEGER NOT NULL,
     rank          INTEGER NOT NULL,
@@ -103,6 +105,7 @@ CREATE TABLE IF NOT EXISTS time_breakdown (
 
 -- The memcpy lane per rank, step and direction: bytes of the copies starting in the step, the time
 -- that direction's copies run (union), and bytes / that time.
+-- Stored in the same step-block order as time_breakdown.
 CREATE TABLE IF NOT EXISTS time_memcpy (
     run_id    INTEGER NOT NULL,
     rank      INTEGER NOT NULL,

@@ -21,7 +21,7 @@ from commlens import store
 from commlens.contract.analysis import UNATTRIBUTED
 from commlens.contract.compare import Comparison, Inference, OpComparison, PredictionSource, SchemeResult
 from commlens.contract.model_description import ModelDescription
-from commlens.contract.predict import PredictInput, Prediction, StagePrediction
+from commlens.contract.predict import PredictInput, Prediction
 from commlens.store.aggregates import ensure_fresh
 from commlens.vocab import DTYPE_BYTES, busbw_factor
 
@@ -64,13 +64,6 @@ def _measured(
     return calls, dict(info.iterations), info.mode, info.message, notes
 
 
-def _entry_for(pred: Prediction, rank_key: str) -> StagePrediction | None:
-    if not rank_key.lstrip("-").isdigit():
-        return None
-    rank = int(rank_key)
-    return next((st for st in pred.stages if rank in st.ranks), None)
-
-
 def _predicted_per_rank(pred: Prediction, rank_keys: list[str]) -> dict[str, dict[OpKey, float]]:
     """Predicted calls per iteration for each measured rank (the mean over all ranks when a rank is unknown)."""
     world = sum(len(st.ranks) for st in pred.stages) or 1
@@ -79,8 +72,9 @@ def _predicted_per_rank(pred: Prediction, rank_keys: list[str]) -> dict[str, dic
         for o in st.ops:
             mean[(o.scheme, o.op, o.dtype, o.msg_bytes)] += o.calls_per_iter * len(st.ranks) / world
     out: dict[str, dict[OpKey, float]] = {}
+    stage_of = {r: st for st in reversed(pred.stages) for r in st.ranks}  # a rank's first stage, as _entry_for
     for rk in rank_keys:
-        entry = _entry_for(pred, rk)
+        entry = stage_of.get(int(rk)) if rk.lstrip("-").isdigit() else None
         if entry is None:
             out[rk] = dict(mean)
             continue

@@ -192,6 +192,8 @@ def endpoints(run: str, step: int | None, other: str | None) -> dict[str, tuple[
         "time breakdown (rank=3, first page)": (f"{r}/time/breakdown", {"rank": 3}),
         "time stragglers": (f"{r}/time/stragglers", {}),
         "time instances (first page)": (f"{r}/time/instances", {}),
+        "time instances (first page of 100, members=false)": (f"{r}/time/instances", {"members": "false"}),
+        "time instance (one, every member)": (f"{r}/time/instances/0", {}),
         "time critical path (one step)": (f"{r}/time/critical-path", step_q),
     }
 

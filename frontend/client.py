@@ -36,6 +36,7 @@ from commlens.contract.runs import RunCreate, RunDetail, RunSummary, RunUpdate, 
 from commlens.contract.time import (
     BreakdownReport,
     CriticalPathReport,
+    Instance,
     InstancesPage,
     MismatchReport,
     StragglerReport,
@@ -305,8 +306,11 @@ class ApiClient:
         rank: int | None = None,
         limit: int = 100,
         offset: int = 0,
+        members: bool = True,
+        max_members: int | None = None,
     ) -> InstancesPage:
-        """One page of collective instances matched across ranks, with each member's arrival and wait."""
+        """One page of collective instances matched across ranks, with each member's arrival and wait (a page
+        stops at the server's member-row cap: follow `next_offset`)."""
         return self._get(
             f"/runs/{_seg(run)}/time/instances",
             InstancesPage,
@@ -316,7 +320,13 @@ class ApiClient:
             rank=rank,
             limit=limit,
             offset=offset,
+            members=None if members else "false",
+            max_members=max_members,
         )
+
+    def time_instance(self, run: str, instance_id: int) -> Instance:
+        """One instance with all its members."""
+        return self._get(f"/runs/{_seg(run)}/time/instances/{instance_id}", Instance)
 
     def time_stragglers(self, run: str) -> StragglerReport:
         return self._get(f"/runs/{_seg(run)}/time/stragglers", StragglerReport)

@@ -69,6 +69,9 @@ PATH_COLOR = "#c00000"
 SELECTED_COLOR = "#111111"
 PAGE_SIZE = 1000  # the API's largest page
 MAX_INSTANCES = 5000  # instances of one step drawn at most; the table says when more were left out
+# member rows (instances x group size) of one step drawn at most, fetched as one page: at 1,024 ranks about 100
+# instances; the table says when more were left out
+MAX_MEMBER_ROWS = 100_000
 
 P = TypeVar("P")
 
@@ -171,13 +174,16 @@ def _all_breakdown(client: ApiClient, run: str, scheme: str | None) -> list[Step
 
 
 def _step_instances(client: ApiClient, run: str, step: int, group: str | None) -> tuple[list[Instance], int]:
-    total = 0
+    """The step's instances with their members, up to MAX_INSTANCES and about MAX_MEMBER_ROWS member rows."""
+    total, rows = 0, 0
 
     def fetch(offset: int) -> tuple[list[Instance], int | None]:
-        nonlocal total
-        page: InstancesPage = client.time_instances(run, step=step, group=group, limit=PAGE_SIZE, offset=offset)
-        total = page.total
-        return page.items, page.next_offset
+        nonlocal total, rows
+        page: InstancesPage = client.time_instances(
+            run, step=step, group=group, limit=PAGE_SIZE, offset=offset, max_members=MAX_MEMBER_ROWS
+        )
+        total, rows = page.total, rows + sum(len(i.members) for i in page.items)
+        return page.items, page.next_offset if rows < MAX_MEMBER_ROWS else None
 
     return _pages(fetch, MAX_INSTANCES), total
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 
 from commlens.contract.common import MAX_RANK
 from commlens.contract.time import (
+    MAX_MEMBER_ROWS,
     BreakdownReport,
     CriticalPathReport,
+    Instance,
     InstancesPage,
     MismatchReport,
     StragglerReport,
@@ -76,8 +78,33 @@ def instances(
     op: Annotated[Op | None, Query()] = None,
     step: StepQuery = None,
     rank: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="instances this rank is a member of")] = None,
+    members: Annotated[bool, Query(description="send each instance's members (false: `member_count` only)")] = True,
+    max_members: Annotated[
+        int, Query(ge=1, le=100_000, description="member rows per page at most: the page stops before passing it")
+    ] = MAX_MEMBER_ROWS,
 ) -> InstancesPage:
-    return service.instances(cur, run, group=group, op=op, step=step, rank=rank, limit=limit, offset=offset)
+    return service.instances(
+        cur,
+        run,
+        group=group,
+        op=op,
+        step=step,
+        rank=rank,
+        limit=limit,
+        offset=offset,
+        members=members,
+        max_members=max_members,
+    )
+
+
+@router.get(
+    "/runs/{run}/time/instances/{instance_id}",
+    response_model=Instance,
+    responses=problem_responses(404, 422),
+    summary="One collective instance with all its members",
+)
+def instance(run: str, instance_id: Annotated[int, Path(ge=0, le=2**31 - 1)], cur: Cursor) -> Instance:
+    return service.instance(cur, run, instance_id)
 
 
 @router.get(

@@ -142,12 +142,23 @@ class Instance(BaseModel):
     algbw_gbps: float | None
     busbw_gbps: float | None
     bandwidth_time: Literal["real_us"] = "real_us"  # the time algbw and busbw divide by
-    members: list[InstanceMember]
+    members: list[InstanceMember]  # empty when the page was asked without members (`members_included` false)
+    member_count: int = 0  # the instance's members, whether or not they are sent
+    members_included: bool = True
+
+
+# Member rows of one instances page at most: a page stops early (at least one instance) rather than carry more;
+# at 1,024 ranks a page of 100 instances would be 102,400 member rows.
+MAX_MEMBER_ROWS = 5000
 
 
 class InstancesPage(Page[Instance]):
+    """A page holds at most `limit` instances and, with members, at most `max_members` member rows: follow
+    `next_offset` (not offset + limit) to the next page."""
+
     run: str
     filters: dict[str, str | int | None]
+    max_members: int = MAX_MEMBER_ROWS
 
 
 class Mismatch(BaseModel):

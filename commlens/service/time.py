@@ -16,6 +16,7 @@ import duckdb
 from commlens.backend.iterations import run_id_of
 from commlens.contract.analysis import UNATTRIBUTED
 from commlens.contract.time import (
+    MAX_MEMBER_ROWS,
     BreakdownReport,
     ClockOffsets,
     CriticalPath,
@@ -39,6 +40,7 @@ from commlens.contract.time import (
     TimeStatus,
     TimeSummary,
 )
+from commlens.service.errors import NotFoundError
 
 Con = duckdb.DuckDBPyConnection
 
@@ -192,8 +194,8 @@ def breakdown(
     split: dict[tuple[int, int], list[SchemeTime]] = defaultdict(list)
     lanes: dict[tuple[int, int], list[MemcpyLane]] = defaultdict(list)
     if step is not None:
-        # One step holds a row per rank and scheme: read them in one pass (no step-ordered zone maps to prune
-        # with, each pass reads the whole table), count and page here.
+        # One step holds a row per rank and scheme, in one step block of the table (commlens/store/layout.py):
+        # read them in one pass, count and page here.
         whole, split_rows = [], []
         for r, n, sc, t, c, ov, w, ex, m, i in _rows(
             con,
@@ -217,10 +219,14 @@ def breakdown(
             [*params, limit, offset],
         )
     if whole:
-        # the page's rows lie between its first and last (rank, step): one range for the split and the lanes
+        # the page's rows lie between its first and last (rank, step): one range for the split and the lanes;
+        # the bounds on rank and on step alone are what the step-block layout prunes with
         lo, hi = (whole[0][0], whole[0][1]), (whole[-1][0], whole[-1][1])
-        page = f"{where} AND rank BETWEEN ? AND ? AND (rank, step) BETWEEN (?, ?) AND (?, ?)"
-        bounds = [*params, lo[0], hi[0], *lo, *hi]
+        steps = [w[1] for w in whole]
+        page = f"{where} AND rank BETWEEN ? AND ? AND step BETWEEN ? AND ? AND (rank, step) BETWEEN (?, ?) AND (?, ?)"
+        bounds = [*params, lo[0], hi[0], min(steps), max(steps), *lo, *hi]
+        if step is not None:  # the step's own block, not every step of the ranks in between
+            page, bounds = f"{where} AND rank BETWEEN ? AND ?", [*params, lo[0], hi[0]]
         if step is None:
             split_rows = _rows(
                 con,
@@ -270,6 +276,53 @@ def breakdown(
 # ----------------------------------------------------------------------------------- instances
 
 
+_INSTANCE_COLUMNS = """instance_id, group_key, coalesce(scheme, ?), match_key, keyed_by, op, dtype, msg_bytes, step,
+    skew_us, last_rank, first_arrival_ref_us, last_arrival_ref_us, real_us, algbw_gbps, busbw_gbps, members"""
+
+
+def _members(con: Con, run_id: int, ids: list[int]) -> dict[int, list[InstanceMember]]:
+    """The members of the given instances, by instance."""
+    members: dict[int, list[InstanceMember]] = defaultdict(list)
+    if not ids:
+        return members
+    wanted = set(ids)
+    # instance ids of a page lie in [min, max]: a range the table's zone maps prune, then the page's own
+    for k, r, seq, a, e, w in _rows(
+        con,
+        """SELECT instance_id, rank, seq, arrival_ref_us, end_ref_us, wait_us FROM time_instance_members
+           WHERE run_id = ? AND instance_id BETWEEN ? AND ? ORDER BY instance_id, rank""",
+        [run_id, min(ids), max(ids)],
+    ):
+        if k in wanted:
+            members[k].append(InstanceMember.model_construct(rank=r, seq=seq, arrival_us=a, end_us=e, wait_us=w))
+    return members
+
+
+def _instance(row: tuple[Any, ...], members: dict[int, list[InstanceMember]] | None) -> Instance:
+    k, g, sc, key, how, o, dt, s, n, skew, last, first_a, last_a, real, alg, bus, count = row
+    return Instance(
+        instance_id=k,
+        group=g,
+        scheme=sc,
+        key=key,
+        keyed_by=how,
+        op=o,
+        dtype=dt,
+        msg_bytes=s,
+        step=n,
+        skew_us=skew,
+        last_rank=last,
+        first_arrival_us=first_a,
+        last_arrival_us=last_a,
+        real_us=real,
+        algbw_gbps=alg,
+        busbw_gbps=bus,
+        members=[] if members is None else members.get(k, []),
+        member_count=count,
+        members_included=members is not None,
+    )
+
+
 def instances(
     con: Con,
     run: str,
@@ -279,8 +332,12 @@ def instances(
     rank: int | None = None,
     limit: int = 100,
     offset: int = 0,
+    members: bool = True,
+    max_members: int = MAX_MEMBER_ROWS,
 ) -> InstancesPage:
-    """A page of the run's instances in instance order, each with its members; filters combine."""
+    """A page of the run's instances in instance order, each with its members unless `members` is false;
+    filters combine. With members, the page stops before its member rows would pass `max_members` (it holds at
+    least one instance), so a page's cost follows its rows, not the group size."""
     run_id = run_id_of(con, run)
     where = "i.run_id = ?"
     params: list[Any] = [run_id]
@@ -293,53 +350,40 @@ def instances(
     (total,) = _rows(con, f"SELECT count(*) FROM time_instances i WHERE {where}", params)[0]
     rows = _rows(
         con,
-        f"""SELECT instance_id, group_key, coalesce(scheme, ?), match_key, keyed_by, op, dtype, msg_bytes, step,
-                   skew_us, last_rank, first_arrival_ref_us, last_arrival_ref_us, real_us, algbw_gbps, busbw_gbps
-            FROM time_instances i WHERE {where} ORDER BY instance_id LIMIT ? OFFSET ?""",
+        f"SELECT {_INSTANCE_COLUMNS} FROM time_instances i WHERE {where} ORDER BY instance_id LIMIT ? OFFSET ?",
         [UNATTRIBUTED, *params, limit, offset],
     )
-    members: dict[int, list[InstanceMember]] = defaultdict(list)
-    if rows:
-        ids = [r[0] for r in rows]
-        # instance ids of a page lie in [min, max]: a range the table's zone maps prune, then the page's own
-        for k, r, seq, a, e, w in _rows(
-            con,
-            """SELECT instance_id, rank, seq, arrival_ref_us, end_ref_us, wait_us FROM time_instance_members
-               WHERE run_id = ? AND instance_id BETWEEN ? AND ? ORDER BY instance_id, rank""",
-            [run_id, min(ids), max(ids)],
-        ):
-            members[k].append(InstanceMember(rank=r, seq=seq, arrival_us=a, end_us=e, wait_us=w))
-    items = [
-        Instance(
-            instance_id=k,
-            group=g,
-            scheme=sc,
-            key=key,
-            keyed_by=how,
-            op=o,
-            dtype=dt,
-            msg_bytes=s,
-            step=n,
-            skew_us=skew,
-            last_rank=last,
-            first_arrival_us=first_a,
-            last_arrival_us=last_a,
-            real_us=real,
-            algbw_gbps=alg,
-            busbw_gbps=bus,
-            members=members.get(k, []),
-        )
-        for k, g, sc, key, how, o, dt, s, n, skew, last, first_a, last_a, real, alg, bus in rows
-    ]
+    if members:
+        kept, rows_left = 0, max_members
+        for row in rows:
+            if kept and row[-1] > rows_left:
+                break
+            kept, rows_left = kept + 1, rows_left - row[-1]
+        rows = rows[:kept]
+    found = _members(con, run_id, [r[0] for r in rows]) if members else None
     return InstancesPage(
         run=run,
         filters={"group": group, "op": op, "step": step, "rank": rank},
-        items=items,
+        items=[_instance(r, found) for r in rows],
         total=total,
         limit=limit,
         offset=offset,
-        next_offset=_next(offset, limit, total),
+        next_offset=_next(offset, len(rows), total) if rows else None,
+        max_members=max_members,
     )
+
+
+def instance(con: Con, run: str, instance_id: int) -> Instance:
+    """One instance with all its members, however many."""
+    run_id = run_id_of(con, run)
+    rows = _rows(
+        con,
+        f"SELECT {_INSTANCE_COLUMNS} FROM time_instances i WHERE run_id = ? AND instance_id = ?",
+        [UNATTRIBUTED, run_id, instance_id],
+    )
+    if not rows:
+        raise NotFoundError(f"run {run!r} has no instance {instance_id}", "unknown_instance")
+    return _instance(rows[0], _members(con, run_id, [instance_id]))
 
 
 def mismatches(con: Con, run: str) -> MismatchReport:

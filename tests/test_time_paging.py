@@ -1,0 +1,86 @@
+"""Instances pages sized by member rows, instances without members, and one instance's members on request
+(issue 15 item 3: a page of 100 instances at 1,024 ranks was 102,400 member rows), on a planted store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from commlens import store
+from commlens.backend.api import Settings
+from commlens.backend.api.testing import ServerThread
+from commlens.contract.time import MAX_MEMBER_ROWS, InstancesPage
+from commlens.service import time as service
+from commlens.service.errors import NotFoundError
+from frontend.client import ApiClient
+
+SIZES = [4, 4, 10, 3, 3, 3]  # members of instances 0..5
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "paging.duckdb"
+    con = store.connect(path)
+    run_id = store.ensure_run(con, "p")
+    for k, n in enumerate(SIZES):
+        con.execute(
+            "INSERT INTO time_instances (run_id, instance_id, group_key, scheme, op, step, match_key, keyed_by, members) "
+            "VALUES (?, ?, 'g', 'dp', 'all_reduce', 1, ?, 'key', ?)",
+            [run_id, k, 100 + k, n],
+        )
+        con.execute(
+            "INSERT INTO time_instance_members SELECT ?, ?, r, 1, 10 * r + ?, 1.0 * r, 50.0, ? - 1.0 * r FROM range(?) t(r)",
+            [run_id, k, k, n - 1, n],
+        )
+    con.close()
+    return path
+
+
+def _ids(page: InstancesPage) -> list[int]:
+    return [i.instance_id for i in page.items]
+
+
+def test_pages_stop_at_the_member_rows_and_hold_at_least_one_instance(db: Path) -> None:
+    con = store.connect(db)
+    try:
+        pages, offset = [], 0
+        while offset is not None:
+            page = service.instances(con, "p", limit=100, offset=offset, max_members=8)
+            pages.append((_ids(page), [len(i.members) for i in page.items], page.next_offset))
+            offset = page.next_offset
+        assert pages == [([0, 1], [4, 4], 2), ([2], [10], 3), ([3, 4], [3, 3], 5), ([5], [3], None)]
+        assert _ids(service.instances(con, "p", limit=2, offset=3, max_members=100)) == [3, 4]
+        # the default cap keeps a small run's page whole; limit still bounds it
+        whole = service.instances(con, "p")
+        assert (_ids(whole), whole.next_offset, whole.max_members) == ([0, 1, 2, 3, 4, 5], None, MAX_MEMBER_ROWS)
+        bare = service.instances(con, "p", members=False, max_members=1)
+        assert [(i.instance_id, i.member_count, i.members, i.members_included) for i in bare.items] == [
+            (k, n, [], False) for k, n in enumerate(SIZES)
+        ]
+        one = service.instance(con, "p", 2)
+        assert (one.member_count, one.members_included) == (10, True)
+        assert [(m.rank, m.seq, m.wait_us) for m in one.members] == [(r, 10 * r + 2, 9.0 - r) for r in range(10)]
+        with pytest.raises(NotFoundError, match="no instance 6"):
+            service.instance(con, "p", 6)
+    finally:
+        con.close()
+
+
+def test_the_api_and_the_dashboard_client(db: Path) -> None:
+    with ServerThread(Settings(db=db)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        url = "/api/runs/p/time/instances"
+        page = c.get(url, params={"max_members": 9, "offset": 2}).json()
+        assert ([i["instance_id"] for i in page["items"]], page["next_offset"], page["total"]) == ([2], 3, 6)
+        bare = c.get(url, params={"members": "false", "limit": 2}).json()
+        assert [(i["member_count"], i["members"], i["members_included"]) for i in bare["items"]] == [
+            (4, [], False),
+            (4, [], False),
+        ]
+        assert c.get(url, params={"max_members": 0}).status_code == 422
+        assert c.get(f"{url}/6").status_code == 404 and c.get(f"{url}/-1").status_code == 422
+        ui = ApiClient(srv.url)
+        assert [m.rank for m in ui.time_instance("p", 3).members] == [0, 1, 2]
+        assert _ids(ui.time_instances("p", max_members=11)) == [0, 1]
+        assert ui.time_instances("p", members=False).items[2].member_count == 10

@@ -584,6 +584,15 @@ def path_view(path: CriticalPath) -> html.Div:
 # ------------------------------------------------------------------------------------ waits
 
 
+MAX_WAIT_ROWS = 128  # ranks drawn as heatmap rows at most; more are binned in blocks of consecutive ranks
+
+
+def _wait_blocks(ranks: list[int]) -> list[list[int]]:
+    """Blocks of consecutive ranks, at most MAX_WAIT_ROWS of them (one rank each when that many fit)."""
+    k = -(-len(ranks) // MAX_WAIT_ROWS)
+    return [ranks[i : i + k] for i in range(0, len(ranks), k)]
+
+
 def waits_view(run: str, step: int, instances: list[Instance], status: TimeStatus) -> Any:
     measured = [i for i in instances if any(m.wait_us is not None for m in i.members)]
     if not measured:
@@ -592,38 +601,61 @@ def waits_view(run: str, step: int, instances: list[Instance], status: TimeStatu
     ranks = sorted({m.rank for i in measured for m in i.members})
     labels = [f"#{i.instance_id} {i.op}" for i in measured]
     wait = {(i.instance_id, m.rank): m.wait_us for i in measured for m in i.members if m.wait_us is not None}
-    z = [[wait[(i.instance_id, r)] / 1e3 if (i.instance_id, r) in wait else None for i in measured] for r in ranks]
+    # beyond MAX_WAIT_ROWS ranks a row is a block of consecutive ranks holding its longest wait (the one that
+    # matters for a bottleneck), so the browser never draws a cell per rank and instance at 1,024 ranks
+    blocks = _wait_blocks(ranks)
+    names = [str(b[0]) if len(b) == 1 else f"{b[0]}-{b[-1]}" for b in blocks]
+    cell: dict[tuple[int, str], float] = {}
+    for i in measured:
+        for b, name in zip(blocks, names, strict=True):
+            vals = [wait[(i.instance_id, r)] for r in b if (i.instance_id, r) in wait]
+            if vals:
+                cell[(i.instance_id, name)] = max(vals)
+    binned = len(blocks) < len(ranks)
+    z = [[cell[(i.instance_id, n)] / 1e3 if (i.instance_id, n) in cell else None for i in measured] for n in names]
     top = max((v for row in z for v in row if v is not None), default=0.0)
+    what = "longest wait per block of ranks" if binned else "Wait per rank"
     fig = figure(
-        f"Wait per rank and instance, step {step}", "instance (id, op)", "rank", height=min(640, 160 + 26 * len(ranks))
+        f"{what} and instance, step {step}",
+        "instance (id, op)",
+        f"ranks ({len(blocks[0])} per row)" if binned else "rank",
+        height=min(640, 160 + 26 * len(names)),
     )
     fig.add_heatmap(
         x=labels,
-        y=ranks,
+        y=names,
         z=z,
         colorscale="YlOrRd",
         zmin=0,
         zmax=top or 1,  # Plotly ignores zmin without zmax: the scale and its ticks start at 0
         hoverongaps=False,
         colorbar=colorbar("wait (ms)", top, "ms"),
-        hovertemplate="rank %{y}, instance %{x}<br>wait %{z:.3f} ms<extra></extra>",
+        hovertemplate=("ranks" if binned else "rank")
+        + " %{y}, instance %{x}<br>"
+        + ("longest wait" if binned else "wait")
+        + " %{z:.3f} ms<extra></extra>",
     )
     fig.update_yaxes(type="category", autorange="reversed")
     fig.update_xaxes(type="category")
-    cols = ["rank", "instance", "op", "group", "wait"]
-    rows = [(r, i) for i in measured for r in ranks if (i.instance_id, r) in wait]
+    cols = ["ranks" if binned else "rank", "instance", "op", "group", "longest wait" if binned else "wait"]
+    rows = [(n, i) for i in measured for n in names if (i.instance_id, n) in cell]
     display = [
         [
-            r,
+            n,
             td_num(i.instance_id),
             i.op,
             i.group,
-            td_num(wait[(i.instance_id, r)], duration_us(wait[(i.instance_id, r)])),
+            td_num(cell[(i.instance_id, n)], duration_us(cell[(i.instance_id, n)])),
         ]
-        for r, i in rows
+        for n, i in rows
     ]
-    raw = [[r, i.instance_id, i.op, i.group, wait[(i.instance_id, r)]] for r, i in rows]
+    raw = [[n, i.instance_id, i.op, i.group, cell[(i.instance_id, n)]] for n, i in rows]
     note = "wait = the last member's arrival - this member's arrival; empty cells: not a member of the instance."
+    if binned:
+        note += (
+            f" {len(ranks):,} ranks drawn as {len(names)} blocks of up to {len(blocks[0])} consecutive ranks, "
+            "each cell the longest wait in its block."
+        )
     return chart_block("tm-heatmap", fig, cols, display, raw, f"{run}-step{step}-waits.csv", note=note)
 
 

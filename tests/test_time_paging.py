@@ -1,20 +1,24 @@
 """Instances pages sized by member rows, instances without members, and one instance's members on request
-(issue 15 item 3: a page of 100 instances at 1,024 ranks was 102,400 member rows), on a planted store."""
+(issue 15 item 3: a page of 100 instances at 1,024 ranks was 102,400 member rows), on a planted store; the Time
+page's wait heatmap binned beyond 128 ranks."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from dash import dcc
 
 from commlens import store
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread
-from commlens.contract.time import MAX_MEMBER_ROWS, InstancesPage
+from commlens.contract.time import MAX_MEMBER_ROWS, Instance, InstanceMember, InstancesPage, TimeStatus
 from commlens.service import time as service
 from commlens.service.errors import NotFoundError
 from frontend.client import ApiClient
+from frontend.page_time import waits_view
 
 SIZES = [4, 4, 10, 3, 3, 3]  # members of instances 0..5
 
@@ -84,3 +88,36 @@ def test_the_api_and_the_dashboard_client(db: Path) -> None:
         assert [m.rank for m in ui.time_instance("p", 3).members] == [0, 1, 2]
         assert _ids(ui.time_instances("p", max_members=11)) == [0, 1]
         assert ui.time_instances("p", members=False).items[2].member_count == 10
+
+
+def _graph(component: Any) -> Any:
+    """The first dcc.Graph under a Dash component."""
+    if isinstance(component, dcc.Graph):
+        return component
+    children = getattr(component, "children", None)
+    for child in children if isinstance(children, list) else [children]:
+        if child is not None and not isinstance(child, str) and (found := _graph(child)) is not None:
+            return found
+    return None
+
+
+def test_the_wait_heatmap_bins_ranks_beyond_128() -> None:
+    """300 ranks: rows of 3 consecutive ranks holding their longest wait; 100 ranks: one row per rank."""
+
+    def inst(k: int, ranks: int) -> Instance:
+        members = [
+            InstanceMember(rank=r, seq=k, arrival_us=0.0, end_us=1.0, wait_us=float(r % 7)) for r in range(ranks)
+        ]
+        return Instance(
+            instance_id=k, group="g", scheme="dp", key=k, keyed_by="key", op="all_reduce", dtype=None,
+            msg_bytes=None, step=1, skew_us=6.0, last_rank=0, first_arrival_us=0.0, last_arrival_us=6.0,
+            real_us=1.0, algbw_gbps=None, busbw_gbps=None, members=members, member_count=ranks,
+        )  # fmt: skip
+
+    status = TimeStatus(available=True, parts=[])
+    heat = _graph(waits_view("r", 1, [inst(0, 300), inst(1, 300)], status)).figure["data"][0]
+    assert len(heat["y"]) == 100 and list(heat["y"][:2]) == ["0-2", "3-5"] and heat["y"][-1] == "297-299"
+    # ranks 0-2 wait 0, 1, 2 µs: the row holds 2 µs (0.002 ms); ranks 6-8 wait 6, 0, 1: 6 µs
+    assert [round(v, 6) for v in heat["z"][0]] == [0.002, 0.002] and round(heat["z"][2][1], 6) == 0.006
+    plain = _graph(waits_view("r", 1, [inst(0, 100)], status)).figure["data"][0]
+    assert list(plain["y"]) == [str(r) for r in range(100)] and round(plain["z"][6][0], 6) == 0.006

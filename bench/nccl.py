@@ -18,7 +18,10 @@ over the same files, and a plain Python loop over their lines (interpreter start
 
     python bench/nccl.py                      # 2 M lines per shape, results into bench/README.md
     python bench/nccl.py --lines 200000 --no-write
+    python bench/nccl.py --stages             # and each step's CPU and wall seconds (service calls in turn)
     python bench/nccl.py --generate /tmp/nccl-shapes --lines 2000000   # only write the files
+    git archive REV | tar -x -C /tmp/old && make -C /tmp/old layout
+    python bench/nccl.py --baseline /tmp/old/.layout --baseline-label "REV"  # and an earlier code beside it
 """
 
 from __future__ import annotations
@@ -257,7 +260,63 @@ def _worker(mode: str, paths: list[str]) -> dict:
                 raise SystemExit(parsed.error)
             rows += parsed.result.n_events
         return {"rows": rows, "seconds": time.perf_counter() - t0}
+    if mode == "stages":
+        return _stages(paths)
     raise SystemExit(f"unknown mode {mode}")
+
+
+def _stages(paths: list[str]) -> dict:
+    """CPU and wall seconds of each step of `commlens ingest` (the service's own calls, one after the other,
+    into a fresh store beside the first file): where the time goes."""
+    import resource
+
+    from commlens import store
+    from commlens.backend.findings_time import store_timing_inputs
+    from commlens.backend.timing.persist import persist_run
+    from commlens.ingest.inputs import DEFAULT_LIMITS, iter_inputs
+    from commlens.ingest.nccl_link import link_run
+    from commlens.ingest.parse_file import parse_file
+    from commlens.ingest.records import RankHint
+    from commlens.service import ingest
+    from commlens.store import aggregates
+
+    def clock() -> tuple[float, float]:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return time.perf_counter(), r.ru_utime + r.ru_stime
+
+    out: dict[str, list[float]] = {}
+    last = clock()
+
+    def mark(stage: str) -> None:
+        nonlocal last
+        now = clock()
+        out[stage] = [round(now[0] - last[0], 2), round(now[1] - last[1], 2)]
+        last = now
+
+    with tempfile.TemporaryDirectory(dir=Path(paths[0]).parent) as tmp:
+        con = store.connect(Path(tmp) / "stages.duckdb")
+        mark("store")
+        items = list(iter_inputs([Path(p) for p in paths], DEFAULT_LIMITS))
+        parsed = [parse_file(i, RankHint()) for i in items]
+        mark("parse")
+        run = ingest.PendingRun("stages")
+        for item, p in zip(items, parsed, strict=True):
+            ingest.ingest_file(con, run, item, RankHint(), DEFAULT_LIMITS, p)
+        del parsed
+        mark("write")
+        run_id = run.made(con)
+        store.transaction(con, lambda c: link_run(c, run_id))
+        mark("link")
+        aggregates.refresh_run(con, run_id)
+        mark("aggregates")
+        ingest.attribute(con, "stages")
+        mark("attribution")
+        persist_run(con, run_id)
+        mark("time analysis")
+        store_timing_inputs(con, run_id)
+        mark("timing findings' inputs")
+        con.close()
+    return {"stages [wall s, CPU s]": out}
 
 
 def measure(cmd: list[str], env: dict[str, str] | None = None) -> dict:
@@ -390,6 +449,7 @@ def main() -> None:
     ap.add_argument("--gzip", action="store_true", help="write the logs gzipped")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--baseline-label", default="an earlier checkout", help="what --baseline is, for the report")
+    ap.add_argument("--stages", action="store_true", help="print where the time of each shape's ingest goes")
     ap.add_argument("--generate", type=Path, help="only write the shapes into this folder")
     ap.add_argument("--no-write", action="store_true", help="print only; do not update bench/README.md")
     ap.add_argument(
@@ -414,6 +474,8 @@ def main() -> None:
                 )
             )
             results[-1]["name"] = name
+            if args.stages:
+                print(measure([sys.executable, __file__, "--worker", "stages", *map(str, paths)])["out"], flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = report(results, args.baseline_label)

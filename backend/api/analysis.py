@@ -12,6 +12,7 @@ from commlens.backend import attribution
 from commlens.backend.bandwidth import bandwidth
 from commlens.backend.compare import compare
 from commlens.backend.findings import findings
+from commlens.backend.findings_cache import cached_findings
 from commlens.backend.histograms import bar_calls, histogram
 from commlens.backend.iterations import UnknownRunError, assign_iterations
 from commlens.backend.predict import predict
@@ -251,10 +252,15 @@ def run_report(run: str, cur: Cursor, format: Literal["json", "md"] = "json") ->
 
 
 def _findings(cur: Cursor, run: str) -> list[Finding]:
-    """Findings, with the predicted-vs-measured checks when the run has a configuration (as `commlens report`)."""
-    comparison = run_compare(cur, run) if run_predict_input(cur, run) is not None else None
-    with analysis_errors():
-        return findings(cur, run, comparison.findings_input() if comparison is not None else None)
+    """Findings, with the predicted-vs-measured checks when the run has a configuration (as `commlens report`);
+    kept per version of the run (backend/findings_cache.py)."""
+
+    def compute() -> list[Finding]:
+        comparison = run_compare(cur, run) if run_predict_input(cur, run) is not None else None
+        with analysis_errors():
+            return findings(cur, run, comparison.findings_input() if comparison is not None else None)
+
+    return cached_findings(cur, run, compute)
 
 
 @router.get(

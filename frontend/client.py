@@ -206,9 +206,12 @@ class ApiClient:
     ) -> RankSummary:
         return self._get(f"/runs/{_seg(run)}/ranks/summary", RankSummary, metric=metric, basis=basis, band=band)
 
-    def pairs(self, run: str, group: str | None = None, step: int | None = None) -> PairsReport:
-        """Sender x receiver bytes of the run's all_to_all calls per group, over the run or one step."""
-        return self._get(f"/runs/{_seg(run)}/pairs", PairsReport, group=group, step=step)
+    def pairs(
+        self, run: str, group: str | None = None, step: int | None = None, bins: int | None = None
+    ) -> PairsReport:
+        """Sender x receiver bytes of the run's all_to_all calls per group, over the run or one step (with
+        `bins`, groups wider than that as blocks of consecutive ranks, summed by the server)."""
+        return self._get(f"/runs/{_seg(run)}/pairs", PairsReport, group=group, step=step, bins=bins)
 
     def report(self, run: str, fmt: str = "json") -> str:
         """The run's report as `commlens report` prints it: JSON or Markdown text."""

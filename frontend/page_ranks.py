@@ -8,6 +8,7 @@ with one rank's rows on request (`?rank=R`); matrices wider than MAX_CELLS ranks
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import plotly.graph_objects as go
@@ -632,9 +633,12 @@ def pairs_view(p: PairsReport) -> Any:
 
 def pairs_heatmap(m: PairMatrix, scope: str, run: str, index: int) -> Any:
     """Sender x receiver bytes; groups wider than MAX_CELLS ranks are drawn as blocks of consecutive ranks
-    (their sums), so the browser never draws a cell per pair of 1,024 ranks."""
-    binned = len(m.ranks) > MAX_CELLS
-    if binned:
+    (their sums: binned by the server when asked with `bins`, else here), so the browser never draws a cell
+    per pair of 1,024 ranks."""
+    binned = m.per_block > 1 or len(m.ranks) > MAX_CELLS
+    if m.per_block > 1:
+        labels, z, per = m.labels, m.bytes, m.per_block
+    elif binned:
         labels, z, per = bin_matrix(m.ranks, m.bytes)
     else:
         labels, z, per = [str(r) for r in m.ranks], m.bytes, 1
@@ -669,7 +673,8 @@ def pairs_heatmap(m: PairMatrix, scope: str, run: str, index: int) -> Any:
     cells = [(s, r, v) for s, row in zip(labels, z, strict=True) for r, v in zip(labels, row, strict=True)]
     display = [[s, r, td_num(v, exact_bytes(v) if v is not None else "no trace")] for s, r, v in cells[:MAX_TABLE_ROWS]]
     raw = [[s, r, v] for s, r, v in cells]
-    missing = [s for s, row in zip(m.ranks, m.bytes, strict=True) if row[0] is None]
+    senders = m.labels if m.per_block > 1 else [str(r) for r in m.ranks]
+    missing = [s for s, row in zip(senders, m.bytes, strict=True) if row[0] is None]
     note = (
         f"{num(m.calls)} all_to_all calls, {exact_bytes(m.total_bytes)} in all; the diagonal is what a rank keeps."
         + (f" {len(m.ranks)} ranks binned {per} per cell (sums)." if binned else "")
@@ -680,7 +685,7 @@ def pairs_heatmap(m: PairMatrix, scope: str, run: str, index: int) -> Any:
     )
 
 
-def _few(ranks: list[int], most: int = 12) -> str:
+def _few(ranks: Sequence[str], most: int = 12) -> str:
     shown = ", ".join(map(str, ranks[:most]))
     return shown + (f" and {len(ranks) - most} more" if len(ranks) > most else "")
 
@@ -905,7 +910,7 @@ def register(app: Dash, cfg: UiConfig) -> None:
     )
     @guarded(outputs=2)
     def pairs(step: str, run: str, token: str | None) -> Any:
-        report = cfg.client(token).pairs(run, step=None if step == WHOLE_RUN else int(step))
+        report = cfg.client(token).pairs(run, step=None if step == WHOLE_RUN else int(step), bins=MAX_CELLS)
         options = [{"label": "whole run", "value": WHOLE_RUN}]
         options += [{"label": f"step {s}", "value": str(s)} for s in report.steps]
         return pairs_view(report), options

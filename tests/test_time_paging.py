@@ -84,7 +84,11 @@ def test_the_api_and_the_dashboard_client(db: Path) -> None:
         ]
         assert c.get(url, params={"max_members": 0}).status_code == 422
         assert c.get(f"{url}/6").status_code == 404 and c.get(f"{url}/-1").status_code == 422
+        # the pairs matrices' bins (no all_to_all in this run: the reason, and a refused 0)
+        assert c.get("/api/runs/p/pairs", params={"bins": 4}).json()["reason"] == "this run has no all_to_all calls"
+        assert c.get("/api/runs/p/pairs", params={"bins": 0}).status_code == 422
         ui = ApiClient(srv.url)
+        assert ui.pairs("p", bins=4).matrices == []
         assert [m.rank for m in ui.time_instance("p", 3).members] == [0, 1, 2]
         assert _ids(ui.time_instances("p", max_members=11)) == [0, 1]
         assert ui.time_instances("p", members=False).items[2].member_count == 10

@@ -26,5 +26,9 @@ def pairs(
     cur: Cursor,
     group: Annotated[str | None, Query(max_length=512, description="one process group key (e.g. pg:0)")] = None,
     step: Annotated[int | None, Query(ge=-(2**31), le=2**31 - 1, description="one profiler step")] = None,
+    bins: Annotated[
+        int | None,
+        Query(ge=1, le=4096, description="a group wider than this many ranks comes as blocks of consecutive ranks"),
+    ] = None,
 ) -> PairsReport:
-    return service.pairs(cur, run, group=group, step=step)
+    return service.pairs(cur, run, group=group, step=step, bins=bins)

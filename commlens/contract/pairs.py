@@ -21,6 +21,10 @@ class PairMatrix(BaseModel):
     bytes: list[list[int | None]]
     calls: int  # all_to_all calls (over all senders) that make up the matrix
     total_bytes: int
+    # Asked with `bins=N` and wider than N ranks: `bytes` holds blocks of `per_block` consecutive group ranks
+    # (their sums; None where no cell of the block is known), `labels` names each block "first-last".
+    per_block: int = 1
+    labels: list[str] = []
 
 
 class PairsReport(BaseModel):

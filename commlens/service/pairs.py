@@ -36,8 +36,12 @@ NO_SPLITS = (
 )
 
 
-def pairs(con: Con, run: str, group: str | None = None, step: int | None = None) -> PairsReport:
-    """The run's all-to-all matrices, for one group or all, summed over the run or over one profiler step."""
+def pairs(
+    con: Con, run: str, group: str | None = None, step: int | None = None, bins: int | None = None
+) -> PairsReport:
+    """The run's all-to-all matrices, for one group or all, summed over the run or over one profiler step;
+    with `bins`, a group wider than `bins` ranks comes as at most `bins` x `bins` blocks of consecutive ranks
+    (1,024 ranks: 128 x 128 cells instead of 1,048,576)."""
     run_id = run_id_of(con, run)
     filters, extra = "", list[Any]()
     if group is not None:
@@ -79,7 +83,7 @@ def pairs(con: Con, run: str, group: str | None = None, step: int | None = None)
     for key, scheme, ranks, calls in groups:
         matrix = _matrix(key, scheme, ranks, int(calls), by_group[key], notes)
         if matrix is not None:
-            matrices.append(matrix)
+            matrices.append(binned(matrix, bins) if bins is not None and len(matrix.ranks) > bins else matrix)
     reason = None
     if not matrices:
         reason = _reason(with_splits, without, group, step, steps, notes)
@@ -129,6 +133,19 @@ def _matrix(
         notes.append(f"group {key}: {strays} bytes from senders or to receivers outside its members are left out")
     total = sum(v or 0 for row in grid for v in row)
     return PairMatrix(group_key=key, scheme=scheme, ranks=list(ranks), bytes=grid, calls=calls, total_bytes=total)
+
+
+def binned(m: PairMatrix, bins: int) -> PairMatrix:
+    """The matrix as sums over blocks of consecutive group ranks, at most `bins` per side."""
+    n = len(m.ranks)
+    k = -(-n // bins)
+    edges = [(a, min(a + k, n)) for a in range(0, n, k)]
+    grid: list[list[int | None]] = []
+    for a, b in edges:
+        rows = [r for r in m.bytes[a:b] if r[0] is not None]  # a sender's row is all None or all known
+        grid.append([sum(v or 0 for r in rows for v in r[c:d]) if rows else None for c, d in edges])
+    labels = [f"{m.ranks[a]}-{m.ranks[b - 1]}" if b - a > 1 else str(m.ranks[a]) for a, b in edges]
+    return m.model_copy(update={"bytes": grid, "per_block": k, "labels": labels})
 
 
 def _reason(

@@ -285,16 +285,15 @@ def _members(con: Con, run_id: int, ids: list[int]) -> dict[int, list[InstanceMe
     members: dict[int, list[InstanceMember]] = defaultdict(list)
     if not ids:
         return members
-    wanted = set(ids)
     # instance ids of a page lie in [min, max]: a range the table's zone maps prune, then the page's own
     for k, r, seq, a, e, w in _rows(
         con,
         """SELECT instance_id, rank, seq, arrival_ref_us, end_ref_us, wait_us FROM time_instance_members
-           WHERE run_id = ? AND instance_id BETWEEN ? AND ? ORDER BY instance_id, rank""",
-        [run_id, min(ids), max(ids)],
+           WHERE run_id = ? AND instance_id BETWEEN ? AND ? AND list_contains(?, instance_id)
+           ORDER BY instance_id, rank""",
+        [run_id, min(ids), max(ids), ids],
     ):
-        if k in wanted:
-            members[k].append(InstanceMember.model_construct(rank=r, seq=seq, arrival_us=a, end_us=e, wait_us=w))
+        members[k].append(InstanceMember.model_construct(rank=r, seq=seq, arrival_us=a, end_us=e, wait_us=w))
     return members
 
 

@@ -604,8 +604,8 @@ def waits_view(run: str, step: int, instances: list[Instance], status: TimeStatu
     # beyond MAX_WAIT_ROWS ranks a row is a block of consecutive ranks holding its longest wait (the one that
     # matters for a bottleneck), so the browser never draws a cell per rank and instance at 1,024 ranks
     blocks = _wait_blocks(ranks)
-    names = [str(b[0]) if len(b) == 1 else f"{b[0]}-{b[-1]}" for b in blocks]
-    cell: dict[tuple[int, str], float] = {}
+    names: list[int | str] = [b[0] if len(b) == 1 else f"{b[0]}-{b[-1]}" for b in blocks]
+    cell: dict[tuple[int, int | str], float] = {}
     for i in measured:
         for b, name in zip(blocks, names, strict=True):
             vals = [wait[(i.instance_id, r)] for r in b if (i.instance_id, r) in wait]

@@ -124,4 +124,4 @@ def test_the_wait_heatmap_bins_ranks_beyond_128() -> None:
     # ranks 0-2 wait 0, 1, 2 µs: the row holds 2 µs (0.002 ms); ranks 6-8 wait 6, 0, 1: 6 µs
     assert [round(v, 6) for v in heat["z"][0]] == [0.002, 0.002] and round(heat["z"][2][1], 6) == 0.006
     plain = _graph(waits_view("r", 1, [inst(0, 100)], status)).figure["data"][0]
-    assert list(plain["y"]) == [str(r) for r in range(100)] and round(plain["z"][6][0], 6) == 0.006
+    assert list(plain["y"]) == list(range(100)) and round(plain["z"][6][0], 6) == 0.006

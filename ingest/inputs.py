@@ -31,9 +31,9 @@ class Limits:
     max_line_bytes: int = 16 * 2**20  # NCCL log lines longer than this are skipped
     max_json_depth: int = 64
     # communication records (CPU ops, NCCL kernels, launches) a profiler trace may make the parse hold
-    # until its end: a trace refused at the default has used about 1 GB, one just under it about 2.2 GB in
-    # all (bench/stream.py; docs/security.md)
-    max_trace_events: int = 3_000_000
+    # until its end, as columns (~26 B each; bench/stream.py, docs/security.md). A trace the columnar path
+    # cannot read is held as objects and refused past kineto.OBJECT_BUDGET records instead.
+    max_trace_events: int = 16_000_000
 
 
 DEFAULT_LIMITS = Limits()

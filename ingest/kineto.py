@@ -30,6 +30,9 @@ ROW_BATCH = 65_536  # rows held as dicts before they are moved into an Arrow tab
 # Calls grouped and rows made on the record columns (kineto_columns) where the trace allows; False: always
 # by the reference path (build_calls + call_row), which the columnar one is tested against.
 COLUMNAR = True
+# Records a trace the columnar path does not read (gloo worker threads, labels...) may hold: the reference
+# path makes ~0.3 KB objects of each, so it keeps the budget of the object-only parse.
+OBJECT_BUDGET = 3_000_000
 
 
 def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
@@ -71,8 +74,16 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
     result.steps = [{"rank": rank, "step": n, "ts_us": ts, "dur_us": dur} for ts, dur, n in steps]
 
     process = str(rank) if rank is not None else os.path.basename(name.split("!")[-1])
-    gen = columnar_rows(col, ctx, result, process, steps, ROW_BATCH) if COLUMNAR else None
+    has_device = act.has_device  # without device activity the CPU records serve the timeline after the rows
+    gen = columnar_rows(col, ctx, result, process, steps, ROW_BATCH, has_device) if COLUMNAR else None
     if gen is None:
+        budget = min(OBJECT_BUDGET, limits.max_trace_events)
+        if col.kept > budget:
+            raise ParseError(
+                f"more than {budget:,} communication records (CPU ops, NCCL kernels, launches) in a trace whose "
+                "calls are grouped as objects (gloo worker threads, commlens labels or ids that are not plain "
+                "integers): refused to bound memory (Limits.max_trace_events, `commlens ingest --max-trace-events`)"
+            )
         gen = _reference_rows(col, ctx, result, rank, process, steps)
     result.groups = _dedupe_groups(result.groups)
     # CPU ops serve as compute only in traces without device activity
@@ -96,7 +107,7 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
             "fallbacks": scan.fallbacks,
             "decompressed_bytes": scan.decompressed_bytes,
             "nccl_kernels": len(col.kernel_cols),
-            "launches": col.n_launches(),
+            "launches": col.launch_cols.distinct(),
             "kernel_link": col.link_style,
         },
         "sized_by": {k.split(":", 1)[1]: v for k, v in sorted(gen.items()) if k.startswith("sized_by:")},

@@ -42,11 +42,10 @@ def covered(col: Collector) -> bool:
 @dataclass
 class _Calls:
     """The CPU calls of the trace in the reference's thread order: member records (CPU record indices)
-    ordered by call then position, and each call's root record and thread."""
+    ordered by call then position; per thread its calls' issue times and the number of its first call."""
 
     member: np.ndarray  # CPU record indices, grouped by call, in member order
     bounds: np.ndarray  # member[bounds[c]:bounds[c + 1]] are call c's
-    thread: np.ndarray  # per call
     starts: list[np.ndarray]  # per thread: issue times of its calls (sorted)
     first: list[int]  # per thread: its first call's number
 
@@ -64,16 +63,17 @@ def _containing(starts: np.ndarray, rstart: np.ndarray, rend: np.ndarray, t: np.
     return found
 
 
-def _nest(order: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Call number (within the thread) of each container in `order` (sorted by start, longest first),
-    by _thread_calls' stack rule: an op inside the innermost open op that contains it joins its call."""
-    s, e = ts[order], end[order]
+def _nest(s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Call number (within the thread) of each container, given their starts and ends sorted by start,
+    longest first, by _thread_calls' stack rule: an op inside the innermost open op that contains it
+    joins its call."""
     reach = np.maximum.accumulate(e)
-    new = np.ones(len(order), dtype=bool)
+    new = np.ones(len(s), dtype=bool)
     new[1:] = s[1:] > reach[:-1] + EPS
+    del reach
     if new.all():  # no op starts inside an earlier one: each is a call (the usual case)
-        return np.arange(len(order))
-    out = np.empty(len(order), dtype=np.int64)
+        return np.arange(len(s), dtype=np.int32)
+    out = np.empty(len(s), dtype=np.int32)
     stack: list[float] = []  # ends of the open ops of the current call
     call = -1
     for i, (a, b) in enumerate(zip(s.tolist(), e.tolist(), strict=True)):
@@ -93,44 +93,48 @@ def _group_cpu(col: Collector, ts: np.ndarray, dur: np.ndarray) -> _Calls | None
     keys = cpu.keys.values
     key = np.frombuffer(cpu.key, dtype=np.int32)
     thread_ids: dict[tuple[Any, Any], int] = {}
-    key_thread = np.asarray([thread_ids.setdefault((k[3], k[4]), len(thread_ids)) for k in keys], dtype=np.int64)
+    key_thread = np.asarray([thread_ids.setdefault((k[3], k[4]), len(thread_ids)) for k in keys], dtype=np.int32)
     key_annot = np.asarray([k[0] == "annot" for k in keys], dtype=bool)
-    rec_thread = key_thread[key] if len(key) else np.zeros(0, dtype=np.int64)
-    rec_annot = key_annot[key] if len(key) else np.zeros(0, dtype=bool)
-    end = ts + dur
-    by_thread = np.argsort(rec_thread, kind="stable")
-    cuts = np.searchsorted(rec_thread[by_thread], np.arange(len(thread_ids) + 1))
+    rec_thread = key_thread[key] if len(key) else np.zeros(0, dtype=np.int32)
+    by_thread = np.argsort(rec_thread, kind="stable").astype(np.int32) if len(thread_ids) > 1 else None
+    cuts = np.searchsorted(rec_thread[by_thread], np.arange(len(thread_ids) + 1)) if by_thread is not None else None
+    del rec_thread
     members: list[np.ndarray] = []
     sizes: list[np.ndarray] = []
-    threads: list[np.ndarray] = []
     starts: list[np.ndarray] = []
     first: list[int] = []
     n_calls = 0
     for t in range(len(thread_ids)):  # dict order = first appearance of the thread
-        idx = by_thread[cuts[t] : cuts[t + 1]]
-        cont = idx[~rec_annot[idx]]
+        if by_thread is None or cuts is None:
+            idx = np.arange(len(key), dtype=np.int32)
+        else:
+            idx = by_thread[cuts[t] : cuts[t + 1]]
+        annot = key_annot[key[idx]]
+        cont, ann = idx[~annot], idx[annot]
+        del idx, annot
         cont = cont[np.lexsort((-dur[cont], ts[cont]))]
-        call_of = _nest(cont, ts, end)
+        call_of = _nest(ts[cont], ts[cont] + dur[cont])
         nc = int(call_of[-1]) + 1 if len(cont) else 0
-        heads = np.flatnonzero(np.r_[True, call_of[1:] != call_of[:-1]]) if len(cont) else np.zeros(0, dtype=np.int64)
-        roots = cont[heads]
-        ann = idx[rec_annot[idx]]
+        roots = cont[np.flatnonzero(np.r_[True, call_of[1:] != call_of[:-1]])] if len(cont) else cont
         ann = ann[np.argsort(ts[ann], kind="stable")]
-        into = _containing(ts[roots], ts[roots], end[roots], ts[ann])
-        alone = ann[into < 0]
+        into = _containing(ts[roots], ts[roots], ts[roots] + dur[roots], ts[ann])
+        joined = into >= 0
+        alone = ann[~joined]
         # the thread's calls: container calls then lone annotations, stably sorted by issue time
         issue = np.concatenate([ts[roots], ts[alone]])
+        del roots
         order = np.argsort(issue, kind="stable")
-        rank_of = np.empty(len(order), dtype=np.int64)
-        rank_of[order] = np.arange(len(order))
-        # members with (call, position): containers in sorted order, then joined annotations in time order
-        m_call = np.concatenate([rank_of[call_of], rank_of[into[into >= 0]], rank_of[nc + np.arange(len(alone))]])
-        m_rec = np.concatenate([cont, ann[into >= 0], alone])
-        m_pos = np.arange(len(m_rec))  # containers before annotations; each group in its own order
-        o = np.lexsort((m_pos, m_call))
-        members.append(m_rec[o])
+        rank_of = np.empty(len(order), dtype=np.int32)
+        rank_of[order] = np.arange(len(order), dtype=np.int32)
+        # members by call, each call's containers (sorted) first, then its annotations (in time order)
+        m_call = np.concatenate([rank_of[call_of], rank_of[into[joined]], rank_of[nc + np.arange(len(alone))]])
+        del call_of, into, rank_of
+        m_rec = np.concatenate([cont, ann[joined], alone])
+        del cont, ann, alone, joined
+        members.append(m_rec[np.argsort(m_call, kind="stable")])
+        del m_rec
         sizes.append(np.bincount(m_call, minlength=len(order)))
-        threads.append(np.full(len(order), t, dtype=np.int64))
+        del m_call
         starts.append(issue[order])
         first.append(n_calls)
         n_calls += len(order)
@@ -138,9 +142,8 @@ def _group_cpu(col: Collector, ts: np.ndarray, dur: np.ndarray) -> _Calls | None
     if len(size) and size.max() > MAX_PARTS:
         return None
     return _Calls(
-        member=np.concatenate(members) if members else np.zeros(0, dtype=np.int64),
+        member=np.concatenate(members) if members else np.zeros(0, dtype=np.int32),
         bounds=np.r_[0, np.cumsum(size)],
-        thread=np.concatenate(threads) if threads else np.zeros(0, dtype=np.int64),
         starts=starts,
         first=first,
     )
@@ -245,10 +248,12 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
     process: str,
     steps: list[tuple[float, float, int]],
     batch: int,
+    release: bool = False,
 ) -> Counter[str] | None:
     """Group the trace's records into calls and add their rows to `result` (tables of `batch` rows, the
     rest as dicts, as the reference flushes them); the generation tally, or None (nothing changed) when
-    the trace is not `covered` or a call has more than MAX_PARTS events."""
+    the trace is not `covered` or a call has more than MAX_PARTS events. `release`: drop the records'
+    columns once read (Collector.release)."""
     if not covered(col):
         return None
     cpu, kc = col.cpu_cols, col.kernel_cols
@@ -258,16 +263,16 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
         return None
     kts, kdur, kext, kcorr = kc.ts.numpy(), kc.dur.numpy(), kc.ext.numpy(), kc.corr.numpy()
     kkey = np.frombuffer(kc.key, dtype=np.int32).astype(np.int64)
-    n_calls = len(calls.thread)
+    n_calls = len(calls.bounds) - 1
     sizes = np.diff(calls.bounds)
-    member_call = np.repeat(np.arange(n_calls), sizes)
+    member_call = np.repeat(np.arange(n_calls, dtype=np.int32), sizes)
     root = calls.member[calls.bounds[:-1]]
 
     # kernels -> calls (_attach_kernels): the call around the launch on its thread, else the call of the
     # kernel's External id (its first member in thread and call order)
     launch = _launch_index(col, kcorr)
     lts = col.launch_cols.ts.numpy()
-    kcall = np.full(len(kts), -1, dtype=np.int64)
+    kcall = np.full(len(kts), -1, dtype=np.int32)
     if (launch >= 0).any():
         thread_no: dict[tuple[Any, Any], int] = {}
         for k in cpu.keys.values:
@@ -284,13 +289,14 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
     valid = mext != NONE
     uext, at = np.unique(mext[valid], return_index=True)
     ext_call = member_call[valid][at]
-    del mext, valid
+    del mext, valid, member_call, at
     want = (kcall < 0) & (kext != NONE) & (kext != kcorr)
     if len(uext) and want.any():
         pos = np.clip(np.searchsorted(uext, kext), 0, len(uext) - 1)
         hit = want & (uext[pos] == kext)
         kcall[hit] = ext_call[pos[hit]]
-    korder = np.argsort(kcall, kind="stable")
+    del uext, ext_call, want
+    korder = np.argsort(kcall, kind="stable").astype(np.int32)
     korder = korder[kcall[korder] >= 0]  # each call's kernels, in file order
     kcount = np.bincount(kcall[korder], minlength=n_calls)
     if n_calls and kcount.max() > MAX_PARTS:
@@ -398,7 +404,7 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
     cpu_dur = np.where(is_k, np.nan, _at(dur, croot, np.nan))
     cpu_end = cpu_start + cpu_dur
     gloo = np.asarray([f is not None and f.row["dur_source"] == "cpu_op" for f in facts] or [False])[row_shape]
-    ts_us = np.where(has_k, dev_start, cpu_start)
+    ts_us = dev_start if has_k.all() else np.where(has_k, dev_start, cpu_start)
     dur_us = np.where(has_k, k_span, np.where(gloo & ~has_k, cpu_dur, np.nan))
 
     # match key (call_times): the first Seq of a record_param_comms member, else of a kernel
@@ -412,6 +418,9 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
     call_key = np.where(m_at >= 0, _at(mseq, np.maximum(m_at, 0), NONE), k_key)
     match_key = np.where(is_k, _at(kc.seq.numpy(), ksrc, NONE), _at(call_key, src, NONE))
 
+    del kidx, seg, within, cpu_dur, mseq, mrpc, m_at, k_at, k_key, call_key, kseq_sorted
+    if release:  # the records are no longer read: their memory goes before the rows are built
+        col.release()
     _emit(result, facts, process, row_shape, issue, steps, batch,
           {"ts_us": ts_us, "dur_us": dur_us, "cpu_start_us": cpu_start, "cpu_end_us": cpu_end,
            "dev_start_us": dev_start, "dev_end_us": dev_end}, match_key)  # fmt: skip
@@ -433,7 +442,14 @@ def _emit(
     rest as dicts; the all_to_all rows' a2a_pairs."""
     n = len(row_shape)
     index = pa.array(row_shape.astype(np.int32))
-    zero = pa.array(np.zeros(n, dtype=np.int8))
+    zero = pa.array(np.zeros(n, dtype=np.int8))  # the index of every column that has one value
+
+    def column(v: np.ndarray, null: np.ndarray, typ: pa.DataType) -> pa.Array:
+        """v as a column (null where `null`): one shared dictionary value when all rows agree, else plain."""
+        if n and (null.all() or (not null.any() and (v == v[0]).all())):
+            return pa.DictionaryArray.from_arrays(zero, pa.array([None if null[0] else v[0].item()], typ))
+        return pa.array(v, mask=null if null.any() else None)
+
     cols: dict[str, pa.Array] = {
         "rank": pa.DictionaryArray.from_arrays(zero, pa.array([result.rank], pa.int32())),
         "process": pa.DictionaryArray.from_arrays(zero, pa.array([process], pa.string())),
@@ -443,10 +459,14 @@ def _emit(
         values = pa.array([f.row[c] if f is not None else None for f in facts], TABLE_COLUMNS["comm_events"][c])
         cols[c] = pa.DictionaryArray.from_arrays(index, values)
     step = _steps(steps, issue)
-    cols["step"] = pa.array(step.astype(np.int32), mask=step < 0)
+    cols["step"] = column(step.astype(np.int32), step < 0, pa.int32())
+    del step
+    made: dict[int, pa.Array] = {}  # ts_us is often the very array dev_start_us is: one column for both
     for c, v in times.items():
-        cols[c] = pa.array(v, mask=np.isnan(v))
-    cols["match_key"] = pa.array(match_key, mask=match_key == NONE)
+        if id(v) not in made:
+            made[id(v)] = column(v, np.isnan(v), pa.float64())
+        cols[c] = made[id(v)]
+    cols["match_key"] = column(match_key, match_key == NONE, pa.int64())
     names = [c for c in TABLE_COLUMNS["comm_events"] if c in cols]
     table = pa.table([cols[c] for c in names], names=names).replace_schema_metadata({FROM_ROWS: b"1"})
     full = n - n % batch

@@ -29,7 +29,6 @@ import re
 from collections import Counter, defaultdict, deque
 from typing import Any
 
-import numpy as np
 import orjson
 
 from commlens.vocab import COLLECTIVE_LIKE, SYMM_MEM_NAMESPACE, WRAPPER_NAMESPACES, normalize_op
@@ -37,7 +36,7 @@ from commlens.vocab import COLLECTIVE_LIKE, SYMM_MEM_NAMESPACE, WRAPPER_NAMESPAC
 from .kineto_calls import annot_elems, call_op, container_sizes, kernel_op
 from .kineto_fields import SPELLINGS, meta
 from .kineto_model import EPS, Call, CpuEv, Kernel, Label, as_float
-from .kineto_records import CpuColumns, KernelColumns, LaunchColumns
+from .kineto_records import CpuColumns, KernelColumns, LaunchColumns, map_large_blocks
 from .records import ParseError, ParseResult
 
 # Names worth parsing. The byte pattern is what the fast scanner looks for; the str pattern decides.
@@ -73,6 +72,7 @@ class Collector:
     `kernels`, `launches`) by the reference grouping below."""
 
     def __init__(self, budget: int | None = None) -> None:
+        map_large_blocks()
         self.budget = budget  # records kept (CPU ops, kernels, launches) past which the trace is refused
         self.kept = 0
         self._shared: dict[bytes, dict[str, Any]] = {}  # args the parse reads -> one dict for all events with them
@@ -102,10 +102,12 @@ class Collector:
     def launches(self) -> dict[Any, tuple[Any, Any, float]]:
         return self._as_objects()[2]
 
-    def n_launches(self) -> int:
-        """Distinct correlation ids of the launches kept (len(launches), without making the objects)."""
-        cols = self.launch_cols
-        return len(np.unique(cols.corr.numpy())) if cols.exact() else len(self.launches)
+    def release(self) -> None:
+        """Drop the records' columns (their counts and interned keys stay): the columnar path calls it once
+        it has read them, so the rows do not share the memory with them."""
+        self.cpu_cols.release()
+        self.kernel_cols.release()
+        self.launch_cols.release()
 
     def _as_objects(self) -> tuple[list[CpuEv], list[Kernel], dict[Any, tuple[Any, Any, float]]]:
         """The records as objects, made once the trace has been read (the reference path)."""

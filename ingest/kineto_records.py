@@ -12,6 +12,10 @@ parse reads) as the index of an interned key. Ids that are not plain integers ar
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
+import sys
 from array import array
 from typing import Any
 
@@ -25,6 +29,17 @@ NONE = -_I64  # an id that is absent (None), as int64
 OTHER = -_I64 + 1  # an id that is no plain integer (kept in Ids.other), as int64
 _NONE32, _OTHER32 = -_I32, -_I32 + 1
 EXACT_INT = 2**53  # integer timestamps beyond this are not exact as float64
+
+
+@functools.cache
+def map_large_blocks() -> None:
+    """Have glibc map blocks of 1 MiB and more, and unmap them when freed. By default it raises that
+    threshold as large blocks are freed, after which growing columns and numpy temporaries come from the
+    heap and their freed space stays in the process (measured: 530 MB instead of 220 MB resident after
+    the parse of a 4 M-event trace). Once per process; nothing elsewhere."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # not glibc
+            ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
 
 
 class Ids:
@@ -96,9 +111,8 @@ class Durations:
         return len(self.data)
 
     def numpy(self) -> np.ndarray:
-        return np.frombuffer(self.data, dtype=np.float32 if self.data.typecode == "f" else np.float64).astype(
-            np.float64
-        )
+        """The column without a copy: float32 or float64 (float32 values widen exactly in arithmetic)."""
+        return np.frombuffer(self.data, dtype=np.float32 if self.data.typecode == "f" else np.float64)
 
 
 class Times:
@@ -152,6 +166,12 @@ class CpuColumns:
         self.seq = Ids()
         self.key = array("i")
         self.keys = Interned()
+        self.released: int | None = None  # the count of records, once their columns were dropped
+
+    def release(self) -> None:
+        """Drop the columns; the count and the interned keys stay."""
+        self.released = len(self)
+        self.ts, self.dur, self.ext, self.seq, self.key = Times(), Durations(), Ids(), Ids(), array("i")
 
     def append(
         self, kind: str, name: str, op: str | None, pid: Any, tid: Any, ts: float, dur: float, ext: Any, args: Any,
@@ -165,7 +185,7 @@ class CpuColumns:
         self.seq.append(seq)
 
     def __len__(self) -> int:
-        return len(self.key)
+        return len(self.key) if self.released is None else self.released
 
     def exact(self) -> bool:
         """Whether every id is a plain integer and every timestamp exact as float64 (the columnar path's
@@ -195,6 +215,18 @@ class KernelColumns:
         self.seq = Ids()
         self.key = array("i")
         self.keys = Interned()
+        self.released: int | None = None
+
+    def release(self) -> None:
+        self.released = len(self)
+        self.ts, self.dur, self.ext, self.corr, self.seq, self.key = (
+            Times(),
+            Durations(),
+            Ids(),
+            Ids(),
+            Ids(),
+            array("i"),
+        )
 
     def append(self, name: str, ts: float, dur: float, ext: Any, corr: Any, args: Any, seq: Any) -> None:
         self.key.append(self.keys((name, id(args)), (name, args)))
@@ -205,7 +237,7 @@ class KernelColumns:
         self.seq.append(seq)
 
     def __len__(self) -> int:
-        return len(self.key)
+        return len(self.key) if self.released is None else self.released
 
     def exact(self) -> bool:
         return not (self.ext.other or self.corr.other or self.seq.other or self.ts.other)
@@ -228,6 +260,17 @@ class LaunchColumns:
         self.ts = Times()
         self.thread = array("i")
         self.threads = Interned()
+        self.released: tuple[int, int] | None = None  # (launches, distinct correlation ids) once dropped
+
+    def release(self) -> None:
+        self.released = (len(self), self.distinct())
+        self.corr, self.ts, self.thread = Ids(), Times(), array("i")
+
+    def distinct(self) -> int:
+        """Distinct correlation ids (the size of the reference's dict of launches)."""
+        if self.released is not None:
+            return self.released[1]
+        return len(np.unique(self.corr.numpy())) if self.exact() else len(self.as_dict())
 
     def append(self, pid: Any, tid: Any, ts: float, corr: Any) -> None:
         self.thread.append(self.threads((pid, tid), (pid, tid)))
@@ -235,7 +278,7 @@ class LaunchColumns:
         self.corr.append(corr)
 
     def __len__(self) -> int:
-        return len(self.thread)
+        return len(self.thread) if self.released is None else self.released[0]
 
     def exact(self) -> bool:
         return not (self.corr.other or self.ts.other)

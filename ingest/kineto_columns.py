@@ -11,6 +11,7 @@ labels, ids that are no plain integers, calls of many events) return None and ta
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ import pyarrow as pa
 from .kineto_calls import CallFacts, call_op, describe_call, kernel_op
 from .kineto_events import KERNEL_BEFORE_WINDOW, Collector, _is_wait, _skip_not_collective
 from .kineto_model import EPS, Call, Kernel, TraceContext
-from .kineto_records import NONE
+from .kineto_records import NONE, CpuColumns, KernelColumns
 from .records import FROM_ROWS, TABLE_COLUMNS, ParseResult
 
 MAX_PARTS = 16  # events (or kernels) of one call beyond which the reference path is taken
@@ -171,6 +172,15 @@ def _at(a: np.ndarray, i: np.ndarray, fill: Any = 0) -> np.ndarray:
     return a[i] if len(a) else np.full(len(i), fill, dtype=a.dtype)
 
 
+def _call_objects(
+    cpu: CpuColumns, kc: KernelColumns, member: np.ndarray, bounds: np.ndarray, korder: np.ndarray,
+    kbounds: np.ndarray, c: int,
+) -> Call:  # fmt: skip
+    """Call c as the reference's objects."""
+    mem = [cpu.record(int(i)) for i in member[bounds[c] : bounds[c + 1]]]
+    return Call(mem[0], mem, [kc.record(int(i)) for i in korder[kbounds[c] : kbounds[c + 1]]], issue_ts=mem[0].ts)
+
+
 def _padded(values: np.ndarray, bounds: np.ndarray, width: int) -> np.ndarray:
     """Segments values[bounds[i]:bounds[i + 1]] as the rows of a matrix, padded with -1."""
     sizes = np.diff(bounds)
@@ -315,9 +325,7 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
     shape_of, shape_first = _shape_ids(np.concatenate([shape_m, shape_k], axis=1))
     del shape_m, shape_k, rec_ref
 
-    def objects(c: int) -> Call:
-        mem = [cpu.record(int(i)) for i in calls.member[calls.bounds[c] : calls.bounds[c + 1]]]
-        return Call(mem[0], mem, [kc.record(int(i)) for i in korder[kbounds[c] : kbounds[c + 1]]], issue_ts=mem[0].ts)
+    objects = functools.partial(_call_objects, cpu, kc, calls.member, calls.bounds, korder, kbounds)
 
     # _sort_calls: what each shape is (0 a collective, 1 skipped with its kernels loose, 2 skipped) and skips
     n_shapes = len(shape_first)
@@ -351,9 +359,11 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
         1: KERNEL_BEFORE_WINDOW,
         2: "NCCL kernel with no CPU call, whose name does not tell the collective (SendRecv, Generic)",
     }
-    for r in sorted({1, 2} & set(reason.tolist()), key=lambda r: int(np.argmax(reason == r))):
+    first_at = {r: int(np.argmax(reason == r)) for r in {1, 2} & set(reason.tolist())}
+    for r in sorted(first_at, key=first_at.__getitem__):
         result.skip(texts[r], int((reason == r).sum()))
     alone = loose[reason == 0]
+    del loose, lk, before, reason, kcall
     alone_issue = np.where(launch[alone] >= 0, _at(lts, np.maximum(launch[alone], 0), 0.0), kts[alone])
     for name, n in sorted(col.not_understood.items()):
         result.warn(f"{n} events named {name!r} look like a collective but are not understood: not counted")
@@ -367,6 +377,7 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
     ksrc = alone[np.where(is_k, order - len(coll), 0)] if len(alone) else np.zeros(len(order), dtype=np.int64)
     row_shape = np.where(is_k, n_shapes + _at(kkey, ksrc), _at(shape_of, src))
     issue = issue[order]
+    del order, coll, alone, alone_issue, call_kind, shape_of
 
     # each shape described once, on its first call (call_row), in call order
     n_row_shapes = n_shapes + len(kc.keys.values)
@@ -385,40 +396,50 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
         if f.group is not None:
             result.groups.append(f.group)
         gen.update({k: v * int(shape_rows[s]) for k, v in f.tally.items()})
+    del objects  # it holds the grouping's arrays
     ok = np.asarray([f is not None for f in facts] or [False])
     keep = ok[row_shape] if len(row_shape) else np.zeros(0, dtype=bool)
     if (~keep).any():
         result.skip("call whose collective cannot be told", int((~keep).sum()))
-    src, ksrc, is_k, row_shape, issue = src[keep], ksrc[keep], is_k[keep], row_shape[keep], issue[keep]
-
-    # per row: the root's CPU span, the kernels' span, the match key, the step
-    croot = _at(root, src)
-    k_n = np.where(is_k, 1, _at(kcount, src))
-    k_first = np.where(is_k, 0, _at(kbounds[:-1], src))
-    seg = np.repeat(np.arange(len(k_n)), k_n)
-    within = np.arange(len(seg)) - np.repeat(np.cumsum(k_n) - k_n, k_n)
-    kidx = np.where(is_k[seg], ksrc[seg], _at(korder, np.minimum(k_first[seg] + within, max(len(korder) - 1, 0))))
-    dev_start, k_span, dev_end = _kernel_spans(kts, kdur, kidx, k_n)
-    has_k = k_n > 0
-    cpu_start = np.where(is_k, np.nan, _at(ts, croot, np.nan))
-    cpu_dur = np.where(is_k, np.nan, _at(dur, croot, np.nan))
-    cpu_end = cpu_start + cpu_dur
-    gloo = np.asarray([f is not None and f.row["dur_source"] == "cpu_op" for f in facts] or [False])[row_shape]
-    ts_us = dev_start if has_k.all() else np.where(has_k, dev_start, cpu_start)
-    dur_us = np.where(has_k, k_span, np.where(gloo & ~has_k, cpu_dur, np.nan))
+    if not keep.all():
+        src, ksrc, is_k, row_shape, issue = src[keep], ksrc[keep], is_k[keep], row_shape[keep], issue[keep]
+    del keep
 
     # match key (call_times): the first Seq of a record_param_comms member, else of a kernel
     rpc = np.asarray([k[1] == "record_param_comms" for k in cpu.keys.values] or [False])
     mseq = cpu.seq.numpy()[calls.member]
     mrpc = rpc[np.frombuffer(cpu.key, dtype=np.int32)[calls.member]] if len(calls.member) else np.zeros(0, dtype=bool)
     m_at = _segment_first(mrpc & (mseq != NONE), calls.bounds)
+    del mrpc, calls
     kseq_sorted = kc.seq.numpy()[korder]
     k_at = _segment_first(kseq_sorted != NONE, kbounds)
     k_key = np.where(k_at >= 0, _at(kseq_sorted, np.maximum(k_at, 0), NONE), NONE)
+    del kseq_sorted, k_at
     call_key = np.where(m_at >= 0, _at(mseq, np.maximum(m_at, 0), NONE), k_key)
+    del mseq, m_at, k_key
     match_key = np.where(is_k, _at(kc.seq.numpy(), ksrc, NONE), _at(call_key, src, NONE))
+    del call_key
 
-    del kidx, seg, within, cpu_dur, mseq, mrpc, m_at, k_at, k_key, call_key, kseq_sorted
+    # per row: the root's CPU span, the kernels' span, the step
+    croot = _at(root, src)
+    del root
+    k_n = np.where(is_k, 1, _at(kcount, src))
+    k_first = np.where(is_k, 0, _at(kbounds[:-1], src))
+    seg = np.repeat(np.arange(len(k_n)), k_n)
+    within = np.arange(len(seg)) - np.repeat(np.cumsum(k_n) - k_n, k_n)
+    kidx = np.where(is_k[seg], ksrc[seg], _at(korder, np.minimum(k_first[seg] + within, max(len(korder) - 1, 0))))
+    del seg, within, k_first, korder, kbounds, kcount
+    dev_start, k_span, dev_end = _kernel_spans(kts, kdur, kidx, k_n)
+    has_k = k_n > 0
+    del kidx, k_n, src, ksrc
+    cpu_start = np.where(is_k, np.nan, _at(ts, croot, np.nan))
+    cpu_dur = np.where(is_k, np.nan, _at(dur, croot, np.nan))
+    cpu_end = cpu_start + cpu_dur
+    del croot
+    gloo = np.asarray([f is not None and f.row["dur_source"] == "cpu_op" for f in facts] or [False])[row_shape]
+    ts_us = dev_start if has_k.all() else np.where(has_k, dev_start, cpu_start)
+    dur_us = np.where(has_k, k_span, np.where(gloo & ~has_k, cpu_dur, np.nan))
+    del cpu_dur, k_span, gloo, has_k, is_k
     if release:  # the records are no longer read: their memory goes before the rows are built
         col.release()
     _emit(result, facts, process, row_shape, issue, steps, batch,

@@ -32,8 +32,9 @@ class Limits:
     max_json_depth: int = 64
     # communication records (CPU ops, NCCL kernels, launches) a profiler trace may make the parse hold
     # until its end, as columns (~26 B each; bench/stream.py, docs/security.md). A trace the columnar path
-    # cannot read is held as objects and refused past kineto.OBJECT_BUDGET records instead.
-    max_trace_events: int = 16_000_000
+    # cannot read is held as objects and refused past kineto.OBJECT_BUDGET records instead. At most one
+    # record per event: 24 M admits a 20 M-event trace whatever its events.
+    max_trace_events: int = 24_000_000
 
 
 DEFAULT_LIMITS = Limits()

@@ -286,7 +286,4 @@ class LaunchColumns:
     def as_dict(self) -> dict[Any, tuple[Any, Any, float]]:
         """correlation -> (pid, tid, ts); a later launch of the same correlation id replaces an earlier one."""
         threads = self.threads.values
-        return {
-            self.corr.value(i): (*threads[t], self.ts.value(i))  # type: ignore[misc]
-            for i, t in enumerate(self.thread)
-        }
+        return {self.corr.value(i): (*threads[t], self.ts.value(i)) for i, t in enumerate(self.thread)}

@@ -476,9 +476,13 @@ def _emit(
         "process": pa.DictionaryArray.from_arrays(zero, pa.array([process], pa.string())),
         "seq": pa.array(np.arange(n, dtype=np.int64)),
     }
+    unfit = []  # per-shape columns with a value their Arrow type cannot hold (a count past int64)
     for c in (*_PER_SHAPE, "raw_name"):
-        values = pa.array([f.row[c] if f is not None else None for f in facts], TABLE_COLUMNS["comm_events"][c])
-        cols[c] = pa.DictionaryArray.from_arrays(index, values)
+        values = [f.row[c] if f is not None else None for f in facts]
+        try:
+            cols[c] = pa.DictionaryArray.from_arrays(index, pa.array(values, TABLE_COLUMNS["comm_events"][c]))
+        except (OverflowError, pa.ArrowInvalid):
+            unfit.append(c)
     step = _steps(steps, issue)
     cols["step"] = column(step.astype(np.int32), step < 0, pa.int32())
     del step
@@ -490,9 +494,18 @@ def _emit(
     cols["match_key"] = column(match_key, match_key == NONE, pa.int64())
     names = [c for c in TABLE_COLUMNS["comm_events"] if c in cols]
     table = pa.table([cols[c] for c in names], names=names).replace_schema_metadata({FROM_ROWS: b"1"})
-    full = n - n % batch
-    result.event_tables += [table.slice(i, batch) for i in range(0, full, batch)]
-    result.events += table.slice(full).to_pylist()
+    if unfit:  # rows as dicts, flushed as the reference flushes them: the error comes where it comes there
+        for i, row in enumerate(table.to_pylist()):
+            f = facts[int(row_shape[i])]
+            assert f is not None
+            row.update({c: f.row[c] for c in unfit})
+            result.events.append(row)
+            if len(result.events) >= batch:
+                result.flush_events()
+    else:
+        full = n - n % batch
+        result.event_tables += [table.slice(i, batch) for i in range(0, full, batch)]
+        result.events += table.slice(full).to_pylist()
     pairs = [s for s, f in enumerate(facts) if f is not None and f.peer_bytes is not None]
     for seq in np.flatnonzero(np.isin(row_shape, pairs)).tolist() if pairs else []:
         pb = facts[int(row_shape[seq])].peer_bytes  # type: ignore[union-attr]

@@ -80,7 +80,9 @@ def test_a_schema_7_store_upgrades_with_its_rows_and_authors_mapped_by_name(tmp_
 
     con = store.connect(db)
     try:
-        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [(str(store.SCHEMA_VERSION),)]
+        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [
+            (str(store.SCHEMA_VERSION),)
+        ]
         assert con.execute("SELECT run, rank, op, dtype, msg_bytes FROM comms ORDER BY rank").fetchall() == before
         assert before == [("old-run", 0, "all_reduce", "float32", 1024), ("old-run", 1, "broadcast", "bfloat16", 64)]
         assert con.execute("SELECT item_id, author, author_id, body FROM review_items ORDER BY item_id").fetchall() == [

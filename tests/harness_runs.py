@@ -11,11 +11,12 @@ the background while the tests before them run. A run that failed is reported ag
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -133,21 +134,27 @@ class HarnessRuns:
         (planned,) = launch.plan_runs(self.root / name, options, None, [], None)
         return planned, (planned.cfg.to_json(), replica)
 
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        """Wait for the background launches to end and start none until the block is done: for work whose
+        times are the evidence (a straggler run, the gloo traces whose end times the clock rule reads)."""
+        with self._state:
+            self._alone = True
+            self._state.wait_for(lambda: self._background == 0)
+        try:
+            yield
+        finally:
+            with self._state:
+                self._alone = False
+                self._state.notify_all()
+
     def _run_into(self, future: Future[launch.PlannedRun], planned: launch.PlannedRun, alone: bool) -> None:
         """Launch in this thread; alone: after the background launches end, holding off new ones."""
-        if alone:
-            with self._state:
-                self._alone = True
-                self._state.wait_for(lambda: self._background == 0)
-        try:
-            future.set_result(self._launch(planned))
-        except LaunchError as exc:
-            future.set_exception(exc)
-        finally:
-            if alone:
-                with self._state:
-                    self._alone = False
-                    self._state.notify_all()
+        with self.alone() if alone else contextlib.nullcontext():
+            try:
+                future.set_result(self._launch(planned))
+            except LaunchError as exc:
+                future.set_exception(exc)
 
     def _background_launch(self, planned: launch.PlannedRun) -> launch.PlannedRun:
         with self._state:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import duckdb
 
     from commlens.service.ingest import IngestReport, IngestSummary
+    from commlens.service.parse_pool import ParsePool
 from commlens.vocab import format_bytes
 
 app = typer.Typer(
@@ -109,16 +110,41 @@ def ingest(
         None,
         "--max-trace-events",
         min=1,
-        help="Refuse a profiler trace whose parse would hold more communication records (default 3,000,000).",
+        help="Refuse a profiler trace whose parse would hold more communication records (default 24,000,000).",
     ),
 ) -> None:
     """Ingest NCCL debug logs and PyTorch profiler (Kineto) traces into the store, one run per training job."""
+    from commlens.service.parse_pool import default_jobs, start_pool
+
+    jobs = jobs or default_jobs()
+    # the workers start before this process's own imports, which their start-up and imports then overlap
+    pool = start_pool(jobs, paths) if cluster is None else None
+    try:
+        _ingest(paths, db, run, rank, description, one_run, cluster, parquet_out, jobs, max_trace_events, pool)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _ingest(
+    paths: list[Path],
+    db: Path,
+    run: str,
+    rank: int | None,
+    description: str | None,
+    one_run: bool,
+    cluster: str | None,
+    parquet_out: str | None,
+    jobs: int,
+    max_trace_events: int | None,
+    pool: ParsePool | None,
+) -> None:
     from dataclasses import replace
 
     from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, iter_inputs
     from commlens.ingest.records import RankHint
     from commlens.service.ingest import FileOutcome, ingest_run
-    from commlens.service.parallel import arrow_without_pandas, default_jobs
+    from commlens.service.parallel import arrow_without_pandas
     from commlens.store import StoreError
 
     limits = DEFAULT_LIMITS if max_trace_events is None else replace(DEFAULT_LIMITS, max_trace_events=max_trace_events)
@@ -154,7 +180,8 @@ def ingest(
                     on_file=on_file,
                     description=description,
                     split_jobs=not one_run,
-                    jobs=jobs or default_jobs(),
+                    jobs=jobs,
+                    pool=pool,
                 )
     except StoreError as exc:  # e.g. --run names a former name of a renamed run
         con.close()

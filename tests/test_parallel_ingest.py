@@ -17,6 +17,8 @@ from conftest import shared_data
 
 from commlens import store
 from commlens.ingest.inputs import iter_inputs
+from commlens.service import held_parses, parse_pool
+from commlens.service import ingest as ingest_module
 from commlens.service import parallel as parallel_module
 from commlens.service.ingest import ingest_run
 from commlens.store.tables import AGG_TABLES, TRACE_TABLES
@@ -54,12 +56,16 @@ def test_workers_store_what_one_process_stores(
 ) -> None:
     paths = [shared_data() / p for p in inputs]
     serial = _ingest(tmp_path, "serial", paths, jobs=1)
-    monkeypatch.setattr(parallel_module, "PARALLEL_MIN_BYTES", 0)  # workers even for these small files
+    monkeypatch.setattr(parse_pool, "PARALLEL_MIN_BYTES", 0)  # workers even for these small files
     started = []
     in_workers = parallel_module._in_workers
-    monkeypatch.setattr(parallel_module, "_in_workers", lambda *a: started.append(a[-1]) or in_workers(*a))
+    monkeypatch.setattr(parallel_module, "_in_workers", lambda *a: started.append(a[-1].workers) or in_workers(*a))
+    here = []  # files this process parsed while the worker had its share queued
+    parse_here = parallel_module.parse_file
+    monkeypatch.setattr(parallel_module, "parse_file", lambda item, *a: here.append(item.name) or parse_here(item, *a))
     parallel = _ingest(tmp_path, "parallel", paths, jobs=2)
-    assert started == [2]
+    assert started == [1]  # --jobs 2: one worker and this process
+    assert here, "this process parsed no file"
     runs = serial.execute("SELECT name FROM runs ORDER BY 1").fetchall()
     assert runs == parallel.execute("SELECT name FROM runs ORDER BY 1").fetchall()
     for table in COMPARED:
@@ -68,6 +74,26 @@ def test_workers_store_what_one_process_stores(
     assert n is not None
     # the DLRM job: 8 ranks x 8 calls; the HTA directory: every trace's calls
     assert n[0] == (64 if inputs == [DLRM] else 2233)
+
+
+def test_parses_held_on_disk_store_what_memory_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A split ingest holds every parse until the files are grouped into jobs: past its memory budget they wait
+    on disk (pickled), and the store is the same."""
+    paths = [shared_data() / DLRM]
+    in_memory = _ingest(tmp_path, "memory", paths, jobs=1)
+    spilled = []
+    made = held_parses.HeldParses
+
+    def tiny(budget: int | None = None) -> held_parses.HeldParses:
+        held = made(budget=20_000)  # a few of the DLRM archive's 8 parses fit, the rest go to disk
+        spilled.append(held)
+        return held
+
+    monkeypatch.setattr(ingest_module, "HeldParses", tiny)
+    on_disk = _ingest(tmp_path, "disk", paths, jobs=1)
+    assert 0 < spilled[0].spilled < 8, spilled[0].spilled
+    for table in COMPARED:
+        assert _rows(in_memory, table) == _rows(on_disk, table), table
 
 
 def test_ingest_of_one_small_file_loads_no_server_or_dataframe_library(tmp_path: Path) -> None:

@@ -30,8 +30,9 @@ from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, Limits, gzip_conte
 from commlens.ingest.nccl_link import link_run
 from commlens.ingest.parse_file import ParsedFile, first_line, parse_file
 from commlens.ingest.records import ParseResult, RankHint
+from commlens.service.held_parses import HeldParses
 from commlens.service.jobs_split import Job, evidence, split_jobs
-from commlens.service.parallel import parsed_inputs
+from commlens.service.parallel import ParsePool, parsed_inputs
 from commlens.store import aggregates
 from commlens.store.errors import StoreError
 from commlens.store.overlap import same_nccl_process
@@ -116,20 +117,22 @@ def ingest_run(
     attribute_schemes: bool = True,
     split_jobs: bool = False,
     jobs: int = 1,
+    pool: ParsePool | None = None,
 ) -> IngestReport:
     """Ingest the files into the run (created by its first stored file if missing; `replace` first removes
     what earlier files of it stored, its review and overrides kept), link and refresh it, and attribute its
     groups to schemes. A file that fails is recorded with its error; an exception of `inputs` itself stops
     before the linking. With `split_jobs` the files are parsed first (held as Arrow tables) and each job's go
-    to a run of its own. With `jobs` > 1 files are parsed in that many worker processes (same rows)."""
+    to a run of its own. With `jobs` > 1 files are parsed in that many processes (same rows): this one and
+    jobs-1 workers (`pool`, if the caller started them early)."""
     hint = hint or RankHint()
     if split_jobs:
-        return _ingest_split(con, run, list(inputs), hint, limits, on_file, description, replace, jobs)
+        return _ingest_split(con, run, list(inputs), hint, limits, on_file, description, replace, jobs, pool)
     pending = PendingRun(run, description, store.get_run_id(con, run))
     if replace and pending.run_id is not None:
         store.replace_run_data(con, pending.run_id)
     report = IngestReport(run)
-    for item, parsed in parsed_inputs(inputs, hint, limits, jobs):
+    for item, parsed in parsed_inputs(inputs, hint, limits, jobs, pool):
         outcome = ingest_file(con, pending, item, hint, limits, parsed)
         report.files.append(outcome)
         if on_file is not None:
@@ -165,39 +168,42 @@ def _ingest_split(
     description: str | None,
     replace: bool,
     jobs: int = 1,
+    pool: ParsePool | None = None,
 ) -> IngestReport:
     """Parse every file, group the parsed ones by job, then store each job as its own run. Files that could
-    not be parsed (and skipped ones) are recorded in the first job's run."""
-    parsed = {id(item): p for item, p in parsed_inputs(items, hint, limits, jobs) if p is not None}
+    not be parsed (and skipped ones) are recorded in the first job's run. The parses wait in HeldParses
+    (on disk past its memory budget), so memory does not grow with the number of files."""
     first_of: dict[str, str] = {}  # content identity -> the first file with it
     twin: dict[str, str] = {}  # a file -> the earlier file with its content: it goes where that one goes
     found = []
-    for item in items:
-        p = parsed.get(id(item))
-        if p is None or p.result is None:
-            continue
-        identity = _identity(item, p, limits)
-        if identity in first_of:
-            twin[item.name] = first_of[identity]
-            continue
-        first_of[identity] = item.name
-        found.append(evidence(item.name, p.result))
-    split = split_jobs(run, found)
-    where = {f.path: job.run for job in split for f in job.files}
-    where.update({name: where[first] for name, first in twin.items() if first in where})
-    report = IngestReport(run, jobs=split)
-    runs: dict[str, PendingRun] = {}
-    for job in split:
-        pending = runs[job.run] = PendingRun(job.run, description, store.get_run_id(con, job.run))
-        if replace and pending.run_id is not None:
-            store.replace_run_data(con, pending.run_id)
-    for item in items:
-        target = where.get(item.name, run)
-        outcome = ingest_file(con, runs[target], item, hint, limits, parsed.pop(id(item), None))
-        outcome.run = target
-        report.files.append(outcome)
-        if on_file is not None:
-            on_file(item, outcome)
+    with HeldParses() as held:
+        for item, p in parsed_inputs(items, hint, limits, jobs, pool):
+            if p is None:
+                continue
+            if p.result is not None:
+                identity = _identity(item, p, limits)
+                if identity in first_of:
+                    twin[item.name] = first_of[identity]
+                else:
+                    first_of[identity] = item.name
+                    found.append(evidence(item.name, p.result))
+            held.put(id(item), p)
+        split = split_jobs(run, found)
+        where = {f.path: job.run for job in split for f in job.files}
+        where.update({name: where[first] for name, first in twin.items() if first in where})
+        report = IngestReport(run, jobs=split)
+        runs: dict[str, PendingRun] = {}
+        for job in split:
+            pending = runs[job.run] = PendingRun(job.run, description, store.get_run_id(con, job.run))
+            if replace and pending.run_id is not None:
+                store.replace_run_data(con, pending.run_id)
+        for item in items:
+            target = where.get(item.name, run)
+            outcome = ingest_file(con, runs[target], item, hint, limits, held.pop(id(item)))
+            outcome.run = target
+            report.files.append(outcome)
+            if on_file is not None:
+                on_file(item, outcome)
     for job in split:
         _finish(con, runs[job.run].made(con), job.run, report, True)
     return report

@@ -1,54 +1,43 @@
 """Parsing an ingest's files in worker processes (`commlens ingest --jobs N`).
 
 Workers run the parse step only (`commlens.ingest.parse_file.parse_tables`: bytes to Arrow tables); the
-caller's process stays the one DuckDB writer and stores each file in input order, so the result equals a
-serial ingest row for row. Archives are expanded in the caller (their limits are the archive's as a
-whole) and their members sent by value; files on disk are sent by path. At most two files per worker
-are parsed or waiting at a time, so memory is bounded by the workers, not by the number of files.
+caller's process parses too, whenever every worker has its share queued, and stays the one DuckDB writer: it
+stores each file in input order, so the result equals a serial ingest row for row. Archives are expanded in
+the caller (their limits are the archive's as a whole) and their members sent by value; files on disk are
+sent by path. At most AHEAD files per parsing process are parsed or waiting at a time, so memory is bounded
+by the processes, not by the number of files.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
 import itertools
-import multiprocessing
-import os
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 
 from commlens.ingest.inputs import InputFile, Limits, portable
 from commlens.ingest.parse_file import ParsedFile, parse_file, parse_tables
 from commlens.ingest.records import RankHint
+from commlens.service.parse_pool import NoPandas, ParsePool, default_jobs, worth_workers
 
-AHEAD = 2  # files per worker parsed or waiting to be stored
-# Workers are started when the files to parse hold at least this much: below it starting them costs more
-# than they save (about 0.3 s of start-up and imports per worker against ~20 MB/s of parsing)
-PARALLEL_MIN_BYTES = 8 << 20
+__all__ = ["AHEAD", "ParsePool", "arrow_without_pandas", "default_jobs", "parsed_inputs"]
 
-
-def default_jobs() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+AHEAD = 2  # files per parsing process parsed or waiting to be stored
 
 
 def parsed_inputs(
-    items: Iterable[InputFile], hint: RankHint, limits: Limits, jobs: int = 1
+    items: Iterable[InputFile], hint: RankHint, limits: Limits, jobs: int = 1, pool: ParsePool | None = None
 ) -> Iterator[tuple[InputFile, ParsedFile | None]]:
     """Each input with its parse (None for one skipped or unreadable, which is not parsed), in input order.
-    With jobs > 1 and at least two files to parse holding PARALLEL_MIN_BYTES, files are parsed in `jobs`
-    worker processes."""
+    With jobs > 1 and at least two files to parse holding PARALLEL_MIN_BYTES, files are parsed in jobs-1
+    worker processes and this one (`pool`, when the caller started it early, else started here)."""
     it = iter(items)
     head: list[InputFile] = []  # read ahead until the files to parse are known to be worth workers
 
     def worth() -> bool:
-        todo = [x for x in head if _parses(x)]
-        return len(todo) >= 2 and sum(x.size for x in todo) >= PARALLEL_MIN_BYTES
+        return worth_workers(x.size for x in head if _parses(x))
 
     if jobs > 1:
         for item in it:
@@ -60,15 +49,11 @@ def parsed_inputs(
         for item in rest:
             yield item, parse_file(item, hint, limits) if _parses(item) else None
         return
-    yield from _in_workers(rest, hint, limits, jobs)
-
-
-class _NoPandas(importlib.abc.MetaPathFinder):
-    """Answers `import pandas` with ModuleNotFoundError (see arrow_without_pandas)."""
-
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
-        if fullname.split(".", 1)[0] == "pandas":
-            raise ModuleNotFoundError("pandas is not loaded while commlens ingests", name=fullname)
+    if pool is not None:
+        yield from _in_workers(rest, hint, limits, pool)
+        return
+    with ParsePool(jobs - 1) as own:
+        yield from _in_workers(rest, hint, limits, own)
 
 
 @contextlib.contextmanager
@@ -79,7 +64,7 @@ def arrow_without_pandas() -> Iterator[None]:
     if "pandas" in sys.modules:
         yield
         return
-    blocker = _NoPandas()
+    blocker = NoPandas()
     sys.meta_path.insert(0, blocker)
     try:
         yield
@@ -87,38 +72,41 @@ def arrow_without_pandas() -> Iterator[None]:
         sys.meta_path.remove(blocker)
 
 
-def _worker_start() -> None:
-    """A worker process parses only: no pandas for pyarrow (arrow_without_pandas), for its whole life."""
-    if "pandas" not in sys.modules:
-        sys.meta_path.insert(0, _NoPandas())
-
-
 def _parses(item: InputFile) -> bool:
     return not item.skip and not item.error
 
 
 def _in_workers(
-    items: Iterator[InputFile], hint: RankHint, limits: Limits, jobs: int
+    items: Iterator[InputFile], hint: RankHint, limits: Limits, pool: ParsePool
 ) -> Iterator[tuple[InputFile, ParsedFile | None]]:
-    # forkserver: the workers start from a clean process that imported the parsers once, not from a fork of
-    # this one (which holds DuckDB's threads)
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["commlens.ingest.parse_file"])
+    """Files go to the workers while fewer than AHEAD each are queued there; otherwise this process parses the
+    next one itself instead of waiting. Parses are handed out in input order as they complete."""
     pending: deque[tuple[InputFile, Future[ParsedFile] | None]] = deque()
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_start) as pool:
-        try:
-            for item in items:
-                pending.append(
-                    (item, pool.submit(parse_tables, portable(item), hint, limits) if _parses(item) else None)
-                )
-                while len(pending) > AHEAD * jobs or (pending and pending[0][1] is None):
-                    yield _done(pending.popleft())
-            while pending:
+    queued = AHEAD * pool.workers
+
+    def in_flight() -> int:
+        return sum(1 for _, f in pending if f is not None and not f.done())
+
+    try:
+        for item in items:
+            if not _parses(item):
+                pending.append((item, None))
+            elif in_flight() < queued:
+                pending.append((item, pool.executor.submit(parse_tables, portable(item), hint, limits)))
+            else:
+                here: Future[ParsedFile] = Future()
+                here.set_result(parse_file(item, hint, limits))
+                pending.append((item, here))
+            while pending and (pending[0][1] is None or pending[0][1].done()):
                 yield _done(pending.popleft())
-        finally:
-            for _, future in pending:
-                if future is not None:
-                    future.cancel()
+            while len(pending) > AHEAD * (pool.workers + 1):
+                yield _done(pending.popleft())
+        while pending:
+            yield _done(pending.popleft())
+    finally:
+        for _, future in pending:
+            if future is not None:
+                future.cancel()
 
 
 def _done(entry: tuple[InputFile, Future[ParsedFile] | None]) -> tuple[InputFile, ParsedFile | None]:

@@ -15,7 +15,7 @@ from types import TracebackType
 
 from commlens.ingest.parse_file import ParsedFile
 
-BUDGET_BYTES = 256 << 20  # parses held in memory at most (Arrow bytes of their rows)
+BUDGET_BYTES = 32 << 20  # parses held in memory at most (Arrow bytes of their rows)
 
 
 def parsed_nbytes(parsed: ParsedFile) -> int:

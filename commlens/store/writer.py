@@ -86,8 +86,13 @@ def _insert_rows(
         _insert_table(con, table, run_id, source_id, rows_table(table, rows))
 
 
+# DuckDB's row group (rows): an INSERT of this many rows fills one and it goes to the file. One INSERT of a
+# whole 5M-row table held 710 MB more at its peak; in slices of a row group, 210 MB (bench/README.md).
+INSERT_ROWS = 122_880
+
+
 def _same_schema_batches(tables: list[pa.Table]) -> list[pa.Table]:
-    """Consecutive tables of one schema as one (chunks are not copied): one INSERT instead of hundreds."""
+    """Consecutive tables of one schema as one (chunks are not copied), inserted in INSERT_ROWS slices."""
     batches: list[list[pa.Table]] = []
     for t in tables:
         if batches and batches[-1][0].schema == t.schema:
@@ -98,31 +103,35 @@ def _same_schema_batches(tables: list[pa.Table]) -> list[pa.Table]:
 
 
 def _insert_table(con: duckdb.DuckDBPyConnection, table: str, run_id: int, source_id: int, arrow: pa.Table) -> None:
-    """Insert the rows of an Arrow table: its columns of `table` are cast to the declared types (a
-    dictionary of the declared type is taken as it is), other columns ignored, missing ones NULL."""
+    """Insert the rows of an Arrow table, INSERT_ROWS at a time (the casts and DuckDB's insert state stay
+    that size, whatever the file's): its columns of `table` are cast to the declared types (a dictionary
+    of the declared type is taken as it is), other columns ignored, missing ones NULL."""
     if not arrow.num_rows:
         return
-    columns = TABLE_COLUMNS[table]
-    cols, names = [], []
-    for name, typ in columns.items():
-        if name not in arrow.column_names:
-            continue
-        col = arrow[name]
-        if col.type != typ and not (pa.types.is_dictionary(col.type) and col.type.value_type == typ):
-            col = col.cast(typ)
-        cols.append(col)
-        names.append(name)
+    names = [name for name in TABLE_COLUMNS[table] if name in arrow.column_names]
     if not names:
         raise ValueError(f"no {table} columns in the table ({arrow.column_names})")
-    con.register("_commlens_rows", pa.Table.from_arrays(cols, names=names))
-    try:
-        listed = ", ".join(names)
-        con.execute(
-            f"INSERT INTO {table} (run_id, source_id, {listed}) SELECT ?, ?, {listed} FROM _commlens_rows",
-            [run_id, source_id],
-        )
-    finally:
-        con.unregister("_commlens_rows")
+    listed = ", ".join(names)
+    sql = f"INSERT INTO {table} (run_id, source_id, {listed}) SELECT ?, ?, {listed} FROM _commlens_rows"
+    for start in range(0, arrow.num_rows, INSERT_ROWS):
+        con.register("_commlens_rows", _declared(table, arrow.select(names).slice(start, INSERT_ROWS)))
+        try:
+            con.execute(sql, [run_id, source_id])
+        finally:
+            con.unregister("_commlens_rows")
+
+
+def _declared(table: str, arrow: pa.Table) -> pa.Table:
+    """The columns cast to `table`'s declared types; a dictionary of the declared type is kept as it is."""
+    columns = TABLE_COLUMNS[table]
+
+    def declared(col: pa.ChunkedArray, typ: pa.DataType) -> pa.ChunkedArray:
+        if col.type == typ or (pa.types.is_dictionary(col.type) and col.type.value_type == typ):
+            return col
+        return col.cast(typ)
+
+    cols = [declared(col, columns[name]) for name, col in zip(arrow.column_names, arrow.columns, strict=True)]
+    return pa.Table.from_arrays(cols, names=arrow.column_names)
 
 
 def _merge_groups(con: duckdb.DuckDBPyConnection, run_id: int, groups: list[dict[str, Any]]) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 from commlens.contract.common import MAX_RANK
 
 from .inputs import DEFAULT_LIMITS, Limits
+from .kineto_bulk import BulkReader
 from .kineto_calls import call_row, parse_ranks, step_of
 from .kineto_columns import columnar_rows
 from .kineto_events import LAUNCH_PREFIXES, PREFIXES, Collector, build_calls
@@ -33,6 +34,9 @@ COLUMNAR = True
 # Records a trace the columnar path does not read (gloo worker threads, labels...) may hold: the reference
 # path makes ~0.3 KB objects of each, so it keeps the budget of the object-only parse.
 OBJECT_BUDGET = 3_000_000
+# Where wanted events are dense, runs of whole events are read as columns (kineto_blocks, kineto_bulk);
+# False: always event by event (Collector.add), which the block reader is tested against.
+BLOCKS = True
 
 
 def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: Limits) -> ParseResult:
@@ -41,8 +45,17 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
     result = ParseResult(kind="kineto")
     col = Collector(limits.max_trace_events)
     act = Activity()
+    on_block = BulkReader(col, limits.max_json_depth) if BLOCKS else None
     scan = scan_trace(
-        stream, limits.max_json_depth, PREFIXES, Collector.wanted, col.add, LAUNCH_PREFIXES, col.launch, act.add
+        stream,
+        limits.max_json_depth,
+        PREFIXES,
+        Collector.wanted,
+        col.add,
+        LAUNCH_PREFIXES,
+        col.launch,
+        act.add,
+        on_block,
     )
     top = scan.top
     for reason, n in col.skipped.items():

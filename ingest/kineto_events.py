@@ -63,6 +63,7 @@ _SHARED_ARGS = frozenset(
     {k for keys in SPELLINGS.values() for k in keys}
     | {"Collective name", "Concrete Inputs", "Input Dims", "Input type", "finished"}
 )
+CpuKind = tuple[str, str | None, str | None]  # a kept CPU event's kind ("container", "annot"), op, backend
 _GLOO_COMPATIBLE = {"reduce_scatter": {"reduce_scatter", "all_reduce"}, "barrier": {"barrier", "all_reduce"}}
 
 
@@ -129,10 +130,10 @@ class Collector:
         self.launch_cols.append(pid, tid, ts, corr)
         return True
 
-    def _keep(self) -> None:
-        """Count one more kept record against the budget: a trace that would need more is refused now,
+    def _keep(self, n: int = 1) -> None:
+        """Count `n` more kept records against the budget: a trace that would need more is refused now,
         before its records take the memory."""
-        self.kept += 1
+        self.kept += n
         if self.budget is not None and self.kept > self.budget:
             raise ParseError(
                 f"more than {self.budget:,} communication records (CPU ops, NCCL kernels, launches) to hold "
@@ -209,6 +210,22 @@ class Collector:
 
     def _cpu(self, ev: dict, name: str, ts: float, dur: float, args: dict[str, Any]) -> None:
         """record_param_comms, c10d ops and backend annotations (nccl:all_reduce, gloo:...)."""
+        what = self.cpu_kind(name, args)
+        if isinstance(what, str):
+            self.skipped[what] += 1
+        if not isinstance(what, tuple):
+            return
+        kind, op, backend = what
+        self._keep()
+        ext, seq = args.get("External id"), args.get("Seq")
+        self.cpu_cols.append(
+            kind, name, op, ev.get("pid"), ev.get("tid"), ts, dur, ext, self.compact(args), backend, seq
+        )
+
+    def cpu_kind(self, name: str, args: dict[str, Any], n: int = 1) -> CpuKind | str | None:
+        """What a CPU event named `name` is: (kind, op, backend) when kept; else why it is skipped (a str,
+        counted by the caller) or None (not counted; `n` such events counted as not understood where the
+        name looks like a collective)."""
         kind, op, backend = "container", None, None
         ns = name.split("::", 1)[0] if "::" in name else ""
         if name == "record_param_comms":
@@ -218,26 +235,21 @@ class Collector:
             op = normalize_op(name)
             if op is None:
                 if "c10d" not in ns and COLLECTIVE_LIKE.search(name):
-                    self.not_understood[name] += 1
-                return  # wait_tensor, _wrap_tensor_autograd and other non-collectives
+                    self.not_understood[name] += n
+                return None  # wait_tensor, _wrap_tensor_autograd and other non-collectives
             backend = SYMM_MEM_NAMESPACE if ns == SYMM_MEM_NAMESPACE else None
         elif ns:
-            self.not_understood[name] += 1  # wanted only because the name looks like a collective
-            return
+            self.not_understood[name] += n  # wanted only because the name looks like a collective
+            return None
         else:
             m = _ANNOT.match(name)
             if not m:
-                return
+                return None
             op = normalize_op(name)
             if op is None:
-                self.skipped[f"annotation {name!r} (not a collective)"] += 1
-                return
+                return f"annotation {name!r} (not a collective)"
             kind, backend = "annot", m.group(1)
-        self._keep()
-        ext, seq = args.get("External id"), args.get("Seq")
-        self.cpu_cols.append(
-            kind, name, op, ev.get("pid"), ev.get("tid"), ts, dur, ext, self.compact(args), backend, seq
-        )
+        return kind, op, backend
 
 
 # ------------------------------------------------------------------------------------ grouping

@@ -71,6 +71,26 @@ _ACT_MARGIN = 1 << 16  # an activity header is matched only with this much of th
 # (category, name's first bytes, tid, ts, dur, stream or None, bytes); returns whether CPU ops are
 # still wanted (a trace with device activity needs none).
 ActivitySink = Callable[[bytes, bytes, int, float, float, "int | None", int], bool]
+# (a run of whole elements, what separates them) -> wanted events taken, or None: read it event by event.
+BlockSink = Callable[[bytes, bytes], "int | None"]
+DENSE = 512  # wanted events per MiB from which a window is read as a block (else by the name regex)
+BLOCK_PAUSE = 4  # windows read by the regex after a declined block before a block is tried again
+
+
+def _dense(wanted: int, nbytes: int) -> bool:
+    return nbytes > 0 and wanted * (1 << 20) >= DENSE * nbytes
+
+
+def _separator(data: bytes | bytearray, start: int) -> bytes | None:
+    """The whitespace and comma between the element that ends before data[start] and the one at data[start]
+    (a proven element start), or None when data[start] does not follow another element's '}'."""
+    i = start - 1
+    while i >= 0 and data[i] in b" \t\r\n,":
+        i -= 1
+    sep = bytes(data[i + 1 : start])
+    if i < 0 or data[i] != 0x7D or sep.count(b",") != 1:
+        return None
+    return sep
 
 
 def hit_pattern(prefixes: str) -> re.Pattern[bytes]:
@@ -344,8 +364,15 @@ class _Scanner:
         launch_prefixes: str | None,
         on_launch: LaunchSink | None,
         on_activity: ActivitySink | None = None,
+        on_block: BlockSink | None = None,
     ):
         self.on_launch = on_launch if launch_prefixes else None
+        self.on_block = on_block
+        self.dense = False  # whether the next window is read as a block (on_block)
+        self.block_pause = 0  # windows left before a block is tried again after one was declined
+        self.launches = 0  # launches handed to on_launch
+        self.start = 0  # absolute offset of the first element of traceEvents
+        self.sep: bytes | None = None  # what separates two elements (the first seen before a proven start)
         self.prefixes = prefixes
         self.hit = hit_pattern(prefixes + ("|" + launch_prefixes if launch_prefixes else ""))
         self.reader = _BlockReader(stream, BLOCK)
@@ -489,7 +516,7 @@ class _Scanner:
         if self.result.top.get("deviceProperties"):
             self.win.cpu_ops = False  # the trace lists devices: its activity is theirs, CPU ops are not read
         self.pos = self._skip_ws(pos)
-        start_abs = self.win.base + self.pos
+        start_abs = self.start = self.win.base + self.pos
         done = False
         while not done:
             budget_end = start_abs + EXACT_BYTES if self.index is not None else 0
@@ -649,10 +676,17 @@ class _Scanner:
         scan = self.pos
         on_launch = self.on_launch
         launch_match = _LAUNCH.match
+        self.dense = self.on_block is not None and _dense(
+            self.result.events_parsed, self.win.base + self.pos - self.start
+        )
         while True:
             data = self.win.data
             limit = len(data) if self.win.eof else max(len(data) - 512, scan)
             action = "more"
+            if self.dense and self._block(limit):
+                scan = self._more(limit, self.pos)
+                continue
+            window = (self.pos, self.result.events_parsed + self.launches)
             for m in self.hit.finditer(data, scan, limit):
                 p = m.start()
                 if p < scan:
@@ -662,6 +696,7 @@ class _Scanner:
                     if lm is not None:
                         _, pid, tid, ts, _, ext, corr = lm.groups()
                         scan = lm.end()
+                        self.launches += 1
                         if not on_launch(int(pid), int(tid), float(ts), int(corr), int(ext) if ext else None):
                             action = "restart"  # the caller needs no more launches: stop matching them
                             self.on_launch = on_launch = None
@@ -708,12 +743,39 @@ class _Scanner:
                     return True
                 scan = self.pos
                 continue
-            if len(data) - self.pos > RETAIN:
-                self._prove_near(limit)
-            scan = max(min(scan, limit - 64), self.pos)
-            shift = self.win.more(self.pos)
-            self.pos -= shift
-            scan -= shift
+            if self.on_block is not None:  # the window's density decides whether the next is read as a block
+                self.block_pause -= 1
+                wanted = self.result.events_parsed + self.launches - window[1]
+                self.dense = self.block_pause <= 0 and _dense(wanted, max(scan, self.pos) - window[0])
+            scan = self._more(limit, scan)
+
+    def _more(self, limit: int, scan: int) -> int:
+        """Drop what is read and take the next block of the stream; the scan head, shifted."""
+        if len(self.win.data) - self.pos > RETAIN:
+            self._prove_near(limit)
+        scan = max(min(scan, limit - 64), self.pos)
+        shift = self.win.more(self.pos)
+        self.pos -= shift
+        return scan - shift
+
+    def _block(self, limit: int) -> bool:
+        """Hand the whole elements from self.pos to before `limit` to on_block as one block; False (nothing
+        read) when there are none, they cannot be read as a block or on_block declines them."""
+        assert self.on_block is not None
+        data = self.win.data
+        sep = self.sep = self.sep or _separator(data, self.pos)
+        end = data.rfind(b"}" + sep + b"{", self.pos, limit) if sep is not None else -1
+        if sep is None or end < 0:
+            return False
+        taken = self.on_block(bytes(data[self.pos : end + 1]), sep)
+        if taken is None:
+            self.block_pause = BLOCK_PAUSE
+            return False
+        self.result.events_parsed += taken
+        self.result.fast_bytes += end + 1 + len(sep) - self.pos
+        self.dense = _dense(taken, end + 1 - self.pos)
+        self.pos = end + 1 + len(sep)
+        return True
 
     def _prove_near(self, limit: int) -> None:
         """Move the proven boundary up to the scan head by parsing one element there."""
@@ -743,6 +805,7 @@ def scan_trace(
     launch_prefixes: str | None = None,
     on_launch: LaunchSink | None = None,
     on_activity: ActivitySink | None = None,
+    on_block: BlockSink | None = None,
 ) -> ScanResult:
     """Read a Kineto JSON document from `stream`.
 
@@ -753,6 +816,12 @@ def scan_trace(
     id)` without being parsed; once it returns False, fast mode stops looking for them.
     `on_activity` receives every device kernel, copy and memset and, while it returns True, every CPU
     op, read from the bytes whatever the mode (ActivitySink), in file order.
+    `on_block`, where wanted events are dense (DENSE per MiB), receives runs of whole elements in fast
+    mode (their text and the separator between them, BlockSink) and returns how many wanted events it
+    took, or None to have that run read event by event; it must take exactly what `on_event` and
+    `on_launch` would.
     Raises ParseError (with a JSON path and/or line and column) for anything that is not a trace.
     """
-    return _Scanner(stream, max_depth, prefixes, wanted, on_event, launch_prefixes, on_launch, on_activity).run()
+    return _Scanner(
+        stream, max_depth, prefixes, wanted, on_event, launch_prefixes, on_launch, on_activity, on_block
+    ).run()

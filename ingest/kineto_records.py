@@ -29,6 +29,7 @@ NONE = -_I64  # an id that is absent (None), as int64
 OTHER = -_I64 + 1  # an id that is no plain integer (kept in Ids.other), as int64
 _NONE32, _OTHER32 = -_I32, -_I32 + 1
 EXACT_INT = 2**53  # integer timestamps beyond this are not exact as float64
+IdColumn = tuple[np.ndarray, np.ndarray]  # plain-integer ids as int64 and whether each is present (not None)
 
 
 @functools.cache
@@ -64,6 +65,17 @@ class Ids:
         else:
             self.other[len(data)] = v
             data.append(_OTHER32 if data.typecode == "i" else OTHER)
+
+    def extend(self, v: np.ndarray, present: np.ndarray) -> None:
+        """Append plain integers `v` (int64, none of them NONE or OTHER) in bulk; None where not `present`."""
+        v = np.where(present, v, NONE)
+        if self.data.typecode == "i":
+            if len(v) and ((v[present] < -_I32 + 2) | (v[present] >= _I32)).any():
+                self._widen()
+            else:
+                self.data.frombytes(np.where(present, v, _NONE32).astype(np.int32).tobytes())
+                return
+        self.data.frombytes(v.astype(np.int64).tobytes())
 
     def _widen(self) -> None:
         old = np.frombuffer(self.data, dtype=np.int32).astype(np.int64)
@@ -107,6 +119,16 @@ class Durations:
             self.data = array("d", data)
             self.data[-1] = v
 
+    def extend(self, v: np.ndarray) -> None:
+        """Append float64 values in bulk (float32 kept while every value is exact in it)."""
+        if self.data.typecode == "f":
+            narrow = v.astype(np.float32)
+            if (narrow == v).all():
+                self.data.frombytes(narrow.tobytes())
+                return
+            self.data = array("d", self.data)
+        self.data.frombytes(np.ascontiguousarray(v, dtype=np.float64).tobytes())
+
     def __len__(self) -> int:
         return len(self.data)
 
@@ -128,6 +150,10 @@ class Times:
         if type(v) is int and not -EXACT_INT <= v <= EXACT_INT:
             self.other[len(self.data)] = v
         self.data.append(v)
+
+    def extend(self, v: np.ndarray) -> None:
+        """Append float64 timestamps in bulk (the caller has checked that each is exact)."""
+        self.data.frombytes(np.ascontiguousarray(v, dtype=np.float64).tobytes())
 
     def __len__(self) -> int:
         return len(self.data)
@@ -184,6 +210,18 @@ class CpuColumns:
         self.ext.append(ext)
         self.seq.append(seq)
 
+    def key_of(self, kind: str, name: str, op: str | None, pid: Any, tid: Any, backend: str | None, args: Any) -> int:
+        """The interned key index of records with these shared values (numbered as append() numbers them)."""
+        return self.keys((kind, name, op, pid, tid, backend, id(args)), (kind, name, op, pid, tid, backend, args))
+
+    def extend(self, key: np.ndarray, ts: np.ndarray, dur: np.ndarray, ext: IdColumn, seq: IdColumn) -> None:
+        """Append records in bulk: key indices (key_of), times, and the ids as (values, present)."""
+        self.key.frombytes(key.astype(np.int32).tobytes())
+        self.ts.extend(ts)
+        self.dur.extend(dur)
+        self.ext.extend(*ext)
+        self.seq.extend(*seq)
+
     def __len__(self) -> int:
         return len(self.key) if self.released is None else self.released
 
@@ -236,6 +274,19 @@ class KernelColumns:
         self.corr.append(corr)
         self.seq.append(seq)
 
+    def key_of(self, name: str, args: Any) -> int:
+        return self.keys((name, id(args)), (name, args))
+
+    def extend(
+        self, key: np.ndarray, ts: np.ndarray, dur: np.ndarray, ext: IdColumn, corr: IdColumn, seq: IdColumn
+    ) -> None:
+        self.key.frombytes(key.astype(np.int32).tobytes())
+        self.ts.extend(ts)
+        self.dur.extend(dur)
+        self.ext.extend(*ext)
+        self.corr.extend(*corr)
+        self.seq.extend(*seq)
+
     def __len__(self) -> int:
         return len(self.key) if self.released is None else self.released
 
@@ -276,6 +327,12 @@ class LaunchColumns:
         self.thread.append(self.threads((pid, tid), (pid, tid)))
         self.ts.append(ts)
         self.corr.append(corr)
+
+    def extend(self, thread: np.ndarray, ts: np.ndarray, corr: np.ndarray) -> None:
+        """Append launches in bulk: thread indices (self.threads), times, plain-integer correlation ids."""
+        self.thread.frombytes(thread.astype(np.int32).tobytes())
+        self.ts.extend(ts)
+        self.corr.extend(corr, np.ones(len(corr), dtype=bool))
 
     def __len__(self) -> int:
         return len(self.thread) if self.released is None else self.released[0]

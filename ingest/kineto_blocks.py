@@ -1,0 +1,92 @@
+"""A run of whole traceEvents elements read as columns in C++ (pyarrow's JSON reader), for dense traces.
+
+Kineto separates elements the same way throughout a file (`},\\n{` or `\\n  },\\n  {\\n`): every such
+separator in a block is made a line break (lengths kept, so each element's text stays where it was) and
+the block is read as newline-delimited JSON with an explicit schema of the fields the parse reads. A
+separator inside a string or a nested value leaves pieces that are no JSON object, so a block whose
+pieces all parse, one row each, was cut at real element boundaries (the pieces joined by commas are the
+array). Newlines elsewhere become tabs: whitespace between tokens, an error inside a string, as in the
+original. Anything the reader would take differently from orjson (NaN, a type that differs from the
+schema, invalid UTF-8, escapes, which the fast scan's name regex does not see through) makes `read_block`
+return None, and the caller reads that block event by event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pj
+
+_TAB_CUTS = bytes.maketrans(b"\n\x00", b"\t\n")
+HEADER = [
+    ("ph", pa.string()),
+    ("cat", pa.string()),
+    ("name", pa.string()),
+    ("pid", pa.int64()),
+    ("tid", pa.int64()),
+    ("ts", pa.float64()),
+    ("dur", pa.float64()),
+]
+IDS = [("External id", pa.int64()), ("correlation", pa.int64()), ("Seq", pa.int64())]
+
+
+def schema(args: list[tuple[str, pa.DataType]]) -> pj.ParseOptions:
+    """Parse options reading the header fields, the ids and these args (other fields are not checked)."""
+    fields = [*HEADER, ("args", pa.struct(IDS + args))]
+    return pj.ParseOptions(explicit_schema=pa.schema(fields), unexpected_field_behavior="ignore")
+
+
+@dataclass
+class Block:
+    """The elements of a block: their fields as columns, and their texts (newlines made tabs)."""
+
+    table: pa.Table
+    nesting: int  # '{' and '[' in the block beyond each element's own and its args' braces
+    offsets: np.ndarray  # element i is the text between offsets[i] and offsets[i + 1]
+    body: bytes
+
+    def text(self, i: int) -> bytes:
+        return self.body[self.offsets[i] : self.offsets[i + 1]]
+
+    def nest(self) -> np.ndarray:
+        """Each element's count of '{' and '[' (as the scanner's depth check counts them)."""
+        a = np.frombuffer(self.body, dtype=np.uint8)
+        where = np.flatnonzero((a == 0x7B) | (a == 0x5B))
+        return np.bincount(np.searchsorted(self.offsets, where, side="right") - 1, minlength=len(self.offsets) - 1)
+
+
+def read_block(body: bytes, sep: bytes, options: pj.ParseOptions) -> Block | None:
+    """The elements of `body` (whole elements separated by `sep`), or None where the block must be read
+    event by event (see the module's docstring)."""
+    if b"\\" in body or b"\x00" in body or (not body.isascii() and not _utf8(body)):
+        return None
+    cut = b"}" + sep + b"{"
+    nd = body.replace(cut, b"}\x00" + b" " * (len(sep) - 1) + b"{").translate(_TAB_CUTS)
+    ends = np.flatnonzero(np.frombuffer(nd, dtype=np.uint8) == 0x0A)
+    try:
+        table = pj.read_json(
+            pa.BufferReader(nd),
+            read_options=pj.ReadOptions(use_threads=False, block_size=len(nd) + 1),
+            parse_options=options,
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if table.num_rows != len(ends) + 1:
+        return None  # a piece held more than one object
+    offsets = np.empty(len(ends) + 2, dtype=np.int64)
+    offsets[0], offsets[-1] = 0, len(nd)
+    offsets[1:-1] = ends + 1
+    table = table.combine_chunks()
+    baseline = table.num_rows + table.column("args").chunk(0).is_valid().sum().as_py()
+    nesting = body.count(b"{") + body.count(b"[") - baseline
+    return Block(table, nesting, offsets, nd)
+
+
+def _utf8(body: bytes) -> bool:
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -8,6 +8,7 @@ pairwise order, so every number is bit-for-bit the one `ndarray.sum()` gives on 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -218,16 +219,56 @@ def classify_windows(spans: RankSpans, t0s: F64, t1s: F64) -> list[tuple[Totals,
 _SCHEME_CATS = ("overlapped", "wait", "exposed")
 
 
+_KINDS = ("compute", "comm", "memory", "wait", "calls")
+# Spans clipped into the windows of one pass. A pass holds about 0.3 KB a span in temporaries: all of a
+# 1M-call rank's windows at once took 330 MB above the analysis' input; a pass of this many, ~60 MB.
+CHUNK_SPANS = 1 << 18
+
+
+def _chunks(spans: RankSpans, kinds: Sequence[str], t0: F64, t1: F64) -> list[tuple[int, int]]:
+    """The windows cut into consecutive runs [a, b) meeting about CHUNK_SPANS spans each (a window
+    meeting more is a run of its own). Windows are classified independently, so runs give the same
+    numbers as all windows at once."""
+    load = np.ones(len(t0), dtype=np.int64)
+    for name in kinds:
+        ix = spans.index_of(name)
+        lo = np.searchsorted(ix.reach, t0, side="right")
+        load += np.maximum(np.searchsorted(ix.start, t1, side="left") - lo, 0)
+    total = np.cumsum(load)
+    cuts = np.unique(np.searchsorted(total, np.arange(CHUNK_SPANS, int(total[-1]), CHUNK_SPANS), side="right"))
+    edges = [0, *(int(c) for c in cuts if 0 < c < len(t0)), len(t0)]
+    return list(itertools.pairwise(edges))
+
+
 def classify_columns(spans: RankSpans, t0s: F64, t1s: F64) -> WindowClasses:
-    """breakdown.classify of each window [t0s[j], t1s[j]] (rank clock), as columns."""
+    """breakdown.classify of each window [t0s[j], t1s[j]] (rank clock), as columns, CHUNK_SPANS spans at
+    a time."""
     t0 = np.asarray(t0s, dtype=np.float64)
     t1 = np.asarray(t1s, dtype=np.float64)
+    if not len(t0):
+        return _classify(spans, t0, t1)
+    parts = [_classify(spans, t0[a:b], t1[a:b]) for a, b in _chunks(spans, _KINDS, t0, t1)]
+    if len(parts) == 1:
+        return parts[0]
+    offsets = np.cumsum([0] + [len(p.totals["idle"]) for p in parts[:-1]])
+    return WindowClasses(
+        {c: np.concatenate([p.totals[c] for p in parts]) for c in parts[0].totals},
+        np.concatenate([p.win + off for p, off in zip(parts, offsets.tolist(), strict=True)]),
+        [sc for p in parts for sc in p.scheme],
+        np.concatenate([p.overlapped for p in parts]),
+        np.concatenate([p.wait for p in parts]),
+        np.concatenate([p.exposed for p in parts]),
+    )
+
+
+def _classify(spans: RankSpans, t0: F64, t1: F64) -> WindowClasses:
+    """classify_columns of one run of windows."""
     w = len(t0)
     if not w:
         zero = np.zeros(0, dtype=np.float64)
         names = ("compute", "overlapped", "wait", "exposed", "memcpy", "idle")
         return WindowClasses(dict.fromkeys(names, zero), np.zeros(0, dtype=np.int64), [], zero, zero, zero)
-    kinds = ("compute", "comm", "memory", "wait", "calls")
+    kinds = _KINDS
     clipped = {}
     for name in kinds:
         ix = spans.index_of(name)
@@ -325,8 +366,13 @@ def memory_busy(spans: RankSpans, t0s: F64, t1s: F64) -> F64:
     """Per window, the time any memory operation runs in it (the union of the clipped memory spans)."""
     t0 = np.asarray(t0s, dtype=np.float64)
     t1 = np.asarray(t1s, dtype=np.float64)
+    if not len(t0):
+        return np.zeros(0, dtype=np.float64)
     ix = spans.index_of("memory")
-    mw, _, s, e = _clip_many(ix.start, ix.reach, ix.end, t0, t1)
-    b = _Bounds(len(t0), np.concatenate([mw, mw]), np.concatenate([s, e]))
-    n = len(mw)
-    return b.sums(b.cover(b.index[:n], b.index[n:]), len(t0))
+    out = []
+    for a, z in _chunks(spans, ("memory",), t0, t1):
+        mw, _, s, e = _clip_many(ix.start, ix.reach, ix.end, t0[a:z], t1[a:z])
+        b = _Bounds(z - a, np.concatenate([mw, mw]), np.concatenate([s, e]))
+        n = len(mw)
+        out.append(b.sums(b.cover(b.index[:n], b.index[n:]), z - a))
+    return np.concatenate(out)

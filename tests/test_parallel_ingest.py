@@ -3,12 +3,15 @@ ingest of one small file loads no pandas, FastAPI, Dash or plotly; a killed inge
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
@@ -16,7 +19,7 @@ import pytest
 from conftest import shared_data
 
 from commlens import store
-from commlens.ingest.inputs import iter_inputs
+from commlens.ingest.inputs import InputFile, iter_inputs
 from commlens.service import held_parses, parse_pool
 from commlens.service import ingest as ingest_module
 from commlens.service import parallel as parallel_module
@@ -94,6 +97,28 @@ def test_parses_held_on_disk_store_what_memory_holds(tmp_path: Path, monkeypatch
     assert 0 < spilled[0].spilled < 8, spilled[0].spilled
     for table in COMPARED:
         assert _rows(in_memory, table) == _rows(on_disk, table), table
+
+
+def test_split_ingest_releases_each_archive_member_once_parsed(tmp_path: Path) -> None:
+    """Archive members are spooled (in memory up to 64 MiB each): a split ingest, which stores only after every
+    file is parsed, lets each member's spool go once it is parsed instead of holding all until the end."""
+    openers: list[weakref.ref] = []
+
+    def watched() -> Iterator[InputFile]:
+        for item in iter_inputs([shared_data() / DLRM]):
+            openers.append(weakref.ref(item.open_raw))
+            yield item
+
+    alive_when_stored = []
+
+    def stored(_: InputFile, __: object) -> None:
+        gc.collect()
+        alive_when_stored.append(sum(ref() is not None for ref in openers))
+
+    con = store.connect(tmp_path / "s.duckdb")
+    report = ingest_run(con, "run", watched(), split_jobs=True, on_file=stored)
+    assert len(report.files) == len(openers) == 8 and not report.failed
+    assert alive_when_stored == [0] * 8
 
 
 def test_ingest_of_one_small_file_loads_no_server_or_dataframe_library(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import duckdb
 import pyarrow.compute as pc
@@ -127,7 +127,7 @@ def ingest_run(
     jobs-1 workers (`pool`, if the caller started them early)."""
     hint = hint or RankHint()
     if split_jobs:
-        return _ingest_split(con, run, list(inputs), hint, limits, on_file, description, replace, jobs, pool)
+        return _ingest_split(con, run, inputs, hint, limits, on_file, description, replace, jobs, pool)
     pending = PendingRun(run, description, store.get_run_id(con, run))
     if replace and pending.run_id is not None:
         store.replace_run_data(con, pending.run_id)
@@ -161,7 +161,7 @@ def complete_run(con: duckdb.DuckDBPyConnection, run_id: int, run: str, attribut
 def _ingest_split(
     con: duckdb.DuckDBPyConnection,
     run: str,
-    items: list[InputFile],
+    inputs: Iterable[InputFile],
     hint: RankHint,
     limits: Limits,
     on_file: Callable[[InputFile, FileOutcome], None] | None,
@@ -172,21 +172,25 @@ def _ingest_split(
 ) -> IngestReport:
     """Parse every file, group the parsed ones by job, then store each job as its own run. Files that could
     not be parsed (and skipped ones) are recorded in the first job's run. The parses wait in HeldParses
-    (on disk past its memory budget), so memory does not grow with the number of files."""
+    (on disk past its memory budget) and each input's bytes are released once parsed (archive members are
+    spooled in memory up to 64 MiB each), so memory does not grow with the number of files."""
     first_of: dict[str, str] = {}  # content identity -> the first file with it
     twin: dict[str, str] = {}  # a file -> the earlier file with its content: it goes where that one goes
     found = []
+    items: list[InputFile] = []  # every input in order, its bytes released once parsed
     with HeldParses() as held:
-        for item, p in parsed_inputs(items, hint, limits, jobs, pool):
+        for item, p in parsed_inputs(inputs, hint, limits, jobs, pool):
+            items.append(item)
             if p is None:
                 continue
             if p.result is not None:
-                identity = _identity(item, p, limits)
+                identity = p.content_sha256 = _identity(item, p, limits)  # not read again when stored
                 if identity in first_of:
                     twin[item.name] = first_of[identity]
                 else:
                     first_of[identity] = item.name
                     found.append(evidence(item.name, p.result))
+            item.open_raw = _ReleasedBytes(item.name)  # an archive member's spool goes now, not with the run
             held.put(id(item), p)
         split = split_jobs(run, found)
         where = {f.path: job.run for job in split for f in job.files}
@@ -207,6 +211,16 @@ def _ingest_split(
     for job in split:
         _finish(con, runs[job.run].made(con), job.run, report, True)
     return report
+
+
+class _ReleasedBytes:
+    """The opener of an input whose bytes were released after its parse: a split stores from the parse."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self) -> BinaryIO:
+        raise RuntimeError(f"{self.name}: its bytes were released once parsed")
 
 
 def ingest_paths(

@@ -45,7 +45,7 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
     result = ParseResult(kind="kineto")
     col = Collector(limits.max_trace_events)
     act = Activity()
-    on_block = BulkReader(col, limits.max_json_depth) if BLOCKS else None
+    on_block = BulkReader(col, act, limits.max_json_depth) if BLOCKS else None
     scan = scan_trace(
         stream,
         limits.max_json_depth,

@@ -7,7 +7,8 @@ the parse reads, `Collector.compact`): those args are read as typed columns too,
 values had in the events read so far (a key not seen yet must be absent: pyarrow's null type refuses any
 value), so each group's first event, parsed with orjson and classified by the Collector's own rules,
 stands for all of its events. Steps, labels and other phases go through `Collector.add` one by one.
-Whatever this cannot take as the event-by-event path would (a launch while the trace's link style is
+Where the scanner asks for it, the block's device activity is read by the scanner's own regex with its
+values converted in bulk and handed to `Activity.extend` per lane. Whatever this cannot take as the event-by-event path would (a launch while the trace's link style is
 still unknown, a launch outside the 'X' phase, a `null` that could be an absent key, args whose values
 have no single Arrow type, numbers orjson would refuse or keep apart) declines the whole block before
 anything is taken.
@@ -15,6 +16,7 @@ anything is taken.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import partial
 from itertools import islice
@@ -28,11 +30,17 @@ import pyarrow.json as pj
 
 from .kineto_blocks import Block, read_block, schema
 from .kineto_events import _LAUNCH, _SHARED_ARGS, _WANTED, Collector
+from .kineto_json import _ACT_ARGS, _ACT_BYTES, _ACT_DEVICE, _ACT_STREAM
 from .kineto_records import EXACT_INT, OTHER
+from .kineto_timeline import _MEMCPY, COMM, COMPUTE, MEMSET, Activity
 
 _NOT, _LAUNCHES, _OTHER = 0, 1, 2  # what a name is
 _CPU, _GPU, _KERNEL = 0, 1, 2  # what a category is
 _ARROW = {int: pa.int64(), str: pa.string(), bool: pa.bool_()}  # the args' value types a column holds exactly
+
+
+# The scanner's device activity regex with the args that follow (kineto_json._Window._read_activity).
+_ACT_WITH_ARGS = re.compile(_ACT_DEVICE.pattern + b"(?:" + _ACT_ARGS.pattern + b")?")
 
 
 def _name_class(name: str | None) -> int:
@@ -79,8 +87,9 @@ def _values(column: pa.Array, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 class BulkReader:
     """The scanner's block sink (kineto_json.BlockSink) for one trace's Collector."""
 
-    def __init__(self, col: Collector, max_depth: int) -> None:
+    def __init__(self, col: Collector, act: Activity, max_depth: int) -> None:
         self.col = col
+        self.act = act
         self.max_depth = max_depth
         self._seen = 0  # shared args (Collector.compact) whose types are counted in _types
         self._types: dict[str, set[type]] = {}
@@ -106,13 +115,23 @@ class BulkReader:
             self._options = schema(fields)
         return self._options
 
-    def __call__(self, body: bytes, sep: bytes) -> int | None:
-        """Take the wanted events of the whole elements in `body`; how many, or None (nothing taken)."""
+    def __call__(self, body: bytes, sep: bytes, activity: bool) -> int | None:
+        """Take the wanted events of the whole elements in `body` (and their device activity, where asked);
+        how many, or None (nothing taken)."""
         options = self._parse_options()
         if options is None or b"null" in body:
             return None
         block = read_block(body, sep, options)
-        return None if block is None else self._take(block)
+        if block is None:
+            return None
+        intervals = _device_activity(block) if activity else []
+        if intervals is None:
+            return None
+        taken = self._take(block)
+        if taken is not None:
+            for lane in intervals:
+                self.act.extend(*lane)
+        return taken
 
     def _take(self, block: Block) -> int | None:  # noqa: C901 - one pass over the block's kinds, in the order Collector.add tells them apart
         col, t = self.col, block.table
@@ -257,3 +276,42 @@ def _threads(col: Collector, t: pa.Table, rows: np.ndarray) -> np.ndarray:
         thread = (int(pid[i]) if pid_ok[i] else None, int(tid[i]) if tid_ok[i] else None)
         index[g] = col.launch_cols.threads(thread, thread)
     return index[inverse.reshape(-1)]
+
+
+def _device_activity(block: Block) -> list[tuple[str, int, np.ndarray, np.ndarray, np.ndarray]] | None:
+    """The device intervals of a block per (kind, stream), read from its text by the scanner's own activity
+    regex (kineto_json._Window._read_activity) with its values converted in bulk; None when a value does
+    not fit the columns."""
+    found = _ACT_WITH_ARGS.findall(block.body)
+    if not found:
+        return []
+    cat, name, tid_t, ts_t, dur_t, args = zip(*found, strict=True)
+    try:
+        tid = np.array([int(x) for x in tid_t], dtype=np.int64)
+    except OverflowError:
+        return None
+    ts = np.array(ts_t).astype(np.float64)
+    dur = np.array(dur_t).astype(np.float64)
+    streams = [_ACT_STREAM.search(a) for a in args]
+    lane = np.array([int(m.group(1)) if m else t for m, t in zip(streams, tid.tolist(), strict=True)], dtype=np.int64)
+    kinds: dict[tuple[bytes, bytes], str] = {}
+    kind = np.array([kinds.get(k) or kinds.setdefault(k, _kind(*k)) for k in zip(cat, name, strict=True)])
+    nbytes = np.zeros(len(found), dtype=np.int64)
+    for i in np.flatnonzero(np.char.startswith(kind, "memcpy")).tolist():
+        m = _ACT_BYTES.search(args[i])
+        nbytes[i] = int(m.group(1)) if m else 0
+    keep = dur >= 0
+    out = []
+    for k, st in sorted(set(zip(kind[keep].tolist(), lane[keep].tolist(), strict=True))):
+        m = keep & (kind == k) & (lane == st)
+        out.append((k, st, ts[m], ts[m] + dur[m], nbytes[m]))
+    return out
+
+
+def _kind(cat: bytes, name: bytes) -> str:
+    """Activity.add's kind of a device event (`name`: the first bytes the regex keeps)."""
+    if cat == b"kernel":
+        return COMM if name.startswith(b"nccl") else COMPUTE
+    if cat == b"gpu_memcpy":
+        return _MEMCPY.get(name[7:11], "memcpy_dtod") if name.startswith(b"Memcpy ") else "memcpy_dtod"
+    return MEMSET

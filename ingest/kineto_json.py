@@ -71,8 +71,9 @@ _ACT_MARGIN = 1 << 16  # an activity header is matched only with this much of th
 # (category, name's first bytes, tid, ts, dur, stream or None, bytes); returns whether CPU ops are
 # still wanted (a trace with device activity needs none).
 ActivitySink = Callable[[bytes, bytes, int, float, float, "int | None", int], bool]
-# (a run of whole elements, what separates them) -> wanted events taken, or None: read it event by event.
-BlockSink = Callable[[bytes, bytes], "int | None"]
+# (a run of whole elements, what separates them, whether it must take their device activity as on_activity
+# would) -> wanted events taken, or None: read it event by event.
+BlockSink = Callable[[bytes, bytes, bool], "int | None"]
 DENSE = 512  # wanted events per MiB from which a window is read as a block (else by the name regex)
 BLOCK_PAUSE = 4  # windows read by the regex after a declined block before a block is tried again
 
@@ -187,6 +188,10 @@ class _Window:
             return
         while stop > self._act_pos and self._read_activity(stop):
             pass  # CPU ops are no longer wanted: on with the device-only pattern
+        self._act_pos = max(self._act_pos, stop)
+
+    def skip_activity(self, stop: int) -> None:
+        """The activity before data[stop] was handed over otherwise (a block sink took it)."""
         self._act_pos = max(self._act_pos, stop)
 
     def _read_activity(self, stop: int) -> bool:
@@ -767,10 +772,15 @@ class _Scanner:
         end = data.rfind(b"}" + sep + b"{", self.pos, limit) if sep is not None else -1
         if sep is None or end < 0:
             return False
-        taken = self.on_block(bytes(data[self.pos : end + 1]), sep)
+        activity = self.win.on_activity is not None and not self.win.cpu_ops
+        if activity:
+            self.win.activity(self.pos)  # what comes before the block is read from the bytes, in order
+        taken = self.on_block(bytes(data[self.pos : end + 1]), sep, activity)
         if taken is None:
             self.block_pause = BLOCK_PAUSE
             return False
+        if activity:
+            self.win.skip_activity(end + 1)
         self.result.events_parsed += taken
         self.result.fast_bytes += end + 1 + len(sep) - self.pos
         self.dense = _dense(taken, end + 1 - self.pos)
@@ -819,7 +829,8 @@ def scan_trace(
     `on_block`, where wanted events are dense (DENSE per MiB), receives runs of whole elements in fast
     mode (their text and the separator between them, BlockSink) and returns how many wanted events it
     took, or None to have that run read event by event; it must take exactly what `on_event` and
-    `on_launch` would.
+    `on_launch` would, and where asked (once CPU ops are no longer read as activity) what `on_activity`
+    would.
     Raises ParseError (with a JSON path and/or line and column) for anything that is not a trace.
     """
     return _Scanner(

@@ -118,6 +118,18 @@ class Activity:
         self.lanes[(kind, tid if stream is None else stream)].add(ts, ts + dur, nbytes if kind != COMPUTE else 0)
         return False
 
+    def extend(self, kind: str, stream: int, start: np.ndarray, end: np.ndarray, nbytes: np.ndarray) -> None:
+        """Device intervals of one (kind, stream) at once, as add() of each would keep them (a lane is
+        merged as a whole when read, so the order intervals arrive in does not matter)."""
+        if not self.has_device:
+            self.has_device = True
+            self.cpu_tid, self.cpu_start, self.cpu_end = array("q"), array("d"), array("d")
+        s, e, b = merge_intervals(start, end, nbytes if kind != COMPUTE else np.zeros(len(start), dtype=np.int64))
+        lane = self.lanes[(kind, stream)]
+        lane.start.frombytes(s.tobytes())
+        lane.end.frombytes(e.tobytes())
+        lane.nbytes.frombytes(b.astype(np.int64).tobytes())
+
     def intervals_table(
         self, rank: int | None, comm_spans: tuple[np.ndarray, np.ndarray], comm_cpu: list[CpuEv]
     ) -> pa.Table:

@@ -13,6 +13,7 @@ return None, and the caller reads that block event by event.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,8 +53,7 @@ class Block:
 
     def nest(self) -> np.ndarray:
         """Each element's count of '{' and '[' (as the scanner's depth check counts them)."""
-        a = np.frombuffer(self.body, dtype=np.uint8)
-        where = np.flatnonzero((a == 0x7B) | (a == 0x5B))
+        where = _positions(self.body, lambda a: (a == 0x7B) | (a == 0x5B))
         return np.bincount(np.searchsorted(self.offsets, where, side="right") - 1, minlength=len(self.offsets) - 1)
 
 
@@ -63,8 +63,11 @@ def read_block(body: bytes, sep: bytes, options: pj.ParseOptions) -> Block | Non
     if b"\\" in body or b"\x00" in body or (not body.isascii() and not _utf8(body)):
         return None
     cut = b"}" + sep + b"{"
-    nd = body.replace(cut, b"}\x00" + b" " * (len(sep) - 1) + b"{").translate(_TAB_CUTS)
-    ends = np.flatnonzero(np.frombuffer(nd, dtype=np.uint8) == 0x0A)
+    if sep.count(b"\n") == 1 and body.count(b"\n") == body.count(cut):  # newlines only between elements
+        nd = body.replace(cut, b"}" + sep.replace(b",", b" ") + b"{")
+    else:
+        nd = body.replace(cut, b"}\x00" + b" " * (len(sep) - 1) + b"{").translate(_TAB_CUTS)
+    ends = _positions(nd, lambda a: a == 0x0A)
     try:
         table = pj.read_json(
             pa.BufferReader(nd),
@@ -82,6 +85,15 @@ def read_block(body: bytes, sep: bytes, options: pj.ParseOptions) -> Block | Non
     baseline = table.num_rows + table.column("args").chunk(0).is_valid().sum().as_py()
     nesting = body.count(b"{") + body.count(b"[") - baseline
     return Block(table, nesting, offsets, nd)
+
+
+def _positions(data: bytes, test: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Where test(bytes) holds, 256 KiB at a time (temporaries below glibc's mapping threshold are reused
+    from the heap instead of mapped and faulted in anew)."""
+    a = np.frombuffer(data, dtype=np.uint8)
+    step = 1 << 18
+    parts = [np.flatnonzero(test(a[i : i + step])) + i for i in range(0, len(a), step)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _utf8(body: bytes) -> bool:

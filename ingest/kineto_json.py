@@ -74,7 +74,7 @@ ActivitySink = Callable[[bytes, bytes, int, float, float, "int | None", int], bo
 # (a run of whole elements, what separates them, whether it must take their device activity as on_activity
 # would) -> wanted events taken, or None: read it event by event.
 BlockSink = Callable[[bytes, bytes, bool], "int | None"]
-DENSE = 512  # wanted events per MiB from which a window is read as a block (else by the name regex)
+DENSE = 1536  # wanted events per MiB from which a window is read as a block (else by the name regex)
 BLOCK_PAUSE = 4  # windows read by the regex after a declined block before a block is tried again
 
 
@@ -775,7 +775,7 @@ class _Scanner:
         activity = self.win.on_activity is not None and not self.win.cpu_ops
         if activity:
             self.win.activity(self.pos)  # what comes before the block is read from the bytes, in order
-        taken = self.on_block(bytes(data[self.pos : end + 1]), sep, activity)
+        taken = self.on_block(bytes(memoryview(data)[self.pos : end + 1]), sep, activity)
         if taken is None:
             self.block_pause = BLOCK_PAUSE
             return False

@@ -50,3 +50,27 @@ def test_passes_give_the_numbers_of_one_pass(monkeypatch: pytest.MonkeyPatch) ->
     assert memory_busy(spans, t0, t1).tolist() == busy.tolist()
     assert sorted(set(cut.scheme)) == ["dp", "tp", "unattributed"]
     assert cut.totals["idle"][-1] == 100.0 and cut.totals["idle"][-2] == 0.0
+
+
+def test_rows_in_order_are_not_sorted_again() -> None:
+    from commlens.backend.timing.persist import _ascending
+
+    a = np.asarray([0, 0, 0, 1, 1])
+    assert _ascending(a, np.asarray([5, 5, 6, 0, 0]), np.asarray([1, 2, 0, 9, 9]))
+    assert not _ascending(a, np.asarray([5, 5, 6, 0, 0]), np.asarray([2, 1, 0, 9, 9]))  # seq falls within a source
+    assert not _ascending(a, np.asarray([6, 5, 6, 0, 0]), np.asarray([0, 1, 2, 3, 4]))  # source falls within a rank
+    assert not _ascending(np.asarray([1, 0]), np.asarray([0, 0]), np.asarray([0, 1]))
+    assert _ascending(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+
+def test_spans_given_in_order_index_as_sorted_ones() -> None:
+    from commlens.backend.timing.breakdown import _SpanIndex
+
+    rows = np.asarray([[1.0, 4.0], [1.0, 2.0], [3.0, 9.0], [5.0, 6.0]])
+    shuffled = rows[[2, 0, 3, 1]]
+    a, b = _SpanIndex(rows), _SpanIndex(shuffled)
+    assert a.start.tolist() == b.start.tolist() == [1.0, 1.0, 3.0, 5.0]
+    assert a.end.tolist() == b.end.tolist() == [4.0, 2.0, 9.0, 6.0]
+    assert a.reach.tolist() == b.reach.tolist() == [4.0, 4.0, 9.0, 9.0]
+    assert a.order.tolist() == [0, 1, 2, 3] and b.order.tolist() == [1, 3, 0, 2]
+    assert _SpanIndex(rows, keep_order=False).order.tolist() == []

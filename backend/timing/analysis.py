@@ -76,12 +76,14 @@ def _spans(
     the sorted scheme names."""
     by_group = [schemes.get(g or WORLD, UNATTRIBUTED) for g in calls.groups] + [schemes.get(WORLD, UNATTRIBUTED)]
     names = sorted(set(by_group))
-    code = np.asarray([names.index(s) for s in by_group], dtype=np.int64)[calls.group]  # -1: the last entry
-    order = np.argsort(calls.rank, kind="stable")
-    sorted_ranks = calls.rank[order]
+    code = np.asarray([names.index(s) for s in by_group], dtype=np.int32)[calls.group]  # -1: the last entry
+    # calls by rank: the store's load sorts them so; else a stable sort (each rank's calls in their order)
+    in_order = len(calls) < 2 or bool((calls.rank[1:] >= calls.rank[:-1]).all())
+    order = None if in_order else np.argsort(calls.rank, kind="stable")
+    sorted_ranks = calls.rank if order is None else calls.rank[order]
     out = {}
     for r, d in ranks.items():
         lo, hi = np.searchsorted(sorted_ranks, r, "left"), np.searchsorted(sorted_ranks, r, "right")
-        rows = order[lo:hi]
+        rows = slice(int(lo), int(hi)) if order is None else order[lo:hi]
         out[r] = rank_spans(d, waits.get(r, np.zeros((0, 2))), calls, rows, code, names)
     return out

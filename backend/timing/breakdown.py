@@ -91,10 +91,14 @@ class _SpanIndex:
 
     def __init__(self, spans: F64, keep_order: bool = True) -> None:
         arr = _pairs(spans)
-        order = np.argsort(arr[:, 0], kind="stable")
-        self.start = arr[order, 0]
-        self.end = arr[order, 1]
-        self.order = order if keep_order else np.zeros(0, dtype=np.intp)
+        if len(arr) < 2 or bool((arr[1:, 0] >= arr[:-1, 0]).all()):  # sorted already (calls in issue order):
+            self.start, self.end = arr[:, 0].copy(), arr[:, 1].copy()  # what a stable argsort would give
+            order = np.arange(len(arr), dtype=np.intp) if keep_order else None
+        else:
+            order = np.argsort(arr[:, 0], kind="stable")
+            self.start = arr[order, 0]
+            self.end = arr[order, 1]
+        self.order = order if order is not None and keep_order else np.zeros(0, dtype=np.intp)
         self.reach = np.maximum.accumulate(self.end) if len(self.end) else self.end
 
 
@@ -157,19 +161,25 @@ def wait_spans(inst: Instances, stats: InstanceStats, clocks: ClockAlignment) ->
     }
 
 
-def rank_spans(data: RankArrays, waits: F64, calls: CallTable, rows: Ints, scheme: Ints, names: list[str]) -> RankSpans:
-    """One rank's spans; `waits` from wait_spans; `rows` its calls in the CallTable, `scheme` every
-    call's scheme as a code into the sorted `names`."""
+def rank_spans(
+    data: RankArrays, waits: F64, calls: CallTable, rows: Ints | slice, scheme: Ints, names: list[str]
+) -> RankSpans:
+    """One rank's spans; `waits` from wait_spans; `rows` its calls in the CallTable (a slice where they
+    are consecutive: no copy), `scheme` every call's scheme as a code into the sorted `names`."""
     iv = data.intervals
     a, e = calls.arrival[rows], calls.end[rows]
-    timed = ~np.isnan(a) & ~np.isnan(e)
+    timed = ~np.isnan(a)
+    timed &= ~np.isnan(e)
+    every = bool(timed.all())
+    span = np.stack([a, e] if every else [a[timed], e[timed]], axis=1)
+    del a, e
     return RankSpans(
         _kind(iv, {COMPUTE}),
         _kind(iv, {COMM}),
         _kind(iv, MEMORY_KINDS),
         _pairs(waits),
-        np.stack([a[timed], e[timed]], axis=1),
-        scheme[rows][timed],
+        span,
+        scheme[rows] if every else scheme[rows][timed],
         names,
     )
 

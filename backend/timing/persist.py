@@ -32,6 +32,7 @@ from .segments import sequential_sums, sparse_sum
 from .stragglers import rank_totals
 
 Columns = dict[str, Any]  # column name -> list, numpy array or Arrow array
+FETCH_ROWS = 1 << 20
 log = logging.getLogger("commlens.backend.timing")
 
 
@@ -91,8 +92,10 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
         flagged=("msg_bytes", "key", "step"),
         floats=("arrival", "end_us"),
     )
-    # Sorted here, not by DuckDB: its sort of a 10M-row result kept about 2 GB after it was done.
-    _permute(c, np.lexsort((c["seq"], c["source_id"], c["rank"])))
+    # Sorted here, not by DuckDB: its sort of a 10M-row result kept about 2 GB after it was done. Rows
+    # read in that order already (one file per rank, as stored) are left as they are.
+    if not _ascending(c["rank"], c["source_id"], c["seq"]):
+        _permute(c, np.lexsort((c["seq"], c["source_id"], c["rank"])))
     calls = CallTable(
         rank=c["rank"],
         seq=c["seq"],
@@ -176,6 +179,7 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
     world = con.execute("SELECT world_size FROM runs WHERE run_id = ?", [run_id]).fetchone()
     timed = bool((~np.isnan(calls.arrival)).any())
     ordered = dict(sorted(ranks.items()))
+    pa.default_memory_pool().release_unused()  # the read's Arrow memory: the pool keeps what is freed otherwise
     return RunInput(ordered, calls, world[0] if world else None, hosts or None, schemes, timed, notes)
 
 
@@ -191,8 +195,7 @@ def _fetch(
     the whole result beside them: `ints` with the value given for null, `floats` with NaN, `flagged` as
     ints (null: 0) and `has_<name>` flags."""
     parts: dict[str, list[npt.NDArray[Any]]] = defaultdict(list)
-    reader = con.sql(sql, params=params).to_arrow_reader(1 << 20)
-    for batch in reader:
+    for batch in con.sql(sql, params=params).to_arrow_reader(FETCH_ROWS):
         cols = dict(zip(batch.schema.names, batch.columns, strict=True))
         for name, null in ints.items():
             parts[name].append(_ints(cols[name], null))
@@ -201,11 +204,25 @@ def _fetch(
             parts[f"has_{name}"].append(_valid(cols[name]))
         for name in floats:
             parts[name].append(_floats(cols[name]))
+        del batch, cols
     names = [*ints, *flagged, *(f"has_{n}" for n in flagged), *floats]
     empty = {
         n: np.zeros(0, dtype=bool if n.startswith("has_") else np.float64 if n in floats else np.int64) for n in names
     }
     return {n: np.concatenate(parts.pop(n)) if parts.get(n) else empty[n] for n in names}
+
+
+def _ascending(*keys: Ints) -> bool:
+    """Whether the rows are in (keys[0], keys[1], ...) order, ties kept: what a stable lexsort leaves alone."""
+    if len(keys[0]) < 2:
+        return True
+    tied = np.ones(len(keys[0]) - 1, dtype=bool)  # rows i, i + 1 equal on the keys so far
+    for k in keys:
+        step = k[1:] - k[:-1]
+        if (tied & (step < 0)).any():
+            return False
+        tied &= step == 0
+    return True
 
 
 def _permute(columns: dict[str, npt.NDArray[Any]], order: Ints) -> None:

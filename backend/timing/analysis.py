@@ -76,7 +76,7 @@ def _spans(
     the sorted scheme names."""
     by_group = [schemes.get(g or WORLD, UNATTRIBUTED) for g in calls.groups] + [schemes.get(WORLD, UNATTRIBUTED)]
     names = sorted(set(by_group))
-    code = np.asarray([names.index(s) for s in by_group], dtype=np.int32)[calls.group]  # -1: the last entry
+    code = np.asarray([names.index(s) for s in by_group], dtype=np.int64)[calls.group]  # -1: the last entry
     # calls by rank: the store's load sorts them so; else a stable sort (each rank's calls in their order)
     in_order = len(calls) < 2 or bool((calls.rank[1:] >= calls.rank[:-1]).all())
     order = None if in_order else np.argsort(calls.rank, kind="stable")

@@ -137,6 +137,33 @@ def test_ingest_of_one_small_file_loads_no_server_or_dataframe_library(tmp_path:
     assert con.execute("SELECT count(*) FROM comm_events").fetchone() == (21,)
 
 
+def test_cli_starts_its_workers_before_its_own_imports(tmp_path: Path) -> None:
+    """`commlens ingest -j 2` of a directory worth workers starts one (the CLI's process parses too) before it
+    imports DuckDB, so the worker's start-up overlaps the CLI's; the store holds every file's calls."""
+    code = (
+        "import sys\n"
+        "from commlens.service import parse_pool\n"
+        "parse_pool.PARALLEL_MIN_BYTES = 0\n"
+        "seen = []\n"
+        "class Spy(parse_pool.ParsePool):\n"
+        "    def __init__(self, workers):\n"
+        "        seen.append((workers, 'duckdb' in sys.modules))\n"
+        "        super().__init__(workers)\n"
+        "parse_pool.ParsePool = Spy\n"
+        "from commlens.cli import app\n"
+        "try:\n"
+        f"    app(['ingest', {str(shared_data() / 'kineto-hta')!r}, '--db', {str(tmp_path / 's.duckdb')!r},"
+        " '--run', 'r', '--one-run', '-j', '2'])\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "print(seen)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[(1, False)]", out.stdout + out.stderr
+    con = duckdb.connect(str(tmp_path / "s.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM comm_events").fetchone() == (2233,)
+
+
 def test_a_killed_ingest_leaves_no_empty_run(tmp_path: Path) -> None:
     """SIGKILL while the first file is being parsed: no file committed, so no run either."""
     import kineto_synth

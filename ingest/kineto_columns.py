@@ -191,31 +191,39 @@ def _padded(values: np.ndarray, bounds: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
-def _shape_ids(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(shape number of each row of m, first row of each shape)."""
-    if not len(m):
+def _shape_ids(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(shape number of each segment, first segment of each shape), segments given as (values, bounds)
+    pairs side by side: segment i is every pair's values[bounds[i]:bounds[i + 1]] padded with -1 to the
+    pair's widest. Packed into one int64 per segment where the codes fit (built position by position,
+    no padded matrix), else a unique over the padded rows."""
+    n = len(parts[0][1]) - 1
+    if not n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    top = int(m.max()) + 2
+    sizes = [np.diff(b) for _, b in parts]
+    widths = [int(z.max()) for z in sizes]
+    top = max((int(v.max()) for v, _ in parts if len(v)), default=-1) + 2
     bits = max(1, top.bit_length())
-    if bits * m.shape[1] <= 62:  # one int64 per row: a 1-D unique
-        packed = np.zeros(len(m), dtype=np.int64)
-        for j in range(m.shape[1]):
-            packed = (packed << bits) | (m[:, j] + 1)
+    if bits * sum(widths) <= 62:  # one int64 per segment: a 1-D unique
+        packed = np.zeros(n, dtype=np.int64)
+        for (values, bounds), size, width in zip(parts, sizes, widths, strict=True):
+            for j in range(width):
+                packed <<= bits
+                has = size > j
+                packed[has] |= values[bounds[:-1][has] + j] + 1
         _, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
     else:
+        m = np.concatenate([_padded(v, b, w) for (v, b), w in zip(parts, widths, strict=True)], axis=1)
         _, first, inverse = np.unique(m, axis=0, return_index=True, return_inverse=True)
     return inverse.reshape(-1), first
 
 
 def _segment_first(valid: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """Per segment [bounds[i], bounds[i + 1]), the first position where valid, else -1."""
-    big = len(valid)
-    pos = np.where(valid, np.arange(len(valid)), big)
-    out = np.full(len(bounds) - 1, big, dtype=np.int64)
-    nonempty = np.diff(bounds) > 0
-    if len(valid) and nonempty.any():
-        out[nonempty] = np.minimum.reduceat(pos, bounds[:-1][nonempty])
-    return np.where(out >= big, -1, out)
+    """Per segment [bounds[i], bounds[i + 1]), the first position where valid, else -1 (a search in the
+    valid positions: no array of every position)."""
+    at = np.flatnonzero(valid)
+    j = np.searchsorted(at, bounds[:-1])
+    first = at[np.minimum(j, len(at) - 1)] if len(at) else np.zeros(len(j), dtype=np.int64)
+    return np.where((j < len(at)) & (first < bounds[1:]), first, -1)
 
 
 def _kernel_spans(
@@ -272,7 +280,7 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
     if calls is None:
         return None
     kts, kdur, kext, kcorr = kc.ts.numpy(), kc.dur.numpy(), kc.ext.numpy(), kc.corr.numpy()
-    kkey = np.frombuffer(kc.key, dtype=np.int32).astype(np.int64)
+    kkey = np.frombuffer(kc.key, dtype=np.int32)
     n_calls = len(calls.bounds) - 1
     sizes = np.diff(calls.bounds)
     member_call = np.repeat(np.arange(n_calls, dtype=np.int32), sizes)
@@ -317,13 +325,11 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
     ref_ids: dict[Any, int] = {}
     key_ref = np.asarray(
         [ref_ids.setdefault((k[0], k[1], k[2], k[5], id(k[6])), len(ref_ids)) for k in cpu.keys.values],
-        dtype=np.int64,
+        dtype=np.int32,
     )
-    rec_ref = key_ref[np.frombuffer(cpu.key, dtype=np.int32)] if len(cpu) else np.zeros(0, dtype=np.int64)
-    shape_m = _padded(rec_ref[calls.member], calls.bounds, int(sizes.max()) if n_calls else 0)
-    shape_k = _padded(kkey[korder], kbounds, int(kcount.max()) if n_calls else 0)
-    shape_of, shape_first = _shape_ids(np.concatenate([shape_m, shape_k], axis=1))
-    del shape_m, shape_k, rec_ref
+    member_ref = key_ref[np.frombuffer(cpu.key, dtype=np.int32)[calls.member]] if len(cpu) else calls.member
+    shape_of, shape_first = _shape_ids([(member_ref, calls.bounds), (kkey[korder], kbounds)])
+    del member_ref
 
     objects = functools.partial(_call_objects, cpu, kc, calls.member, calls.bounds, korder, kbounds)
 

@@ -1,0 +1,41 @@
+"""Pieces of the columnar grouping (ingest/kineto_columns.py) made without whole-trace temporaries give
+what their plain definitions give."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from commlens.ingest.kineto_columns import _padded, _segment_first, _shape_ids
+
+
+def _first_valid(valid: np.ndarray, bounds: np.ndarray) -> list[int]:
+    out = []
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        hit = np.flatnonzero(valid[a:b])
+        out.append(a + int(hit[0]) if len(hit) else -1)
+    return out
+
+
+def test_segment_first_is_the_first_valid_position() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(0, 40))
+        valid = rng.random(n) < rng.random()
+        bounds = np.r_[0, np.sort(rng.integers(0, n + 1, int(rng.integers(0, 9)))), n]
+        assert _segment_first(valid, bounds).tolist() == _first_valid(valid, bounds)
+    assert _segment_first(np.asarray([False, True, True]), np.asarray([0, 1, 1, 3])).tolist() == [-1, -1, 1]
+
+
+def test_shapes_packed_or_not_number_segments_alike() -> None:
+    rng = np.random.default_rng(8)
+    for top in (3, 5000):  # codes small enough to pack into one int64, and too large
+        sizes_m, sizes_k = rng.integers(1, 4, 50), rng.integers(0, 3, 50)
+        bm, bk = np.r_[0, np.cumsum(sizes_m)], np.r_[0, np.cumsum(sizes_k)]
+        vm, vk = rng.integers(0, top, bm[-1]), rng.integers(0, top, bk[-1])
+        vm[bm[:-1][::5]] = 0  # repeated shapes
+        of, first = _shape_ids([(vm, bm), (vk, bk)])
+        rows = np.concatenate([_padded(vm, bm, int(sizes_m.max())), _padded(vk, bk, int(sizes_k.max()))], axis=1)
+        keys = [tuple(r) for r in rows.tolist()]
+        assert all((of[i] == of[j]) == (keys[i] == keys[j]) for i in range(50) for j in range(50))
+        assert all(int(first[of[i]]) == keys.index(keys[i]) for i in range(50))  # each shape's first segment
+        assert len(first) == len(set(keys))

@@ -44,7 +44,6 @@ class Block:
     """The elements of a block: their fields as columns, and their texts (newlines made tabs)."""
 
     table: pa.Table
-    nesting: int  # '{' and '[' in the block beyond each element's own and its args' braces
     offsets: np.ndarray  # element i is the text between offsets[i] and offsets[i + 1]
     body: bytes
 
@@ -62,11 +61,9 @@ def read_block(body: bytes, sep: bytes, options: pj.ParseOptions) -> Block | Non
     event by event (see the module's docstring)."""
     if b"\\" in body or b"\x00" in body or (not body.isascii() and not _utf8(body)):
         return None
-    cut = b"}" + sep + b"{"
-    if sep.count(b"\n") == 1 and body.count(b"\n") == body.count(cut):  # newlines only between elements
-        nd = body.replace(cut, b"}" + sep.replace(b",", b" ") + b"{")
-    else:
-        nd = body.replace(cut, b"}\x00" + b" " * (len(sep) - 1) + b"{").translate(_TAB_CUTS)
+    nd = body.replace(b"}" + sep + b"{", b"}\x00" + b" " * (len(sep) - 1) + b"{")
+    # newlines left inside events become tabs; where there are none, the cuts alone need replacing
+    nd = nd.translate(_TAB_CUTS) if b"\n" in nd else nd.replace(b"\x00", b"\n")
     ends = _positions(nd, lambda a: a == 0x0A)
     try:
         table = pj.read_json(
@@ -81,10 +78,7 @@ def read_block(body: bytes, sep: bytes, options: pj.ParseOptions) -> Block | Non
     offsets = np.empty(len(ends) + 2, dtype=np.int64)
     offsets[0], offsets[-1] = 0, len(nd)
     offsets[1:-1] = ends + 1
-    table = table.combine_chunks()
-    baseline = table.num_rows + table.column("args").chunk(0).is_valid().sum().as_py()
-    nesting = body.count(b"{") + body.count(b"[") - baseline
-    return Block(table, nesting, offsets, nd)
+    return Block(table.combine_chunks(), offsets, nd)
 
 
 def _positions(data: bytes, test: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:

@@ -150,7 +150,7 @@ class BulkReader:
             low = pc.min(args.field(key)).as_py()
             if low is not None and low <= OTHER:
                 return None
-        if block.nesting > self.max_depth - 4 and (block.nest()[wanted] > self.max_depth - 2).any():
+        if (block.nest()[wanted] > self.max_depth - 2).any():
             return None  # the event-by-event path names the place
         launch = cls == _LAUNCHES
         if (launch & ~(ph_x & has_ts)).any():

@@ -3,7 +3,11 @@ what their plain definitions give."""
 
 from __future__ import annotations
 
+import pickle
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from commlens.ingest.kineto_columns import _padded, _segment_first, _shape_ids
 
@@ -39,3 +43,25 @@ def test_shapes_packed_or_not_number_segments_alike() -> None:
         assert all((of[i] == of[j]) == (keys[i] == keys[j]) for i in range(50) for j in range(50))
         assert all(int(first[of[i]]) == keys.index(keys[i]) for i in range(50))  # each shape's first segment
         assert len(first) == len(set(keys))
+
+
+def test_row_tables_pickle_to_their_own_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A parse sent to a worker's caller or held on disk is pickled: each table of rows must carry its
+    own rows only (a slice of one big table would carry all of them, once per table)."""
+    from conftest import shared_data
+    from kineto_synth import write_trace_gz
+
+    from commlens.ingest import kineto
+    from commlens.ingest.inputs import iter_inputs
+    from commlens.ingest.parse_file import parse_file
+    from commlens.ingest.records import RankHint
+
+    trace = tmp_path / "t.json.gz"
+    write_trace_gz(shared_data() / "kineto-hta/nccl_parser_config/nccl_data.json.gz", 5000, trace)
+    monkeypatch.setattr(kineto, "ROW_BATCH", 1000)
+    result = parse_file(next(iter(iter_inputs([trace]))), RankHint()).result
+    assert result is not None
+    tables = result.event_tables
+    assert [t.num_rows for t in tables] == [1000] * 5 and [r["seq"] for r in result.all_events()] == list(range(5000))
+    size = len(pickle.dumps(tables, protocol=pickle.HIGHEST_PROTOCOL))
+    assert size < 2 * sum(t.nbytes for t in tables)

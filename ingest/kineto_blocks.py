@@ -50,6 +50,11 @@ class Block:
     def text(self, i: int) -> bytes:
         return self.body[self.offsets[i] : self.offsets[i + 1]]
 
+    def args(self) -> dict[str, pa.Array]:
+        """The args columns by key, null where the event has no args."""
+        column = self.table.column("args").chunk(0)
+        return {f.name: a for f, a in zip(column.type, column.flatten(), strict=True)}
+
     def nest(self) -> np.ndarray:
         """Each element's count of '{' and '[' (as the scanner's depth check counts them)."""
         where = _positions(self.body, lambda a: (a == 0x7B) | (a == 0x5B))

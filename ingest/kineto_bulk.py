@@ -81,7 +81,7 @@ def _values(column: pa.Array, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     if taken.null_count == 0:
         return taken.to_numpy(), np.ones(len(rows), dtype=bool)
     present = taken.is_valid().to_numpy(zero_copy_only=False)
-    return np.nan_to_num(taken.to_numpy(zero_copy_only=False)).astype(taken.type.to_pandas_dtype()), present
+    return pc.fill_null(taken, pa.scalar(0, taken.type)).to_numpy(), present
 
 
 class BulkReader:
@@ -94,13 +94,14 @@ class BulkReader:
         self._seen = 0  # shared args (Collector.compact) whose types are counted in _types
         self._types: dict[str, set[type]] = {}
         self._options: pj.ParseOptions | None = None
+        self._untyped = False  # a shared key has had values of several types (or one no column holds)
         self._args: list[str] = []  # the shared keys read as columns, in schema order
 
     def _parse_options(self) -> pj.ParseOptions | None:
         """Options reading every shared key with the one type its values had so far; None when a key had
         several (or a type no column holds exactly)."""
         shared = self.col._shared
-        if len(shared) > self._seen or self._options is None:
+        if not self._untyped and (len(shared) > self._seen or self._options is None):
             for args in islice(shared.values(), self._seen, None):
                 for k, v in args.items():
                     self._types.setdefault(k, set()).add(type(v))
@@ -109,10 +110,12 @@ class BulkReader:
             for k in sorted(_SHARED_ARGS):
                 types = self._types.get(k, set())
                 if len(types) > 1 or not types <= _ARROW.keys():
-                    return None
+                    self._untyped, self._options = True, None  # types only grow: for the rest of the trace
+                    break
                 fields.append((k, _ARROW[next(iter(types))] if types else pa.null()))
-            self._args = [k for k, _ in fields]
-            self._options = schema(fields)
+            else:
+                self._args = [k for k, _ in fields]
+                self._options = schema(fields)
         return self._options
 
     def __call__(self, body: bytes, sep: bytes, activity: bool) -> int | None:
@@ -135,7 +138,7 @@ class BulkReader:
 
     def _take(self, block: Block) -> int | None:  # noqa: C901 - one pass over the block's kinds, in the order Collector.add tells them apart
         col, t = self.col, block.table
-        names, args = _encode(t.column("name").chunk(0)), t.column("args").chunk(0)
+        names, args = _encode(t.column("name").chunk(0)), block.args()
         wanted = np.flatnonzero(_codes(names, _name_class, np.arange(t.num_rows)) != _NOT)
         if not len(wanted):
             return 0
@@ -147,7 +150,7 @@ class BulkReader:
         if not (np.isfinite(ts[has_ts]).all() and np.isfinite(dur).all()) or (np.abs(ts[has_ts]) >= EXACT_INT).any():
             return None  # no JSON number (orjson refuses it), or a time orjson would keep as an exact integer
         for key in ("External id", "correlation", "Seq"):
-            low = pc.min(args.field(key)).as_py()
+            low = pc.min(args[key]).as_py()
             if low is not None and low <= OTHER:
                 return None
         if (block.nest()[wanted] > self.max_depth - 2).any():
@@ -155,7 +158,7 @@ class BulkReader:
         launch = cls == _LAUNCHES
         if (launch & ~(ph_x & has_ts)).any():
             return None  # the fast scan's launch regex takes these whatever their phase
-        corr = _values(args.field("correlation"), wanted)
+        corr = _values(args["correlation"], wanted)
         launch_keep = launch & corr[1]
         if launch_keep.any() and col.link_style is None:
             return None  # the first launches decide how kernels link (Collector.launch), one at a time
@@ -213,7 +216,7 @@ class BulkReader:
             col._keep(len(rows))
             col.launch_cols.extend(_threads(col, t, rows), ts[launch_keep], corr[0][launch_keep])
         d = np.where(dur == 0, 0.0, dur)  # `as_float(dur) or 0.0`: -0.0 is 0.0
-        ext, seq = _values(args.field("External id"), wanted), _values(args.field("Seq"), wanted)
+        ext, seq = _values(args["External id"], wanted), _values(args["Seq"], wanted)
         row_key = keys[group]
         for is_kernel in (False, True):
             take = (row_key >= 0) & (kernel[grouped] == is_kernel)
@@ -235,12 +238,11 @@ class BulkReader:
         `rows`: rows of one group have the same name, thread, kind and shared args."""
         if not len(rows):
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        t = block.table
-        args = t.column("args").chunk(0)
+        t, args = block.table, block.args()
         taken = pa.array(rows)
         key, radix = name_codes[rows] * 2 + kernel, (int(name_codes.max()) + 1) * 2
         wide = []  # columns past what one int64 key holds
-        for column in [t.column("pid").chunk(0), t.column("tid").chunk(0)] + [args.field(k) for k in self._args]:
+        for column in [t.column("pid").chunk(0), t.column("tid").chunk(0)] + [args[k] for k in self._args]:
             if pa.types.is_null(column.type):
                 continue
             values, codes = _encode(column.take(taken))

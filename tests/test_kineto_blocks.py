@@ -145,6 +145,12 @@ ODD = {
     "sizes": lambda ev, i: (
         _args(ev, **{"In msg nelems": i % 5, "Out msg nelems": i % 5}) if "In msg nelems" in ev.get("args", {}) else ev
     ),
+    # ids past float64's exact integers, beside events without them
+    "big_ids": lambda ev, i: (
+        _args(ev, **{"External id": 2**60 + i, "Seq": 2**60 + 3 * i})
+        if i % 3
+        else {**ev, "args": {k: v for k, v in ev.get("args", {}).items() if k != "External id"}}
+    ),
     "float_ids": lambda ev, i: _args(ev, **{"External id": 1.5}) if i % 23 == 8 else ev,
     "negative_dur": lambda ev, i: {**ev, "dur": -0.0 if i % 2 else -3.0} if i % 29 == 9 else ev,
     "labels": lambda ev, i: (

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from .kineto_blocks import Block, read_block, schema
+from .kineto_blocks import Block, BlockReader, schema
 from .kineto_events import _LAUNCH, _SHARED_ARGS, _WANTED, Collector
 from .kineto_json import _ACT_ARGS, _ACT_BYTES, _ACT_DEVICE, _ACT_STREAM
 from .kineto_records import EXACT_INT, OTHER
@@ -95,6 +95,7 @@ class BulkReader:
         self._types: dict[str, set[type]] = {}
         self._options: pj.ParseOptions | None = None
         self._untyped = False  # a shared key has had values of several types (or one no column holds)
+        self._reader = BlockReader()
         self._args: list[str] = []  # the shared keys read as columns, in schema order
 
     def _parse_options(self) -> pj.ParseOptions | None:
@@ -118,13 +119,13 @@ class BulkReader:
                 self._options = schema(fields)
         return self._options
 
-    def __call__(self, body: bytes, sep: bytes, activity: bool) -> int | None:
-        """Take the wanted events of the whole elements in `body` (and their device activity, where asked);
-        how many, or None (nothing taken)."""
+    def __call__(self, data: bytearray, start: int, end: int, sep: bytes, activity: bool) -> int | None:
+        """Take the wanted events of the whole elements in data[start:end] (and their device activity, where
+        asked); how many, or None (nothing taken)."""
         options = self._parse_options()
-        if options is None or b"null" in body:
+        if options is None or data.find(b"null", start, end) >= 0:
             return None
-        block = read_block(body, sep, options)
+        block = self._reader.read(data, start, end, sep, options)
         if block is None:
             return None
         intervals = _device_activity(block) if activity else []
@@ -284,7 +285,7 @@ def _device_activity(block: Block) -> list[tuple[str, int, np.ndarray, np.ndarra
     """The device intervals of a block per (kind, stream), read from its text by the scanner's own activity
     regex (kineto_json._Window._read_activity) with its values converted in bulk; None when a value does
     not fit the columns."""
-    found = _ACT_WITH_ARGS.findall(block.body)
+    found = _ACT_WITH_ARGS.findall(block.body.data)
     if not found:
         return []
     cat, name, tid_t, ts_t, dur_t, args = zip(*found, strict=True)

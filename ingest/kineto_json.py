@@ -71,9 +71,10 @@ _ACT_MARGIN = 1 << 16  # an activity header is matched only with this much of th
 # (category, name's first bytes, tid, ts, dur, stream or None, bytes); returns whether CPU ops are
 # still wanted (a trace with device activity needs none).
 ActivitySink = Callable[[bytes, bytes, int, float, float, "int | None", int], bool]
-# (a run of whole elements, what separates them, whether it must take their device activity as on_activity
-# would) -> wanted events taken, or None: read it event by event.
-BlockSink = Callable[[bytes, bytes, bool], "int | None"]
+# (the window, where a run of whole elements starts and ends in it, what separates them, whether it must take
+# their device activity as on_activity would) -> wanted events taken, or None: read it event by event. The
+# sink reads the window during the call only.
+BlockSink = Callable[[bytearray, int, int, bytes, bool], "int | None"]
 DENSE = 1536  # wanted events per MiB from which a window is read as a block (else by the name regex)
 BLOCK_PAUSE = 4  # windows read by the regex after a declined block before a block is tried again
 
@@ -775,7 +776,7 @@ class _Scanner:
         activity = self.win.on_activity is not None and not self.win.cpu_ops
         if activity:
             self.win.activity(self.pos)  # what comes before the block is read from the bytes, in order
-        taken = self.on_block(bytes(memoryview(data)[self.pos : end + 1]), sep, activity)
+        taken = self.on_block(data, self.pos, end + 1, sep, activity)
         if taken is None:
             self.block_pause = BLOCK_PAUSE
             return False
@@ -827,7 +828,7 @@ def scan_trace(
     `on_activity` receives every device kernel, copy and memset and, while it returns True, every CPU
     op, read from the bytes whatever the mode (ActivitySink), in file order.
     `on_block`, where wanted events are dense (DENSE per MiB), receives runs of whole elements in fast
-    mode (their text and the separator between them, BlockSink) and returns how many wanted events it
+    mode (where they lie in the window and the separator between them, BlockSink) and returns how many wanted events it
     took, or None to have that run read event by event; it must take exactly what `on_event` and
     `on_launch` would, and where asked (once CPU ops are no longer read as activity) what `on_activity`
     would.

@@ -15,6 +15,10 @@ The document is `{"key": value, ..., "traceEvents": [event, ...], ...}`. Top-lev
   parse the region is re-read in exact mode. Events the caller does not want are never parsed, so a
   syntax error inside them goes unnoticed; structure, truncation and every event that is read are
   still checked.
+- blocks (fast mode, where wanted events are dense and the caller gives `on_block`): each window's run
+  of whole events, up to the last separator like the one before the window's first event, is handed to
+  the caller at once (kineto_blocks and kineto_bulk read it as columns); a run it declines is scanned
+  as above.
 
 Decompression (the stream's read) runs in a background thread: zlib releases the GIL, so it overlaps
 with the regex scan on the caller's thread.

@@ -15,11 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pytest
 from conftest import shared_data
 
 from commlens import store
 from commlens.ingest.inputs import InputFile, iter_inputs
+from commlens.ingest.parse_file import ParsedFile
+from commlens.ingest.records import ParseResult
 from commlens.service import held_parses, parse_pool
 from commlens.service import ingest as ingest_module
 from commlens.service import parallel as parallel_module
@@ -97,6 +100,25 @@ def test_parses_held_on_disk_store_what_memory_holds(tmp_path: Path, monkeypatch
     assert 0 < spilled[0].spilled < 8, spilled[0].spilled
     for table in COMPARED:
         assert _rows(in_memory, table) == _rows(on_disk, table), table
+
+
+def test_held_parses_keep_the_latest_in_memory_and_the_rest_on_disk() -> None:
+    def parse(i: int) -> ParsedFile:
+        result = ParseResult(kind="nccl_log")
+        result.event_tables.append(pa.table({"op": ["all_reduce"] * 1000, "msg_bytes": [i] * 1000}))
+        return ParsedFile(f"f{i}", "nccl_log", "sha", 1, result=result)
+
+    with held_parses.HeldParses(budget=0) as held:
+        for i in range(3):
+            held.put(i, parse(i))
+        assert held.spilled == 2  # the latest waits in memory: a single file never goes to disk
+        first = held.pop(0)
+        assert first is not None and first.result is not None
+        assert first.result.event_tables[0]["msg_bytes"][0].as_py() == 0
+        held.put(3, parse(3))  # the previous latest goes to disk under a name of its own
+        assert held.spilled == 3
+        assert [p.name for k in (1, 2, 3) if (p := held.pop(k)) is not None] == ["f1", "f2", "f3"]
+        assert held.pop(4) is None
 
 
 def test_split_ingest_releases_each_archive_member_once_parsed(tmp_path: Path) -> None:

@@ -32,17 +32,25 @@ def parsed_nbytes(parsed: ParsedFile) -> int:
 
 class HeldParses:
     """put(key, parse) / pop(key): parses kept in memory while they hold under `budget` bytes together, the
-    rest in files that pop() reads back and deletes. A context manager: the folder goes with it."""
+    rest in files that pop() reads back and deletes. The latest parse put stays in memory until the next put
+    (a single file, or the last one, is stored without a round trip through the disk). A context manager: the
+    folder goes with it."""
 
     def __init__(self, budget: int | None = None) -> None:
         self.budget = BUDGET_BYTES if budget is None else budget
         self.spilled = 0  # parses that went to disk
         self.in_memory = 0
+        self._latest: tuple[int, ParsedFile] | None = None
         self._memory: dict[int, tuple[ParsedFile, int]] = {}
         self._disk: dict[int, Path] = {}
         self._folder: tempfile.TemporaryDirectory[str] | None = None
 
     def put(self, key: int, parsed: ParsedFile) -> None:
+        if self._latest is not None:
+            self._place(*self._latest)
+        self._latest = (key, parsed)
+
+    def _place(self, key: int, parsed: ParsedFile) -> None:
         size = parsed_nbytes(parsed)
         if self.in_memory + size <= self.budget:
             self._memory[key] = (parsed, size)
@@ -50,7 +58,7 @@ class HeldParses:
             return
         if self._folder is None:
             self._folder = tempfile.TemporaryDirectory(prefix="commlens-parses-")
-        path = Path(self._folder.name) / f"{len(self._disk)}.pickle"
+        path = Path(self._folder.name) / f"{self.spilled}.pickle"
         with path.open("wb") as f:
             pickle.dump(parsed, f, protocol=pickle.HIGHEST_PROTOCOL)
         self._disk[key] = path
@@ -58,6 +66,10 @@ class HeldParses:
 
     def pop(self, key: int) -> ParsedFile | None:
         """The parse put under `key` (None if none was)."""
+        if self._latest is not None and self._latest[0] == key:
+            latest = self._latest[1]
+            self._latest = None
+            return latest
         if key in self._memory:
             kept, size = self._memory.pop(key)
             self.in_memory -= size

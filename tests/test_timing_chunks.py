@@ -74,3 +74,11 @@ def test_spans_given_in_order_index_as_sorted_ones() -> None:
     assert a.reach.tolist() == b.reach.tolist() == [4.0, 4.0, 9.0, 9.0]
     assert a.order.tolist() == [0, 1, 2, 3] and b.order.tolist() == [1, 3, 0, 2]
     assert _SpanIndex(rows, keep_order=False).order.tolist() == []
+    cols = _SpanIndex((shuffled[:, 0].copy(), shuffled[:, 1].copy()))  # as columns: the same index
+    assert (cols.start.tolist(), cols.end.tolist(), cols.order.tolist()) == (
+        b.start.tolist(),
+        b.end.tolist(),
+        [1, 3, 0, 2],
+    )
+    starts = rows[:, 0].copy()
+    assert _SpanIndex((starts, rows[:, 1].copy())).start is starts  # in order already: not copied

@@ -41,7 +41,8 @@ def _pairs(spans: Spans | npt.NDArray[np.float64]) -> F64:
 class RankSpans:
     """One rank's activity in its own clock, ready to classify any window: compute, comm, memory, wait
     and its calls' spans, each kept only as its index (sorted by start), and each call's scheme as a
-    code into the sorted `scheme_names`. Inputs are (n, 2) arrays of (start, end)."""
+    code into the sorted `scheme_names`. Inputs are (n, 2) arrays of (start, end); the calls may come
+    as (starts, ends) columns, kept without a copy when in start order."""
 
     def __init__(
         self,
@@ -49,7 +50,7 @@ class RankSpans:
         comm: F64,
         memory: F64,
         wait: F64,
-        call_span: F64,
+        call_span: F64 | tuple[F64, F64],
         call_scheme: Ints,
         scheme_names: list[str],
     ) -> None:
@@ -89,15 +90,19 @@ class _SpanIndex:
     found by two binary searches instead of a scan of the rank's whole run (a step, a path segment).
     `order` (the given position of each) is kept only where asked: the calls, for their schemes."""
 
-    def __init__(self, spans: F64, keep_order: bool = True) -> None:
-        arr = _pairs(spans)
-        if len(arr) < 2 or bool((arr[1:, 0] >= arr[:-1, 0]).all()):  # sorted already (calls in issue order):
-            self.start, self.end = arr[:, 0].copy(), arr[:, 1].copy()  # what a stable argsort would give
-            order = np.arange(len(arr), dtype=np.intp) if keep_order else None
+    def __init__(self, spans: F64 | tuple[F64, F64], keep_order: bool = True) -> None:
+        if isinstance(spans, tuple):  # (starts, ends) columns: taken as they are when already in order
+            s, e = (np.asarray(x, dtype=np.float64) for x in spans)
         else:
-            order = np.argsort(arr[:, 0], kind="stable")
-            self.start = arr[order, 0]
-            self.end = arr[order, 1]
+            arr = _pairs(spans)
+            s, e = arr[:, 0], arr[:, 1]
+        if len(s) < 2 or bool((s[1:] >= s[:-1]).all()):  # sorted already (calls in issue order):
+            self.start, self.end = np.ascontiguousarray(s), np.ascontiguousarray(e)  # as a stable argsort gives
+            order = np.arange(len(s), dtype=np.intp) if keep_order else None
+        else:
+            order = np.argsort(s, kind="stable")
+            self.start = s[order]
+            self.end = e[order]
         self.order = order if order is not None and keep_order else np.zeros(0, dtype=np.intp)
         self.reach = np.maximum.accumulate(self.end) if len(self.end) else self.end
 
@@ -171,7 +176,7 @@ def rank_spans(
     timed = ~np.isnan(a)
     timed &= ~np.isnan(e)
     every = bool(timed.all())
-    span = np.stack([a, e] if every else [a[timed], e[timed]], axis=1)
+    span = (a, e) if every else (a[timed], e[timed])  # views of the CallTable where every call is timed
     del a, e
     return RankSpans(
         _kind(iv, {COMPUTE}),

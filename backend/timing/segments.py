@@ -221,8 +221,8 @@ _SCHEME_CATS = ("overlapped", "wait", "exposed")
 
 _KINDS = ("compute", "comm", "memory", "wait", "calls")
 # Spans clipped into the windows of one pass. A pass holds about 0.3 KB a span in temporaries: all of a
-# 1M-call rank's windows at once took 330 MB above the analysis' input; a pass of this many, ~60 MB.
-CHUNK_SPANS = 1 << 18
+# 1M-call rank's windows at once took 330 MB above the analysis' input; a pass of this many, ~20 MB.
+CHUNK_SPANS = 1 << 16
 
 
 def _chunks(spans: RankSpans, kinds: Sequence[str], t0: F64, t1: F64) -> list[tuple[int, int]]:

@@ -134,6 +134,7 @@ def ingest_run(
     report = IngestReport(run)
     for item, parsed in parsed_inputs(inputs, hint, limits, jobs, pool):
         outcome = ingest_file(con, pending, item, hint, limits, parsed)
+        del parsed  # stored: not held while the next file is parsed or the run is finished
         report.files.append(outcome)
         if on_file is not None:
             on_file(item, outcome)
@@ -192,6 +193,7 @@ def _ingest_split(
                     found.append(evidence(item.name, p.result))
             item.open_raw = _ReleasedBytes(item.name)  # an archive member's spool goes now, not with the run
             held.put(id(item), p)
+            del p  # held only by `held`, which lets it go once stored
         split = split_jobs(run, found)
         where = {f.path: job.run for job in split for f in job.files}
         where.update({name: where[first] for name, first in twin.items() if first in where})

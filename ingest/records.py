@@ -145,6 +145,17 @@ class RankHint:
     world_size: int | None = None
 
 
+def unshared(table: pa.Table) -> pa.Table:
+    """`table`, or a copy of its rows alone when it is a slice of much larger buffers: pickle (a parse worker's
+    answer, a split ingest's parse held on disk) writes a slice's whole buffers, not the rows it shows."""
+    if table.get_total_buffer_size() <= 2 * table.nbytes + (1 << 16):
+        return table
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return pa.ipc.open_stream(sink.getvalue()).read_all()
+
+
 @dataclass
 class ParseResult:
     kind: str  # kineto | nccl_log | run_config
@@ -225,6 +236,10 @@ class ParseResult:
             self.arrow_rows["a2a_pairs"] = rows_table("a2a_pairs", self.a2a_pairs)
             self.a2a_pairs = []
         self.flush_events()
+        self.event_tables = [unshared(t) for t in self.event_tables]
+        self.arrow_rows = {name: unshared(t) for name, t in self.arrow_rows.items()}
+        if self.intervals is not None:
+            self.intervals = unshared(self.intervals)
         return self
 
     def skip(self, reason: str, n: int = 1) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -119,6 +120,18 @@ def test_held_parses_keep_the_latest_in_memory_and_the_rest_on_disk() -> None:
         assert held.spilled == 3
         assert [p.name for k in (1, 2, 3) if (p := held.pop(k)) is not None] == ["f1", "f2", "f3"]
         assert held.pop(4) is None
+
+
+def test_a_parse_pickles_at_the_size_of_its_rows() -> None:
+    """A parser's table sliced from larger buffers is copied on its own by as_tables(): pickled whole (a worker's
+    answer, a parse held on disk) it would carry every row of the buffers it was cut from."""
+    big = pa.table({"op": ["all_reduce"] * 1_000_000, "msg_bytes": list(range(1_000_000))})
+    result = ParseResult(kind="nccl_log")
+    result.event_tables.append(big.slice(10, 1000))
+    assert len(pickle.dumps(result)) > 8_000_000  # the slice alone pickles its source's buffers
+    result.as_tables()
+    assert len(pickle.dumps(result)) < 100_000
+    assert result.event_tables[0].to_pydict() == big.slice(10, 1000).to_pydict()
 
 
 def test_split_ingest_releases_each_archive_member_once_parsed(tmp_path: Path) -> None:

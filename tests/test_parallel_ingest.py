@@ -174,16 +174,18 @@ def test_ingest_of_one_small_file_loads_no_server_or_dataframe_library(tmp_path:
 
 def test_cli_starts_its_workers_before_its_own_imports(tmp_path: Path) -> None:
     """`commlens ingest -j 2` of a directory worth workers starts one (the CLI's process parses too) before it
-    imports DuckDB, so the worker's start-up overlaps the CLI's; the store holds every file's calls."""
+    imports DuckDB, so the worker's start-up overlaps the CLI's; the store holds every file's calls. (The
+    pool an in-process caller gets from parsed_inputs is spawned: test_workers_store_what_one_process_stores.)"""
     code = (
         "import sys\n"
         "from commlens.service import parse_pool\n"
         "parse_pool.PARALLEL_MIN_BYTES = 0\n"
         "seen = []\n"
         "class Spy(parse_pool.ParsePool):\n"
-        "    def __init__(self, workers):\n"
-        "        seen.append((workers, 'duckdb' in sys.modules))\n"
-        "        super().__init__(workers)\n"
+        "    def __init__(self, workers, fork_ok=False):\n"
+        "        imported = 'duckdb' in sys.modules\n"
+        "        super().__init__(workers, fork_ok)\n"
+        "        seen.append((workers, imported, self.start_method))\n"
         "parse_pool.ParsePool = Spy\n"
         "from commlens.cli import app\n"
         "try:\n"
@@ -194,7 +196,8 @@ def test_cli_starts_its_workers_before_its_own_imports(tmp_path: Path) -> None:
         "print(seen)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "[(1, False)]", out.stdout + out.stderr
+    # forked: no other thread yet, so no interpreter start and no semaphore tracker process
+    assert out.stdout.strip().splitlines()[-1] == "[(1, False, 'fork')]", out.stdout + out.stderr
     con = duckdb.connect(str(tmp_path / "s.duckdb"), read_only=True)
     assert con.execute("SELECT count(*) FROM comm_events").fetchone() == (2233,)
 

@@ -1,9 +1,9 @@
 """The worker processes of a parallel ingest, startable before the caller's own imports.
 
-This module imports nothing heavy, so the CLI can start the workers first thing: a worker's interpreter start
-and imports (about 0.3 s) then overlap the CLI's (numpy, pyarrow, DuckDB) on another core instead of
-following them. Workers are spawned (a clean interpreter), never forked from a process that may hold
-DuckDB's threads, and there is no fork server process: a parse pool of N workers is N processes.
+This module imports nothing heavy, so the CLI can start the workers first thing: a worker's imports (about
+0.3 s) then overlap the CLI's (numpy, pyarrow, DuckDB) on another core instead of following them. Workers
+are forked only from a process with no other thread (the CLI before it opens DuckDB), else spawned (a clean
+interpreter), and there is no fork server process: a parse pool of N workers is N processes.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import importlib.abc
 import multiprocessing
 import os
 import sys
+import threading
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -50,13 +51,17 @@ def _warm() -> None:
 
 
 class ParsePool:
-    """`workers` spawned processes for the parse step (the caller's process parses too: `--jobs N` is N-1
-    workers and the caller). Close it (or use it as a context manager) to stop them."""
+    """`workers` processes for the parse step (the caller's process parses too: `--jobs N` is N-1 workers and
+    the caller). With `fork_ok` and no other thread in this process yet (the CLI before it opens DuckDB) they
+    are forked: no interpreter start, and no semaphore tracker process; otherwise spawned. Close it (or use it
+    as a context manager) to stop them."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, fork_ok: bool = False) -> None:
         self.workers = workers
+        method = "fork" if fork_ok and threading.active_count() == 1 and os.name == "posix" else "spawn"
+        self.start_method = method
         self.executor = ProcessPoolExecutor(
-            max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start
+            max_workers=workers, mp_context=multiprocessing.get_context(method), initializer=_worker_start
         )
         for _ in range(workers):  # spawned on demand: one task each starts them all now
             self.executor.submit(_warm)
@@ -104,4 +109,4 @@ def start_pool(jobs: int, paths: Iterable[Path]) -> ParsePool | None:
     """A pool of jobs-1 workers when the files at `paths` look worth it, else None."""
     if jobs <= 1 or not worth_workers(local_sizes(paths)):
         return None
-    return ParsePool(jobs - 1)
+    return ParsePool(jobs - 1, fork_ok=True)

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from conftest import shared_data
 from kineto_synth import STEP_CALLS, write_trace_gz
+from parse_compare import assert_same_parse
 
 from commlens.ingest import kineto, kineto_bulk, kineto_json
 from commlens.ingest.inputs import InputFile, iter_inputs
@@ -48,20 +49,8 @@ def _parse(item: InputFile, monkeypatch: pytest.MonkeyPatch, blocks: bool) -> tu
 
 
 def _same(a: ParseResult, b: ParseResult) -> None:
-    assert (a.rank, a.world_size, a.kind) == (b.rank, b.world_size, b.kind)
-    ta, tb = a.tables(), b.tables()
-    assert sorted(ta) == sorted(tb)
-    for name in ta:
-        assert ta[name].equals(tb[name]), name
-    assert a.all_events() == b.all_events()
-    assert a.groups == b.groups and a.steps == b.steps
-    assert list(a.skipped.items()) == list(b.skipped.items())
-    assert a.warnings == b.warnings
-    scan_a, scan_b = a.meta.pop("scan"), b.meta.pop("scan")
-    assert a.meta == b.meta
     # how the events were read differs; what was found does not
-    for key in ("decompressed_bytes", "nccl_kernels", "launches", "kernel_link"):
-        assert scan_a[key] == scan_b[key], key
+    assert_same_parse(a, b, scan_keys=("decompressed_bytes", "nccl_kernels", "launches", "kernel_link"))
 
 
 def _compare(item: InputFile, monkeypatch: pytest.MonkeyPatch) -> tuple[ParsedFile, int]:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from conftest import shared_data
 from kineto_synth import EVENTS_PER_CALL, STEP_CALLS, write_trace_gz
+from parse_compare import assert_same_parse
 
 from commlens.ingest import kineto, kineto_columns
 from commlens.ingest.inputs import InputFile, iter_inputs
@@ -42,16 +43,8 @@ def _parse(item: InputFile, monkeypatch: pytest.MonkeyPatch, columnar: bool) -> 
 
 
 def _same(a: ParseResult, b: ParseResult) -> None:
-    assert (a.rank, a.world_size, a.kind) == (b.rank, b.world_size, b.kind)
     assert (len(a.event_tables), len(a.events)) == (len(b.event_tables), len(b.events))
-    ta, tb = a.tables(), b.tables()
-    assert sorted(ta) == sorted(tb)
-    for name in ta:
-        assert ta[name].equals(tb[name]), name
-    assert a.all_events() == b.all_events()
-    assert a.groups == b.groups and a.steps == b.steps
-    assert list(a.skipped.items()) == list(b.skipped.items())
-    assert a.warnings == b.warnings and a.meta == b.meta
+    assert_same_parse(a, b)
 
 
 def test_real_traces_give_the_reference_rows(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,8 +19,10 @@ global `rank`, and Send/Recv `peer` translated from communicator rank to global 
 groups whose every member's global rank is known, which makes the translation reversible: a later
 run first maps peers back with the mapping stored in nccl_comms.global_rank, so linking is
 idempotent and can be repeated as more files arrive. COLL lines of communicators without any init
-line keep the provisional key and a NULL rank (when no world mapping covers their process). Last, the
-calls of a rank that a profiler trace of the run also describes stop counting in the log
+line keep the provisional key and a NULL rank (when no world mapping covers their process). A split
+ingest into a run without NCCL rows plans the same link on the parsed rows (`plan_link`) and writes the
+calls linked (`nccl_prelink`); link_run is told so and skips the UPDATE passes over the calls when the
+stored rows give the same maps. Last, the calls of a rank that a profiler trace of the run also describes stop counting in the log
 (`count_each_call_once`; which formats are which is `formats.Trait`).
 
 Runs inside the caller's transaction (no BEGIN/COMMIT here).
@@ -31,7 +33,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 import pyarrow as pa
@@ -78,14 +80,63 @@ class _Member:
         return [self.base, f"{self.base}/cuda:{self.dev}"]
 
 
-def link_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
-    """Group the run's NCCL communicators across files, fill global ranks, rewrite event group keys."""
-    members = _load_members(con, run_id)
+@dataclass
+class LinkPlan:
+    """What linking does with a run's communicator members: each member's key, the global rank per (host,
+    pid, device), and the three maps comm_events rows go through (`event_keys`: (process, comm_ptr) -> group
+    key; `process_ranks`: process -> global rank; `peers`: fully mapped group key -> global rank per
+    communicator rank)."""
+
+    members: list[_Member]
+    world_rank: dict[tuple, int]
+    groups: dict[str, dict[int | None, _Member]]
+    full: dict[str, dict[int | None, _Member]]
+    event_keys: dict[tuple[str, str], str]
+    process_ranks: dict[str, int]
+    peers: dict[str, list[int]]
+
+    def same_calls(self, other: LinkPlan) -> bool:
+        """Whether comm_events rows go through the same maps under both plans."""
+        return (self.event_keys, self.process_ranks, self.peers) == (
+            other.event_keys,
+            other.process_ranks,
+            other.peers,
+        )
+
+
+def plan_link(members: list[_Member]) -> LinkPlan:
+    """Keys, world ranks and the maps of comm_events rows for the members (in creation order)."""
     _assign_keys(members)
     world_rank = _split_collisions(members)
     groups = _groups(members)
-    revert = _old_full_mapping(members)
     full = {k: g for k, g in groups.items() if _fully_mapped(g, world_rank)}
+    peers = {k: [world_rank[g[r].context] for r in range(len(g))] for k, g in full.items()}
+    return LinkPlan(members, world_rank, groups, full, _event_keys(members), _rank_labels(world_rank), peers)
+
+
+class WrittenLinked(Protocol):
+    """Calls written already linked by a command (`nccl_prelink.Prelinked`)."""
+
+    def matches(self, con: duckdb.DuckDBPyConnection, run_id: int, plan: LinkPlan) -> bool:
+        """Whether the run's calls are linked as `plan` links them."""
+
+    def undo(self, con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+        """Put the calls written linked back as parsed."""
+
+
+def link_run(con: duckdb.DuckDBPyConnection, run_id: int, written: WrittenLinked | None = None) -> None:
+    """Group the run's NCCL communicators across files, fill global ranks, rewrite event group keys.
+
+    `written` (an `nccl_prelink.Prelinked`) holds the plan with which this command wrote its files' calls
+    already linked: when the run's stored members give the same maps, the calls are left as they are (the
+    UPDATE passes over every call are skipped); else they are first put back as parsed and linked here."""
+    members = _load_members(con, run_id)
+    revert = _old_full_mapping(members)
+    plan = plan_link(members)
+    members, world_rank, groups, full = plan.members, plan.world_rank, plan.groups, plan.full
+    events_linked = written is not None and written.matches(con, run_id, plan)
+    if written is not None and not events_linked:
+        written.undo(con, run_id)
     distinct = list({(m.host, m.pid, m.ptr): m for m in members}.values())
 
     nccl_sources = "SELECT source_id FROM sources WHERE run_id = $run AND list_contains($linked, kind)"
@@ -104,15 +155,26 @@ def link_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
                 "global_rank": pa.array([world_rank.get(m.context) for m in members], pa.int32()),
             }
         ),
-        "_nl_events": _event_map(members),
-        "_nl_peer": pa.table(
+        "_nl_events": pa.table(
             {
-                "group_key": pa.array([k for k, g in full.items() for _ in g], pa.string()),
-                "comm_rank": pa.array([r for g in full.values() for r in g], pa.int32()),
-                "global_rank": pa.array([world_rank[m.context] for g in full.values() for m in g.values()], pa.int32()),
+                "process": pa.array([k[0] for k in plan.event_keys], pa.string()),
+                "comm_ptr": pa.array([k[1] for k in plan.event_keys], pa.string()),
+                "group_key": pa.array(list(plan.event_keys.values()), pa.string()),
             }
         ),
-        "_nl_rank": _rank_map(members, world_rank),
+        "_nl_peer": pa.table(
+            {
+                "group_key": pa.array([k for k, g in plan.peers.items() for _ in g], pa.string()),
+                "comm_rank": pa.array([r for g in plan.peers.values() for r in range(len(g))], pa.int32()),
+                "global_rank": pa.array([x for g in plan.peers.values() for x in g], pa.int32()),
+            }
+        ),
+        "_nl_rank": pa.table(
+            {
+                "process": pa.array(list(plan.process_ranks), pa.string()),
+                "global_rank": pa.array(list(plan.process_ranks.values()), pa.int32()),
+            }
+        ),
         "_nl_topo": pa.table(
             {
                 "host": pa.array([m.host for m in distinct], pa.string()),
@@ -126,37 +188,11 @@ def link_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
         con.register(name, table)
     try:
         params = {"run": run_id, "linked": formats.kinds_with(Trait.NCCL_COMMUNICATORS)}
-        # Send/Recv peers of groups that were fully mapped at the last link go back to communicator ranks.
-        con.execute(
-            f"""UPDATE comm_events SET peer = r.comm_rank FROM _nl_revert r
-            WHERE comm_events.run_id = $run AND comm_events.source_id IN ({nccl_sources})
-              AND comm_events.op IN ('send', 'recv') AND comm_events.group_key = r.group_key
-              AND comm_events.peer = r.global_rank""",
-            params,
-        )
+        if not events_linked:
+            _link_events(con, params, nccl_sources)
         con.execute(
             """UPDATE nccl_comms SET group_key = u.group_key, global_rank = u.global_rank
             FROM _nl_comms u WHERE nccl_comms.rowid = u.rid""",
-        )
-        con.execute(
-            f"""UPDATE comm_events SET group_key = m.group_key FROM _nl_events m
-            WHERE comm_events.run_id = $run AND comm_events.source_id IN ({nccl_sources})
-              AND comm_events.process = m.process AND comm_events.comm_ptr = m.comm_ptr
-              AND comm_events.group_key IS DISTINCT FROM m.group_key""",
-            params,
-        )
-        con.execute(
-            f"""UPDATE comm_events SET peer = t.global_rank FROM _nl_peer t
-            WHERE comm_events.run_id = $run AND comm_events.source_id IN ({nccl_sources})
-              AND comm_events.op IN ('send', 'recv') AND comm_events.group_key = t.group_key
-              AND comm_events.peer = t.comm_rank""",
-            params,
-        )
-        con.execute(
-            f"""UPDATE comm_events SET rank = m.global_rank FROM _nl_rank m
-            WHERE comm_events.run_id = $run AND comm_events.source_id IN ({nccl_sources})
-              AND comm_events.process = m.process AND comm_events.rank IS DISTINCT FROM m.global_rank""",
-            params,
         )
         con.execute(
             f"""UPDATE nccl_topology SET group_key = m.group_key FROM _nl_topo m
@@ -170,6 +206,39 @@ def link_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
         for name in tables:
             con.unregister(name)
     count_each_call_once(con, run_id)
+
+
+def _link_events(con: duckdb.DuckDBPyConnection, params: dict[str, Any], nccl_sources: str) -> None:
+    """The UPDATE passes over the run's NCCL calls: peers of the last link back to communicator ranks, then
+    the group key, the peer and the rank of the new one (the tables link_run registered)."""
+    # Send/Recv peers of groups that were fully mapped at the last link go back to communicator ranks.
+    con.execute(
+        f"""UPDATE comm_events SET peer = r.comm_rank FROM _nl_revert r
+        WHERE comm_events.run_id = $run AND comm_events.source_id IN ({nccl_sources})
+          AND comm_events.op IN ('send', 'recv') AND comm_events.group_key = r.group_key
+          AND comm_events.peer = r.global_rank""",
+        params,
+    )
+    con.execute(
+        f"""UPDATE comm_events SET group_key = m.group_key FROM _nl_events m
+        WHERE comm_events.run_id = $run AND comm_events.source_id IN ({nccl_sources})
+          AND comm_events.process = m.process AND comm_events.comm_ptr = m.comm_ptr
+          AND comm_events.group_key IS DISTINCT FROM m.group_key""",
+        params,
+    )
+    con.execute(
+        f"""UPDATE comm_events SET peer = t.global_rank FROM _nl_peer t
+        WHERE comm_events.run_id = $run AND comm_events.source_id IN ({nccl_sources})
+          AND comm_events.op IN ('send', 'recv') AND comm_events.group_key = t.group_key
+          AND comm_events.peer = t.comm_rank""",
+        params,
+    )
+    con.execute(
+        f"""UPDATE comm_events SET rank = m.global_rank FROM _nl_rank m
+        WHERE comm_events.run_id = $run AND comm_events.source_id IN ({nccl_sources})
+          AND comm_events.process = m.process AND comm_events.rank IS DISTINCT FROM m.global_rank""",
+        params,
+    )
 
 
 def count_each_call_once(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
@@ -226,11 +295,32 @@ def _load_members(con: duckdb.DuckDBPyConnection, run_id: int) -> list[_Member]:
         for label, n in counts.items():
             split_counts[(source_id, label)] = int(n)
     rows = con.execute(
-        """SELECT rowid, source_id, host, pid, cuda_dev, comm_ptr, comm_rank, nranks, comm_id, parent_ptr, color,
-                  group_key, global_rank
+        f"""SELECT rowid, source_id, {", ".join(MEMBER_COLUMNS)}
            FROM nccl_comms WHERE run_id = ? ORDER BY source_id, rowid""",
         [run_id],
     ).fetchall()
+    return members_of(rows, split_counts)
+
+
+# nccl_comms columns a member is made of, after (rowid, source): see members_of
+MEMBER_COLUMNS = (
+    "host",
+    "pid",
+    "cuda_dev",
+    "comm_ptr",
+    "comm_rank",
+    "nranks",
+    "comm_id",
+    "parent_ptr",
+    "color",
+    "group_key",
+    "global_rank",
+)
+
+
+def members_of(rows: list[tuple[Any, ...]], split_counts: dict[tuple[Any, str], int]) -> list[_Member]:
+    """Members from (rowid, source, *MEMBER_COLUMNS) rows in creation order; split counters by (source, "process
+    base:pointer")."""
     out = []
     for i, (rid, sid, host, pid, dev, ptr, crank, nranks, cid, parent, color, key, grank) in enumerate(rows):
         m = _Member(rid, i, host, pid, dev, ptr, crank, nranks, cid, parent, color, None, key, grank)
@@ -384,24 +474,16 @@ def _old_full_mapping(members: list[_Member]) -> list[tuple[str, int, int]]:
     return out
 
 
-def _event_map(members: list[_Member]) -> pa.Table:
+def _event_keys(members: list[_Member]) -> dict[tuple[str, str], str]:
+    """(process label, comm_ptr) -> group key; the first member of a label and pointer wins."""
     seen: dict[tuple[str, str], str] = {}
     for m in members:
         for label in m.labels():
             seen.setdefault((label, m.ptr), m.key)
-    proc = [k[0] for k in seen]
-    ptr = [k[1] for k in seen]
-    key = list(seen.values())
-    return pa.table(
-        {
-            "process": pa.array(proc, pa.string()),
-            "comm_ptr": pa.array(ptr, pa.string()),
-            "group_key": pa.array(key, pa.string()),
-        }
-    )
+    return seen
 
 
-def _rank_map(members: list[_Member], world_rank: dict[tuple, int]) -> pa.Table:
+def _rank_labels(world_rank: dict[tuple, int]) -> dict[str, int]:
     """process label -> global rank; "host:pid" only when that process has a single device in the world (a
     member without a device, as NCCL Inspector's, takes the process's one device when another source names it)."""
     devs: dict[tuple, set[int | None]] = defaultdict(set)
@@ -418,12 +500,7 @@ def _rank_map(members: list[_Member], world_rank: dict[tuple, int]) -> pa.Table:
             labels[f"{host}:{pid}/cuda:{dev}"] = g
         if len(known) == 1 if dev is not None else not known:
             labels[f"{host}:{pid}"] = g
-    return pa.table(
-        {
-            "process": pa.array(list(labels), pa.string()),
-            "global_rank": pa.array(list(labels.values()), pa.int32()),
-        }
-    )
+    return labels
 
 
 def _write_groups(

@@ -28,6 +28,7 @@ from commlens.ingest import formats
 from commlens.ingest.formats import Trait
 from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, Limits, gzip_content_sha256, iter_inputs
 from commlens.ingest.nccl_link import link_run
+from commlens.ingest.nccl_prelink import Prelinked, Prelinks
 from commlens.ingest.parse_file import ParsedFile, first_line, parse_file
 from commlens.ingest.records import ParseResult, RankHint
 from commlens.service.held_parses import HeldParses
@@ -143,16 +144,27 @@ def ingest_run(
 
 
 def _finish(
-    con: duckdb.DuckDBPyConnection, run_id: int, run: str, report: IngestReport, attribute_schemes: bool
+    con: duckdb.DuckDBPyConnection,
+    run_id: int,
+    run: str,
+    report: IngestReport,
+    attribute_schemes: bool,
+    prelinked: Prelinked | None = None,
 ) -> None:
-    report.attribution_error = report.attribution_error or complete_run(con, run_id, run, attribute_schemes)
+    report.attribution_error = report.attribution_error or complete_run(con, run_id, run, attribute_schemes, prelinked)
 
 
-def complete_run(con: duckdb.DuckDBPyConnection, run_id: int, run: str, attribute_schemes: bool = True) -> str | None:
+def complete_run(
+    con: duckdb.DuckDBPyConnection,
+    run_id: int,
+    run: str,
+    attribute_schemes: bool = True,
+    prelinked: Prelinked | None = None,
+) -> str | None:
     """Link and refresh the run, attribute its groups, then its time analysis (with the schemes just set):
     what follows its files' ingest, also redone for a run whose ingest a stopped server left unfinished.
-    The attribution's error, if any."""
-    finalize_run(con, run_id)
+    `prelinked`: the NCCL calls this command wrote already linked (finalize_run). The attribution's error, if any."""
+    finalize_run(con, run_id, prelinked)
     error = attribute(con, run) if attribute_schemes else None
     persist_run(con, run_id)
     store_timing_inputs(con, run_id)
@@ -179,6 +191,7 @@ def _ingest_split(
     twin: dict[str, str] = {}  # a file -> the earlier file with its content: it goes where that one goes
     found = []
     items: list[InputFile] = []  # every input in order, its bytes released once parsed
+    links = Prelinks()  # NCCL calls of a run without NCCL rows yet are written already linked
     with HeldParses() as held:
         for item, p in parsed_inputs(inputs, hint, limits, jobs, pool):
             items.append(item)
@@ -191,6 +204,7 @@ def _ingest_split(
                 else:
                     first_of[identity] = item.name
                     found.append(evidence(item.name, p.result))
+                    links.saw(id(item), p.result)
             item.open_raw = _ReleasedBytes(item.name)  # an archive member's spool goes now, not with the run
             held.put(id(item), p)
             del p  # held only by `held`, which lets it go once stored
@@ -203,15 +217,19 @@ def _ingest_split(
             pending = runs[job.run] = PendingRun(job.run, description, store.get_run_id(con, job.run))
             if replace and pending.run_id is not None:
                 store.replace_run_data(con, pending.run_id)
+            links.plan(con, job.run, pending.run_id, [id(i) for i in items if where.get(i.name, run) == job.run])
         for item in items:
             target = where.get(item.name, run)
-            outcome = ingest_file(con, runs[target], item, hint, limits, held.pop(id(item)))
+            parsed = held.pop(id(item))
+            links.apply(target, item.name, parsed)
+            outcome = ingest_file(con, runs[target], item, hint, limits, parsed)
+            del parsed
             outcome.run = target
             report.files.append(outcome)
             if on_file is not None:
                 on_file(item, outcome)
     for job in split:
-        _finish(con, runs[job.run].made(con), job.run, report, True)
+        _finish(con, runs[job.run].made(con), job.run, report, True, links.written(job.run))
     return report
 
 
@@ -240,10 +258,11 @@ def ingest_paths(
     )
 
 
-def finalize_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+def finalize_run(con: duckdb.DuckDBPyConnection, run_id: int, prelinked: Prelinked | None = None) -> None:
     """Run-level linking after files land (NCCL communicators across processes, harness groups) in one
-    transaction; then the run's aggregates are recomputed (in their own)."""
-    store.transaction(con, lambda c: link_run(c, run_id))
+    transaction, told which calls were written already linked (`nccl_prelink`); then the run's aggregates
+    are recomputed (in their own)."""
+    store.transaction(con, lambda c: link_run(c, run_id, prelinked))
     aggregates.refresh_run(con, run_id)
 
 

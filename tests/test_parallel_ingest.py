@@ -207,7 +207,10 @@ def test_a_killed_ingest_leaves_no_empty_run(tmp_path: Path) -> None:
     import kineto_synth
 
     trace = tmp_path / "big.json.gz"
-    kineto_synth.write_trace_gz(shared_data() / RESNET, 40_000, trace)
+    # 200k calls: about 5 s of parse on an idle machine, so the kill 1 s after the store opens lands in
+    # the parse even when the test's own sleep overruns on a loaded machine (40k calls was parsed and
+    # committed within 1.5 s, and a loaded run saw the commit)
+    kineto_synth.write_trace_gz(shared_data() / RESNET, 200_000, trace)
     db = tmp_path / "s.duckdb"
     proc = subprocess.Popen(
         [sys.executable, "-m", "commlens.cli", "ingest", str(trace), "--db", str(db), "--run", "killed", "-j", "1"],
@@ -218,7 +221,7 @@ def test_a_killed_ingest_leaves_no_empty_run(tmp_path: Path) -> None:
         deadline = time.monotonic() + 60
         while not db.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(1.5)  # the store is open (the run used to be made here) and the parse is under way
+        time.sleep(1.0)  # the store is open (the run used to be made here) and the parse is under way
         assert proc.poll() is None, "the ingest finished before it could be killed: make the trace longer"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)

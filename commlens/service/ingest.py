@@ -166,8 +166,10 @@ def complete_run(
     `prelinked`: the NCCL calls this command wrote already linked (finalize_run). The attribution's error, if any."""
     finalize_run(con, run_id, prelinked)
     error = attribute(con, run) if attribute_schemes else None
+    store.release_memory(con)  # what the writes and the linking left cached is not held through the analysis
     persist_run(con, run_id)
     store_timing_inputs(con, run_id)
+    store.release_memory(con)
     return error
 
 

@@ -13,7 +13,7 @@ from commlens.backend.findings_time import store_timing_inputs
 from commlens.backend.iterations import run_id_of
 from commlens.backend.timing.persist import persist_run
 from commlens.contract.analysis import GroupAttribution
-from commlens.store import transaction
+from commlens.store import release_memory, transaction
 
 from .runs import WRITE_ATTEMPTS
 
@@ -29,7 +29,10 @@ def override_scheme(
         store_timing_inputs(c, run_id)
         return result
 
-    return transaction(con, pin, WRITE_ATTEMPTS)
+    try:
+        return transaction(con, pin, WRITE_ATTEMPTS)
+    finally:
+        release_memory(con)  # the time analysis' reads are not kept cached in a long-lived server
 
 
 def clear_scheme_override(con: duckdb.DuckDBPyConnection, run: str, group_key: str) -> list[GroupAttribution]:
@@ -41,4 +44,7 @@ def clear_scheme_override(con: duckdb.DuckDBPyConnection, run: str, group_key: s
         store_timing_inputs(c, run_id)
         return result
 
-    return transaction(con, unpin, WRITE_ATTEMPTS)
+    try:
+        return transaction(con, unpin, WRITE_ATTEMPTS)
+    finally:
+        release_memory(con)  # the time analysis' reads are not kept cached in a long-lived server

@@ -6,7 +6,7 @@ one list of a run's tables (`tables`).
 Callers import the names below from `commlens.store`; nothing else of the project writes trace rows.
 """
 
-from .connection import connect
+from .connection import connect, release_memory
 from .errors import StoreError
 from .jobs import active_jobs
 from .migrations import MIGRATIONS, SCHEMA_VERSION, schema_sql
@@ -29,6 +29,7 @@ __all__ = [
     "get_run_id",
     "in_transaction",
     "record_failure",
+    "release_memory",
     "replace_run_data",
     "retry_conflicts",
     "same_rank_trace",

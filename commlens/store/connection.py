@@ -40,3 +40,15 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
     else:
         migrate(con, path)
     return con
+
+
+def release_memory(con: duckdb.DuckDBPyConnection) -> None:
+    """Give back the memory DuckDB's allocator keeps cached in its worker threads once a large statement is
+    done. After the insert and linking of 5 M calls it reported 10 MB in use while 270 MB more stayed
+    resident until the process ended; restarting the worker threads (the same count) flushes their caches.
+    In-flight statements of other cursors finish on their own threads."""
+    threads = con.execute("SELECT current_setting('threads')").fetchone()
+    if threads is None or int(threads[0]) < 2:
+        return  # one thread: the caller's own, nothing cached in workers
+    con.execute("SET threads = 1")
+    con.execute(f"SET threads = {int(threads[0])}")

@@ -76,7 +76,10 @@ def instance_stats(inst: Instances, clocks: ClockAlignment) -> InstanceStats:
         notes.append(f"skew and waits not computed: {clocks.reason}")
     off = clocks.offset_of(inst.m_rank)
     arr = inst.m_arrival + off
-    if not n or not clocks.trusted:
+    untimed = bool(n) and clocks.trusted and _no_start_times(arr)
+    if untimed:
+        notes.append(_missing_note(n))
+    if not n or not clocks.trusted or untimed:
         empty = np.full(len(arr), np.nan)
         return InstanceStats(nan, np.full(n, -1), nan, nan, nan.copy(), nan.copy(), empty, arr, notes, inst)
     starts = inst.offsets[:-1]
@@ -105,5 +108,15 @@ def instance_stats(inst: Instances, clocks: ClockAlignment) -> InstanceStats:
         alg = np.where(ok, inst.size / (real * 1e3), np.nan)
     bus = np.where(ok, alg * factor, np.nan)
     if missing:
-        notes.append(f"{missing} instances have a member without a start time: no skew or wait for them")
+        notes.append(_missing_note(missing))
     return InstanceStats(skew, last_rank, last, real, alg, bus, wait, arr, notes, inst)
+
+
+def _no_start_times(arrivals: F64) -> bool:
+    """No member has a start time (NCCL logs): every number instance_stats computes would be None, so it
+    returns them at once (the same values and note as the computation; tests compare the two)."""
+    return bool(np.isnan(arrivals).all())
+
+
+def _missing_note(instances: int) -> str:
+    return f"{instances} instances have a member without a start time: no skew or wait for them"

@@ -25,6 +25,7 @@ import numpy.typing as npt
 from commlens.vocab import P2P_OPS
 
 from .model import F64, Bools, Calls, CallTable, Ints, call_table
+from .ordering import stable_order
 
 WORLD = "world"  # the group of calls whose trace names no process group (the default group)
 _SIZE_MAY_DIFFER = frozenset({"all_to_all", "gather", "scatter"})
@@ -188,7 +189,7 @@ def match_table(t: CallTable, present: Sequence[int], world: int) -> MatchResult
     for _, reason, n in sorted(left_out):
         not_matched[reason] += n
     valid = np.flatnonzero(g >= 0)
-    order = valid[np.lexsort((t.rank[valid], g[valid]))]  # stable: call order within (group, rank)
+    order = valid[stable_order(g[valid], t.rank[valid])]  # stable: call order within (group, rank)
     gs = g[order]
     cut = np.flatnonzero(gs[1:] != gs[:-1]) + 1
     bounds = (

@@ -28,8 +28,10 @@ from commlens.store.tables import TIME_TABLES
 
 from .analysis import TimeAnalysis, analyze_columns
 from .model import F64, KIND_CODE, KINDS, MEMORY_KINDS, CallTable, IntervalArrays, Ints, RankArrays, StepArrays
+from .ordering import stable_order
 from .segments import sequential_sums, sparse_sum
 from .stragglers import rank_totals
+from .untimed import read_columns, untimed_only
 
 Columns = dict[str, Any]  # column name -> list, numpy array or Arrow array
 FETCH_ROWS = 1 << 20
@@ -68,35 +70,37 @@ def _floats(col: pa.Array | pa.ChunkedArray) -> F64:
     return np.asarray(col.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
-def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
-    """One run's analysis input from the store as columns (calls of unknown rank are left out: they
-    match nothing). Strings come as codes computed in DuckDB, so no Python object is made per row."""
-    group_ranks = {
-        k: tuple(v) if v else None
-        for k, v in con.execute("SELECT group_key, ranks FROM process_groups WHERE run_id = ?", [run_id]).fetchall()
-    }
-    ops, dtypes, groups = (_vocab(con, c, run_id) for c in ("op", "dtype", "group_key"))
-    c = _fetch(
-        con,
-        """
-        SELECT e.rank, e.source_id, e.seq, list_position($ops, e.op) - 1 AS op,
-               coalesce(list_position($dtypes, e.dtype) - 1, -1) AS dtype, e.msg_bytes,
-               coalesce(list_position($groups, e.group_key) - 1, -1) AS grp, e.group_size,
-               CASE WHEN s.kind = 'nccl_log' THEN e.op_count ELSE e.match_key END AS key, e.step,
-               e.ts_us AS arrival, e.ts_us + e.dur_us AS end_us
-        FROM comm_events e JOIN sources s USING (source_id)
-        WHERE e.run_id = $run AND e.counted AND e.rank IS NOT NULL
-        """,
-        {"ops": ops or [""], "dtypes": dtypes or [""], "groups": groups or [""], "run": run_id},
-        ints={"rank": 0, "source_id": 0, "seq": 0, "op": 0, "dtype": -1, "grp": -1, "group_size": -1},
-        flagged=("msg_bytes", "key", "step"),
-        floats=("arrival", "end_us"),
-    )
+# A run's counted calls of known rank, strings as codes into the vocabularies passed in ($ops, $dtypes,
+# $groups); {times}: the time columns, or nothing where the run has none.
+_CALLS = """
+    SELECT e.rank, e.source_id, e.seq, list_position($ops, e.op) - 1 AS op,
+           coalesce(list_position($dtypes, e.dtype) - 1, -1) AS dtype, e.msg_bytes,
+           coalesce(list_position($groups, e.group_key) - 1, -1) AS grp, e.group_size,
+           CASE WHEN s.kind = 'nccl_log' THEN e.op_count ELSE e.match_key END AS key, e.step{times}
+    FROM comm_events e JOIN sources s USING (source_id)
+    WHERE e.run_id = $run AND e.counted AND e.rank IS NOT NULL
+"""
+_CALL_INTS = {"rank": 0, "source_id": 0, "seq": 0, "op": 0, "dtype": -1, "grp": -1, "group_size": -1}
+_CALL_FLAGGED = ("msg_bytes", "key", "step")
+
+
+def _call_table(
+    c: dict[str, npt.NDArray[Any]],
+    ops: list[str],
+    dtypes: list[str],
+    groups: list[str],
+    group_ranks: Mapping[str, tuple[int, ...] | None],
+) -> CallTable:
+    """The CallTable of the columns read by _CALLS, each rank's calls in (source, seq) order."""
     # Sorted here, not by DuckDB: its sort of a 10M-row result kept about 2 GB after it was done. Rows
     # read in that order already (one file per rank, as stored) are left as they are.
     if not _ascending(c["rank"], c["source_id"], c["seq"]):
-        _permute(c, np.lexsort((c["seq"], c["source_id"], c["rank"])))
-    calls = CallTable(
+        # by rank and source first (a radix sort where they pack into 16 bits); rows of a source are in seq
+        # order as stored, so that is nearly always the whole order: lexsort's, ties kept in row order
+        _permute(c, stable_order(c["rank"], c["source_id"]))
+        if not _ascending(c["rank"], c["source_id"], c["seq"]):
+            _permute(c, np.lexsort((c["seq"], c["source_id"], c["rank"])))
+    return CallTable(
         rank=c["rank"],
         seq=c["seq"],
         op=c["op"],
@@ -118,6 +122,70 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
         world_ranks=None,
         source_id=c["source_id"],
     )
+
+
+def _group_ranks(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, tuple[int, ...] | None]:
+    return {
+        k: tuple(v) if v else None
+        for k, v in con.execute("SELECT group_key, ranks FROM process_groups WHERE run_id = ?", [run_id]).fetchall()
+    }
+
+
+def _run_facts(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[int | None, dict[int, str] | None, dict[str, str]]:
+    """The run's world size, the hosts NCCL names per rank (None: none known) and the groups' schemes."""
+    hosts = dict(
+        con.execute(
+            "SELECT global_rank, min(host) FROM nccl_comms WHERE run_id = ? AND global_rank IS NOT NULL "
+            "AND host IS NOT NULL GROUP BY global_rank",
+            [run_id],
+        ).fetchall()
+    )
+    schemes = dict(
+        con.execute(
+            "SELECT group_key, scheme FROM process_groups WHERE run_id = ? AND scheme IS NOT NULL", [run_id]
+        ).fetchall()
+    )
+    world = con.execute("SELECT world_size FROM runs WHERE run_id = ?", [run_id]).fetchall()
+    return world[0][0] if world else None, hosts or None, schemes
+
+
+def load_untimed(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput | None:
+    """load_run's RunInput for a run whose calls carry no time and that has nothing else timed (untimed.py:
+    an NCCL-log run), read with less work; None for any other run."""
+    if not untimed_only(con, run_id):
+        return None
+    group_ranks = _group_ranks(con, run_id)
+    ops, dtypes, groups = (_vocab(con, c, run_id) for c in ("op", "dtype", "group_key"))
+    params = {"ops": ops or [""], "dtypes": dtypes or [""], "groups": groups or [""], "run": run_id}
+    sql = _CALLS.format(times="")
+    n = int(con.execute(f"SELECT count(*) FROM ({sql})", params).fetchall()[0][0])
+    c = read_columns(con, sql, params, n, FETCH_ROWS, _CALL_INTS, _CALL_FLAGGED)
+    c["arrival"], c["end_us"] = np.full(n, np.nan), np.full(n, np.nan)
+    calls = _call_table(c, ops, dtypes, groups, group_ranks)
+    del c
+    ranks = {
+        r: RankArrays(r, False, _no_intervals(), StepArrays(*_empty(np.int64, np.float64, np.float64)))
+        for r in np.unique(calls.rank).tolist()
+    }
+    world, hosts, schemes = _run_facts(con, run_id)
+    pa.default_memory_pool().release_unused()
+    return RunInput(ranks, calls, world, hosts, schemes, False, [])
+
+
+def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
+    """One run's analysis input from the store as columns (calls of unknown rank are left out: they
+    match nothing). Strings come as codes computed in DuckDB, so no Python object is made per row."""
+    group_ranks = _group_ranks(con, run_id)
+    ops, dtypes, groups = (_vocab(con, c, run_id) for c in ("op", "dtype", "group_key"))
+    c = _fetch(
+        con,
+        _CALLS.format(times=", e.ts_us AS arrival, e.ts_us + e.dur_us AS end_us"),
+        {"ops": ops or [""], "dtypes": dtypes or [""], "groups": groups or [""], "run": run_id},
+        ints=_CALL_INTS,
+        flagged=_CALL_FLAGGED,
+        floats=("arrival", "end_us"),
+    )
+    calls = _call_table(c, ops, dtypes, groups, group_ranks)
     del c
     ranks: dict[int, RankArrays] = {}
 
@@ -164,23 +232,11 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
         if r is not None:
             rank_of(r).has_device = rank_of(r).has_device or bool(has_device)
         notes.extend(f"rank {'?' if r is None else r}: {n}" for n in tl_notes or [])
-    hosts = dict(
-        con.execute(
-            "SELECT global_rank, min(host) FROM nccl_comms WHERE run_id = ? AND global_rank IS NOT NULL "
-            "AND host IS NOT NULL GROUP BY global_rank",
-            [run_id],
-        ).fetchall()
-    )
-    schemes = dict(
-        con.execute(
-            "SELECT group_key, scheme FROM process_groups WHERE run_id = ? AND scheme IS NOT NULL", [run_id]
-        ).fetchall()
-    )
-    world = con.execute("SELECT world_size FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    world, hosts, schemes = _run_facts(con, run_id)
     timed = bool((~np.isnan(calls.arrival)).any())
     ordered = dict(sorted(ranks.items()))
     pa.default_memory_pool().release_unused()  # the read's Arrow memory: the pool keeps what is freed otherwise
-    return RunInput(ordered, calls, world[0] if world else None, hosts or None, schemes, timed, notes)
+    return RunInput(ordered, calls, world, hosts, schemes, timed, notes)
 
 
 def _fetch(
@@ -253,11 +309,16 @@ def persist_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     """Compute the run's time analysis and replace its rows in the time tables, in one transaction. An
     analysis that fails leaves the run's files and other analyses alone: its time_status says why."""
     try:
-        tables = _analysed(con, run_id)
+        tables = analysed_tables(con, run_id)
     except Exception as exc:  # a bug or an input the analysis cannot take must not fail the ingest
         log.exception("time analysis of run %s", run_id)
         reason = f"the time analysis failed: {type(exc).__name__}: {exc}"
         tables = {"time_status": {"part": ["matching"], "ok": [False], "reason": [reason]}}
+    write_tables(con, run_id, tables)
+
+
+def write_tables(con: duckdb.DuckDBPyConnection, run_id: int, tables: Mapping[str, Columns]) -> None:
+    """Replace the run's rows in every time table with `tables`' (table -> columns), in one transaction."""
 
     def write(c: duckdb.DuckDBPyConnection) -> None:
         for table in TIME_TABLES:  # fixed names
@@ -268,9 +329,13 @@ def persist_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     transaction(con, write)
 
 
-def _analysed(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Columns]:
-    """The run's time tables; the input and the analysis are dropped on return, before the write."""
-    data = load_run(con, run_id)
+def analysed_tables(con: duckdb.DuckDBPyConnection, run_id: int, general: bool = False) -> dict[str, Columns]:
+    """The run's time tables; the input and the analysis are dropped on return, before the write. A run
+    without times is read by load_untimed (the same input, less work) unless `general` asks for load_run,
+    the read of every run (tests compare the two)."""
+    data = None if general else load_untimed(con, run_id)
+    if data is None:
+        data = load_run(con, run_id)
     job = analyze_columns(data.ranks, data.calls, data.world_size, data.hosts, data.schemes) if data.ranks else None
     return result_tables(data, job)
 

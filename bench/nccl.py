@@ -275,6 +275,7 @@ def _stages(paths: list[str]) -> dict:
     from commlens.backend.timing.persist import persist_run
     from commlens.ingest.inputs import DEFAULT_LIMITS, iter_inputs
     from commlens.ingest.nccl_link import link_run
+    from commlens.ingest.nccl_prelink import Prelinks
     from commlens.ingest.parse_file import parse_file
     from commlens.ingest.records import RankHint
     from commlens.service import ingest
@@ -299,13 +300,20 @@ def _stages(paths: list[str]) -> dict:
         items = list(iter_inputs([Path(p) for p in paths], DEFAULT_LIMITS))
         parsed = [parse_file(i, RankHint()) for i in items]
         mark("parse")
+        links = Prelinks()  # as the split ingest: every file parsed, then linked before the write
+        for item, p in zip(items, parsed, strict=True):
+            if p.result is not None:
+                links.saw(id(item), p.result)
+        links.plan(con, "stages", None, [id(i) for i in items])
+        mark("link plan")
         run = ingest.PendingRun("stages")
         for item, p in zip(items, parsed, strict=True):
+            links.apply("stages", item.name, p)
             ingest.ingest_file(con, run, item, RankHint(), DEFAULT_LIMITS, p)
-        del parsed
+        del parsed, p
         mark("write")
         run_id = run.made(con)
-        store.transaction(con, lambda c: link_run(c, run_id))
+        store.transaction(con, lambda c: link_run(c, run_id, links.written("stages")))
         mark("link")
         aggregates.refresh_run(con, run_id)
         mark("aggregates")

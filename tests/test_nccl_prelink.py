@@ -1,7 +1,9 @@
-"""NCCL calls written already linked (`ingest.nccl_prelink`) against the link after the write (`link_run`'s
-UPDATE passes, what the split ingest did before): the store the same row for row, on every real NCCL log,
-on bench-shaped per-process files, with garbled lines, into a run that already holds NCCL files, and when a
-planned file is refused at its write (its communicators missing: the calls are put back and linked again)."""
+"""NCCL calls written already linked (`ingest.nccl_prelink`) and comm_agg joined to the detected iterations
+as seq ranges (`aggregates._iteration_ranges`) against what they replace (the link after the write by
+`link_run`'s UPDATE passes, and the join to each call's comm_iterations row): the store the same row for
+row, on every real NCCL log, on bench-shaped per-process files, with garbled lines, into a run that already
+holds NCCL files, and when a planned file fails at its write (its communicators missing: the calls are put
+back and linked again)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from commlens import store
 from commlens.ingest import nccl_prelink
 from commlens.ingest.inputs import iter_inputs
 from commlens.service.ingest import ingest_run
+from commlens.store import aggregates
 from commlens.store.tables import AGG_TABLES, TIME_TABLES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,26 +36,33 @@ def _bench():
     return module
 
 
-def _ingest(db: Path, paths: list[Path], run: str, prelink: bool, monkeypatch: pytest.MonkeyPatch) -> dict:
-    """Split ingest of `paths` into the store at `db`, with the calls written linked or linked after;
-    the files' outcomes and what each link_run found (True: the calls were linked already)."""
+def _ingest(db: Path, paths: list[Path], run: str, new: bool, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """Split ingest of `paths` into the store at `db`, the new way (calls written linked, iteration ranges)
+    or the former (linked after the write, the row join); the files' outcomes, what each link_run found
+    (True: the calls were linked already) and whether each refresh joined ranges."""
     found: list[bool] = []
-    matches = nccl_prelink.Prelinked.matches
+    ranged: list[bool] = []
+    matches, iteration_ranges = nccl_prelink.Prelinked.matches, aggregates._iteration_ranges
 
     def recorded(self, con, run_id, plan):
         found.append(matches(self, con, run_id, plan))
         return found[-1]
 
+    def ranges(*args):
+        ranged.append(iteration_ranges(*args) is not None)
+        return iteration_ranges(*args) if new else None
+
     with monkeypatch.context() as m:
         m.setattr(nccl_prelink.Prelinked, "matches", recorded)
-        if not prelink:
+        m.setattr(aggregates, "_iteration_ranges", ranges)
+        if not new:
             m.setattr(nccl_prelink.Prelinks, "plan", lambda *a, **k: None)
         con = store.connect(db)
         try:
             report = ingest_run(con, run, iter_inputs(paths), split_jobs=True)
         finally:
             con.close()
-    return {"files": [(Path(f.path).name, f.status, f.run) for f in report.files], "linked": found}
+    return {"files": [(Path(f.path).name, f.status, f.run) for f in report.files], "linked": found, "ranged": ranged}
 
 
 def _tables(db: Path) -> dict[str, tuple[list[str], list[tuple]]]:
@@ -99,6 +109,7 @@ def test_real_logs_linked_before_the_write(tmp_path, data_dir, monkeypatch):
     pre, (report,) = _same_both_ways(tmp_path, [logs], "real", monkeypatch)
     runs = {f[2] for f in report["files"]}
     assert len(runs) >= 10 and report["linked"] == [True] * len(runs)  # every run's calls went in linked
+    assert report["ranged"] == [True] * len(runs)
     # the excerpts' few COLL lines name communicators no init line of theirs describes: provisional keys
     assert len(_column(pre, "comm_events", "group_key")) >= 20 and len(_column(pre, "nccl_comms", "group_key")) >= 20
 
@@ -108,7 +119,7 @@ def test_bench_per_process_files(tmp_path, monkeypatch):
     _bench().write_per_process(folder, 16_000, "2.21.5")
     files = sorted(folder.iterdir())
     pre, (report,) = _same_both_ways(tmp_path, [files], "pp", monkeypatch)
-    assert report["linked"] == [True]
+    assert report["linked"] == [True] and report["ranged"] == [True]
     assert [f[1] for f in report["files"]] == ["ok"] * 8
     # planted: a 2 x 2 x 2 job; the pp Send/Recv peers are global ranks 4 apart
     events = pre["comm_events"]
@@ -131,7 +142,7 @@ def test_garbled_interleaved_log(tmp_path, monkeypatch):
     path = tmp_path / "garbled.log"
     path.write_text("\n".join(lines) + "\n")
     pre, (report,) = _same_both_ways(tmp_path, [[path]], "garbled", monkeypatch)
-    assert report["linked"] == [True] and report["files"][0][1] == "ok"
+    assert report["linked"] == [True] and report["ranged"] == [True] and report["files"][0][1] == "ok"
     assert len(set(_column(pre, "process_groups", "group_key"))) >= 4
 
 
@@ -161,3 +172,9 @@ def test_a_planned_file_failing_at_its_write(tmp_path, monkeypatch):
     assert [f[1] for f in report["files"]] == ["ok", "ok", "failed", "ok", "ok", "ok", "ok", "ok"]
     assert report["linked"] == [False]
     assert set(_column(pre, "comm_events", "rank")) == {0, 1, 3, 4, 5, 6, 7}
+
+
+def test_real_profile_unchanged(tmp_path, data_dir, monkeypatch):
+    """A Kineto trace (no NCCL rows): the same store both ways, iteration ranges or not."""
+    pre, (report,) = _same_both_ways(tmp_path, [[data_dir / "kineto-param/dlrm_kineto.tar.gz"]], "dlrm", monkeypatch)
+    assert report["ranged"] == [True] and len(pre["comm_agg"][1]) >= 4

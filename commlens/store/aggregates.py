@@ -289,28 +289,41 @@ def _refresh_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
         """,
         [run_id, run_id, run_id],
     )
-    has_detected = _refresh_periods(con, run_id)
-    con.execute(
-        f"""
-        INSERT INTO comm_agg (run_id, rank_key, rank, group_key, op, dtype, msg_bytes, in_iteration,
-                              no_iteration_reason, dur_kind, calls, sum_dur_us, min_dur_us, max_dur_us,
-                              max_group_size, first_row)
-        SELECT e.run_id, {rank_key_sql()}, e.rank, e.group_key, e.op, e.dtype, e.msg_bytes,
-               CASE WHEN s.has_steps THEN e.step IS NOT NULL ELSE d.iteration IS NOT NULL END,
-               CASE WHEN s.has_steps THEN CASE WHEN e.step IS NULL THEN 'outside profiler steps' END
-                    ELSE d.reason END,
-               CASE WHEN e.dur_us > 0 AND e.dur_source IN ('kernel', 'cpu_op') THEN e.dur_source END,
-               count(*), sum(e.dur_us), min(e.dur_us), max(e.dur_us), max(e.group_size), min(e.rowid)
-        FROM comm_events e
-        JOIN agg_sources s ON s.run_id = e.run_id AND s.source_id = e.source_id
-        LEFT JOIN comm_iterations d ON d.run_id = e.run_id AND d.source_id = e.source_id
+    has_detected, ranges = _refresh_periods(con, run_id)
+    if ranges is None:  # each call's own comm_iterations row
+        detected = """LEFT JOIN comm_iterations d ON d.run_id = e.run_id AND d.source_id = e.source_id
+             AND d.process = coalesce(e.process, cast(e.rank AS VARCHAR), '?') AND d.seq = e.seq"""
+        iteration = "d.iteration IS NOT NULL"
+    else:  # the same rows as a few seq ranges per communicator (see _iteration_ranges)
+        detected = """LEFT JOIN _commlens_ranges d ON d.source_id = e.source_id
              AND d.process = coalesce(e.process, cast(e.rank AS VARCHAR), '?')
-             AND d.seq = e.seq
-        WHERE e.run_id = ? AND e.counted
-        GROUP BY ALL
-        """,
-        [run_id],
-    )
+             AND d.comm IS NOT DISTINCT FROM coalesce(e.group_key, 'ptr:' || e.comm_ptr)
+             AND e.seq BETWEEN d.lo AND d.hi"""
+        iteration = "coalesce(d.in_iteration, false)"
+        con.register("_commlens_ranges", ranges)
+    try:
+        con.execute(
+            f"""
+            INSERT INTO comm_agg (run_id, rank_key, rank, group_key, op, dtype, msg_bytes, in_iteration,
+                                  no_iteration_reason, dur_kind, calls, sum_dur_us, min_dur_us, max_dur_us,
+                                  max_group_size, first_row)
+            SELECT e.run_id, {rank_key_sql()}, e.rank, e.group_key, e.op, e.dtype, e.msg_bytes,
+                   CASE WHEN s.has_steps THEN e.step IS NOT NULL ELSE {iteration} END,
+                   CASE WHEN s.has_steps THEN CASE WHEN e.step IS NULL THEN 'outside profiler steps' END
+                        ELSE d.reason END,
+                   CASE WHEN e.dur_us > 0 AND e.dur_source IN ('kernel', 'cpu_op') THEN e.dur_source END,
+                   count(*), sum(e.dur_us), min(e.dur_us), max(e.dur_us), max(e.group_size), min(e.rowid)
+            FROM comm_events e
+            JOIN agg_sources s ON s.run_id = e.run_id AND s.source_id = e.source_id
+            {detected}
+            WHERE e.run_id = ? AND e.counted
+            GROUP BY ALL
+            """,
+            [run_id],
+        )
+    finally:
+        if ranges is not None:
+            con.unregister("_commlens_ranges")
     # Iterations per rank key: profiler steps of the sources with steps, plus detected iterations.
     iterations: dict[str, int] = {
         rk: int(n)
@@ -334,10 +347,11 @@ def _refresh_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
     return has_detected
 
 
-def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
+def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[bool, pa.Table | None]:
     """Period detection for every communicator of the sources without profiler steps (see
     backend.iterations for the rules), stored in comm_periods and process_iterations, and the
-    detected iteration of each of their calls in comm_iterations."""
+    detected iteration of each of their calls in comm_iterations. Whether a process has a detected
+    period, and the same rows as seq ranges (`_iteration_ranges`; None where they cannot stand for them)."""
     # One row per communicator (ordered as comm_periods.ord): its calls as tokens in call order, equal
     # (op, msg_bytes) pairs getting equal tokens; the Python below loops over communicators, not calls.
     # The few distinct pairs are numbered and joined back (a window over every call would sort them all).
@@ -361,7 +375,7 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
         params=[run_id],
     ).to_arrow_table()
     if not table.num_rows:
-        return False
+        return False, _iteration_ranges(table, [], [], {})
     toks = table["toks"].combine_chunks()
     offsets = toks.offsets.to_numpy()
     values = toks.values.to_numpy()
@@ -419,8 +433,10 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
         "INSERT INTO process_iterations (run_id, source_id, process, rank, iterations, ord) VALUES (?, ?, ?, ?, ?, ?)",
         [[run_id, s, p, ranks.get((s, p)), it, i] for i, ((s, p), it) in enumerate(sorted(proc_iters.items()))],
     )
-    _insert_iterations(con, run_id, table, [c["period"] for c in comms.values()], proc_iters)
-    return any(proc_iters.values())
+    periods = [c["period"] for c in comms.values()]
+    iters = [proc_iters.get(key[:2]) or 0 for key in comms]
+    _insert_iterations(con, run_id, table, periods, proc_iters)
+    return any(proc_iters.values()), _iteration_ranges(table, periods, iters, proc_iters)
 
 
 # Why a call has no detected iteration (comm_iterations.reason), by the first rule that applies.
@@ -484,6 +500,66 @@ def _insert_iterations(
             f"SELECT ?, source_id, process, seq, iteration, reason FROM {name}",
             [run_id],
         )
+
+
+def _iteration_ranges(
+    table: pa.Table, periods: list[Any], iters: list[int], proc_iters: dict[tuple[int, str], int | None]
+) -> pa.Table | None:
+    """comm_iterations' membership and reason as seq ranges: a communicator's calls in seq order fall into
+    at most three runs of positions (before the pattern, in complete iterations, after the last one), or
+    one (no pattern), so comm_agg joins each call to a few rows per communicator instead of to its own
+    row. Equal to the row join when (source, process, seq) names one call: else (or with a NULL seq) None."""
+    names = ["source_id", "process", "comm", "lo", "hi", "in_iteration", "reason"]
+    if not table.num_rows:
+        return pa.table({n: pa.array([], t) for n, t in zip(names, _RANGE_TYPES, strict=True)})
+    seqs = table["seqs"].combine_chunks()
+    if seqs.values.null_count:
+        return None
+    offsets = seqs.offsets.to_numpy()
+    values = seqs.values.to_numpy()
+    sources, processes, comm = (table[c].to_pylist() for c in ("source_id", "process", "comm"))
+    per_process: dict[tuple[int, str], list[int]] = {}
+    for i, key in enumerate(zip(sources, processes, strict=True)):
+        per_process.setdefault(key, []).append(i)
+    for rows in per_process.values():
+        seq = np.concatenate([values[offsets[i] : offsets[i + 1]] for i in rows])
+        lo, hi = int(seq.min()), int(seq.max())
+        if hi - lo < 4 * len(seq) + 64:
+            if np.bincount(seq - lo).max() > 1:
+                return None
+        elif len(np.unique(seq)) < len(seq):
+            return None
+    out: list[tuple[Any, ...]] = []
+    for i, (p, n_iters) in enumerate(zip(periods, iters, strict=True)):
+        start, n = int(offsets[i]), int(offsets[i + 1] - offsets[i])
+        if not n_iters:
+            pieces = [(0, n, 0)]
+        elif p is None:
+            pieces = [(0, n, 1)]
+        else:
+            span = p.period * (p.repeats // max(n_iters, 1))
+            a = min(p.offset, n)
+            b = max(a, min(p.offset + n_iters * span, n))
+            pieces = [(0, a, 2), (a, b, -1), (b, n, 3)]
+        for lo_pos, hi_pos, reason in pieces:
+            if hi_pos > lo_pos:
+                out.append(
+                    (
+                        sources[i],
+                        processes[i],
+                        comm[i],
+                        int(values[start + lo_pos]),
+                        int(values[start + hi_pos - 1]),
+                        reason < 0,
+                        _NO_ITERATION[reason] if reason >= 0 else None,
+                    )
+                )
+    return pa.table(
+        {n: pa.array([r[k] for r in out], t) for k, (n, t) in enumerate(zip(names, _RANGE_TYPES, strict=True))}
+    )
+
+
+_RANGE_TYPES = (pa.int32(), pa.string(), pa.string(), pa.int64(), pa.int64(), pa.bool_(), pa.string())
 
 
 def _refresh_bandwidth(con: duckdb.DuckDBPyConnection, run_id: int) -> None:

@@ -1,6 +1,7 @@
-"""NCCL calls written already linked (`ingest.nccl_prelink`) and comm_agg joined to the detected iterations
-as seq ranges (`aggregates._iteration_ranges`) against what they replace (the link after the write by
-`link_run`'s UPDATE passes, and the join to each call's comm_iterations row): the store the same row for
+"""NCCL calls written already linked (`ingest.nccl_prelink`), comm_agg joined to the detected iterations as
+seq ranges (`aggregates._iteration_ranges`) and the period tokens sorted in numpy (`aggregates._period_calls`)
+against what they replace (the link after the write by `link_run`'s UPDATE passes, the join to each call's
+comm_iterations row, the lists ordered by DuckDB): the store the same row for
 row, on every real NCCL log, on bench-shaped per-process files, with garbled lines, into a run that already
 holds NCCL files, and when a planned file fails at its write (its communicators missing: the calls are put
 back and linked again)."""
@@ -57,6 +58,7 @@ def _ingest(db: Path, paths: list[Path], run: str, new: bool, monkeypatch: pytes
         m.setattr(aggregates, "_iteration_ranges", ranges)
         if not new:
             m.setattr(nccl_prelink.Prelinks, "plan", lambda *a, **k: None)
+            m.setattr(aggregates, "_SEQ_LIMIT", 0)  # no seq but 0 packs: the lists ordered by DuckDB
         con = store.connect(db)
         try:
             report = ingest_run(con, run, iter_inputs(paths), split_jobs=True)

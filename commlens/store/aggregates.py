@@ -33,6 +33,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from commlens.ingest.periods import MIN_COVERAGE, find_period_tokens
 from commlens.vocab import busbw_factor
@@ -347,33 +348,63 @@ def _refresh_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
     return has_detected
 
 
+# The calls of the sources without profiler steps, per communicator (source, process, comm), with its calls'
+# (op, msg_bytes) numbered as tokens: equal pairs get equal tokens. The few distinct pairs are numbered and
+# joined back (a window over every call would sort them all).
+_PERIOD_CALLS = """
+    WITH ev AS (
+        SELECT e.source_id, coalesce(e.process, cast(e.rank AS VARCHAR), '?') AS process, e.rank,
+               coalesce(e.group_key, 'ptr:' || e.comm_ptr) AS comm, e.group_key, e.seq, e.op, e.msg_bytes
+        FROM comm_events e
+        JOIN agg_sources s ON s.run_id = e.run_id AND s.source_id = e.source_id AND NOT s.has_steps
+        WHERE e.run_id = ? AND e.counted
+    ), kinds AS (
+        SELECT op, msg_bytes, row_number() OVER () AS tok FROM (SELECT DISTINCT op, msg_bytes FROM ev)
+    )
+    SELECT source_id, process, comm, any_value(group_key) AS group_key, max(rank) AS rank, {lists}
+    FROM ev JOIN kinds ON kinds.op = ev.op AND kinds.msg_bytes IS NOT DISTINCT FROM ev.msg_bytes
+    GROUP BY source_id, process, comm
+    ORDER BY source_id, process, comm
+"""
+_TOK_BITS = 20  # a call packed as seq * 2^20 + token: seq within +-2^42, fewer than 2^20 distinct pairs
+_SEQ_LIMIT = 1 << 42
+
+
+def _period_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> pa.Table:
+    """One row per communicator (ordered as comm_periods.ord) with its calls' tokens and seqs in seq order
+    (`toks`, `seqs`). Each call goes into one list as seq and token packed in an integer, unordered, and
+    each list is sorted with numpy (DuckDB's two ordered lists sorted every call twice); a seq that does not
+    fit (or is NULL), or too many tokens, and the lists are ordered by DuckDB instead."""
+    table = con.sql(
+        _PERIOD_CALLS.format(
+            lists=f"""list(CASE WHEN seq BETWEEN -{_SEQ_LIMIT} AND {_SEQ_LIMIT} THEN seq * {1 << _TOK_BITS} + tok END)
+                   AS packed, count(*) FILTER (WHERE seq IS NULL OR seq NOT BETWEEN -{_SEQ_LIMIT} AND {_SEQ_LIMIT})
+                   AS unfit, max(tok) AS toks"""
+        ),
+        params=[run_id],
+    ).to_arrow_table()
+    if pc.max(table["unfit"]).as_py() or (pc.max(table["toks"]).as_py() or 0) >= 1 << _TOK_BITS:
+        lists = "list(tok ORDER BY seq) AS toks, list(seq ORDER BY seq) AS seqs"
+        return con.sql(_PERIOD_CALLS.format(lists=lists), params=[run_id]).to_arrow_table()
+    packed = table["packed"].combine_chunks()
+    offsets = packed.offsets
+    values = packed.values.to_numpy().copy()
+    bounds = offsets.to_numpy()
+    for i in range(len(bounds) - 1):
+        values[bounds[i] : bounds[i + 1]].sort()
+    table = table.drop_columns(["packed", "unfit", "toks"])
+    toks = pa.ListArray.from_arrays(offsets, pa.array(values & ((1 << _TOK_BITS) - 1)))
+    return table.append_column("toks", toks).append_column(
+        "seqs", pa.ListArray.from_arrays(offsets, values >> _TOK_BITS)
+    )
+
+
 def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[bool, pa.Table | None]:
     """Period detection for every communicator of the sources without profiler steps (see
     backend.iterations for the rules), stored in comm_periods and process_iterations, and the
     detected iteration of each of their calls in comm_iterations. Whether a process has a detected
     period, and the same rows as seq ranges (`_iteration_ranges`; None where they cannot stand for them)."""
-    # One row per communicator (ordered as comm_periods.ord): its calls as tokens in call order, equal
-    # (op, msg_bytes) pairs getting equal tokens; the Python below loops over communicators, not calls.
-    # The few distinct pairs are numbered and joined back (a window over every call would sort them all).
-    table = con.sql(
-        """
-        WITH ev AS (
-            SELECT e.source_id, coalesce(e.process, cast(e.rank AS VARCHAR), '?') AS process, e.rank,
-                   coalesce(e.group_key, 'ptr:' || e.comm_ptr) AS comm, e.group_key, e.seq, e.op, e.msg_bytes
-            FROM comm_events e
-            JOIN agg_sources s ON s.run_id = e.run_id AND s.source_id = e.source_id AND NOT s.has_steps
-            WHERE e.run_id = ? AND e.counted
-        ), kinds AS (
-            SELECT op, msg_bytes, row_number() OVER () AS tok FROM (SELECT DISTINCT op, msg_bytes FROM ev)
-        )
-        SELECT source_id, process, comm, any_value(group_key) AS group_key, max(rank) AS rank,
-               list(tok ORDER BY seq) AS toks, list(seq ORDER BY seq) AS seqs
-        FROM ev JOIN kinds ON kinds.op = ev.op AND kinds.msg_bytes IS NOT DISTINCT FROM ev.msg_bytes
-        GROUP BY source_id, process, comm
-        ORDER BY source_id, process, comm
-        """,
-        params=[run_id],
-    ).to_arrow_table()
+    table = _period_calls(con, run_id)
     if not table.num_rows:
         return False, _iteration_ranges(table, [], [], {})
     toks = table["toks"].combine_chunks()

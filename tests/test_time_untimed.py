@@ -1,8 +1,8 @@
 """The time analysis of runs without times (NCCL logs) against the general path, row for row.
 
-A run whose calls carry no time is read by `persist.load_untimed`, its calls ordered by a radix sort
-(`ordering.stable_order`), and `instance_stats` returns its all-None numbers at once. The reference is
-the general path, called explicitly: `load_run`, np.lexsort, and instance_stats's whole computation.
+A run whose calls carry no time is read by `persist.load_untimed`, matching groups the calls by a radix
+sort (`ordering.stable_order`), and `instance_stats` returns the all-None numbers at once. The reference
+is the general path, called explicitly: `load_run`, np.lexsort, and instance_stats's whole computation.
 Every time table of the run, every row in its stored order, must be the same: on every real NCCL log,
 on bench-shaped logs (interleaved and per process; with garbled lines; with calls lost on one member;
 with every opCount 0, so matched by call order, and a call lost mid-way), and the runs the untimed path
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from commlens.backend.timing import instances, matching, ordering, persist
@@ -65,7 +66,6 @@ def _same_as_general(con: duckdb.DuckDBPyConnection, run_id: int, monkeypatch, u
     assert (data is not None) == untimed
     stored = _rows(con, run_id)
     with monkeypatch.context() as m:
-        m.setattr(persist, "stable_order", _lexsort)
         m.setattr(matching, "stable_order", _lexsort)
         m.setattr(instances, "_no_start_times", lambda arrivals: False)
         general = persist.load_run(con, run_id)
@@ -195,3 +195,24 @@ def test_stable_order_is_lexsorts(seed):
     for keys in (small, wide, small[:1], [rnd.integers(-5, 5, n)]):
         assert np.array_equal(ordering.stable_order(*keys), np.lexsort(keys[::-1]))
     assert len(ordering.stable_order(np.zeros(0, dtype=np.int64))) == 0
+
+
+def test_strings_are_stored_as_the_plain_strings_were():
+    """Instance columns go to DuckDB dictionary encoded; stored, they are the strings a `take` gave."""
+    vocab = ["dp", None, "nccl:0x6a00000000000164", ""]
+    codes = np.asarray([0, 1, 2, -1, 3, 2, 0], dtype=np.int64)
+    plain = pa.array(vocab, type=pa.string()).take(pa.array(codes, mask=codes < 0))
+    encoded = persist._strings(vocab, codes)
+    assert encoded.dictionary_decode().equals(plain)
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (i INTEGER, s VARCHAR)")
+    for i, column in enumerate((plain, encoded)):
+        con.register("v", pa.table({"s": column}))
+        con.execute("INSERT INTO t SELECT ?, s FROM v", [i])
+        con.unregister("v")
+    rows = [con.execute("SELECT s FROM t WHERE i = ? ORDER BY rowid", [i]).fetchall() for i in (0, 1)]
+    assert (
+        rows[0]
+        == rows[1]
+        == [("dp",), (None,), ("nccl:0x6a00000000000164",), (None,), ("",), ("nccl:0x6a00000000000164",), ("dp",)]
+    )

@@ -52,15 +52,13 @@ class Prelinked:
         result = parsed.result
         if result is None or not formats.get(result.kind).has(Trait.NCCL_COMMUNICATORS):
             return
-        if any(c not in e for e in result.events for c in ("process", "seq")) or any(
-            c not in t.column_names for t in result.event_tables for c in ("process", "seq")
-        ):
-            return  # calls that could not be put back: written as parsed, so link_run links the run's calls
         if result.events:  # the row dicts are written first: they go first as a table, in the same order
             result.event_tables.insert(
                 0, rows_table("comm_events", result.events).replace_schema_metadata({FROM_ROWS: b"1"})
             )
             result.events = []
+        if any(c not in t.column_names for t in result.event_tables for c in ("process", "seq")):
+            return  # calls that could not be put back: written as parsed, so link_run links the run's calls
         maps = _Maps(self.plan)
         kept: list[pa.RecordBatch] = []
         for i, table in enumerate(result.event_tables):

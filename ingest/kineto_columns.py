@@ -25,6 +25,7 @@ from .kineto_model import EPS, Call, Kernel, TraceContext
 from .kineto_records import NONE, CpuColumns, KernelColumns
 from .records import FROM_ROWS, TABLE_COLUMNS, ParseResult
 
+_CHUNK = 1 << 20  # elements per chunk of a search whose temporaries would otherwise scale with the trace
 MAX_PARTS = 16  # events (or kernels) of one call beyond which the reference path is taken
 _PER_SHAPE = ("op", "dtype", "msg_bytes", "elems_in", "elems_out", "group_size", "group_key", "peer", "dur_source")
 
@@ -158,12 +159,36 @@ def _launch_index(col: Collector, kcorr: np.ndarray) -> np.ndarray:
     if not len(lc):
         return out
     corr = lc.corr.numpy()
-    rev = corr[::-1]
-    uniq, at = np.unique(rev, return_index=True)
-    last = len(corr) - 1 - at
+    last = None  # launch of each entry of uniq; None: uniq is corr itself
+    if len(corr) > 1 and not (corr[1:] > corr[:-1]).all():
+        uniq, at = np.unique(corr[::-1], return_index=True)
+        last = len(corr) - 1 - at
+    else:  # ids rising in file order (the usual case): sorted and distinct already, no sort
+        uniq = corr
     pos = np.clip(np.searchsorted(uniq, kcorr), 0, len(uniq) - 1)
     hit = (kcorr != NONE) & (uniq[pos] == kcorr)
-    out[hit] = last[pos[hit]]
+    out[hit] = pos[hit] if last is None else last[pos[hit]]
+    return out
+
+
+def _calls_of_ext(ext: np.ndarray, calls: _Calls, wanted: np.ndarray) -> np.ndarray:
+    """For each of the `wanted` External ids, the call of the first member (in member order) that has it,
+    else -1. Only members whose id some kernel wants are sorted, not every member."""
+    out = np.full(len(wanted), -1, dtype=np.int32)
+    if not len(wanted):
+        return out
+    sought = np.unique(wanted)
+    mext = ext[calls.member]
+    pos = np.clip(np.searchsorted(sought, mext), 0, len(sought) - 1)
+    hit = np.flatnonzero(sought[pos] == mext)  # member positions, in member order
+    del pos
+    uext, at = np.unique(mext[hit], return_index=True)
+    del mext
+    ext_call = (np.searchsorted(calls.bounds, hit[at], side="right") - 1).astype(np.int32)
+    if len(uext):
+        pos = np.clip(np.searchsorted(uext, wanted), 0, len(uext) - 1)
+        found = uext[pos] == wanted
+        out[found] = ext_call[pos[found]]
     return out
 
 
@@ -205,16 +230,33 @@ def _shape_ids(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, 
     bits = max(1, top.bit_length())
     if bits * sum(widths) <= 62:  # one int64 per segment: a 1-D unique
         packed = np.zeros(n, dtype=np.int64)
-        for (values, bounds), size, width in zip(parts, sizes, widths, strict=True):
-            for j in range(width):
-                packed <<= bits
-                has = size > j
-                packed[has] |= values[bounds[:-1][has] + j] + 1
-        _, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
-    else:
-        m = np.concatenate([_padded(v, b, w) for (v, b), w in zip(parts, widths, strict=True)], axis=1)
-        _, first, inverse = np.unique(m, axis=0, return_index=True, return_inverse=True)
+        for a in range(0, n, _CHUNK):  # segments a chunk at a time: the gathers' temporaries stay small
+            p = packed[a : a + _CHUNK]
+            for (values, bounds), size, width in zip(parts, sizes, widths, strict=True):
+                starts, part_size = bounds[a : a + len(p)], size[a : a + len(p)]
+                for j in range(width):
+                    p <<= bits
+                    has = part_size > j
+                    p[has] |= values[starts[has] + j] + 1
+        return _codes(packed)
+    m = np.concatenate([_padded(v, b, w) for (v, b), w in zip(parts, widths, strict=True)], axis=1)
+    _, first, inverse = np.unique(m, axis=0, return_index=True, return_inverse=True)
     return inverse.reshape(-1), first
+
+
+def _codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_index=True, return_inverse=True) as (inverse, first), its temporaries a
+    chunk at a time: a trace's calls have few distinct shapes, so the inverse is a search among them."""
+    chunks = range(0, len(values), _CHUNK)
+    distinct = np.unique(np.concatenate([np.unique(values[a : a + _CHUNK]) for a in chunks] or [values[:0]]))
+    inverse = np.empty(len(values), dtype=np.int32 if len(distinct) < 2**31 else np.int64)
+    first = np.full(len(distinct), len(values), dtype=np.int64)
+    for a in chunks:
+        part = np.searchsorted(distinct, values[a : a + _CHUNK])
+        inverse[a : a + len(part)] = part
+        seen, at = np.unique(part, return_index=True)
+        first[seen] = np.minimum(first[seen], a + at)
+    return inverse, first
 
 
 def _segment_first(valid: np.ndarray, bounds: np.ndarray) -> np.ndarray:
@@ -282,8 +324,6 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
     kts, kdur, kext, kcorr = kc.ts.numpy(), kc.dur.numpy(), kc.ext.numpy(), kc.corr.numpy()
     kkey = np.frombuffer(kc.key, dtype=np.int32)
     n_calls = len(calls.bounds) - 1
-    sizes = np.diff(calls.bounds)
-    member_call = np.repeat(np.arange(n_calls, dtype=np.int32), sizes)
     root = calls.member[calls.bounds[:-1]]
 
     # kernels -> calls (_attach_kernels): the call around the launch on its thread, else the call of the
@@ -295,25 +335,26 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
         thread_no: dict[tuple[Any, Any], int] = {}
         for k in cpu.keys.values:
             thread_no.setdefault((k[3], k[4]), len(thread_no))
-        lthread = np.asarray([thread_no.get(th, -1) for th in col.launch_cols.threads.values], dtype=np.int64)
-        kthr = np.where(launch >= 0, lthread[np.frombuffer(col.launch_cols.thread, dtype=np.int32)][launch], -1)
+        lthread = np.asarray([thread_no.get(th, -1) for th in col.launch_cols.threads.values], dtype=np.int32)
+        kthr = lthread[np.frombuffer(col.launch_cols.thread, dtype=np.int32)[np.maximum(launch, 0)]]
+        kthr[launch < 0] = -1
         for t, first in enumerate(calls.first):
             sel = np.flatnonzero(kthr == t)
             if len(sel):
                 r = root[first : first + len(calls.starts[t])]
-                found = _containing(calls.starts[t], ts[r], ts[r] + dur[r], lts[launch[sel]])
-                kcall[sel[found >= 0]] = first + found[found >= 0]
-    mext = cpu.ext.numpy()[calls.member]
-    valid = mext != NONE
-    uext, at = np.unique(mext[valid], return_index=True)
-    ext_call = member_call[valid][at]
-    del mext, valid, member_call, at
+                rstart = ts[r]
+                rend = rstart + dur[r]
+                del r
+                for a in range(0, len(sel), _CHUNK):  # the search's temporaries a chunk of kernels at a time
+                    part = sel[a : a + _CHUNK]
+                    found = _containing(calls.starts[t], rstart, rend, lts[launch[part]])
+                    kcall[part[found >= 0]] = first + found[found >= 0]
+                del rstart, rend
+        del kthr
     want = (kcall < 0) & (kext != NONE) & (kext != kcorr)
-    if len(uext) and want.any():
-        pos = np.clip(np.searchsorted(uext, kext), 0, len(uext) - 1)
-        hit = want & (uext[pos] == kext)
-        kcall[hit] = ext_call[pos[hit]]
-    del uext, ext_call, want
+    if want.any():
+        kcall[want] = _calls_of_ext(cpu.ext.numpy(), calls, kext[want])
+    del want
     korder = np.argsort(kcall, kind="stable").astype(np.int32)
     korder = korder[kcall[korder] >= 0]  # each call's kernels, in file order
     kcount = np.bincount(kcall[korder], minlength=n_calls)

@@ -9,7 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from commlens.ingest.kineto_columns import _padded, _segment_first, _shape_ids
+from commlens.ingest import kineto_columns
+from commlens.ingest.kineto_columns import (
+    _Calls,
+    _calls_of_ext,
+    _codes,
+    _launch_index,
+    _padded,
+    _segment_first,
+    _shape_ids,
+)
+from commlens.ingest.kineto_records import NONE
 
 
 def _first_valid(valid: np.ndarray, bounds: np.ndarray) -> list[int]:
@@ -30,7 +40,66 @@ def test_segment_first_is_the_first_valid_position() -> None:
     assert _segment_first(np.asarray([False, True, True]), np.asarray([0, 1, 1, 3])).tolist() == [-1, -1, 1]
 
 
-def test_shapes_packed_or_not_number_segments_alike() -> None:
+def test_codes_are_numpys_unique_chunk_by_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kineto_columns, "_CHUNK", 7)  # many chunks, values first seen in later ones
+    rng = np.random.default_rng(9)
+    for n, distinct in ((0, 1), (1, 1), (50, 3), (200, 40), (200, 1000)):
+        values = rng.integers(-5, distinct, n) * 1_000_003
+        inverse, first = _codes(values)
+        _, want_first, want_inverse = np.unique(values, return_index=True, return_inverse=True)
+        assert inverse.tolist() == want_inverse.reshape(-1).tolist()
+        assert first.tolist() == want_first.tolist()
+
+
+def test_a_kernel_takes_the_call_of_the_first_member_with_its_external_id() -> None:
+    rng = np.random.default_rng(10)
+    for _ in range(200):
+        sizes = rng.integers(1, 4, int(rng.integers(1, 30)))
+        bounds = np.r_[0, np.cumsum(sizes)]
+        member = rng.permutation(int(bounds[-1]))  # CPU record indices in member order
+        ext = rng.integers(0, 12, len(member)).astype(np.int64)
+        ext[rng.random(len(ext)) < 0.2] = NONE
+        wanted = rng.integers(0, 15, int(rng.integers(0, 20))).astype(np.int64)  # some no member has
+        calls = _Calls(member, bounds, [], [])
+        call_of_member = np.repeat(np.arange(len(sizes)), sizes)
+        want = []
+        for w in wanted.tolist():
+            hit = np.flatnonzero(ext[member] == w)
+            want.append(int(call_of_member[hit[0]]) if len(hit) else -1)
+        assert _calls_of_ext(ext, calls, wanted).tolist() == want
+
+
+class _Launches:
+    """What _launch_index reads of a Collector: its launches' correlation ids."""
+
+    def __init__(self, corr: np.ndarray):
+        self.launch_cols = self
+        self.corr = self
+        self._corr = corr
+
+    def __len__(self) -> int:
+        return len(self._corr)
+
+    def numpy(self) -> np.ndarray:
+        return self._corr
+
+
+def test_a_kernel_takes_the_last_launch_of_its_correlation_id() -> None:
+    rng = np.random.default_rng(11)
+    for case in range(300):
+        n = int(rng.integers(0, 25))
+        rising = case % 2 == 0  # ids rising in file order (no sort), and any order with repeats
+        corr = np.cumsum(rng.integers(1, 4, n)) if rising else rng.integers(0, 10, n)
+        corr = corr.astype(np.int64)
+        kcorr = np.r_[rng.integers(-1, 40 if rising else 12, int(rng.integers(0, 15))), NONE].astype(np.int64)
+        last = {c: i for i, c in enumerate(corr.tolist())}  # the reference's dict: the last one listed
+        want = [last.get(c, -1) if c != NONE else -1 for c in kcorr.tolist()]
+        assert _launch_index(_Launches(corr), kcorr).tolist() == want  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 7])
+def test_shapes_packed_or_not_number_segments_alike(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kineto_columns, "_CHUNK", chunk)
     rng = np.random.default_rng(8)
     for top in (3, 5000):  # codes small enough to pack into one int64, and too large
         sizes_m, sizes_k = rng.integers(1, 4, 50), rng.integers(0, 3, 50)

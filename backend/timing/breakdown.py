@@ -27,7 +27,19 @@ import numpy.typing as npt
 from .clocks import ClockAlignment
 from .instances import InstanceStats
 from .matching import Instances
-from .model import COMM, COMPUTE, EPS, F64, MEMORY_KINDS, CallTable, IntervalArrays, Intervals, Ints, RankArrays
+from .model import (
+    COMM,
+    COMPUTE,
+    EPS,
+    F64,
+    KIND_CODE,
+    MEMORY_KINDS,
+    CallTable,
+    IntervalArrays,
+    Intervals,
+    Ints,
+    RankArrays,
+)
 from .segments import classify_columns, memory_busy
 
 CATEGORIES = ("compute", "overlapped", "wait", "exposed", "memcpy", "idle")
@@ -269,12 +281,15 @@ _Copies = tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.i
 
 
 def _copies(iv: IntervalArrays) -> _Copies:
-    """Start, host-to-device bytes and device-to-host bytes of each interval, sorted by start."""
-    order = np.argsort(iv.start, kind="stable")
+    """Start, host-to-device bytes and device-to-host bytes of each copy interval, sorted by start (the
+    other intervals move no bytes: left out, they cost no sort of every kernel)."""
+    sel = np.flatnonzero(iv.of({"memcpy_htod", "memcpy_dtoh"}))
+    start, kind, nbytes = iv.start[sel], iv.kind[sel], iv.nbytes[sel]
+    order = np.argsort(start, kind="stable")
     return (
-        iv.start[order],
-        np.where(iv.of({"memcpy_htod"}), iv.nbytes, 0)[order],
-        np.where(iv.of({"memcpy_dtoh"}), iv.nbytes, 0)[order],
+        start[order],
+        np.where(kind == KIND_CODE["memcpy_htod"], nbytes, 0)[order],
+        np.where(kind == KIND_CODE["memcpy_dtoh"], nbytes, 0)[order],
     )
 
 

@@ -53,15 +53,18 @@ class _Calls:
 
 
 def _containing(starts: np.ndarray, rstart: np.ndarray, rend: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """kineto_events._containing vectorised: the call (index into starts) whose root contains t, else -1."""
-    i = np.searchsorted(starts, t + EPS, side="right") - 1
+    """kineto_events._containing vectorised: the call (index into starts) whose root contains t, else -1.
+    A chunk of t at a time: the search's temporaries would otherwise be several arrays as long as t."""
     found = np.full(len(t), -1, dtype=np.int64)
-    for off in range(4):
-        j = i - off
-        ok = (found < 0) & (j >= 0)
-        jj = np.where(ok, j, 0)
-        ok &= (rstart[jj] - EPS <= t) & (t <= rend[jj] + EPS) if len(rstart) else False
-        found[ok] = j[ok]
+    for a in range(0, len(t), _CHUNK):
+        tt, got = t[a : a + _CHUNK], found[a : a + _CHUNK]  # got: a view, filled in place
+        i = np.searchsorted(starts, tt + EPS, side="right") - 1
+        for off in range(4):
+            j = i - off
+            ok = (got < 0) & (j >= 0)
+            jj = np.where(ok, j, 0)
+            ok &= (rstart[jj] - EPS <= tt) & (tt <= rend[jj] + EPS) if len(rstart) else False
+            got[ok] = j[ok]
     return found
 
 
@@ -119,7 +122,9 @@ def _group_cpu(col: Collector, ts: np.ndarray, dur: np.ndarray) -> _Calls | None
         nc = int(call_of[-1]) + 1 if len(cont) else 0
         roots = cont[np.flatnonzero(np.r_[True, call_of[1:] != call_of[:-1]])] if len(cont) else cont
         ann = ann[np.argsort(ts[ann], kind="stable")]
-        into = _containing(ts[roots], ts[roots], ts[roots] + dur[roots], ts[ann])
+        rstart = ts[roots]
+        into = _containing(rstart, rstart, rstart + dur[roots], ts[ann])
+        del rstart
         joined = into >= 0
         alone = ann[~joined]
         # the thread's calls: container calls then lone annotations, stably sorted by issue time
@@ -342,14 +347,9 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
             sel = np.flatnonzero(kthr == t)
             if len(sel):
                 r = root[first : first + len(calls.starts[t])]
-                rstart = ts[r]
-                rend = rstart + dur[r]
-                del r
-                for a in range(0, len(sel), _CHUNK):  # the search's temporaries a chunk of kernels at a time
-                    part = sel[a : a + _CHUNK]
-                    found = _containing(calls.starts[t], rstart, rend, lts[launch[part]])
-                    kcall[part[found >= 0]] = first + found[found >= 0]
-                del rstart, rend
+                found = _containing(calls.starts[t], ts[r], ts[r] + dur[r], lts[launch[sel]])
+                kcall[sel[found >= 0]] = first + found[found >= 0]
+                del r, found
         del kthr
     want = (kcall < 0) & (kext != NONE) & (kext != kcorr)
     if want.any():

@@ -14,11 +14,13 @@ from commlens.ingest.kineto_columns import (
     _Calls,
     _calls_of_ext,
     _codes,
+    _containing,
     _launch_index,
     _padded,
     _segment_first,
     _shape_ids,
 )
+from commlens.ingest.kineto_model import EPS
 from commlens.ingest.kineto_records import NONE
 
 
@@ -67,6 +69,22 @@ def test_a_kernel_takes_the_call_of_the_first_member_with_its_external_id() -> N
             hit = np.flatnonzero(ext[member] == w)
             want.append(int(call_of_member[hit[0]]) if len(hit) else -1)
         assert _calls_of_ext(ext, calls, wanted).tolist() == want
+
+
+def test_containing_a_chunk_at_a_time_finds_the_same_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(12)
+    for _ in range(100):
+        starts = np.sort(rng.random(int(rng.integers(0, 30))) * 100)
+        ends = starts + rng.random(len(starts)) * 10
+        t = rng.random(int(rng.integers(0, 60))) * 110
+        whole = _containing(starts, starts, ends, t)
+        monkeypatch.setattr(kineto_columns, "_CHUNK", 7)
+        chunked = _containing(starts, starts, ends, t)
+        monkeypatch.setattr(kineto_columns, "_CHUNK", 1 << 20)
+        assert chunked.tolist() == whole.tolist()
+        for k, c in enumerate(whole.tolist()):  # found: the call contains t; -1: none of the 4 before it does
+            if c >= 0:
+                assert starts[c] - EPS <= t[k] <= ends[c] + EPS
 
 
 class _Launches:

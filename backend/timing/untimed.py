@@ -4,12 +4,12 @@ untimed case allows.
 An NCCL log gives no time, so its run gets instances, their members, mismatches and time_status, and
 nothing the times would give (waits, breakdown, critical path). `load_run` reads every run the same
 way: each column through Arrow's fill_null, a cast to int64 and a concatenation of the record batches,
-the two time columns included; on a 2 M-call log that is about 1 CPU s, a third of the analysis. Here a
-run qualifies only when no counted call of a known rank has a time and the run has no profiler step,
-no timeline interval and no profiler trace (so every rank's timeline is empty, as load_run would make
-it); its calls are read once into preallocated columns (a batch without nulls is copied straight from
-its Arrow buffer), and the time columns are NaN without being read. The CallTable is the one load_run
-builds, value for value (tests/test_time_untimed.py).
+the two time columns included (0.6-1.1 CPU s for the bench's 2 M-call logs on a loaded 2-core host).
+A run qualifies here only when no counted call of a known rank has a time and the run has no profiler
+step, no timeline interval and no profiler trace (so every rank's timeline is empty, as load_run would
+make it); its calls are read once into preallocated columns (a batch without nulls is copied straight
+from its Arrow buffer) and its time columns are not read (0.2-0.55 CPU s). The CallTable is the one
+load_run builds, value for value (tests/test_time_untimed.py).
 """
 
 from __future__ import annotations

@@ -146,6 +146,7 @@ def test_garbled_interleaved_log(tmp_path, monkeypatch):
     pre, (report,) = _same_both_ways(tmp_path, [[path]], "garbled", monkeypatch)
     assert report["linked"] == [True] and report["ranged"] == [True] and report["files"][0][1] == "ok"
     assert len(set(_column(pre, "process_groups", "group_key"))) >= 4
+    assert _column(pre, "agg_sources", "rank_key") == ["0"]  # of 8 ranks' calls, the smallest key (not any)
 
 
 def test_into_a_run_that_already_holds_nccl_files(tmp_path, monkeypatch):

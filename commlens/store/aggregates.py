@@ -278,7 +278,7 @@ def _refresh_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
         f"""
         INSERT INTO agg_sources (run_id, source_id, rank_key, has_steps, iterations, calls)
         WITH ev AS (
-            SELECT e.source_id, any_value({rank_key_sql()}) AS rank_key, bool_or(e.step IS NOT NULL) AS has_steps,
+            SELECT e.source_id, min({rank_key_sql()}) AS rank_key, bool_or(e.step IS NOT NULL) AS has_steps,
                    count(DISTINCT e.step) AS n_steps, count(*) AS calls
             FROM comm_events e WHERE e.run_id = ? AND e.counted GROUP BY e.source_id
         ), st AS (

@@ -472,10 +472,15 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
     del root
     k_n = np.where(is_k, 1, _at(kcount, src))
     k_first = np.where(is_k, 0, _at(kbounds[:-1], src))
-    seg = np.repeat(np.arange(len(k_n)), k_n)
-    within = np.arange(len(seg)) - np.repeat(np.cumsum(k_n) - k_n, k_n)
-    kidx = np.where(is_k[seg], ksrc[seg], _at(korder, np.minimum(k_first[seg] + within, max(len(korder) - 1, 0))))
-    del seg, within, k_first, korder, kbounds, kcount
+    last_k = max(len(korder) - 1, 0)
+    if (k_n == 1).all():  # one kernel a row (the usual case): no per-kernel segment arrays
+        kidx = np.where(is_k, ksrc, _at(korder, np.minimum(k_first, last_k)))
+    else:
+        seg = np.repeat(np.arange(len(k_n)), k_n)
+        within = np.arange(len(seg)) - np.repeat(np.cumsum(k_n) - k_n, k_n)
+        kidx = np.where(is_k[seg], ksrc[seg], _at(korder, np.minimum(k_first[seg] + within, last_k)))
+        del seg, within
+    del k_first, korder, kbounds, kcount
     dev_start, k_span, dev_end = _kernel_spans(kts, kdur, kidx, k_n)
     has_k = k_n > 0
     del kidx, k_n, src, ksrc

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gzip
 import os
 import subprocess
 import threading
@@ -21,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from commlens.harness import launch
@@ -125,6 +127,16 @@ class HarnessRuns:
     def straggler(self, name: str) -> launch.PlannedRun:
         """One of STRAGGLER_RUNS on STRAGGLER_MODEL (alone: its times are the evidence)."""
         return self(name, dict(STRAGGLER_MODEL, **STRAGGLER_RUNS[name]), alone=True)
+
+    def slept_ms(self, name: str) -> float:
+        """What rank 1 of the named straggler run actually slept per profiled step, in ms: the mean of its
+        `commlens.delay` ranges in its trace. The ground truth for the wait it imposes: a loaded host
+        oversleeps DELAY_MS (72.6 ms against 60 seen at load 4.8), so the nominal value is not it."""
+        with gzip.open(self.straggler(name).out / "trace.rank1.json.gz") as f:
+            events = orjson.loads(f.read())["traceEvents"]
+        slept = [e["dur"] for e in events if e.get("ph") == "X" and e.get("name") == "commlens.delay"]
+        assert len(slept) >= 8 and min(slept) >= DELAY_MS * 1000, slept
+        return float(sum(slept)) / len(slept) / 1000
 
     def close(self) -> None:
         """Drop the launches not started; wait for the running ones (end of the session)."""

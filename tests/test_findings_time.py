@@ -14,7 +14,7 @@ from statistics import fmean, stdev
 
 import duckdb
 import pytest
-from harness_runs import DELAY_MS, HarnessRuns, named
+from harness_runs import HarnessRuns, named
 
 from commlens import store
 from commlens.backend.findings import findings
@@ -57,14 +57,15 @@ def _stragglers(found: list[Finding]) -> list[Finding]:
 
 
 @pytest.mark.slow
-def test_dp_delay_finding_names_rank_1_with_its_ms_per_step(harness_con) -> None:
+def test_dp_delay_finding_names_rank_1_with_its_ms_per_step(harness_con, harness_runs: HarnessRuns) -> None:
     con = harness_con("dp-delay")
     found = findings(con, "dp-delay")
     (f,) = _stragglers(found)
     assert found[0] == f  # ranked by time: the straggler costs most
     assert f.evidence["rank"] == 1 and f.evidence["scheme"] == "dp" and f.severity == "high"
     assert f.title.startswith("Rank 1 is a persistent dp straggler: its peers wait ")
-    assert f.ms_per_step == pytest.approx(DELAY_MS, rel=0.2) and f.evidence["wait_ms_per_step"] == f.ms_per_step
+    slept = harness_runs.slept_ms("dp-delay")
+    assert f.ms_per_step == pytest.approx(slept, rel=0.2) and f.evidence["wait_ms_per_step"] == f.ms_per_step
     assert f.step_share is not None and 0.5 < f.step_share < 1.0  # the sleep is most of the step
     assert f.evidence_text["wait_ms_per_step"].endswith(" ms") and f.evidence_text["arrived_last_share"] == "100%"
     assert f.stability is not None and f.stability.startswith("caused most of the group's wait in 8 of 8 steps")
@@ -83,13 +84,13 @@ def test_dp_delay_finding_names_rank_1_with_its_ms_per_step(harness_con) -> None
 
 
 @pytest.mark.slow
-def test_tp_delay_finding_names_rank_1_in_its_tp_group(harness_con) -> None:
+def test_tp_delay_finding_names_rank_1_in_its_tp_group(harness_con, harness_runs: HarnessRuns) -> None:
     found = findings(harness_con("dp-tp-delay"), "dp-tp-delay")
     # rank 1's tp group is ranks 0 and 1 (the other, ranks 2 and 3, has nobody sleeping, though a crowded
     # host can make one of them a straggler of its own)
     tp = [f for f in _stragglers(found) if f.evidence["scheme"] == "tp" and f.ranks == [0, 1]]
     assert [f.evidence["rank"] for f in tp] == [1], [f.title for f in found]
-    assert tp[0].evidence["imposed_ms_per_step"] == pytest.approx(DELAY_MS, rel=0.2)
+    assert tp[0].evidence["imposed_ms_per_step"] == pytest.approx(harness_runs.slept_ms("dp-tp-delay"), rel=0.2)
     assert len(tp[0].steps) == 8 and tp[0].severity == "high"
     # rank 0 reaches its dp all-reduce last only because it waited for rank 1: it passes that wait on
     assert not [f for f in _stragglers(found) if f.evidence["rank"] == 0]

@@ -153,20 +153,22 @@ def test_delay_is_recorded_and_visible_in_the_traces(delayed, base, runs):
     events = _events(out, 1)
     steps = _steps(events)
     assert sorted(steps) == list(PROFILED_STEPS)
+    slept = []  # ms per step (a loaded host oversleeps DELAY_MS): what rank 0's extra wait is compared with
     for n, step in steps.items():  # once per step, before the forward, at least the delay long
         (delay,) = _named(events, "commlens.delay", step)
         assert delay["dur"] >= DELAY_MS * 1000, (n, delay)
+        slept.append(delay["dur"] / 1000)
         assert all(e["ts"] >= delay["ts"] + delay["dur"] for e in _named(events, "aten::embedding", step))
     assert not any(e["name"] == "commlens.delay" for e in _events(out, 0))
 
-    # rank 0 waits for rank 1 in the group they share: about DELAY_MS more all-reduce time per step
+    # rank 0 waits for rank 1 in the group they share: about what rank 1 slept more all-reduce time per step
     dim = "dp" if base == "dp" else "tp"
     with_delay = allreduce_ms_per_step(out, 0, dim)
     without = allreduce_ms_per_step(runs(base), 0, dim)
     assert sorted(with_delay) == sorted(without) == list(PROFILED_STEPS)
     if dim == "dp":  # medians across steps: one crowded step of either run moves a mean by tens of ms
         extra = median(with_delay.values()) - median(without.values())
-        assert extra == pytest.approx(DELAY_MS, rel=0.2), (with_delay, without)
+        assert extra == pytest.approx(median(slept), rel=0.2), (with_delay, without, slept)
         return
     # Four ranks on a two-core host: without delay, rank 0 also waits for peers that the scheduler
     # set aside (10-25 ms per step on a busy machine), and the sleep absorbs part of that, so the extra

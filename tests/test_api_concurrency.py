@@ -185,10 +185,9 @@ def test_sigkill_during_ingest_then_restart(tmp_path: Path, data_dir: Path) -> N
                 assert job["state"] in ("queued", "running") and time.monotonic() < deadline, job
                 time.sleep(0.02)
             assert job["state"] == "running"
-            # Reads are served while the worker ingests.
-            t0 = time.monotonic()
+            # Reads are served while the worker ingests: the read is answered before the job ends (no timed
+            # bound, which a loaded machine would break)
             assert c.get("/api/runs/killed/histograms").status_code == 200
-            assert time.monotonic() - t0 < 2.0
             assert c.get(f"/api/jobs/{job_id}").json()["state"] == "running"
     finally:
         os.kill(proc.pid, signal.SIGKILL)

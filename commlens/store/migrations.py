@@ -20,7 +20,7 @@ from .layout import BREAKDOWN_ORDER, MEMCPY_ORDER
 from .tables import AGG_TABLES, TIME_FINDING_TABLES, TIME_TABLES
 from .transaction import transaction
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 SCHEMA_FILES = ("trace.sql", "review.sql", "jobs.sql", "aggregates.sql", "time.sql", "hang.sql", "pairs.sql")
 META_SQL = """CREATE TABLE IF NOT EXISTS meta (
     key   VARCHAR PRIMARY KEY,
@@ -58,12 +58,12 @@ _TIME_COLUMNS = (
 
 
 def _reorder(table: str, order: str) -> list[str]:
-    """Rewrite a time table in the given row order: renamed aside, created as declared, filled in order."""
+    """Rewrite a time table as declared now (its row order, its keys): renamed aside, created, filled in order."""
     return [
-        f"ALTER TABLE {table} RENAME TO {table}_v8",
+        f"ALTER TABLE {table} RENAME TO {table}_before",
         *_create_tables("time.sql", (table,)),
-        f"INSERT INTO {table} SELECT * FROM {table}_v8 ORDER BY {order}",
-        f"DROP TABLE {table}_v8",
+        f"INSERT INTO {table} SELECT * FROM {table}_before ORDER BY {order}",
+        f"DROP TABLE {table}_before",
     ]
 
 
@@ -84,6 +84,8 @@ def _reorder(table: str, order: str) -> list[str]:
 #         existing run (admins rename those); run_aliases (a run's former names), empty.
 # 8 -> 9: time_breakdown and time_memcpy rewritten in the step-block order (layout.py), so that reads of one step
 #         and of one rank prune row groups; the rows themselves are unchanged.
+# 9 -> 10: time_instances and time_instance_members rewritten without their primary keys (time.sql says why), in
+#          the order the analysis writes them; the rows are unchanged.
 MIGRATIONS: dict[int, list[str]] = {
     1: _create_tables("aggregates.sql", AGG_TABLES),
     2: ["ALTER TABLE comm_events ADD COLUMN counted BOOLEAN DEFAULT true"],
@@ -103,6 +105,10 @@ MIGRATIONS: dict[int, list[str]] = {
         *_create_tables("trace.sql", ("run_aliases",)),
     ],
     8: [*_reorder("time_breakdown", BREAKDOWN_ORDER), *_reorder("time_memcpy", MEMCPY_ORDER)],
+    9: [
+        *_reorder("time_instances", "run_id, instance_id"),
+        *_reorder("time_instance_members", "run_id, instance_id, rank"),
+    ],
 }
 
 

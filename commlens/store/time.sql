@@ -14,6 +14,10 @@ CREATE TABLE IF NOT EXISTS time_status (
 );
 
 -- One collective instance: the same call matched on every member of its group.
+-- time_instances and time_instance_members keep no primary key (schema 10): their keys are unique by
+-- construction (instance_id numbers a run's instances 0.., one member row per rank), persist replaces a
+-- run's rows whole, and reads prune by the insertion order; DuckDB's index on their millions of rows
+-- was most of the time analysis of an NCCL log (docs/time.md).
 CREATE TABLE IF NOT EXISTS time_instances (
     run_id         INTEGER NOT NULL,
     instance_id    INTEGER NOT NULL,  -- 0.. within the run, in (group_key, key) order
@@ -32,8 +36,7 @@ CREATE TABLE IF NOT EXISTS time_instances (
     skew_us        DOUBLE,            -- last arrival - first arrival
     real_us        DOUBLE,            -- end - arrival of the last member: the collective once all were there
     algbw_gbps     DOUBLE,            -- msg_bytes / real_us, GB/s (1e9 B)
-    busbw_gbps     DOUBLE,            -- algbw x the nccl-tests factor for op and members
-    PRIMARY KEY (run_id, instance_id)
+    busbw_gbps     DOUBLE             -- algbw x the nccl-tests factor for op and members
 );
 
 -- Each member of an instance; (run_id, source_id, seq) is its comm_events row.
@@ -45,8 +48,7 @@ CREATE TABLE IF NOT EXISTS time_instance_members (
     seq            BIGINT NOT NULL,
     arrival_ref_us DOUBLE,            -- the call's start (device kernel, else CPU op), reference clock
     end_ref_us     DOUBLE,
-    wait_us        DOUBLE,            -- last arrival - own arrival (0 for the last)
-    PRIMARY KEY (run_id, instance_id, rank)
+    wait_us        DOUBLE            -- last arrival - own arrival (0 for the last)
 );
 
 -- Calls that could not be paired, with both sides (side_b NULL: the call is absent on rank_b).

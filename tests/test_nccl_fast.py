@@ -6,20 +6,16 @@ analysis's matching of members that saw the same keys against the sorting path, 
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from nccl_bench import nccl_bench
 
 from commlens.backend.timing import matching, persist
 from commlens.backend.timing.analysis import analyze_columns
 from commlens.service.ingest import ingest_paths
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # The definition comm_iterations had as one SQL statement: each call's position in its communicator
 # (a window over every call) against its communicator's period and its process's iterations.
@@ -52,15 +48,6 @@ REFERENCE = """
 """
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_nccl", ROOT / "bench" / "nccl.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_nccl"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _run_id(con, run: str) -> int:
     return int(con.execute("SELECT run_id FROM runs WHERE name = ?", [run]).fetchall()[0][0])
 
@@ -86,7 +73,7 @@ def test_real_logs_iterations_equal_the_sql_window(con, data_dir):
 
 
 def test_bench_shaped_log_with_garbled_lines(tmp_path, con):
-    bench = _bench()
+    bench = nccl_bench()
     clean = tmp_path / "clean.log"
     bench.write_interleaved(clean, 30_000, "2.21.5")
     lines = clean.read_text().splitlines()
@@ -115,7 +102,7 @@ def test_bench_shaped_log_with_garbled_lines(tmp_path, con):
 
 @pytest.mark.parametrize("shape", ["per-process"])
 def test_per_process_files_iterations_equal_the_sql_window(tmp_path, con, shape):
-    bench = _bench()
+    bench = nccl_bench()
     bench.write_per_process(tmp_path / shape, 16_000, "2.21.5")
     summary = ingest_paths(con, sorted((tmp_path / shape).iterdir()), "pp")
     assert [f.status for f in summary.files] == ["ok"] * 8
@@ -161,7 +148,7 @@ def _time_same_as_general_path(con, run: str, monkeypatch) -> dict:
 
 
 def test_time_analysis_fast_keys_equal_the_general_path(tmp_path, con, monkeypatch):
-    bench = _bench()
+    bench = nccl_bench()
     path = tmp_path / "job.log"
     bench.write_interleaved(path, 24_000, "2.28.3")
     ingest_paths(con, [path], "whole")

@@ -8,13 +8,12 @@ back and linked again)."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
+from nccl_bench import nccl_bench
 
 from commlens import store
 from commlens.ingest import nccl_prelink
@@ -23,18 +22,8 @@ from commlens.service.ingest import ingest_run
 from commlens.store import aggregates
 from commlens.store.tables import AGG_TABLES, TIME_TABLES
 
-ROOT = Path(__file__).resolve().parents[1]
 # Every table a run's NCCL rows reach, compared whole (rowids too, through comm_agg.first_row).
 TABLES = ("comm_events", "nccl_comms", "nccl_topology", "nccl_tuning", "process_groups", *AGG_TABLES, *TIME_TABLES)
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_nccl_prelink", ROOT / "bench" / "nccl.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_nccl_prelink"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _ingest(db: Path, paths: list[Path], run: str, new: bool, monkeypatch: pytest.MonkeyPatch) -> dict:
@@ -118,7 +107,7 @@ def test_real_logs_linked_before_the_write(tmp_path, data_dir, monkeypatch):
 
 def test_bench_per_process_files(tmp_path, monkeypatch):
     folder = tmp_path / "pp"
-    _bench().write_per_process(folder, 16_000, "2.21.5")
+    nccl_bench().write_per_process(folder, 16_000, "2.21.5")
     files = sorted(folder.iterdir())
     pre, (report,) = _same_both_ways(tmp_path, [files], "pp", monkeypatch)
     assert report["linked"] == [True] and report["ranged"] == [True]
@@ -133,7 +122,7 @@ def test_bench_per_process_files(tmp_path, monkeypatch):
 
 def test_garbled_interleaved_log(tmp_path, monkeypatch):
     clean = tmp_path / "clean.log"
-    _bench().write_interleaved(clean, 30_000, "2.28.3")
+    nccl_bench().write_interleaved(clean, 30_000, "2.28.3")
     lines = clean.read_text().splitlines()
     rnd = random.Random(5)
     for i in sorted(rnd.sample(range(200, len(lines)), 40), reverse=True):
@@ -151,7 +140,7 @@ def test_garbled_interleaved_log(tmp_path, monkeypatch):
 
 def test_into_a_run_that_already_holds_nccl_files(tmp_path, monkeypatch):
     folder = tmp_path / "pp"
-    _bench().write_per_process(folder, 8_000, "2.21.5")
+    nccl_bench().write_per_process(folder, 8_000, "2.21.5")
     files = sorted(folder.iterdir())
     _, reports = _same_both_ways(tmp_path, [files[:3], files[3:]], "pp", monkeypatch)
     assert [r["linked"] for r in reports] == [[True], []]  # the second batch is linked after its write
@@ -161,7 +150,7 @@ def test_a_planned_file_failing_at_its_write(tmp_path, monkeypatch):
     """A file whose write fails (a value the store refuses) had its communicators in the plan: the other files'
     calls, written linked without them, go back as parsed and are linked after, as before."""
     folder = tmp_path / "pp"
-    _bench().write_per_process(folder, 8_000, "2.21.5")
+    nccl_bench().write_per_process(folder, 8_000, "2.21.5")
     files = sorted(folder.iterdir())
     write_result = store.write_result
 

@@ -3,15 +3,13 @@ two shapes `bench/nccl.py` measures (one interleaved log of 8 processes; one fil
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import random
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from nccl_bench import nccl_bench
 
 from commlens.ingest import nccl_log, nccl_vector
 from commlens.ingest.inputs import DEFAULT_LIMITS
@@ -20,17 +18,6 @@ from commlens.ingest.nccl_log import parse_nccl_log
 from commlens.ingest.nccl_relabel import EVENT_FIELDS, _plain_events, events_table
 from commlens.ingest.records import ParseResult, RankHint
 from commlens.service.ingest import ingest_paths
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_nccl", ROOT / "bench" / "nccl.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_nccl"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _parse(data: bytes) -> ParseResult:
@@ -206,7 +193,7 @@ def test_vectorised_path_on_ray_prefixed_and_quoted_logs(monkeypatch):
 
 @pytest.fixture(scope="module")
 def bench():
-    return _bench()
+    return nccl_bench()
 
 
 def _expected_calls(bench, version: str, lines: int) -> Counter:

@@ -4,20 +4,18 @@ a schema-9 store is upgraded with every row kept, and the reads by instance answ
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
+from nccl_bench import nccl_bench
 
 from commlens import store
 from commlens.service import time as service
 from commlens.service.ingest import ingest_paths
 from commlens.store.migrations import _create_tables
 
-ROOT = Path(__file__).resolve().parents[1]
 KEYS = {"time_instances": "(run_id, instance_id)", "time_instance_members": "(run_id, instance_id, rank)"}
 
 
@@ -86,19 +84,10 @@ def test_a_schema_9_store_upgrades_without_the_keys(tmp_path: Path) -> None:
         con.close()
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_nccl_schema10", ROOT / "bench" / "nccl.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_nccl_schema10"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_analysis_writes_each_key_once(tmp_path: Path, con, data_dir: Path) -> None:
     """What the keys checked: one instance per instance_id and one member per (instance, rank), on a real profiler
     trace, every real NCCL log, and a bench-shaped log of 8 processes ingested twice into the same run."""
-    _bench().write_interleaved(tmp_path / "bench.log", 8_000, "2.21.5")
+    nccl_bench().write_interleaved(tmp_path / "bench.log", 8_000, "2.21.5")
     runs = {"resnet": [data_dir / "kineto-hta/nccl_parser_config/nccl_data.json.gz"], "bench": [tmp_path / "bench.log"]}
     runs |= {f"log-{p.stem}": [p] for p in sorted((data_dir / "nccl-logs").glob("*.log"))}
     for run, paths in runs.items():

@@ -10,31 +10,19 @@ must leave to the general one (a profiler trace: DLRM)."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
+from nccl_bench import nccl_bench
 
 from commlens.backend.timing import instances, matching, ordering, persist
 from commlens.ingest.inputs import iter_inputs
 from commlens.service.ingest import ingest_run
 from commlens.store.tables import TIME_TABLES
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_nccl_untimed", ROOT / "bench" / "nccl.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_nccl_untimed"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _lexsort(*keys):
@@ -109,7 +97,7 @@ def test_every_real_nccl_log(con, data_dir, monkeypatch):
 @pytest.fixture(scope="module")
 def bench_log(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("untimed") / "job.log"
-    _bench().write_interleaved(path, 24_000, "2.21.5")
+    nccl_bench().write_interleaved(path, 24_000, "2.21.5")
     return path
 
 
@@ -147,7 +135,7 @@ def test_bench_shaped_log_with_losses_and_garbled_lines(tmp_path, con, bench_log
 
 
 def test_per_process_files(tmp_path, con, monkeypatch):
-    _bench().write_per_process(tmp_path / "pp", 16_000, "2.21.5")
+    nccl_bench().write_per_process(tmp_path / "pp", 16_000, "2.21.5")
     files = sorted((tmp_path / "pp").iterdir())
     out = _same_as_general(con, _ingest(con, "pp", files), monkeypatch)
     assert len(files) == 8 and len(out["time_instances"]) > 3000

@@ -85,10 +85,11 @@ def test_a_schema_9_store_upgrades_without_the_keys(tmp_path: Path) -> None:
 
 
 def test_the_analysis_writes_each_key_once(tmp_path: Path, con, data_dir: Path) -> None:
-    """What the keys checked: one instance per instance_id and one member per (instance, rank), on a real profiler
-    trace, every real NCCL log, and a bench-shaped log of 8 processes ingested twice into the same run."""
+    """What the keys checked: one instance per instance_id and one member per (instance, rank), on a real job's
+    profiler traces (DLRM, 8 ranks), every real NCCL log, and a bench-shaped log of 8 processes ingested twice into
+    the same run (its second ingest analyses the run again)."""
     nccl_bench().write_interleaved(tmp_path / "bench.log", 8_000, "2.21.5")
-    runs = {"resnet": [data_dir / "kineto-hta/nccl_parser_config/nccl_data.json.gz"], "bench": [tmp_path / "bench.log"]}
+    runs = {"dlrm": [data_dir / "kineto-param/dlrm_kineto.tar.gz"], "bench": [tmp_path / "bench.log"]}
     runs |= {f"log-{p.stem}": [p] for p in sorted((data_dir / "nccl-logs").glob("*.log"))}
     for run, paths in runs.items():
         assert not ingest_paths(con, paths, run).failed
@@ -96,6 +97,10 @@ def test_the_analysis_writes_each_key_once(tmp_path: Path, con, data_dir: Path) 
     for table, key in KEYS.items():
         rows, distinct = con.execute(f"SELECT count(*), count(DISTINCT {key}) FROM {table}").fetchone()
         assert rows == distinct, table
+    dlrm = con.execute(
+        "SELECT count(*), sum(members) FROM time_instances JOIN runs USING (run_id) WHERE name = 'dlrm'"
+    ).fetchone()
+    assert dlrm == (8, 64)  # its 5 all-to-alls and 3 all-reduces, each matched on the 8 ranks
     members, instances, calls = con.execute(
         """SELECT (SELECT count(*) FROM time_instance_members m JOIN runs USING (run_id) WHERE name = 'bench'),
                   (SELECT sum(members) FROM time_instances i JOIN runs USING (run_id) WHERE name = 'bench'),

@@ -25,6 +25,7 @@ duration and why a call has no bandwidth (backend.bandwidth builds its report fr
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -79,8 +80,13 @@ def registered(con: duckdb.DuckDBPyConnection, table: pa.Table) -> Iterator[str]
     con.register(name, table)
     try:
         yield name
-    finally:
-        con.unregister(name)
+    except BaseException:
+        # a failed query aborts the transaction, which then refuses the unregister (and drops the name with its
+        # rollback): the error to raise is the query's, not that refusal
+        with contextlib.suppress(duckdb.TransactionException):
+            con.unregister(name)
+        raise
+    con.unregister(name)
 
 
 # ------------------------------------------------------------------------------ bandwidth SQL
@@ -593,6 +599,40 @@ def _iteration_ranges(
 _RANGE_TYPES = (pa.int32(), pa.string(), pa.string(), pa.int64(), pa.int64(), pa.bool_(), pa.string())
 
 
+# bw_bins' medians and the measured column each is of. An exact median holds every value of its group until the
+# group is done (DuckDB does not spill it to disk): one query per median needs memory for one column of the run's
+# measured calls, where the four together needed four (a 100 M-call run failed its refresh within 6 GB).
+_BIN_MEDIANS = {
+    "median_bytes": "msg_bytes",
+    "median_dur_us": "dur_us",
+    "median_algbw_gbps": "algbw",
+    "median_busbw_gbps": "busbw",
+}
+
+
+def _insert_bins(con: duckdb.DuckDBPyConnection, run_id: int, sql: str) -> None:
+    """bw_bins of the run: calls, group sizes and the exact medians per (op, size bin) of the measured calls `sql`."""
+    first, *others = _BIN_MEDIANS.items()
+    bins = {
+        (op, k): {"calls": calls, "group_sizes": sorted(sizes), first[0]: median}
+        for op, k, calls, sizes, median in con.execute(
+            f"SELECT op, k, count(*), list(DISTINCT n), median({first[1]}) FROM ({sql}) m GROUP BY op, k", [run_id]
+        ).fetchall()
+    }
+    if not bins:
+        return  # no measured call: the other medians would scan the run for nothing
+    for column, value in others:  # fixed names
+        for op, k, median in con.execute(
+            f"SELECT op, k, median({value}) FROM ({sql}) m GROUP BY op, k", [run_id]
+        ).fetchall():
+            bins[(op, k)][column] = median
+    con.executemany(
+        f"""INSERT INTO bw_bins (run_id, op, k, calls, group_sizes, {", ".join(_BIN_MEDIANS)})
+            VALUES (?, ?, ?, ?, ?, {", ".join("?" * len(_BIN_MEDIANS))})""",
+        [[run_id, op, k, b["calls"], b["group_sizes"], *(b[c] for c in _BIN_MEDIANS)] for (op, k), b in bins.items()],
+    )
+
+
 def _refresh_bandwidth(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     """Exact medians of algbw and busbw per (op, size bin) and per (scheme, op), the half-bandwidth
     size per op and the calls below it (backend.bandwidth states the rules)."""
@@ -602,16 +642,7 @@ def _refresh_bandwidth(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
                 "INSERT INTO bw_excluded (run_id, reason, calls) VALUES (?, ?, ?)",
                 [[run_id, reason, n] for reason, n in excluded.items()],
             )
-        con.execute(
-            f"""
-            INSERT INTO bw_bins (run_id, op, k, calls, median_bytes, median_dur_us, median_algbw_gbps,
-                                 median_busbw_gbps, group_sizes)
-            SELECT ?, op, k, count(*), median(msg_bytes), median(dur_us), median(algbw), median(busbw),
-                   list(DISTINCT n ORDER BY n)
-            FROM ({sql}) m GROUP BY op, k
-            """,
-            [run_id, run_id],
-        )
+        _insert_bins(con, run_id, sql)
         bins = con.execute(
             "SELECT op, k, calls, median_busbw_gbps FROM bw_bins WHERE run_id = ? ORDER BY op, k", [run_id]
         ).fetchall()
@@ -668,21 +699,33 @@ def _refresh_bw_schemes(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
         }
     )
     with registered(con, factor_table) as fname:
-        con.execute(
-            f"""
-            INSERT INTO bw_schemes (run_id, scheme, op, calls, time_us, median_busbw_gbps, large_calls,
-                                    large_median_busbw_gbps)
+        measured = f"""
             WITH h AS (SELECT op, coalesce(half_bw_bytes, 0) AS half FROM bw_ops WHERE run_id = ?),
             m AS (
                 SELECT c.scheme, c.op, c.msg_bytes, c.dur_us, c.msg_bytes / c.dur_us / 1e3 * f.factor AS busbw
                 FROM ({CALLS_SQL}) c JOIN {fname} f ON f.op = c.op AND f.n = c.n
                 WHERE c.excluded IS NULL
             )
+        """
+        con.execute(
+            f"""
+            INSERT INTO bw_schemes (run_id, scheme, op, calls, time_us, median_busbw_gbps, large_calls)
+            {measured}
             SELECT ?, m.scheme, m.op, count(*), sum(m.dur_us), median(m.busbw),
-                   count(*) FILTER (WHERE m.msg_bytes >= h.half),
-                   median(m.busbw) FILTER (WHERE m.msg_bytes >= h.half)
+                   count(*) FILTER (WHERE m.msg_bytes >= h.half)
             FROM m JOIN h ON h.op = m.op
             GROUP BY m.scheme, m.op
+            """,
+            [run_id, run_id, run_id],
+        )
+        # the second median in its own query, as in _insert_bins: one column of the measured calls in memory
+        con.execute(
+            f"""
+            UPDATE bw_schemes SET large_median_busbw_gbps = x.median
+            FROM ({measured}
+                  SELECT m.scheme, m.op, median(m.busbw) AS median FROM m JOIN h ON h.op = m.op
+                  WHERE m.msg_bytes >= h.half GROUP BY m.scheme, m.op) x
+            WHERE bw_schemes.run_id = ? AND bw_schemes.op = x.op AND bw_schemes.scheme IS NOT DISTINCT FROM x.scheme
             """,
             [run_id, run_id, run_id],
         )

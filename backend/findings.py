@@ -41,7 +41,8 @@ from commlens.contract.analysis import (
     RankTotals,
     Severity,
 )
-from commlens.store.aggregates import measured_kind_sql, registered
+from commlens.ingest.arrow_views import registered
+from commlens.store.aggregates import measured_kind_sql
 from commlens.vocab import format_bytes
 
 from .bandwidth import bandwidth

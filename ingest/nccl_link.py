@@ -39,6 +39,7 @@ import duckdb
 import pyarrow as pa
 
 from . import formats
+from .arrow_views import all_registered, registered
 from .formats import Trait
 
 
@@ -184,9 +185,7 @@ def link_run(con: duckdb.DuckDBPyConnection, run_id: int, written: WrittenLinked
             }
         ),
     }
-    for name, table in tables.items():
-        con.register(name, table)
-    try:
+    with all_registered(con, tables):
         params = {"run": run_id, "linked": formats.kinds_with(Trait.NCCL_COMMUNICATORS)}
         if not events_linked:
             _link_events(con, params, nccl_sources)
@@ -202,9 +201,6 @@ def link_run(con: duckdb.DuckDBPyConnection, run_id: int, written: WrittenLinked
             params,
         )
         _write_groups(con, run_id, groups, full, world_rank, members)
-    finally:
-        for name in tables:
-            con.unregister(name)
     count_each_call_once(con, run_id)
 
 
@@ -538,12 +534,9 @@ def _write_groups(
             [run_id, key, desc, ranks, size, origin],
         )
     keep = pa.table({"group_key": pa.array([r[0] for r in rows], pa.string())})
-    con.register("_nl_keep", keep)
-    try:
+    with registered(con, keep, "_nl_keep"):
         con.execute(
             """DELETE FROM process_groups WHERE run_id = ? AND group_key LIKE 'nccl:%'
                AND origin IN ('nccl_init', 'event') AND group_key NOT IN (SELECT group_key FROM _nl_keep)""",
             [run_id],
         )
-    finally:
-        con.unregister("_nl_keep")

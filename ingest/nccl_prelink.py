@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import formats
+from .arrow_views import registered
 from .formats import Trait
 from .nccl_link import MEMBER_COLUMNS, LinkPlan, members_of, plan_link
 from .parse_file import ParsedFile
@@ -102,16 +103,13 @@ class Prelinked:
                         "peer": rows.column("peer").cast(pa.int32()),
                     }
                 )
-                con.register("_nl_parsed", parsed)
-                try:
+                with registered(con, parsed, "_nl_parsed"):
                     con.execute(
                         """UPDATE comm_events SET group_key = p.group_key, rank = p.rank, peer = p.peer
                         FROM _nl_parsed p WHERE comm_events.run_id = ? AND comm_events.source_id = ?
                           AND comm_events.process = p.process AND comm_events.seq = p.seq""",
                         [run_id, found[0][0]],
                     )
-                finally:
-                    con.unregister("_nl_parsed")
 
 
 class Prelinks:

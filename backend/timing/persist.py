@@ -22,6 +22,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from commlens.contract.analysis import UNATTRIBUTED
+from commlens.ingest.arrow_views import registered
 from commlens.store import transaction
 from commlens.store.layout import BREAKDOWN_ORDER, MEMCPY_ORDER
 from commlens.store.tables import TIME_TABLES
@@ -349,14 +350,11 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, run_id: int, columns: Co
     n = len(next(iter(columns.values())))
     if not n:
         return
-    con.register("_commlens_time", pa.table(columns))
-    try:
+    with registered(con, pa.table(columns), "_commlens_time"):
         listed = ", ".join(columns)
         # the step-block layout (commlens/store/layout.py) lets reads of one step and of one rank prune
         order = f" ORDER BY {_ORDER[table].removeprefix('run_id, ')}" if table in _ORDER else ""
         con.execute(f"INSERT INTO {table} (run_id, {listed}) SELECT ?, {listed} FROM _commlens_time{order}", [run_id])
-    finally:
-        con.unregister("_commlens_time")
 
 
 def result_tables(data: RunInput, job: TimeAnalysis | None) -> dict[str, Columns]:

@@ -25,8 +25,6 @@ duration and why a call has no bandwidth (backend.bandwidth builds its report fr
 
 from __future__ import annotations
 
-import contextlib
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -36,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from commlens.ingest.arrow_views import all_registered, registered
 from commlens.ingest.periods import MIN_COVERAGE, find_period_tokens
 from commlens.vocab import busbw_factor
 
@@ -71,22 +70,6 @@ def measured_kind_sql(a: str = "a", g: str = "g") -> str:
     return (
         f"({a}.dur_kind = 'kernel' OR ({a}.dur_kind = 'cpu_op' AND lower(coalesce({g}.backend, '')) NOT LIKE '%nccl%'))"
     )
-
-
-@contextmanager
-def registered(con: duckdb.DuckDBPyConnection, table: pa.Table) -> Iterator[str]:
-    """Register an Arrow table under a fresh name for the duration of a query."""
-    name = f"_commlens_{uuid.uuid4().hex[:12]}"
-    con.register(name, table)
-    try:
-        yield name
-    except BaseException:
-        # a failed query aborts the transaction, which then refuses the unregister (and drops the name with its
-        # rollback): the error to raise is the query's, not that refusal
-        with contextlib.suppress(duckdb.TransactionException):
-            con.unregister(name)
-        raise
-    con.unregister(name)
 
 
 # ------------------------------------------------------------------------------ bandwidth SQL
@@ -307,8 +290,7 @@ def _refresh_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
              AND d.comm IS NOT DISTINCT FROM coalesce(e.group_key, 'ptr:' || e.comm_ptr)
              AND e.seq BETWEEN d.lo AND d.hi"""
         iteration = "coalesce(d.in_iteration, false)"
-        con.register("_commlens_ranges", ranges)
-    try:
+    with all_registered(con, {} if ranges is None else {"_commlens_ranges": ranges}):
         con.execute(
             f"""
             INSERT INTO comm_agg (run_id, rank_key, rank, group_key, op, dtype, msg_bytes, in_iteration,
@@ -328,9 +310,6 @@ def _refresh_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
             """,
             [run_id],
         )
-    finally:
-        if ranges is not None:
-            con.unregister("_commlens_ranges")
     # Iterations per rank key: profiler steps of the sources with steps, plus detected iterations.
     iterations: dict[str, int] = {
         rk: int(n)

@@ -8,6 +8,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from commlens.ingest.arrow_views import registered
 from commlens.ingest.records import TABLE_COLUMNS, ParseResult, rows_table
 
 from .errors import StoreError
@@ -114,11 +115,9 @@ def _insert_table(con: duckdb.DuckDBPyConnection, table: str, run_id: int, sourc
     listed = ", ".join(names)
     sql = f"INSERT INTO {table} (run_id, source_id, {listed}) SELECT ?, ?, {listed} FROM _commlens_rows"
     for start in range(0, arrow.num_rows, INSERT_ROWS):
-        con.register("_commlens_rows", _declared(table, arrow.select(names).slice(start, INSERT_ROWS)))
-        try:
+        rows = _declared(table, arrow.select(names).slice(start, INSERT_ROWS))
+        with registered(con, rows, "_commlens_rows"):
             con.execute(sql, [run_id, source_id])
-        finally:
-            con.unregister("_commlens_rows")
 
 
 def _declared(table: str, arrow: pa.Table) -> pa.Table:

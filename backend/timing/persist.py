@@ -27,6 +27,7 @@ from commlens.store import transaction
 from commlens.store.layout import BREAKDOWN_ORDER, MEMCPY_ORDER
 from commlens.store.tables import TIME_TABLES
 
+from . import budget
 from .analysis import TimeAnalysis, analyze_columns
 from .model import F64, KIND_CODE, KINDS, MEMORY_KINDS, CallTable, IntervalArrays, Ints, RankArrays, StepArrays
 from .segments import sequential_sums, sparse_sum
@@ -310,14 +311,24 @@ def _by_rank(rank: Ints) -> Iterator[tuple[int, tuple[int, int]]]:
 
 def persist_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     """Compute the run's time analysis and replace its rows in the time tables, in one transaction. An
-    analysis that fails leaves the run's files and other analyses alone: its time_status says why."""
+    analysis that fails, or that would need more memory than it may hold (budget.py), leaves the run's files
+    and other analyses alone: its time_status says why."""
     try:
-        tables = analysed_tables(con, run_id)
+        calls, intervals, need = budget.estimate(con, run_id)
+        total, source = budget.budget()
+        if need > total:
+            tables = _not_computed(budget.refusal(calls, intervals, need, total, source))
+        else:
+            with budget.BUDGET.reserve(need, total):
+                tables = analysed_tables(con, run_id)
     except Exception as exc:  # a bug or an input the analysis cannot take must not fail the ingest
         log.exception("time analysis of run %s", run_id)
-        reason = f"the time analysis failed: {type(exc).__name__}: {exc}"
-        tables = {"time_status": {"part": ["matching"], "ok": [False], "reason": [reason]}}
+        tables = _not_computed(f"the time analysis failed: {type(exc).__name__}: {exc}")
     write_tables(con, run_id, tables)
+
+
+def _not_computed(reason: str) -> dict[str, Columns]:
+    return {"time_status": {"part": ["matching"], "ok": [False], "reason": [reason]}}
 
 
 def write_tables(con: duckdb.DuckDBPyConnection, run_id: int, tables: Mapping[str, Columns]) -> None:

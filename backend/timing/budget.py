@@ -1,0 +1,109 @@
+"""The memory the time analysis may hold, and its share of it per run.
+
+The analysis holds a whole run as columns (docs/time.md, Scale): about 7.9 GB at its peak for 10 M calls over 64
+ranks with 27.6 M timeline intervals, 1.3 GB for one rank's 5 M calls and 5 M intervals. A run larger than the
+machine can hold would be killed by the kernel's out-of-memory killer, and with it the server and every job it
+runs, again at each restart's recovery. So each analysis first reserves its estimated peak: one larger than the
+whole budget is not computed (time_status says why; every other analysis of the run is unaffected), and analyses
+that fit together run together while the others wait for their share.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import duckdb
+
+ENV = "COMMLENS_TIME_MEMORY"  # e.g. "8GB": the memory the time analyses of this process may hold together
+SHARE = 0.75  # of the machine's (or the container's) memory, without ENV
+# Estimated peak per call and per timeline interval: the 10 M-call, 64-rank run's 7.9 GB is 5.0 GB of calls and
+# 2.8 GB of intervals at these rates; one rank's 5 M calls and intervals (1.3 GB measured) are estimated at 3.0 GB.
+CALL_BYTES = 500
+INTERVAL_BYTES = 100
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_size(text: str) -> int:
+    """Bytes of "8GB", "512 MiB" or "1000000"."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if m is None or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"{ENV}={text!r} is not a size (write e.g. 8GB, 512MiB or a number of bytes)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def machine_memory() -> int:
+    """Physical memory, or the container's limit where cgroup v2 sets a lower one."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return total
+    return min(total, int(limit)) if limit.isdigit() else total
+
+
+def budget() -> tuple[int, str]:
+    """The bytes the analyses may hold together, and where that figure comes from."""
+    text = os.environ.get(ENV)
+    if text:
+        return parse_size(text), ENV
+    return int(machine_memory() * SHARE), f"{SHARE:.0%} of this machine's memory; {ENV} sets it"
+
+
+def estimate(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[int, int, int]:
+    """(calls, timeline intervals, estimated peak bytes) of a run's time analysis."""
+    calls, intervals = con.execute(
+        """SELECT (SELECT count(*) FROM comm_events WHERE run_id = $run AND counted AND rank IS NOT NULL),
+                  (SELECT count(*) FROM timeline_intervals WHERE run_id = $run)""",
+        {"run": run_id},
+    ).fetchall()[0]
+    return calls, intervals, calls * CALL_BYTES + intervals * INTERVAL_BYTES
+
+
+class MemoryBudget:
+    """Reservations against one budget, shared by the threads of a process (the server's ingest workers)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._held = 0
+
+    @contextmanager
+    def reserve(self, need: int, total: int) -> Iterator[None]:
+        """Hold `need` bytes of `total` for the block, waiting while others hold too much (need <= total)."""
+        with self._cond:
+            while self._held and self._held + need > total:
+                self._cond.wait()
+            self._held += need
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held -= need
+                self._cond.notify_all()
+
+
+BUDGET = MemoryBudget()
+
+
+def refusal(calls: int, intervals: int, need: int, total: int, source: str) -> str:
+    gb = 1e9
+    return (
+        f"not computed: the time analysis of {calls:,} calls and {intervals:,} timeline intervals needs about "
+        f"{need / gb:.1f} GB, more than the {total / gb:.1f} GB it may use ({source}); the run's other analyses "
+        "are unaffected"
+    )

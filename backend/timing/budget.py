@@ -21,10 +21,11 @@ import duckdb
 
 ENV = "COMMLENS_TIME_MEMORY"  # e.g. "8GB": the memory the time analyses of this process may hold together
 SHARE = 0.75  # of the machine's (or the container's) memory, without ENV
-# Estimated peak per call and per timeline interval: the 10 M-call, 64-rank run's 7.9 GB is 5.0 GB of calls and
-# 2.8 GB of intervals at these rates; one rank's 5 M calls and intervals (1.3 GB measured) are estimated at 3.0 GB.
+# Estimated peak per call and per timeline interval, against measured peaks of the whole process (bench/README.md):
+# 1 M calls over 8 ranks with 2.77 M intervals 0.92 GB, estimated 0.92; 10 M calls over 64 ranks with 27.6 M
+# intervals 7.9 GB, estimated 9.1; one rank's 5 M calls and 5 M intervals 1.3 GB, estimated 3.3.
 CALL_BYTES = 500
-INTERVAL_BYTES = 100
+INTERVAL_BYTES = 150
 _UNITS = {
     "": 1,
     "b": 1,

@@ -119,23 +119,31 @@ class TapReader(io.RawIOBase):
     """Passes a stream's bytes through unchanged and shows each chunk to `on_data` (hashing, progress),
     so a file is read once for everything that needs its bytes."""
 
-    def __init__(self, raw: BinaryIO, on_data: Callable[[bytes], None]):
+    def __init__(self, raw: BinaryIO, on_data: Callable[[memoryview], None]):
         self._raw = raw
-        self._on_data = on_data
+        self._on_data = on_data  # sees a view of the caller's buffer, valid during the call only
+        self._readinto = getattr(raw, "readinto", None)
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b: WriteableBuffer) -> int:
-        view = memoryview(b).cast("B")
-        data = self._raw.read(len(view))
-        n = len(data)
-        view[:n] = data
-        self._on_data(data)
+        """Read straight into b where the stream can: a read() of a large block is a new allocation, fresh
+        pages for the kernel to zero on every block."""
+        with memoryview(b) as mv, mv.cast("B") as view:
+            if self._readinto is not None:
+                n = self._readinto(view) or 0
+            else:
+                data = self._raw.read(len(view))
+                n = len(data)
+                view[:n] = data
+            with view[:n] as got:
+                self._on_data(got)
         return n
 
     def drain(self) -> None:
-        while self.readinto(bytearray(1 << 20)):
+        buf = bytearray(1 << 20)
+        while self.readinto(buf):
             pass
 
     def close(self) -> None:

@@ -37,7 +37,7 @@ class _Hash:
         self.sha = hashlib.sha256()
         self.size = 0
 
-    def __call__(self, data: bytes) -> None:
+    def __call__(self, data: memoryview) -> None:
         self.sha.update(data)
         self.size += len(data)
 

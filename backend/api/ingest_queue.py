@@ -79,11 +79,11 @@ class Manifest:
         return cls(data["run"], data["rank"], files, bool(data.get("one_run", False)))
 
 
-def _progress(live: Live, base: int) -> Callable[[bytes], None]:
+def _progress(live: Live, base: int) -> Callable[[memoryview], None]:
     """Counts bytes read from an uploaded file into the job's live progress."""
     done = [0]
 
-    def on_data(data: bytes) -> None:
+    def on_data(data: memoryview) -> None:
         done[0] += len(data)
         live.bytes_done = base + done[0]
 

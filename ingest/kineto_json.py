@@ -126,7 +126,7 @@ class ScanResult:
 # --------------------------------------------------------------------------------- block reader
 
 
-POOL = 4  # block buffers: two queued, one being read into, one the consumer copies out
+POOL = 3  # block buffers: the consumer copies one out while the reader has read at most two ahead
 
 
 class _StoppedError(Exception):

@@ -218,7 +218,7 @@ class _Window:
 
     def __init__(self, reader: _BlockReader, on_activity: ActivitySink | None = None):
         self._reader = reader
-        self.data = bytearray()  # deleting from the front of a bytearray does not move the rest
+        self.data = bytearray()  # one allocation for the whole scan where it can (_next_block)
         self.base = 0  # absolute offset of data[0]
         self.lines: int | None = 0  # newlines before data[0], while known
         self.col0 = 0  # bytes after the last newline before data[0]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 from urllib.parse import urlsplit
 
 import uvicorn
 from a2wsgi import WSGIMiddleware
 
-from commlens.contract.access import is_loopback
+from commlens.contract.access import is_loopback, refusal
 
 from .app import create_ui
 
@@ -33,11 +34,34 @@ def check_exposure(host: str, api_url: str, insecure: bool) -> None:
         )
 
 
+class OriginGuard:
+    """The API's rule (`refusal`) in front of the dashboard: its callbacks write through the API as this
+    process, a loopback client, so a page of another site (403) or one reached by a rebound name (421 on
+    a loopback bind) must not reach them."""
+
+    def __init__(self, app: Any, loopback_bind: bool) -> None:
+        self.app = app
+        self.loopback_bind = loopback_bind
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        refused = None
+        if scope["type"] == "http":
+            refused = refusal(scope["method"], scope["headers"], scope.get("scheme", "http"), self.loopback_bind)
+        if refused is None:
+            await self.app(scope, receive, send)
+            return
+        body = f"{refused.status} {refused.kind}: {refused.detail}\n".encode()
+        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": refused.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
 def serve_ui(
     api_url: str, host: str = "127.0.0.1", port: int = 8051, insecure: bool = False, log_level: str = "info"
 ) -> None:
     check_exposure(host, api_url, insecure)
-    app = WSGIMiddleware(create_ui(api_url=api_url).server)  # Dash's Flask app, in uvicorn's thread pool
+    dash = WSGIMiddleware(create_ui(api_url=api_url).server)  # Dash's Flask app, in uvicorn's thread pool
+    app = OriginGuard(dash, loopback_bind=is_loopback(host))
     uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, proxy_headers=False)).run()
 
 

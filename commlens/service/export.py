@@ -3,6 +3,8 @@ the whole store (or one run) as a hive-partitioned Parquet dataset that other en
 
 from __future__ import annotations
 
+import shutil
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +14,7 @@ import duckdb
 import pyarrow as pa
 
 from commlens.backend.iterations import UnknownRunError, run_id_of
+from commlens.ingest.parse_file import first_line
 from commlens.service.errors import InvalidError, NotFoundError
 
 COMMS_COLUMNS = (
@@ -71,6 +74,7 @@ def comms_schema(con: duckdb.DuckDBPyConnection, run: str, filters: dict[str, An
 # ------------------------------------------------------------------------ the store as a Parquet dataset
 
 SECRET_COLUMN = "%token%"  # tables holding tokens (even hashed) never leave the store
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # a NULL partition value, as DuckDB, Hive and Spark spell it
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,9 @@ class ExportedRelation:
 def export_parquet(con: duckdb.DuckDBPyConnection, out: Path, run: str | None = None) -> list[ExportedRelation]:
     """Every table and view of the store (or only `run`'s rows) as Parquet under `out`, hive-partitioned:
     `<name>/run=<run name>/rank=<r>/part-0.parquet` where the relation has a rank, `<name>/run=<run name>/...`
-    where it has a run, `<name>/part-0.parquet` otherwise (and for a relation without rows). Relations keyed by
-    `run_id` gain the run's name as `run`. Tables with token columns (users) are left out."""
+    where it has a run, `<name>/part-0.parquet` otherwise. Relations keyed by `run_id` gain the run's name as
+    `run`. Tables with token columns (users) are left out. The dataset is written into a hidden folder next to
+    `out` and renamed to it at the end: a failure leaves no part of it."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidError(f"{out}: exists and is not an empty folder; give a new folder for the export", "export")
     if run is not None:
@@ -106,8 +111,20 @@ def export_parquet(con: duckdb.DuckDBPyConnection, out: Path, run: str | None = 
             [SECRET_COLUMN],
         ).fetchall()
     }
-    out.mkdir(parents=True, exist_ok=True)
-    return [_export_one(con, out, name, cols, run) for name, cols in columns.items() if name not in secret]
+    staging = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:12]}"
+    try:
+        staging.mkdir(parents=True)
+    except OSError as exc:
+        raise InvalidError(f"{out}: cannot write there ({exc.strerror or exc})", "export") from None
+    try:
+        written = [_export_one(con, staging, name, cols, run) for name, cols in columns.items() if name not in secret]
+        staging.replace(out)  # onto a missing or empty folder
+    except (OSError, duckdb.Error) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
+        raise InvalidError(f"{out}: the export failed ({reason}); nothing was written", "export") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return written
 
 
 def _export_one(
@@ -139,10 +156,15 @@ def _export_one(
             "FILENAME_PATTERN 'part-{i}')",
             params,
         )
-    else:  # one file, with every column (a partition column stays in the file: there is no folder for it)
+    elif partitions:  # no rows: the columns in a folder of NULL partitions, which readers naming them find
+        folder = target.joinpath(*(f"{p}={HIVE_NULL}" for p in partitions))
+        folder.mkdir(parents=True)
+        empty = f"SELECT * EXCLUDE ({', '.join(partitions)}) FROM ({sql})"
+        con.execute(f"COPY ({empty}) TO '{_literal(folder / 'part-0.parquet')}' (FORMAT parquet)", params)
+    else:
         target.mkdir()
         con.execute(f"COPY ({sql}) TO '{_literal(target / 'part-0.parquet')}' (FORMAT parquet)", params)
-    return ExportedRelation(name, rows, partitions if rows else ())
+    return ExportedRelation(name, rows, partitions)
 
 
 def _literal(path: Path) -> str:

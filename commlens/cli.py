@@ -117,6 +117,8 @@ def ingest(
     from commlens.service.parse_pool import default_jobs, start_pool
 
     jobs = jobs or default_jobs()
+    if cluster is not None:  # a scheduler that cannot answer is said before the store is opened (or made)
+        _reach_cluster(cluster)
     # the workers start before this process's own imports, which their start-up and imports then overlap
     pool = start_pool(jobs, paths) if cluster is None else None
     try:
@@ -196,6 +198,16 @@ def _ingest(
         err_console.print(f"[red]error:[/red] {escape(report.attribution_error)}")
     if report.failed or report.attribution_error:
         raise typer.Exit(1)
+
+
+def _reach_cluster(scheduler: str) -> None:
+    from commlens.service.cluster import reach_scheduler
+
+    try:
+        reach_scheduler(scheduler)
+    except ServiceError as exc:
+        err_console.print(f"[red]error:[/red] {escape(exc.detail)}")
+        raise typer.Exit(2) from None
 
 
 def _ingest_on_cluster(

@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -50,6 +51,7 @@ ROW_TABLES = {
     "tuning": "nccl_tuning",
     "fr_entries": "fr_entries",
 }
+TCP_SCHEMES = ("tcp", "tls", "ws", "wss")  # scheduler addresses a TCP connection reaches
 ORDER_COLUMN = "file_row"  # a row's place in its file: the store gets rows in file order across rank partitions
 
 
@@ -316,14 +318,13 @@ def ingest_cluster(
     goes to `parquet_out` (a folder or URL every worker and this process can reach; a temporary folder,
     removed after, when None: right for a cluster on this machine). With `split`, files of several jobs go
     to a run each, as a single-process ingest does."""
-    try:
-        import fsspec
-        from distributed import Client
-    except ImportError as exc:
-        raise InvalidError(f"--cluster needs Dask: pip install 'commlens[cluster]' ({exc})", "cluster") from None
+    reach_scheduler(scheduler)
+    import fsspec
+    from distributed import Client
+
     try:
         client = Client(scheduler, timeout="30s")  # type: ignore[no-untyped-call]  # distributed is untyped
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise InvalidError(f"--cluster {scheduler}: cannot reach the Dask scheduler ({exc})", "cluster") from None
     out = parquet_out or tempfile.mkdtemp(prefix="commlens-cluster-")
     fs, _ = fsspec.core.url_to_fs(out)
@@ -336,6 +337,32 @@ def ingest_cluster(
     finally:
         if parquet_out is None:
             shutil.rmtree(out, ignore_errors=True)
+
+
+def reach_scheduler(address: str, timeout: float = 10.0) -> None:
+    """Refuse at once, in those words, an address Dask cannot use and a TCP scheduler whose host does not resolve
+    or that refuses the connection: Dask's own connect retries those for its whole timeout, then says only that
+    it timed out. Called before the store is opened, so a bad address leaves no store file behind."""
+    try:
+        from distributed.comm import get_address_host_port, parse_address
+        from distributed.comm.registry import get_backend
+    except ImportError as exc:
+        raise InvalidError(f"--cluster needs Dask: pip install 'commlens[cluster]' ({exc})", "cluster") from None
+    try:
+        scheme, _ = parse_address(address)
+        get_backend(scheme)
+        host, port = get_address_host_port(address) if scheme in TCP_SCHEMES else (None, 0)
+    except ValueError as exc:
+        raise InvalidError(
+            f"--cluster {address}: not a Dask scheduler address ({first_line(exc)}); give tcp://HOST:PORT", "cluster"
+        ) from None
+    if host is None:  # inproc://, ucx://: Dask's connect says what is wrong
+        return
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise InvalidError(f"--cluster {address}: cannot reach the Dask scheduler ({reason})", "cluster") from None
 
 
 def parse_on(client: Any, paths: list[str], out: str, run: str, hint: RankHint, limits: Limits) -> list[FileDone]:

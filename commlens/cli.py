@@ -118,7 +118,7 @@ def ingest(
 
     jobs = jobs or default_jobs()
     if cluster is not None:  # a scheduler that cannot answer is said before the store is opened (or made)
-        _reach_cluster(cluster)
+        _reach_cluster(cluster, parquet_out)
     # the workers start before this process's own imports, which their start-up and imports then overlap
     pool = start_pool(jobs, paths) if cluster is None else None
     try:
@@ -200,11 +200,13 @@ def _ingest(
         raise typer.Exit(1)
 
 
-def _reach_cluster(scheduler: str) -> None:
-    from commlens.service.cluster import reach_scheduler
+def _reach_cluster(scheduler: str, parquet_out: str | None) -> None:
+    from commlens.service.cluster import check_dataset_folder, reach_scheduler
 
     try:
         reach_scheduler(scheduler)
+        if parquet_out is not None:
+            check_dataset_folder(parquet_out)
     except ServiceError as exc:
         err_console.print(f"[red]error:[/red] {escape(exc.detail)}")
         raise typer.Exit(2) from None

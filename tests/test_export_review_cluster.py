@@ -114,3 +114,21 @@ def test_a_scheduler_address_that_cannot_work_is_said_at_once(tmp_path: Path, ad
     said = _ingest(db, str(shared_data() / MIXED[1]), "--cluster", address, code=2)
     assert said.startswith(f"error: --cluster {address}: {reason}")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dataset_folder_that_holds_files_is_refused(cluster: str, tmp_path: Path) -> None:
+    """The parts would mix with what the folder holds: refused before anything is parsed or stored."""
+    parts = tmp_path / "parts"
+    (parts / "comm_events" / "run=old").mkdir(parents=True)
+    db = tmp_path / "s.duckdb"
+    said = _ingest(db, str(shared_data() / MIXED[1]), "--cluster", cluster, "--parquet-out", str(parts), code=2)
+    assert said == (
+        f"error: --parquet-out {parts}: a folder that is not empty; give a new or empty folder for the dataset"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["parts"] and [p.name for p in parts.iterdir()] == [
+        "comm_events"
+    ]
+    (parts / "comm_events" / "run=old").rmdir()
+    (parts / "comm_events").rmdir()
+    _ingest(db, str(shared_data() / MIXED[1]), "--cluster", cluster, "--parquet-out", str(parts))  # empty: taken
+    assert (parts / "comm_events" / "run=job" / "rank=0").is_dir()

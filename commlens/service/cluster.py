@@ -319,6 +319,8 @@ def ingest_cluster(
     removed after, when None: right for a cluster on this machine). With `split`, files of several jobs go
     to a run each, as a single-process ingest does."""
     reach_scheduler(scheduler)
+    if parquet_out is not None:
+        check_dataset_folder(parquet_out)
     import fsspec
     from distributed import Client
 
@@ -363,6 +365,19 @@ def reach_scheduler(address: str, timeout: float = 10.0) -> None:
     except OSError as exc:
         reason = exc.strerror or str(exc) or type(exc).__name__
         raise InvalidError(f"--cluster {address}: cannot reach the Dask scheduler ({reason})", "cluster") from None
+
+
+def check_dataset_folder(parquet_out: str) -> None:
+    """Refuse a `--parquet-out` folder that holds files already: the parts written would mix with them, and
+    whoever reads the dataset after would read both."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(parquet_out)
+    if fs.isdir(root) and fs.ls(root, detail=False):
+        raise InvalidError(
+            f"--parquet-out {parquet_out}: a folder that is not empty; give a new or empty folder for the dataset",
+            "cluster",
+        )
 
 
 def parse_on(client: Any, paths: list[str], out: str, run: str, hint: RankHint, limits: Limits) -> list[FileDone]:

@@ -159,11 +159,17 @@ def test_a_failed_export_leaves_nothing(store: Path, tmp_path: Path, monkeypatch
     out = tmp_path / "new" / "dataset"
     said = _cli("export", "--parquet", str(out), "--db", str(store), code=2)
     assert f"{out}: the export failed (No space left on device); nothing was written" in said
-    assert list(tmp_path.iterdir()) == [tmp_path / "new"] and list((tmp_path / "new").iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # the folders it made went too
     empty = tmp_path / "empty"
     empty.mkdir()
     _cli("export", "--parquet", str(empty), "--db", str(store), code=2)
-    assert list(empty.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["empty", "new"]
+    assert list(empty.iterdir()) == [] and list(tmp_path.iterdir()) == [empty]
+
+
+def test_export_into_the_current_empty_folder(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert _cli("export", "--parquet", ".", "--db", str(store)).endswith("rows, written under .")
+    assert (tmp_path / "comms" / "run=dlrm" / "rank=7" / "part-0.parquet").is_file()
 
 
 def test_export_errors_name_what_is_wrong(store: Path, tmp_path: Path) -> None:

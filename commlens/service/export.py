@@ -4,7 +4,6 @@ the whole store (or one run) as a hive-partitioned Parquet dataset that other en
 from __future__ import annotations
 
 import shutil
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,8 +87,8 @@ def export_parquet(con: duckdb.DuckDBPyConnection, out: Path, run: str | None = 
     """Every table and view of the store (or only `run`'s rows) as Parquet under `out`, hive-partitioned:
     `<name>/run=<run name>/rank=<r>/part-0.parquet` where the relation has a rank, `<name>/run=<run name>/...`
     where it has a run, `<name>/part-0.parquet` otherwise. Relations keyed by `run_id` gain the run's name as
-    `run`. Tables with token columns (users) are left out. The dataset is written into a hidden folder next to
-    `out` and renamed to it at the end: a failure leaves no part of it."""
+    `run`. Tables with token columns (users) are left out. A failure removes what the export wrote (and the
+    folders it made), so no partial dataset is left to be read as a whole one."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidError(f"{out}: exists and is not an empty folder; give a new folder for the export", "export")
     if run is not None:
@@ -111,20 +110,38 @@ def export_parquet(con: duckdb.DuckDBPyConnection, out: Path, run: str | None = 
             [SECRET_COLUMN],
         ).fetchall()
     }
-    staging = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:12]}"
+    made = _first_missing(out)
     try:
-        staging.mkdir(parents=True)
+        out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
         raise InvalidError(f"{out}: cannot write there ({exc.strerror or exc})", "export") from None
+    started: list[Path] = []
+    written = []
     try:
-        written = [_export_one(con, staging, name, cols, run) for name, cols in columns.items() if name not in secret]
-        staging.replace(out)  # onto a missing or empty folder
-    except (OSError, duckdb.Error) as exc:
+        for name, cols in columns.items():
+            if name not in secret:
+                started.append(out / name)
+                written.append(_export_one(con, out, name, cols, run))
+    except BaseException as exc:  # interrupted too: what this export wrote goes, and only that
+        for path in [made] if made is not None else started:
+            shutil.rmtree(path, ignore_errors=True)
+        if not isinstance(exc, OSError | duckdb.Error):
+            raise
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
         raise InvalidError(f"{out}: the export failed ({reason}); nothing was written", "export") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return written
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder that making `path` creates (None: it exists), removed whole if the export fails."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
 
 
 def _export_one(

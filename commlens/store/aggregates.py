@@ -342,7 +342,7 @@ _PERIOD_CALLS = """
                coalesce(e.group_key, 'ptr:' || e.comm_ptr) AS comm, e.group_key, e.seq, e.op, e.msg_bytes
         FROM comm_events e
         JOIN agg_sources s ON s.run_id = e.run_id AND s.source_id = e.source_id AND NOT s.has_steps
-        WHERE e.run_id = ? AND e.counted
+        WHERE e.run_id = ? AND e.counted AND e.source_id BETWEEN ? AND ?
     ), kinds AS (
         SELECT op, msg_bytes, row_number() OVER () AS tok FROM (SELECT DISTINCT op, msg_bytes FROM ev)
     )
@@ -353,24 +353,50 @@ _PERIOD_CALLS = """
 """
 _TOK_BITS = 20  # a call packed as seq * 2^20 + token: seq within +-2^42, fewer than 2^20 distinct pairs
 _SEQ_LIMIT = 1 << 42
+# Calls whose periods are found at once (about 300 bytes each while they are: the refresh of 2 M calls in 8
+# sources peaked at 708 MB all at once, 370 MB in batches of 500 k, 308 MB a source at a time, from 117 MB): the
+# sources of a run are taken in batches of about this many calls, so the refresh's memory is bounded by the
+# largest source, not by the run.
+PERIOD_BATCH_CALLS = 500_000
 
 
-def _period_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> pa.Table:
-    """One row per communicator (ordered as comm_periods.ord) with its calls' tokens and seqs in seq order
-    (`toks`, `seqs`). Each call goes into one list as seq and token packed in an integer, unordered, and
-    each list is sorted with numpy (DuckDB's two ordered lists sorted every call twice); a seq that does not
-    fit (or is NULL), or too many tokens, and the lists are ordered by DuckDB instead."""
+def _source_batches(con: duckdb.DuckDBPyConnection, run_id: int) -> list[tuple[int, int]]:
+    """The run's sources without profiler steps as ranges of source ids, in order, each holding about
+    PERIOD_BATCH_CALLS calls (a larger source alone)."""
+    batches: list[tuple[int, int]] = []
+    total = 0
+    for source_id, calls in con.execute(
+        """SELECT e.source_id, count(*) FROM comm_events e
+           JOIN agg_sources s ON s.run_id = e.run_id AND s.source_id = e.source_id AND NOT s.has_steps
+           WHERE e.run_id = ? AND e.counted GROUP BY e.source_id ORDER BY e.source_id""",
+        [run_id],
+    ).fetchall():
+        if batches and total + calls <= PERIOD_BATCH_CALLS:
+            batches[-1] = (batches[-1][0], source_id)
+            total += calls
+        else:
+            batches.append((source_id, source_id))
+            total = calls
+    return batches
+
+
+def _period_calls(con: duckdb.DuckDBPyConnection, run_id: int, sources: tuple[int, int]) -> pa.Table:
+    """One row per communicator of the sources with ids in `sources` (ordered as comm_periods.ord) with its
+    calls' tokens and seqs in seq order (`toks`, `seqs`). Each call goes into one list as seq and token packed
+    in an integer, unordered, and each list is sorted with numpy (DuckDB's two ordered lists sorted every call
+    twice); a seq that does not fit (or is NULL), or too many tokens, and the lists are ordered by DuckDB
+    instead."""
     table = con.sql(
         _PERIOD_CALLS.format(
             lists=f"""list(CASE WHEN seq BETWEEN -{_SEQ_LIMIT} AND {_SEQ_LIMIT} THEN seq * {1 << _TOK_BITS} + tok END)
                    AS packed, count(*) FILTER (WHERE seq IS NULL OR seq NOT BETWEEN -{_SEQ_LIMIT} AND {_SEQ_LIMIT})
                    AS unfit, max(tok) AS toks"""
         ),
-        params=[run_id],
+        params=[run_id, *sources],
     ).to_arrow_table()
     if pc.max(table["unfit"]).as_py() or (pc.max(table["toks"]).as_py() or 0) >= 1 << _TOK_BITS:
         lists = "list(tok ORDER BY seq) AS toks, list(seq ORDER BY seq) AS seqs"
-        return con.sql(_PERIOD_CALLS.format(lists=lists), params=[run_id]).to_arrow_table()
+        return con.sql(_PERIOD_CALLS.format(lists=lists), params=[run_id, *sources]).to_arrow_table()
     packed = table["packed"].combine_chunks()
     offsets = packed.offsets
     values = packed.values.to_numpy().copy()
@@ -388,10 +414,27 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[bool,
     """Period detection for every communicator of the sources without profiler steps (see
     backend.iterations for the rules), stored in comm_periods and process_iterations, and the
     detected iteration of each of their calls in comm_iterations. Whether a process has a detected
-    period, and the same rows as seq ranges (`_iteration_ranges`; None where they cannot stand for them)."""
-    table = _period_calls(con, run_id)
+    period, and the same rows as seq ranges (`_iteration_ranges`; None where they cannot stand for them).
+    A batch of sources at a time (`_source_batches`): every rule is within a source's processes."""
+    detected, parts, ords = False, [], (0, 0)
+    for sources in _source_batches(con, run_id):
+        has, ranges, ords = _refresh_batch(con, run_id, _period_calls(con, run_id, sources), ords)
+        detected |= has
+        parts.append(ranges)
+    if not parts:
+        return False, _iteration_ranges(pa.table({}), [], [], {})
+    if any(p is None for p in parts):
+        return detected, None
+    return detected, pa.concat_tables(p for p in parts if p is not None)
+
+
+def _refresh_batch(
+    con: duckdb.DuckDBPyConnection, run_id: int, table: pa.Table, ords: tuple[int, int]
+) -> tuple[bool, pa.Table | None, tuple[int, int]]:
+    """_refresh_periods for the communicators of one batch of sources (`table`, from _period_calls); `ords`:
+    the comm_periods and process_iterations rows written before it, which number this batch's on."""
     if not table.num_rows:
-        return False, _iteration_ranges(table, [], [], {})
+        return False, _iteration_ranges(table, [], [], {}), ords
     toks = table["toks"].combine_chunks()
     offsets = toks.offsets.to_numpy()
     values = toks.values.to_numpy()
@@ -435,7 +478,7 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[bool,
                 key[1],
                 key[2],
                 c["group_key"],
-                i,
+                ords[0] + i,
                 c["calls"],
                 p.period if p else None,
                 p.offset if p else None,
@@ -447,12 +490,16 @@ def _refresh_periods(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[bool,
     )
     con.executemany(
         "INSERT INTO process_iterations (run_id, source_id, process, rank, iterations, ord) VALUES (?, ?, ?, ?, ?, ?)",
-        [[run_id, s, p, ranks.get((s, p)), it, i] for i, ((s, p), it) in enumerate(sorted(proc_iters.items()))],
+        [
+            [run_id, s, p, ranks.get((s, p)), it, ords[1] + i]
+            for i, ((s, p), it) in enumerate(sorted(proc_iters.items()))
+        ],
     )
     periods = [c["period"] for c in comms.values()]
     iters = [proc_iters.get(key[:2]) or 0 for key in comms]
     _insert_iterations(con, run_id, table, periods, proc_iters)
-    return any(proc_iters.values()), _iteration_ranges(table, periods, iters, proc_iters)
+    ranges = _iteration_ranges(table, periods, iters, proc_iters)
+    return any(proc_iters.values()), ranges, (ords[0] + len(comms), ords[1] + len(proc_iters))
 
 
 # Why a call has no detected iteration (comm_iterations.reason), by the first rule that applies.

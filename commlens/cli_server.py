@@ -54,8 +54,11 @@ def _alive(pid: int) -> bool:
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """Whether binding (host, port) would fail with "address already in use"."""
+    """Whether binding (host, port) would fail with "address already in use" for the server, which binds with
+    SO_REUSEADDR (uvicorn does): connections a killed server left in TIME_WAIT do not hold the port, a listener does."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        if os.name == "posix":  # elsewhere SO_REUSEADDR would let the bind share a port another server listens on
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

@@ -67,16 +67,23 @@ class Manifest:
     rank: int | None
     files: list[SpooledUpload] = field(default_factory=list)
     one_run: bool = False  # store every file in `run` even when they are of several jobs
+    owner_id: int | None = None  # the uploading user, who owns the runs the job splits off
 
     def dump(self, folder: Path) -> None:
-        data = {"run": self.run, "rank": self.rank, "files": [f.__dict__ for f in self.files], "one_run": self.one_run}
+        data = {
+            "run": self.run,
+            "rank": self.rank,
+            "files": [f.__dict__ for f in self.files],
+            "one_run": self.one_run,
+            "owner_id": self.owner_id,
+        }
         (folder / MANIFEST).write_text(json.dumps(data))
 
     @classmethod
     def load(cls, folder: Path) -> Manifest:
         data = json.loads((folder / MANIFEST).read_text())
         files = [SpooledUpload(**f) for f in data["files"]]
-        return cls(data["run"], data["rank"], files, bool(data.get("one_run", False)))
+        return cls(data["run"], data["rank"], files, bool(data.get("one_run", False)), data.get("owner_id"))
 
 
 def _progress(live: Live, base: int) -> Callable[[memoryview], None]:
@@ -260,6 +267,7 @@ class IngestQueue:
                     self.settings.ingest_limits,
                     on_file=record,
                     split_jobs=progress.split,
+                    owner_id=manifest.owner_id,
                 )
             except _StoppedError:
                 self._finish(

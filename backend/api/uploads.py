@@ -299,7 +299,7 @@ async def upload_files(
         if refused is not None:
             raise refused.error
         merge = one_run if one_run is not None else _flag(spooler.fields, "one_run")
-        manifest = Manifest(run=run, rank=rank, files=spooler.files, one_run=merge)
+        manifest = Manifest(run=run, rank=rank, files=spooler.files, one_run=merge, owner_id=principal.user_id)
         manifest.dump(folder)
         job = await run_in_threadpool(_create_job, ctx, job_id, run, manifest)
     except BaseException:

@@ -66,6 +66,7 @@ class PendingRun:
     name: str
     description: str | None = None
     run_id: int | None = None  # once made (or found)
+    owner_id: int | None = None  # the user who owns it if this ingest makes it
 
     def write(self, con: duckdb.DuckDBPyConnection, fn: Callable[[duckdb.DuckDBPyConnection, int], T]) -> T:
         """fn(con, run_id) in one transaction with the run's creation, if it is not made yet."""
@@ -73,7 +74,7 @@ class PendingRun:
             return fn(con, self.run_id)
 
         def body(c: duckdb.DuckDBPyConnection) -> tuple[int, T]:
-            run_id = store.ensure_run(c, self.name, description=self.description)
+            run_id = store.ensure_run(c, self.name, description=self.description, owner_id=self.owner_id)
             return run_id, fn(c, run_id)
 
         self.run_id, out = store.transaction(con, body)
@@ -82,7 +83,7 @@ class PendingRun:
     def made(self, con: duckdb.DuckDBPyConnection) -> int:
         """The run's id, made now if no file made it (an ingest whose every file was skipped)."""
         if self.run_id is None:
-            self.run_id = store.ensure_run(con, self.name, description=self.description)
+            self.run_id = store.ensure_run(con, self.name, description=self.description, owner_id=self.owner_id)
         return self.run_id
 
 
@@ -119,17 +120,19 @@ def ingest_run(
     split_jobs: bool = False,
     jobs: int = 1,
     pool: ParsePool | None = None,
+    owner_id: int | None = None,
 ) -> IngestReport:
     """Ingest the files into the run (created by its first stored file if missing; `replace` first removes
     what earlier files of it stored, its review and overrides kept), link and refresh it, and attribute its
     groups to schemes. A file that fails is recorded with its error; an exception of `inputs` itself stops
     before the linking. With `split_jobs` the files are parsed first (held as Arrow tables) and each job's go
     to a run of its own. With `jobs` > 1 files are parsed in that many processes (same rows): this one and
-    jobs-1 workers (`pool`, if the caller started them early)."""
+    jobs-1 workers (`pool`, if the caller started them early). `owner_id`: the user on whose behalf it runs,
+    who owns the runs it makes (None: the store's operator, the CLI)."""
     hint = hint or RankHint()
     if split_jobs:
-        return _ingest_split(con, run, inputs, hint, limits, on_file, description, replace, jobs, pool)
-    pending = PendingRun(run, description, store.get_run_id(con, run))
+        return _ingest_split(con, run, inputs, hint, limits, on_file, description, replace, jobs, pool, owner_id)
+    pending = PendingRun(run, description, store.get_run_id(con, run), owner_id)
     if replace and pending.run_id is not None:
         store.replace_run_data(con, pending.run_id)
     report = IngestReport(run)
@@ -184,8 +187,10 @@ def _ingest_split(
     replace: bool,
     jobs: int = 1,
     pool: ParsePool | None = None,
+    owner_id: int | None = None,
 ) -> IngestReport:
-    """Parse every file, group the parsed ones by job, then store each job as its own run. Files that could
+    """Parse every file, group the parsed ones by job, then store each job as its own run (a run split off
+    takes no name of another owner's run nor any run's former name). Files that could
     not be parsed (and skipped ones) are recorded in the first job's run. The parses wait in HeldParses
     (on disk past its memory budget) and each input's bytes are released once parsed (archive members are
     spooled in memory up to 64 MiB each), so memory does not grow with the number of files."""
@@ -210,13 +215,13 @@ def _ingest_split(
             item.open_raw = _ReleasedBytes(item.name)  # an archive member's spool goes now, not with the run
             held.put(id(item), p)
             del p  # held only by `held`, which lets it go once stored
-        split = split_jobs(run, found)
+        split = split_jobs(run, found, _names_not_ours(con, owner_id))
         where = {f.path: job.run for job in split for f in job.files}
         where.update({name: where[first] for name, first in twin.items() if first in where})
         report = IngestReport(run, jobs=split)
         runs: dict[str, PendingRun] = {}
         for job in split:
-            pending = runs[job.run] = PendingRun(job.run, description, store.get_run_id(con, job.run))
+            pending = runs[job.run] = PendingRun(job.run, description, store.get_run_id(con, job.run), owner_id)
             if replace and pending.run_id is not None:
                 store.replace_run_data(con, pending.run_id)
             links.plan(con, job.run, pending.run_id, [id(i) for i in items if where.get(i.name, run) == job.run])
@@ -233,6 +238,15 @@ def _ingest_split(
     for job in split:
         _finish(con, runs[job.run].made(con), job.run, report, True, links.written(job.run))
     return report
+
+
+def _names_not_ours(con: duckdb.DuckDBPyConnection, owner_id: int | None) -> set[str]:
+    """Names a run split off for `owner_id` must not take: another owner's runs (where the uploader may not
+    write unasked) and every run's former names (links holding them lead to that run)."""
+    rows = con.execute(
+        "SELECT name FROM runs WHERE owner_id IS DISTINCT FROM ? UNION ALL SELECT alias FROM run_aliases", [owner_id]
+    ).fetchall()
+    return {r[0] for r in rows}
 
 
 class _ReleasedBytes:

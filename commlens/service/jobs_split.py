@@ -12,7 +12,7 @@ the API's upload jobs both split through `commlens.service.ingest.ingest_run(spl
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -150,9 +150,10 @@ def _conflict(a: Job, b: Job) -> str | None:
     return None
 
 
-def split_jobs(run: str, files: Sequence[FileEvidence]) -> list[Job]:
+def split_jobs(run: str, files: Sequence[FileEvidence], taken: Collection[str] = ()) -> list[Job]:
     """The files grouped into jobs, in the order of their first file; the first job keeps `run`, the others
-    are named `run-<first file's stem>`. Configuration files join the first job."""
+    are named `run-<first file's stem>` (with a number where that is in `taken`: names they must not take).
+    Configuration files join the first job."""
     jobs = [Job("", [f]) for f in files if not f.attaches]
     merged = True
     while merged:
@@ -173,7 +174,7 @@ def split_jobs(run: str, files: Sequence[FileEvidence]) -> list[Job]:
     if not jobs:
         jobs = [Job(run)]
     jobs[0].files.extend(f for f in files if f.attaches)
-    taken = {run}
+    taken = {run, *taken}
     for i, job in enumerate(jobs):
         job.files.sort(key=lambda f: order[f.path])
         if i == 0:

@@ -28,7 +28,9 @@ def ensure_run(
     name: str,
     description: str | None = None,
     tags: list[str] | None = None,
+    owner_id: int | None = None,
 ) -> int:
+    """The run's id, made now if missing (owned by `owner_id`, a user id, when given)."""
     run_id = get_run_id(con, name)
     if run_id is not None:
         return run_id
@@ -39,8 +41,8 @@ def ensure_run(
         raise StoreError(f"{name!r} is a former name of run {renamed[0][0]!r}; use that name or pick another")
     return _one(
         con.execute(
-            "INSERT INTO runs (name, description, tags) VALUES (?, ?, ?) RETURNING run_id",
-            [name, description, tags or []],
+            "INSERT INTO runs (name, description, tags, owner_id) VALUES (?, ?, ?, ?) RETURNING run_id",
+            [name, description, tags or [], owner_id],
         )
     )
 

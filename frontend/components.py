@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 import plotly.graph_objects as go
 from dash import dcc, html, no_update
+from dash.development.base_component import Component
 from dash.exceptions import PreventUpdate
 
 from .client import ApiProblem
@@ -41,6 +42,7 @@ OP_COLORS = {
     "barrier": "#444444",
 }
 MAX_TABLE_ROWS = 1000
+STATIC_ABOVE = 100  # rows: a longer table is drawn as one static component (long_table)
 # Runs side by side (Compare) get their own colours, apart from the ops' and schemes' above.
 RUN_COLORS = ["#393b79", "#ad494a", "#637939", "#8c6d31", "#7b4173", "#3182bd", "#e6550d", "#31a354"]
 SCHEME_COLORS = {
@@ -163,8 +165,37 @@ def _md_cell(value: Any) -> str:
     return _MD_PUNCT.sub(r"\\\1", text)
 
 
+def _text(cell: Any) -> str:
+    """What a cell shows, as plain text: the children of its components, joined."""
+    if cell is None:
+        return ""
+    if isinstance(cell, (list, tuple)):
+        return "".join(_text(c) for c in cell)
+    if isinstance(cell, Component):
+        return _text(getattr(cell, "children", None))
+    return str(cell)
+
+
+def long_table(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    id_: str | None = None,
+    row_class: Sequence[str | None] | None = None,
+) -> Component:
+    """table() while it is short; beyond STATIC_ABOVE rows the same text as one static_table, since a component
+    per cell took minutes to draw at 1,024 ranks. Columns of td_num cells stay right-aligned; row classes go."""
+    if len(rows) <= STATIC_ABOVE:
+        return table(columns, rows, id_=id_, row_class=row_class)
+    numeric = [
+        c
+        for i, c in enumerate(columns)
+        if isinstance(rows[0][i], html.Td) and "num" in str(getattr(rows[0][i], "className", "")).split()
+    ]
+    return static_table(columns, [[_text(c) for c in row] for row in rows], id_, numeric)
+
+
 def static_table(
-    columns: Sequence[str], rows: Sequence[Sequence[Any]], id_: str, numeric: Sequence[str] = ()
+    columns: Sequence[str], rows: Sequence[Sequence[Any]], id_: str | None, numeric: Sequence[str] = ()
 ) -> dcc.Markdown:
     """A long table of plain text as ONE component: the dashboard's renderer pays per component, so a table
     of hundreds of cells built from html.Td components takes seconds to appear, while this Markdown table
@@ -176,7 +207,8 @@ def static_table(
         "| " + " | ".join("---:" if c in right else "---" for c in columns) + " |",
     ]
     lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in rows]
-    return dcc.Markdown("\n".join(lines), id=id_, className="md-table", dangerously_allow_html=False)
+    kwargs: dict[str, Any] = {"id": id_} if id_ is not None else {}
+    return dcc.Markdown("\n".join(lines), className="md-table", dangerously_allow_html=False, **kwargs)
 
 
 def csv_href(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -226,7 +258,8 @@ def chart_block(
             ),
             html.Div(note, className="chart-note") if note else None,
             html.Details(
-                [html.Summary("Table view"), more, html.Div(table(columns, shown), className="scroll")], open=open_table
+                [html.Summary("Table view"), more, html.Div(long_table(columns, shown), className="scroll")],
+                open=open_table,
             ),
             csv_link(columns, raw_rows, filename),
         ],

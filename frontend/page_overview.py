@@ -25,6 +25,7 @@ from .components import (
     problem_box,
     scheme_color,
     severity_badge,
+    static_table,
     table,
     td_num,
 )
@@ -174,20 +175,23 @@ def volumes_chart(c: Comparison, graph_id: Any = "ov-volumes") -> Any:
     top = max(predicted + measured + [0.0])
     fig.update_layout(barmode="group", yaxis=byte_axis(top), bargap=0.35 if len(names) > 1 else 0.6)
     cols = ["scheme", "predicted", "measured", "unexplained", "measured / predicted"]
-    display = [
-        [
-            s.scheme,
-            td_num(s.predicted_bytes_per_iter, exact_bytes(s.predicted_bytes_per_iter)),
-            td_num(s.measured_bytes_per_iter, exact_bytes(s.measured_bytes_per_iter)),
-            td_num(s.unexplained_bytes_per_iter, exact_bytes(s.unexplained_bytes_per_iter)),
-            td_num(s.ratio, "-" if s.ratio is None else f"{s.ratio:.4g}"),
-        ]
-        for s in c.schemes
-    ]
-    raw = [
-        [s.scheme, s.predicted_bytes_per_iter, s.measured_bytes_per_iter, s.unexplained_bytes_per_iter, s.ratio]
-        for s in c.schemes
-    ]
+    display, raw = [], []
+    for s in c.schemes:
+        # a scheme nothing predicts has no predicted, unexplained or ratio: "-", not 0 B and all of it unexplained
+        said = s.prediction_source == "config"
+        pred = s.predicted_bytes_per_iter if said else None
+        unex = s.unexplained_bytes_per_iter if said else None
+        ratio = s.ratio if said else None
+        display.append(
+            [
+                s.scheme,
+                td_num(pred, exact_bytes(pred)),
+                td_num(s.measured_bytes_per_iter, exact_bytes(s.measured_bytes_per_iter)),
+                td_num(unex, exact_bytes(unex)),
+                td_num(ratio, "-" if ratio is None else f"{ratio:.4g}"),
+            ]
+        )
+        raw.append([s.scheme, pred, s.measured_bytes_per_iter, unex, ratio])
     source = {
         "run": "the run's own configuration",
         "supplied": "a supplied configuration",
@@ -232,39 +236,37 @@ def findings_list(client: ApiClient, run: str, limit: int = TOP_FINDINGS) -> Any
 
 
 def sources(client: ApiClient, run: str) -> Any:
+    """The run's files as one static table (a component per cell took minutes to draw at 1,024 ranks);
+    failed files are counted above it, since a static table cannot colour their rows."""
     page = client.sources(run)
     if not page.items:
         return empty("No files ingested into this run yet.")
-    rows, classes = [], []
+    rows = []
     for s in page.items:
         note = s.error or "; ".join(s.warnings or [])
         if s.skipped:
             note = (note + "; " if note else "") + "skipped " + ", ".join(f"{k}: {v}" for k, v in s.skipped.items())
-        rows.append(
-            [
-                html.Span(s.path, className="mono"),
-                s.kind,
-                html.Span(s.status, className=f"badge st-{s.status}"),
-                td_num(s.rank),
-                td_num(s.n_events),
-                td_num(s.size_bytes, format_bytes(s.size_bytes)),
-                note,
-            ]
-        )
-        classes.append("bad" if s.status == "failed" else None)
-    extra = html.P(f"{page.total - len(page.items)} more not shown.", className="hint") if page.next_offset else None
+        rows.append([s.path, s.kind, s.status, num(s.rank), num(s.n_events), format_bytes(s.size_bytes), note])
+    failed = sum(1 for s in page.items if s.status == "failed")
     return html.Div(
         [
+            message(f"{failed} of these {len(rows)} files failed: see error / notes.", "error") if failed else None,
             html.Div(
-                table(
+                static_table(
                     ["file", "kind", "status", "rank", "calls", "size", "error / notes"],
                     rows,
-                    id_="ov-sources",
-                    row_class=classes,
+                    "ov-sources",
+                    ("rank", "calls", "size"),
                 ),
                 className="scroll",
             ),
-            extra,
+            html.P(
+                f"The first {num(len(rows))} of {num(page.total)} files; GET /api/runs/<run>/sources?offset="
+                f"{page.next_offset} pages through the rest. Sources per rank below names every rank's files.",
+                className="hint",
+            )
+            if page.next_offset
+            else None,
         ]
     )
 
@@ -303,24 +305,23 @@ def hang(client: ApiClient, run: str) -> Any:
 
 
 def rank_sources(client: ApiClient, run: str) -> Any:
-    """Per rank, the files that describe it and how many of their calls count (each call counts once)."""
+    """Per rank, the files that describe it and how many of their calls count (each call counts once); one
+    static table, a row per rank at any scale."""
     r = client.rank_sources(run)
     if not r.ranks:
         return empty("No file names a rank yet.")
     rows = [
         [
-            td_num(x.rank),
+            num(x.rank),
             ", ".join(sorted({s.kind for s in x.sources})),
-            html.Span("; ".join(s.path for s in x.sources), className="mono"),
-            td_num(sum(s.counted for s in x.sources)),
+            "; ".join(s.path for s in x.sources),
+            num(sum(s.counted for s in x.sources)),
             ", ".join(f"{s.kind}: {num(s.calls)}" for s in x.sources if s.calls and not s.counted) or "-",
         ]
         for x in r.ranks
     ]
-    return html.Div(
-        table(["rank", "kinds", "files", "calls counted", "calls superseded"], rows, id_="ov-rank-sources"),
-        className="scroll",
-    )
+    cols = ["rank", "kinds", "files", "calls counted", "calls superseded"]
+    return html.Div(static_table(cols, rows, "ov-rank-sources", ("rank", "calls counted")), className="scroll")
 
 
 def register(app: Dash, cfg: UiConfig) -> None:

@@ -37,6 +37,7 @@ from .components import (
     guarded,
     kv,
     loading,
+    long_table,
     message,
     push_state,
     table,
@@ -722,7 +723,7 @@ def stragglers_view(report: StragglerReport, group: str | None, status: TimeStat
                 [
                     html.Summary("Arrivals per group and rank"),
                     html.Div(
-                        table(
+                        long_table(
                             [
                                 "group",
                                 "scheme",
@@ -788,7 +789,7 @@ def clocks_view(clocks: ClockOffsets | None, status: TimeStatus) -> Any:
                 ]
             ),
             html.Div(
-                table(
+                long_table(
                     ["rank", "clock domain", "offset applied", "estimate", "spread", "instances used"],
                     rows,
                     id_="tm-clocks",
@@ -828,7 +829,7 @@ def ranks_view(summary: TimeSummary) -> Any:
         "exposed comm (wait + exposed)",
         "overlapped comm",
     ]
-    return html.Div(table(cols, rows, id_="tm-ranks"), className="scroll short")
+    return html.Div(long_table(cols, rows, id_="tm-ranks"), className="scroll short")
 
 
 def mismatches_view(client: ApiClient, run: str, summary: TimeSummary) -> Any:

@@ -212,8 +212,6 @@ def histogram_view(h: Histogram) -> Any:
         notes.append(
             "left out of the normalised histogram: " + ", ".join(f"{k}: {num(v)} calls" for k, v in h.excluded.items())
         )
-    if h.unattributed_events:
-        notes.append(f"{num(h.unattributed_events)} calls have no group and so no scheme")
     head = html.Ul([html.Li(n) for n in notes], className="note-list") if notes else None
     if not h.series:
         chosen = {k: v for k, v in h.filters.items() if v is not None}

@@ -339,11 +339,15 @@ def _fmt_unit(v: float | None, metric: str) -> str:
 
 
 def _value_axis(metric: str, top: float, bottom: float, log: bool) -> dict[str, Any]:
+    """A linear axis starts at zero: ranks that all carry the same volume drew a flat box on a range narrower
+    than one tick step, so the axis had no label at all."""
     if metric == "bytes":
-        return {"type": "log" if log else "linear", "tickmode": "array", **byte_axis(top, bottom, log=log)}
+        if log:
+            return {"type": "log", "tickmode": "array", **byte_axis(top, bottom, log=True)}
+        return {"type": "linear", "rangemode": "tozero", "tickmode": "array", **byte_axis(top)}
     if log:
         return {"type": "log"}
-    return {"tickmode": "array", **duration_axis(top)}
+    return {"rangemode": "tozero", "tickmode": "array", **duration_axis(top)}
 
 
 def summary_view(s: RankSummary, run: str) -> Any:

@@ -151,3 +151,28 @@ def test_a_run_name_the_cli_accepts_opens_on_the_dashboard(tab: Tab, store: dict
     tab.open(f"/runs/{quote(SLASHED, safe='')}")
     tab.no_error_boxes()
     expect(tab.page.locator("#page h1 .run-name")).to_have_text(SLASHED)
+
+
+def test_a_flat_spread_has_a_labelled_axis(tab: Tab, api: httpx.Client) -> None:
+    """Every rank of the wide run carries the same bytes: the box is a line, and its axis autoranged to a sliver
+    around it with no tick inside, so no number said what the line was. The axis starts at zero now."""
+    s = api.get(f"/runs/{WIDE}/ranks/summary").json()
+    [sp] = s["schemes"]
+    assert sp["min"] == sp["max"] == 2_549_700  # per iteration, every rank
+    tab.open(f"/runs/{WIDE}/ranks")
+    tab.figure_data("rk-spread")
+    labels = tab.page.evaluate(
+        "() => Array.from(document.querySelectorAll('#rk-spread .ytick text')).map(t => t.textContent)"
+    )
+    assert labels[0] == "0 B" and "2 MiB" in labels, labels
+    tab.no_error_boxes()
+
+
+def test_the_histogram_says_each_note_once(tab: Tab, api: httpx.Client) -> None:
+    h = api.get("/runs/dlrm/histograms").json()
+    assert h["unattributed_events"] == 64
+    tab.open("/runs/dlrm/histograms")
+    notes = tab.page.locator("#hg-content .note-list li")
+    expect(notes.first).to_be_visible()
+    texts = notes.all_inner_texts()
+    assert sum("no process group" in t or "no group" in t for t in texts) == 1, texts

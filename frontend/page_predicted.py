@@ -214,17 +214,18 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
 
 
 def op_table(ops: list[OpComparison], table_id: str, predicted: bool = True) -> Any:
-    """The scheme's calls against the prediction; a scheme nothing predicts lists them as measured, unflagged
-    (measured only is a neutral state: nothing was expected, so nothing is unexplained)."""
+    """The scheme's calls against the prediction; a scheme nothing predicts lists them as measured, unflagged,
+    with no predicted count or difference (measured only is a neutral state: nothing was expected, so nothing is
+    unexplained)."""
     cols = ["op", "dtype", "S", "predicted calls / iter", "measured calls / iter", "difference", "status"]
     rows = [
         [
             o.op,
             o.dtype or "-",
             td_num(o.msg_bytes, exact_bytes(o.msg_bytes)),
-            td_num(o.predicted_calls_per_iter),
+            td_num(o.predicted_calls_per_iter) if predicted else td_num(None),
             td_num(o.measured_calls_per_iter),
-            td_num(o.difference, f"{o.difference:+,.4g}"),
+            td_num(o.difference, f"{o.difference:+,.4g}") if predicted else td_num(None),
             html.Span(o.status, className=f"badge st-{o.status}")
             if predicted
             else html.Span("measured", className="badge sev-info"),

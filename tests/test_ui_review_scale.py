@@ -176,3 +176,15 @@ def test_the_histogram_says_each_note_once(tab: Tab, api: httpx.Client) -> None:
     expect(notes.first).to_be_visible()
     texts = notes.all_inner_texts()
     assert sum("no process group" in t or "no group" in t for t in texts) == 1, texts
+
+
+def test_measured_only_calls_have_no_predicted_count(tab: Tab, api: httpx.Client) -> None:
+    """The op table of a scheme nothing predicts said 'predicted 0' and a difference of +1 per call."""
+    c = api.get("/runs/dlrm/comparison").json()
+    dp = next(s for s in c["schemes"] if s["scheme"] == "dp")
+    assert dp["prediction_source"] != "config"
+    tab.open("/runs/dlrm/predicted")
+    rows = tab.cells("pv-ops-dp", len(dp["ops"]))
+    assert [(r[0], r[2], r[3], r[4], r[5], r[6]) for r in rows] == [
+        ("all_reduce", str(o["msg_bytes"]), "", "1.0", "", "measured") for o in dp["ops"]
+    ]

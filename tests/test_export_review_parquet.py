@@ -23,7 +23,7 @@ INGESTS = (
     ("kineto-param/dlrm_kineto.tar.gz", "dlrm"),
     ("kineto-hta/nccl_parser_config/nccl_data.json.gz", "ddp-demo"),
     ("nccl-logs", "pp-demo"),
-    ("kineto-hta/distributed_info_unavailable", "2024 a/b"),  # no rank: rank=__HIVE_DEFAULT_PARTITION__
+    ("kineto-hta/distributed_info_unavailable", "2024 a=b%"),  # no rank: rank=__HIVE_DEFAULT_PARTITION__
 )
 HIDDEN = {"users"}  # token hashes never leave the store
 
@@ -109,7 +109,7 @@ def _check_relations(con: duckdb.DuckDBPyConnection, exported: Path, catalog: di
     assert {n for n, c in counts.items() if c == (0,)} >= {"a2a_pairs", "fr_entries", "review_items", "run_aliases"}
     assert counts["comms"] == (64 + 21 + 26 + 6,)
     ranks = con.execute("SELECT run, rank, count(*) FROM comms GROUP BY ALL ORDER BY ALL").fetchall()
-    assert ranks[:2] == [("2024 a/b", None, 6), ("ddp-demo", 0, 21)]
+    assert ranks[:2] == [("2024 a=b%", None, 6), ("ddp-demo", 0, 21)]
     assert ranks[-1] == ("pp-demo", None, 26)
     assert [r[1] for r in ranks if r[0] == "dlrm"] == list(range(8))
 

@@ -130,6 +130,8 @@ def ingest_run(
     jobs-1 workers (`pool`, if the caller started them early). `owner_id`: the user on whose behalf it runs,
     who owns the runs it makes (None: the store's operator, the CLI)."""
     hint = hint or RankHint()
+    if store.get_run_id(con, run) is None:
+        store.check_new_run_name(run)  # up front, not after every file is parsed
     if split_jobs:
         return _ingest_split(con, run, inputs, hint, limits, on_file, description, replace, jobs, pool, owner_id)
     pending = PendingRun(run, description, store.get_run_id(con, run), owner_id)

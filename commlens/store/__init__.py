@@ -13,7 +13,16 @@ from .migrations import MIGRATIONS, SCHEMA_VERSION, schema_sql
 from .overlap import same_rank_trace
 from .tables import AGG_TABLES, RUN_TABLES, TRACE_TABLES
 from .transaction import in_transaction, retry_conflicts, transaction
-from .writer import ensure_run, find_source, get_run_id, record_failure, replace_run_data, set_run_config, write_result
+from .writer import (
+    check_new_run_name,
+    ensure_run,
+    find_source,
+    get_run_id,
+    record_failure,
+    replace_run_data,
+    set_run_config,
+    write_result,
+)
 
 __all__ = [
     "AGG_TABLES",
@@ -23,6 +32,7 @@ __all__ = [
     "TRACE_TABLES",
     "StoreError",
     "active_jobs",
+    "check_new_run_name",
     "connect",
     "ensure_run",
     "find_source",

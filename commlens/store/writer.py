@@ -34,6 +34,7 @@ def ensure_run(
     run_id = get_run_id(con, name)
     if run_id is not None:
         return run_id
+    check_new_run_name(name)
     renamed = con.execute(
         "SELECT r.name FROM run_aliases a JOIN runs r USING (run_id) WHERE a.alias = ?", [name]
     ).fetchall()
@@ -45,6 +46,15 @@ def ensure_run(
             [name, description, tags or [], owner_id],
         )
     )
+
+
+def check_new_run_name(name: str) -> None:
+    """StoreError for a name no new run may take: the API and the dashboard address a run by its name in their
+    paths, where a '/' cannot be (a run of that name would be stored and unreachable)."""
+    if "/" in name:
+        raise StoreError(
+            f"run name {name!r} holds a '/', which the API's and the dashboard's paths cannot carry; pick another name"
+        )
 
 
 def set_run_config(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any]) -> None:

@@ -87,7 +87,13 @@ def facts(client: ApiClient, run: str) -> Any:
 def schemes(client: ApiClient, run: str) -> Any:
     g = client.groups(run)
     if not g.items:
-        return empty("No process groups or communicators: nothing to attribute.")
+        if not g.unattributed_events:
+            return empty("No process groups or communicators: nothing to attribute.")
+        # the volumes chart above may still name schemes: the comparison places calls without a group by pattern
+        return empty(
+            f"No process group or communicator in the files: none of the {num(g.unattributed_events)} calls has a "
+            "group to attribute here. Predicted vs measured says how its comparison places calls without a group."
+        )
     rows = [
         [
             html.Span(x.group_key, className="mono"),

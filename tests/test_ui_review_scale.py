@@ -188,3 +188,14 @@ def test_measured_only_calls_have_no_predicted_count(tab: Tab, api: httpx.Client
     assert [(r[0], r[2], r[3], r[4], r[5], r[6]) for r in rows] == [
         ("all_reduce", str(o["msg_bytes"]), "", "1.0", "", "measured") for o in dp["ops"]
     ]
+
+
+def test_calls_without_a_group_are_not_called_nothing(tab: Tab, api: httpx.Client) -> None:
+    """The DLRM traces name no process group: the overview said 'nothing to attribute' under a chart of dp and
+    other bytes; it now counts the calls and says where the chart's schemes come from."""
+    g = api.get("/runs/dlrm/groups").json()
+    assert (g["total"], g["unattributed_events"]) == (0, 64)
+    tab.open("/runs/dlrm")
+    section = tab.page.locator("section", has=tab.page.get_by_role("heading", name="Schemes and how they were"))
+    expect(section).to_contain_text("none of the 64 calls has a group")
+    assert "nothing to attribute" not in section.inner_text()

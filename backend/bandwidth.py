@@ -52,7 +52,15 @@ def _why_no_bandwidth(con: duckdb.DuckDBPyConnection, run_id: int, excluded: dic
         f"{n} calls: {reason} ({lacking if reason in (NO_DURATION, ENQUEUE_ONLY) else WHY.get(reason, 'left out')})"
         for reason, n in excluded.items()
     ]
+    if not parts and not _has_calls(con, run_id):
+        return "no bandwidth: the run holds no collective or point-to-point call to measure"
     return "no bandwidth: " + ("; ".join(parts) if parts else f"no call has a measured duration ({lacking})")
+
+
+def _has_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
+    return (
+        con.execute("SELECT 1 FROM comm_events WHERE run_id = ? AND counted LIMIT 1", [run_id]).fetchone() is not None
+    )
 
 
 def bandwidth(con: duckdb.DuckDBPyConnection, run: str) -> BandwidthReport:

@@ -62,6 +62,10 @@ def test_bandwidth_says_the_runs_own_reason(con: duckdb.DuckDBPyConnection, data
         "no bandwidth: 4 calls: no measured duration (NCCL logs carry no durations; a profiler trace of the "
         "same ranks gives them)"
     ]
+    ingest_run(con, "init-only", iter_inputs([data_dir / "nccl-logs/nvidia-nccl-671.log"]))  # INIT lines, no calls
+    assert bandwidth(con, "init-only").notes == [
+        "no bandwidth: the run holds no collective or point-to-point call to measure"
+    ]
 
 
 def test_ingest_hints_for_each_gap(tmp_path: Path, data_dir: Path) -> None:

@@ -212,4 +212,5 @@ def test_upload_through_the_api_and_the_dashboard_client(tmp_path: Path) -> None
         ]
         section = str(page_overview.hang(ui, "hung"))
         assert "Hung: ranks 1 never arrived." in section and "never entered #3" in section
-        assert "flight_recorder" in str(page_overview.rank_sources(ui, "hung"))
+        table = page_overview.rank_sources(ui, "hung").children  # one Markdown table, every cell escaped
+        assert "| flight\\_recorder |" in table.children

@@ -31,7 +31,9 @@ def test_gloo_without_device(timelines: dict[int, RankTimeline]) -> None:
         assert any("no device activity" in n for n in tl.notes)
         assert len(tl.steps.step) == gloo.ACTIVE
         assert all(e is not None for e in tl.calls.end)  # gloo's measured CPU time
-    job = analyze(timelines)
+    # both ranks ran on this machine: one clock, as the ingest knows from the hosts. Without hosts the offset is
+    # estimated from end times, which a loaded machine skews (seen in CI: 164 µs with a 49 µs spread, applied)
+    job = analyze(timelines, hosts=dict.fromkeys(timelines, "localhost"))
     inst = job.match.instances
     assert not job.match.mismatches and len(inst) > 0
     assert set(job.match.not_matched) == {"send/recv (point to point, not a group instance)"}

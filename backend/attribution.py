@@ -7,6 +7,10 @@ DeviceMesh descriptions `mesh_<dim>`, Megatron group descriptions, other descrip
 structure (the world group when it is the only group with traffic, point-to-point between
 neighbours, the rank layout of all groups: contiguous blocks vs strides, and op patterns). Whatever
 stays unknown is `other`, and every result carries the evidence in its reason and confidence.
+
+A scheme belongs to a group: it is stored on process_groups (what the store's `comms` view shows and an
+override pins), and every view reads a call's scheme from its group there. A call that names no group has
+no scheme, UNATTRIBUTED in every view: no reader guesses one of its own, so the views cannot disagree.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 
 import duckdb
 
-from commlens.contract.analysis import AttributionSummary, GroupAttribution
+from commlens.contract.analysis import UNATTRIBUTED, AttributionSummary, GroupAttribution
 from commlens.store import transaction
 from commlens.store.aggregates import ensure_fresh, refresh_if_stale
 from commlens.store.groups import SchemeVerdict, add_event_groups, pin_scheme, store_verdicts, unpin_scheme
@@ -628,43 +632,11 @@ def attribution_summary(con: duckdb.DuckDBPyConnection, run: str) -> Attribution
         k: int(n)
         for k, n in con.execute(
             """
-        SELECT coalesce(g.scheme, 'unattributed'), sum(a.calls) FROM comm_agg a
+        SELECT coalesce(g.scheme, ?), sum(a.calls) FROM comm_agg a
         LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
         WHERE a.run_id = ? GROUP BY ALL ORDER BY 1
         """,
-            [run_id],
+            [UNATTRIBUTED, run_id],
         ).fetchall()
     }
     return AttributionSummary(run=run, groups=groups, unattributed_events=unattributed, events_by_scheme=by_scheme)
-
-
-# The op patterns that attribute calls recorded without a process group (one world job, no group ids): ops
-# present -> per op (scheme, reason). Only patterns a single job's structure explains; anything else stays
-# UNATTRIBUTED.
-_UNGROUPED_PATTERNS: dict[frozenset[str], dict[str, tuple[str, str]]] = {
-    frozenset({"all_reduce", "all_to_all"}): {
-        "all_reduce": (
-            "dp",
-            "no process group; all_reduce beside all_to_all: the dense layers' gradient sync of a hybrid-parallel "
-            "recommender (DLRM / TorchRec), data-parallel",
-        ),
-        "all_to_all": (
-            "other",
-            "no process group; all_to_all beside all_reduce: embedding lookups exchanged between model-parallel "
-            "embedding-table shards (DLRM / TorchRec), not a dp/tp/pp/cp/ep dimension",
-        ),
-    },
-    frozenset({"all_reduce"}): {
-        "all_reduce": ("dp", "no process group; only all_reduce calls: data-parallel gradient sync"),
-    },
-    frozenset({"all_reduce", "broadcast"}): {
-        "all_reduce": ("dp", "no process group; all_reduce with broadcasts: DDP's gradient buckets"),
-        "broadcast": ("dp", "no process group; broadcasts beside gradient all_reduce: DDP's buffer sync"),
-    },
-}
-
-
-def ungrouped_pattern(ops: set[str]) -> dict[str, tuple[str, str]]:
-    """Per op, the (scheme, reason) of calls without a process group, from the pattern of the ops those calls use
-    (empty when the pattern supports no attribution)."""
-    return _UNGROUPED_PATTERNS.get(frozenset(ops), {})

@@ -3,7 +3,8 @@ calls measured but not predicted and predicted but missing, and inferences for r
 
 A run's configuration is what the caller supplies, else what is attached to the run (a predictor input, a
 harness run.json or a model description); without one, each scheme says what the measurements support
-(each scheme's `prediction_source`: "config", "inferred" or "none"). Calls without a process group are UNATTRIBUTED.
+(each scheme's `prediction_source`: "config", "inferred" or "none"). A call's scheme is its process group's, as
+in every view (the store's `comms` view); calls without a process group are UNATTRIBUTED.
 
 Measured calls count only inside complete iterations (profiler steps for traces, detected periods
 for NCCL logs), so set-up traffic stays out, as the models require (docs/models.md §8.4). Measured
@@ -25,7 +26,6 @@ from commlens.contract.predict import PredictInput, Prediction
 from commlens.store.aggregates import ensure_fresh
 from commlens.vocab import DTYPE_BYTES, busbw_factor
 
-from .attribution import ungrouped_pattern
 from .iterations import iteration_info
 from .predict import predict, predict_described, predict_input_from_config
 
@@ -34,11 +34,9 @@ Config = PredictInput | ModelDescription
 DESCRIPTION_KEY = "model_description"  # a run's stored config holding an attached model description
 
 
-def _measured(
-    con: duckdb.DuckDBPyConnection, run: str
-) -> tuple[dict[str, dict[OpKey, int]], dict[str, int], str, str, list[str]]:
-    """Calls per rank key and (scheme, op, dtype, S) inside complete iterations; iterations per rank key; notes on
-    calls without a process group attributed by their op pattern (attribution.ungrouped_pattern)."""
+def _measured(con: duckdb.DuckDBPyConnection, run: str) -> tuple[dict[str, dict[OpKey, int]], dict[str, int], str, str]:
+    """Calls per rank key and (scheme, op, dtype, S) inside complete iterations, the scheme being the call's group's
+    (UNATTRIBUTED without one); iterations per rank key."""
     run_id = store.get_run_id(con, run)
     if run_id is None:
         raise KeyError(f"no run named {run!r}")
@@ -46,22 +44,18 @@ def _measured(
     info = iteration_info(con, run, run_id)
     rows = con.execute(
         """
-        SELECT a.rank_key AS rk, g.scheme, a.group_key IS NULL, a.op, a.dtype, a.msg_bytes, sum(a.calls)
+        SELECT a.rank_key AS rk, coalesce(g.scheme, ?), a.op, a.dtype, a.msg_bytes, sum(a.calls)
         FROM comm_agg a
         LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
         WHERE a.run_id = ? AND a.in_iteration
         GROUP BY ALL
         """,
-        [run_id],
+        [UNATTRIBUTED, run_id],
     ).fetchall()
-    pattern = ungrouped_pattern({op for _, _, ungrouped, op, *_ in rows if ungrouped})
     calls: dict[str, dict[OpKey, int]] = defaultdict(dict)
-    for rk, scheme, ungrouped, op, dtype, size, n in rows:
-        by_pattern = pattern.get(op, (UNATTRIBUTED, ""))[0] if ungrouped else UNATTRIBUTED
-        key = (scheme or by_pattern, op, dtype, size)
-        calls[rk][key] = calls[rk].get(key, 0) + n
-    notes = [f"{op} calls without a process group: {scheme} ({reason})" for op, (scheme, reason) in pattern.items()]
-    return calls, dict(info.iterations), info.mode, info.message, notes
+    for rk, scheme, op, dtype, size, n in rows:
+        calls[rk][(scheme, op, dtype, size)] = n
+    return calls, dict(info.iterations), info.mode, info.message
 
 
 def _predicted_per_rank(pred: Prediction, rank_keys: list[str]) -> dict[str, dict[OpKey, float]]:
@@ -111,9 +105,8 @@ def _prediction(config: Config | None) -> tuple[Prediction | None, str | None]:
 
 def compare(con: duckdb.DuckDBPyConnection, run: str, config: Config | None = None) -> Comparison:
     """Predicted against measured for a run; `config` overrides (or supplies) the run's configuration."""
-    calls, iterations, mode, message, pattern_notes = _measured(con, run)
+    calls, iterations, mode, message = _measured(con, run)
     config, source, notes = _configuration(con, run, config)
-    notes += pattern_notes
     pred, implementation = _prediction(config)
     rank_keys = _complete_ranks(calls, iterations)
     skipped = sorted(set(calls) - set(rank_keys))

@@ -74,33 +74,20 @@ def test_a_stored_predictor_input_is_the_runs_config(resnet) -> None:
     assert c.schemes[0].predicted_bytes_per_iter == RESNET50_PARAMS * 4
 
 
-def test_dlrm_calls_without_groups_are_attributed_by_their_pattern(con, data_dir) -> None:
-    """The DLRM job records no process group: its all_to_all (embedding lookups between table shards) and its
-    all_reduce (dense gradients) are told apart by pattern, with the reason in the notes; prediction sources are
-    inferred for dp (parameters from the gradient volume) and none for the embedding exchange."""
+def test_dlrm_calls_without_groups_are_unattributed(con, data_dir) -> None:
+    """The DLRM job records no process group, so its calls have no scheme: unattributed in the comparison and the
+    report as in every other view (tests/test_scheme_agreement.py), measured only, nothing inferred from them."""
     from commlens.backend.attribution import attribute_run
+    from commlens.contract.analysis import UNATTRIBUTED
     from commlens.service.ingest import ingest_paths
 
     assert not ingest_paths(con, [data_dir / "kineto-param/dlrm_kineto.tar.gz"], "dlrm").failed
     attribute_run(con, "dlrm")
     c = compare(con, "dlrm")
-    assert [(s.scheme, s.prediction_source) for s in c.schemes] == [("dp", "inferred"), ("other", "none")]
-    dp, other = c.schemes
-    assert {o.op for o in dp.ops} == {"all_reduce"} and {o.op for o in other.ops} == {"all_to_all"}
-    assert dp.measured_bytes_per_iter == 448 + 907_840 + 1_576_964
-    assert other.measured_bytes_per_iter == 192 + 1536 + 13_568 + 2 * 24_576
-    assert any(n.startswith("all_to_all calls without a process group: other (") and "embedding" in n for n in c.notes)
-    assert any(n.startswith("all_reduce calls without a process group: dp (") for n in c.notes)
-    params = next(i for i in c.inferences if i.quantity.startswith("parameters per rank"))
-    assert params.value == (448 + 907_840 + 1_576_964) / 4
+    assert [(s.scheme, s.prediction_source) for s in c.schemes] == [(UNATTRIBUTED, "none")]
+    (s,) = c.schemes
+    assert {o.op for o in s.ops} == {"all_reduce", "all_to_all"}
+    assert s.measured_bytes_per_iter == 448 + 907_840 + 1_576_964 + 192 + 1536 + 13_568 + 2 * 24_576
+    assert c.inferences == []
     report = build_report(con, "dlrm")
-    assert [(s.scheme, s.prediction_source) for s in report.schemes] == [("dp", "inferred"), ("other", "none")]
-
-
-def test_calls_of_no_group_and_no_pattern_are_unattributed() -> None:
-    from commlens.backend.attribution import ungrouped_pattern
-    from commlens.contract.analysis import UNATTRIBUTED
-
-    assert ungrouped_pattern({"all_reduce", "all_gather", "send"}) == {}
-    assert ungrouped_pattern({"all_reduce", "all_to_all"})["all_to_all"][0] == "other"
-    assert UNATTRIBUTED == "unattributed"
+    assert [(s.scheme, s.prediction_source) for s in report.schemes] == [(UNATTRIBUTED, "none")]

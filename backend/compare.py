@@ -122,6 +122,11 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: Config | None = No
     ]
     if pred is None:
         notes.append("no configuration: measured volumes only; supply a config for predictions")
+    if UNATTRIBUTED in by_scheme:
+        notes.append(
+            f"{UNATTRIBUTED}: calls whose files name no process group, so no scheme, as in every view (profiler "
+            "traces name groups in record_param_comms' Process Group fields, from PyTorch of 2024 on; NCCL logs do)"
+        )
     if mode == "none":
         notes.append(message)
     check = pred.param_check if pred else None

@@ -89,5 +89,6 @@ def test_dlrm_calls_without_groups_are_unattributed(con, data_dir) -> None:
     assert {o.op for o in s.ops} == {"all_reduce", "all_to_all"}
     assert s.measured_bytes_per_iter == 448 + 907_840 + 1_576_964 + 192 + 1536 + 13_568 + 2 * 24_576
     assert c.inferences == []
+    assert any(n.startswith("unattributed: calls whose files name no process group, so no scheme") for n in c.notes)
     report = build_report(con, "dlrm")
     assert [(s.scheme, s.prediction_source) for s in report.schemes] == [(UNATTRIBUTED, "none")]

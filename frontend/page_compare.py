@@ -197,7 +197,28 @@ def _bin_order(b: BinSpec) -> tuple[int, int]:
     return (0, 0) if b.key == "zero" else ((2, 0) if b.key == "unknown" else (1, b.k or 0))
 
 
+OVERLAY_WIDTH = 0.8  # the widest overlaid bar, as a share of its bin
+
+
+def identical_runs(hists: list[Histogram]) -> list[list[str]]:
+    """Runs whose histograms are equal bar for bar, in groups of two or more: overlaid, one would hide the other."""
+    groups: dict[Any, list[str]] = {}
+    for h in hists:
+        key = tuple(
+            sorted(
+                (s.scheme or "", s.op, s.dtype or "", b.key, s.values[k])
+                for s in h.series
+                for k, b in enumerate(h.bins)
+                if s.values[k]
+            )
+        )
+        groups.setdefault(key, []).append(h.run)
+    return [runs for key, runs in groups.items() if key and len(runs) > 1]
+
+
 def overlaid(hists: list[Histogram], mode: str) -> Any:
+    """The runs' histograms on one axis: side by side, or overlaid with each run's bars narrower than the run's
+    before it (nested, centred on the bin), so a run equal to another still shows around and inside it."""
     bins: dict[str, BinSpec] = {}
     for h in hists:
         for b in h.bins:
@@ -213,13 +234,16 @@ def overlaid(hists: list[Histogram], mode: str) -> Any:
     for i, h in enumerate(hists):
         for j, s in enumerate(h.series):
             name = f"{h.run} · {s.scheme or 'unattributed'} {s.op} {s.dtype or ''}".strip()
+            nested = mode == "overlay"
             fig.add_bar(
                 name=name,
                 x=[b.label for b in h.bins],
                 y=s.values,
+                width=OVERLAY_WIDTH * (len(hists) - i) / len(hists) if nested else None,
                 marker_color=PALETTE[i % len(PALETTE)],
+                marker_line={"width": 1, "color": "white"} if nested else None,
                 marker_pattern_shape=["", "/", ".", "x", "+"][j % 5],
-                opacity=0.6 if mode == "overlay" else 1,
+                opacity=0.9 if nested else 1,
                 customdata=[[num(s.calls[k]), exact_bytes(s.bytes[k])] for k in range(len(h.bins))],
                 hovertemplate="<b>" + name + "</b><br>%{x}<br>calls %{customdata[0]}<br>bytes "
                 "%{customdata[1]}<extra></extra>",
@@ -244,6 +268,16 @@ def overlaid(hists: list[Histogram], mode: str) -> Any:
     )
     if weight == "bytes":
         fig.update_layout(yaxis=byte_axis(top))
+    same = identical_runs(hists)
+    note = [
+        (", ".join(runs[:-1]) + f" and {runs[-1]}: identical distributions, every bar equal")
+        + (
+            "; overlaid, each run's bars are drawn narrower than the one before, so all show."
+            if mode == "overlay"
+            else "."
+        )
+        for runs in same
+    ]
     return chart_block(
         "cmp-hist",
         fig,
@@ -251,6 +285,7 @@ def overlaid(hists: list[Histogram], mode: str) -> Any:
         rows,
         raw,
         "compare-histograms.csv",
+        note=html.Span(" ".join(note), id="cmp-hist-same") if note else None,
     )
 
 

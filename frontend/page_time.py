@@ -73,6 +73,10 @@ MAX_INSTANCES = 5000  # instances of one step drawn at most; the table says when
 # member rows (instances x group size) of one step drawn at most, fetched as one page: at 1,024 ranks about 100
 # instances; the table says when more were left out
 MAX_MEMBER_ROWS = 100_000
+SCALE_RANKS = 64  # more ranks than this: the breakdown shows bands of ranks first, then one band (`?band=FIRST`)
+BAND = 32  # ranks per band (as the ranks page), wider when more than MAX_BANDS bands would be needed
+MAX_BANDS = 32
+SLOWEST = 5  # slowest (rank, step) rows named under the banded breakdown
 
 P = TypeVar("P")
 
@@ -86,6 +90,9 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
     step = int_or_none(q.get("step"))
     if step not in steps:
         step = next((p.step for p in paths if p.segments), steps[0] if steps else None)
+    bands = rank_bands(sorted({r.rank for r in rows}))
+    band = int_or_none(q.get("band"))
+    band = band if band in {b[0] for b in bands} else None
     groups = [(v.group, v.scheme) for v in summary.verdicts]
     group = q.get("group") if q.get("group") in {g for g, _ in groups} else None
     scheme = q.get("scheme") if q.get("scheme") in (*SCHEMES, UNATTRIBUTED) else None
@@ -97,6 +104,7 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
             dcc.Store(id="tm-run", data=run),
             dcc.Store(id="tm-inst", data=int_or_none(q.get("inst"))),
             dcc.Store(id="tm-status-data", data=summary.status.model_dump(mode="json")),
+            dcc.Store(id="tm-bands", data=[[b[0], b[-1]] for b in bands]),
             html.Div(
                 [
                     _dropdown("tm-runsel", "Run", [(r, r) for r in runs], run, clearable=False),
@@ -115,6 +123,16 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
                         group or "",
                         clearable=False,
                         wide=True,
+                    ),
+                    html.Div(
+                        _dropdown(
+                            "tm-band",
+                            "Ranks (bars, timeline, waits)",
+                            [("all ranks (bands)", "")] + [(band_label(b), str(b[0])) for b in bands],
+                            "" if band is None else str(band),
+                            wide=True,
+                        ),
+                        style=None if len(bands) > 1 else {"display": "none"},
                     ),
                 ],
                 className="controls",
@@ -266,15 +284,140 @@ def _bar_values(r: StepBreakdown, scheme: str | None) -> dict[str, float]:
     return values
 
 
-def breakdown_view(run: str, rows: list[StepBreakdown], scheme: str | None, status: TimeStatus) -> Any:
-    if not rows:
-        why = _why(status, "breakdown", "matching")
-        return empty(
-            "No breakdown for this run" + (f": {why}" if why else ": it has no profiler steps with device activity.")
-        )
+def rank_bands(ranks: list[int]) -> list[list[int]]:
+    """Consecutive ranks in bands: one band of every rank up to SCALE_RANKS, beyond that BAND ranks a band (wider
+    where more than MAX_BANDS bands would be needed), so a chart draws a readable number of bars."""
+    if len(ranks) <= SCALE_RANKS:
+        return [ranks]
+    width = max(BAND, -(-len(ranks) // MAX_BANDS))
+    return [ranks[i : i + width] for i in range(0, len(ranks), width)]
+
+
+def band_label(band: list[int]) -> str:
+    return f"ranks {band[0]}-{band[-1]}"
+
+
+def _band(bands: list[list[int]], value: str | None) -> list[int] | None:
+    """The band whose first rank is `value` (the URL's `band`), else None: every band."""
+    first = int_or_none(value)
+    return next((b for b in bands if b[0] == first), None)
+
+
+def _categories(scheme: str | None) -> list[str]:
     cats = list(TIME_CATEGORIES)
     if scheme:  # the other schemes' communication stacks right above this scheme's
         cats.insert(cats.index("exposed") + 1, "other comm")
+    return cats
+
+
+def _category_name(cat: str, scheme: str | None) -> str:
+    mine = scheme and cat in ("overlapped", "wait", "exposed")
+    return f"{scheme}: {CATEGORY_LABELS[cat]}" if mine else CATEGORY_LABELS[cat]
+
+
+def _no_breakdown(status: TimeStatus) -> Any:
+    why = _why(status, "breakdown", "matching")
+    return empty(
+        "No breakdown for this run" + (f": {why}" if why else ": it has no profiler steps with device activity.")
+    )
+
+
+def bands_breakdown_view(
+    run: str, rows: list[StepBreakdown], scheme: str | None, bands: list[list[int]], status: TimeStatus
+) -> Any:
+    """Many ranks at a glance: one stacked bar per band of ranks, the mean (rank, step) of the band, with the
+    band's slowest and fastest step marked and the slowest steps of the run named; a band opens rank by rank."""
+    if not rows:
+        return _no_breakdown(status)
+    cats = _categories(scheme)
+    of_band = {rank: i for i, band in enumerate(bands) for rank in band}
+    members: list[list[StepBreakdown]] = [[] for _ in bands]
+    for r in rows:
+        members[of_band[r.rank]].append(r)
+    drawn = [(band, rs) for band, rs in zip(bands, members, strict=True) if rs]
+    labels = [band_label(band) for band, _ in drawn]
+    means = [{c: sum(_bar_values(r, scheme).get(c, 0.0) for r in rs) / len(rs) for c in cats} for _, rs in drawn]
+    width = len(bands[0])
+    title = f"Mean step per band of {width} ranks" + (f": {scheme} communication apart" if scheme else "")
+    fig = figure(title, "ranks (band)", "time (ms)", height=440)
+    for cat in cats:
+        us = [m[cat] for m in means]
+        fig.add_bar(
+            name=_category_name(cat, scheme),
+            x=labels,
+            y=[v / 1e3 for v in us],
+            marker_color=CATEGORY_COLORS[cat],
+            customdata=[
+                [duration_us(v), pct(v / sum(m.values()) if sum(m.values()) else None)]
+                for v, m in zip(us, means, strict=True)
+            ],
+            hovertemplate="%{x}, mean step<br>" + CATEGORY_LABELS[cat] + ": %{customdata[0]} (%{customdata[1]})"
+            "<extra></extra>",
+        )
+    slow = [max(rs, key=lambda r: r.step_us) for _, rs in drawn]
+    fast = [min(rs, key=lambda r: r.step_us) for _, rs in drawn]
+    for name, picked, symbol in [("slowest step in the band", slow, "triangle-down"), ("fastest", fast, "triangle-up")]:
+        fig.add_scatter(
+            name=name,
+            x=labels,
+            y=[r.step_us / 1e3 for r in picked],
+            mode="markers",
+            marker={"symbol": symbol, "size": 9, "color": "#111111"},
+            customdata=[[r.rank, r.step, duration_us(r.step_us)] for r in picked],
+            hovertemplate="%{x}: " + name + ", rank %{customdata[0]} step %{customdata[1]}: %{customdata[2]}"
+            "<extra></extra>",
+        )
+    fig.update_layout(barmode="stack", bargap=0.15, legend={"traceorder": "normal"})
+    fig.update_xaxes(type="category", tickangle=-45)
+    cols = ["ranks", "rank-steps", "mean step", "fastest step", "slowest step", "slowest rank, step"]
+    cols += [f"mean {CATEGORY_LABELS[c]}" for c in cats]
+    display, raw = [], []
+    for label, (_, rs), m, lo, hi in zip(labels, drawn, means, fast, slow, strict=True):
+        mean = sum(r.step_us for r in rs) / len(rs)
+        display.append(
+            [
+                label,
+                td_num(len(rs)),
+                td_num(mean, duration_us(mean)),
+                td_num(lo.step_us, duration_us(lo.step_us)),
+                td_num(hi.step_us, duration_us(hi.step_us)),
+                f"{hi.rank}, {hi.step}",
+                *[td_num(m[c], duration_us(m[c])) for c in cats],
+            ]
+        )
+        raw.append([label, len(rs), mean, lo.step_us, hi.step_us, f"{hi.rank}, {hi.step}", *[m[c] for c in cats]])
+    slowest = sorted(rows, key=lambda r: (-r.step_us, r.rank, r.step))[:SLOWEST]
+    note = (
+        f"{len({r.rank for r in rows}):,} ranks in {len(bands)} bands of up to {width}: each bar is the mean (rank, "
+        "step) of its band, the triangles its slowest and fastest step. Slowest steps: "
+        + "; ".join(f"rank {r.rank} step {r.step} {duration_us(r.step_us)}" for r in slowest)
+        + ". Pick a band under Ranks above to see its ranks one by one."
+    )
+    return chart_block("tm-bars", fig, cols, display, raw, f"{run}-time-breakdown-bands.csv", note=note)
+
+
+def breakdown_view(
+    run: str, rows: list[StepBreakdown], scheme: str | None, status: TimeStatus, band: str | None = None
+) -> Any:
+    """A bar per (rank, step) up to SCALE_RANKS ranks; beyond, a bar per band of ranks, or the ranks of the
+    band whose first rank is `band` (the URL's `band`)."""
+    bands = rank_bands(sorted({r.rank for r in rows}))
+    if len(bands) == 1:
+        return _rank_bars_view(run, rows, scheme, status)
+    chosen = _band(bands, band)
+    if chosen is None:
+        return bands_breakdown_view(run, rows, scheme, bands, status)
+    mine = set(chosen)
+    return _rank_bars_view(run, [r for r in rows if r.rank in mine], scheme, status, of_ranks=sum(map(len, bands)))
+
+
+def _rank_bars_view(
+    run: str, rows: list[StepBreakdown], scheme: str | None, status: TimeStatus, of_ranks: int | None = None
+) -> Any:
+    """A bar per (rank, step); `of_ranks`: the run's rank count when `rows` hold one band of it."""
+    if not rows:
+        return _no_breakdown(status)
+    cats = _categories(scheme)
     ranks = sorted({r.rank for r in rows})
     per = {(r.rank, r.step): _bar_values(r, scheme) for r in rows}
     title = "Time per step and rank" + (f": {scheme} communication apart" if scheme else "")
@@ -283,9 +426,7 @@ def breakdown_view(run: str, rows: list[StepBreakdown], scheme: str | None, stat
     for cat in cats:
         us = [per[(r.rank, r.step)].get(cat, 0.0) for r in rows]
         fig.add_bar(
-            name=CATEGORY_LABELS[cat]
-            if not scheme or cat not in ("overlapped", "wait", "exposed")
-            else f"{scheme}: {CATEGORY_LABELS[cat]}",
+            name=_category_name(cat, scheme),
             x=x,
             y=[v / 1e3 for v in us],
             marker_color=CATEGORY_COLORS[cat],
@@ -328,9 +469,8 @@ def breakdown_view(run: str, rows: list[StepBreakdown], scheme: str | None, stat
             ]
         )
     cols[2] = "step time"
-    note = (
-        f"Each microsecond of a step is counted once, in this order: {', '.join(TIME_CATEGORIES)}. {len(ranks)} ranks."
-    )
+    shown = f"{len(ranks)} ranks" if of_ranks is None else f"ranks {ranks[0]}-{ranks[-1]} of {of_ranks:,}"
+    note = f"Each microsecond of a step is counted once, in this order: {', '.join(TIME_CATEGORIES)}. {shown}."
     return chart_block("tm-bars", fig, cols, display, raw, f"{run}-time-breakdown.csv", note=note)
 
 
@@ -356,6 +496,58 @@ def _origin(instances: Sequence[Instance], path: CriticalPath | None) -> float |
     return min(starts) if starts else None
 
 
+def _draw_path(fig: Any, path: CriticalPath, segments: Sequence[Any], t0: float) -> None:
+    """The critical path's segments on the drawn ranks, joined in time order, and the step's end."""
+    if not segments:
+        return
+    xs: list[float | None] = []
+    ys: list[int | None] = []
+    text: list[str] = []
+    for s in sorted(segments, key=lambda s: s.start_us):
+        xs += [(s.start_us - t0) / 1e3, (s.end_us - t0) / 1e3]
+        ys += [s.rank, s.rank]
+        what = f"instance {s.instance_id}" if s.kind == "collective" else "work"
+        text += [f"critical path: {what} on rank {s.rank}, {duration_us(s.end_us - s.start_us)}"] * 2
+    fig.add_scatter(
+        name="critical path",
+        x=xs,
+        y=ys,
+        mode="lines+markers",
+        line={"color": PATH_COLOR, "width": 3},
+        marker={"size": 5, "color": PATH_COLOR},
+        text=text,
+        hovertemplate="%{text}<extra></extra>",
+    )
+    fig.add_vline(x=(path.end_us - t0) / 1e3, line_dash="dot", line_color="#666", annotation_text="step end")
+
+
+def _draw_selected(fig: Any, chosen: Instance, drawn: Callable[[int], bool], t0: float) -> None:
+    """The chosen instance's members' arrivals linked across the drawn ranks, and its last arrival."""
+    members = sorted((m for m in chosen.members if m.arrival_us is not None and drawn(m.rank)), key=lambda m: m.rank)
+    fig.add_scatter(
+        name=f"instance {chosen.instance_id} ({chosen.op})",
+        x=[((m.arrival_us or 0.0) - t0) / 1e3 for m in members],
+        y=[m.rank for m in members],
+        mode="lines+markers",
+        line={"color": SELECTED_COLOR, "width": 1.5, "dash": "dash"},
+        marker={"symbol": "diamond", "size": 9, "color": SELECTED_COLOR},
+        customdata=[[chosen.instance_id, duration_us(m.wait_us)] for m in members],
+        hovertemplate="rank %{y} arrives at %{x:.3f} ms, waits %{customdata[1]}<extra>instance %{customdata[0]}</extra>",
+    )
+    if chosen.last_arrival_us is not None:
+        fig.add_vline(x=(chosen.last_arrival_us - t0) / 1e3, line_color=SELECTED_COLOR, line_width=1)
+
+
+def _rank_axis(fig: Any, ranks: list[int]) -> None:
+    """A tick per rank while they fit; beyond SCALE_RANKS they would overlap, so Plotly spaces numeric ticks."""
+    if len(ranks) > SCALE_RANKS:
+        fig.update_yaxes(autorange="reversed", tickmode="auto", nticks=20, zeroline=False)
+    else:
+        fig.update_yaxes(
+            autorange="reversed", tickmode="array", tickvals=ranks, ticktext=[str(r) for r in ranks], zeroline=False
+        )
+
+
 def timeline_view(
     run: str,
     step: int,
@@ -364,18 +556,26 @@ def timeline_view(
     path: CriticalPath | None,
     selected: int | None,
     status: TimeStatus,
+    shown: tuple[int, int] | None = None,
 ) -> Any:
+    """`shown`: the first and last rank drawn (a band of a large run); the table keeps every instance."""
     t0 = _origin(instances, path)
     if t0 is None:
         why = _why(status, "matching", "clocks", "waits", "critical_path")
         return empty(
             f"No collective with measured times in step {step}" + (f": {why}" if why else " (NCCL logs carry no time).")
         )
+
+    def drawn(rank: int) -> bool:
+        return shown is None or shown[0] <= rank <= shown[1]
+
     ranks = sorted(
-        {m.rank for i in instances for m in i.members} | ({s.rank for s in path.segments} if path else set())
+        r
+        for r in {m.rank for i in instances for m in i.members} | ({s.rank for s in path.segments} if path else set())
+        if drawn(r)
     )
     fig = figure(
-        f"Step {step}: collectives per rank",
+        f"Step {step}: collectives per rank" + ("" if shown is None else f", ranks {shown[0]}-{shown[1]}"),
         "time since the step's start (ms)",
         "rank",
         height=min(760, 170 + 34 * len(ranks)),
@@ -409,6 +609,8 @@ def timeline_view(
     by_op: dict[str, dict[str, list[Any]]] = {}
     for i in instances:
         for rank, arrival, last, end in _segments(i):
+            if not drawn(rank):
+                continue
             start = arrival
             if last is not None:
                 waits["y"].append(rank)
@@ -440,46 +642,14 @@ def timeline_view(
             customdata=d["customdata"],
             hovertemplate=template,
         )
-    if path is not None and path.segments:
-        xs: list[float | None] = []
-        ys: list[int | None] = []
-        text: list[str] = []
-        for s in sorted(path.segments, key=lambda s: s.start_us):
-            xs += [(s.start_us - t0) / 1e3, (s.end_us - t0) / 1e3]
-            ys += [s.rank, s.rank]
-            what = f"instance {s.instance_id}" if s.kind == "collective" else "work"
-            text += [f"critical path: {what} on rank {s.rank}, {duration_us(s.end_us - s.start_us)}"] * 2
-        fig.add_scatter(
-            name="critical path",
-            x=xs,
-            y=ys,
-            mode="lines+markers",
-            line={"color": PATH_COLOR, "width": 3},
-            marker={"size": 5, "color": PATH_COLOR},
-            text=text,
-            hovertemplate="%{text}<extra></extra>",
-        )
-        fig.add_vline(x=(path.end_us - t0) / 1e3, line_dash="dot", line_color="#666", annotation_text="step end")
+    if path is not None:
+        _draw_path(fig, path, [s for s in path.segments if drawn(s.rank)], t0)
     if chosen is not None:
-        members = sorted((m for m in chosen.members if m.arrival_us is not None), key=lambda m: m.rank)
-        fig.add_scatter(
-            name=f"instance {chosen.instance_id} ({chosen.op})",
-            x=[((m.arrival_us or 0.0) - t0) / 1e3 for m in members],
-            y=[m.rank for m in members],
-            mode="lines+markers",
-            line={"color": SELECTED_COLOR, "width": 1.5, "dash": "dash"},
-            marker={"symbol": "diamond", "size": 9, "color": SELECTED_COLOR},
-            customdata=[[chosen.instance_id, duration_us(m.wait_us)] for m in members],
-            hovertemplate="rank %{y} arrives at %{x:.3f} ms, waits %{customdata[1]}<extra>instance %{customdata[0]}</extra>",
-        )
-        if chosen.last_arrival_us is not None:
-            fig.add_vline(x=(chosen.last_arrival_us - t0) / 1e3, line_color=SELECTED_COLOR, line_width=1)
+        _draw_selected(fig, chosen, drawn, t0)
     fig.update_layout(barmode="overlay", clickmode="event")
     if path is not None:
         fig.update_xaxes(range=[0, (path.end_us - t0) / 1e3 * 1.02])
-    fig.update_yaxes(
-        autorange="reversed", tickmode="array", tickvals=ranks, ticktext=[str(r) for r in ranks], zeroline=False
-    )
+    _rank_axis(fig, ranks)
     cols = [
         "instance",
         "group",
@@ -525,21 +695,20 @@ def timeline_view(
         ]
         for i in instances
     ]
-    shown = f"{len(instances)} of {total} instances" if total > len(instances) else f"{total} instances"
+    counted = f"{len(instances)} of {total} instances" if total > len(instances) else f"{total} instances"
     note = (
-        f"{shown}; times on the reference clock from the start of step {step}"
+        f"{counted}; times on the reference clock from the start of step {step}"
         + (" (the critical path's start)" if path else "")
         + ". Click a bar to link its instance's members across ranks; bandwidth uses the real duration "
         "(end - arrival on the last member)."
+        + ("" if shown is None else f" Ranks {shown[0]}-{shown[1]} drawn; the table lists every instance.")
     )
     selected_info = (
         html.P(
             [
                 html.Strong(f"Instance {chosen.instance_id}: "),
-                f"{chosen.op} in {chosen.group} ({chosen.scheme}), members "
-                + ", ".join(
-                    f"{m.rank} waits {duration_us(m.wait_us)}" for m in sorted(chosen.members, key=lambda m: m.rank)
-                )
+                f"{chosen.op} in {chosen.group} ({chosen.scheme}), "
+                + _member_waits(chosen)
                 + f"; last rank {chosen.last_rank}, skew {duration_us(chosen.skew_us)}.",
             ],
             id="tm-selected",
@@ -557,6 +726,31 @@ def timeline_view(
     return html.Div(parts)
 
 
+MAX_NAMED_MEMBERS = 16  # an instance's members named one by one at most; beyond, the longest waits
+
+
+def _member_waits(inst: Instance) -> str:
+    members = sorted(inst.members, key=lambda m: m.rank)
+    if len(members) <= MAX_NAMED_MEMBERS:
+        return "members " + ", ".join(f"{m.rank} waits {duration_us(m.wait_us)}" for m in members)
+    longest = sorted(members, key=lambda m: (-(m.wait_us or 0.0), m.rank))[: MAX_NAMED_MEMBERS // 2]
+    return f"{len(members):,} members, the longest waits: " + ", ".join(
+        f"{m.rank} waits {duration_us(m.wait_us)}" for m in longest
+    )
+
+
+def path_ranks(path: CriticalPath) -> str:
+    """The ranks the path runs through, last segment first, a rank held by consecutive segments said once with
+    their count (a path of 1,000 segments stays one line)."""
+    runs: list[list[int]] = []
+    for s in reversed(path.segments):
+        if runs and runs[-1][0] == s.rank:
+            runs[-1][1] += 1
+        else:
+            runs.append([s.rank, 1])
+    return " → ".join(str(rank) if n == 1 else f"{rank} ({n} segments)" for rank, n in runs)
+
+
 def path_view(path: CriticalPath) -> html.Div:
     step_us = path.end_us - path.start_us
     cats = [(c, path.categories.get(c)) for c in TIME_CATEGORIES if path.categories.get(c)]
@@ -569,7 +763,7 @@ def path_view(path: CriticalPath) -> html.Div:
                     ("step time", duration_us(step_us)),
                     (
                         "segments",
-                        f"{len(path.segments)} on ranks " + " → ".join(str(s.rank) for s in reversed(path.segments)),
+                        f"{len(path.segments)} on ranks " + path_ranks(path),
                     ),
                     ("on the path", ", ".join(f"{c} {duration_us(v)}" for c, v in cats) or "-"),
                     ("exposed comm per scheme", shares),
@@ -869,11 +1063,15 @@ def register(app: Dash, cfg: UiConfig) -> None:
         Input("tm-scheme", "value"),
         Input("tm-group", "value"),
         Input("tm-inst", "data"),
+        Input("tm-band", "value"),
         State("rendered", "data"),
         prevent_initial_call=True,
     )
-    def sync(step: int | None, scheme: str, group: str, inst: int | None, rendered: dict[str, str] | None) -> Any:
-        return push_state(rendered, query({"step": step, "scheme": scheme, "group": group, "inst": inst}))
+    def sync(
+        step: int | None, scheme: str, group: str, inst: int | None, band: str, rendered: dict[str, str] | None
+    ) -> Any:
+        search = query({"step": step, "scheme": scheme, "group": group, "inst": inst, "band": band})
+        return push_state(rendered, search)
 
     @app.callback(
         Output("url", "pathname", allow_duplicate=True),
@@ -906,14 +1104,15 @@ def register(app: Dash, cfg: UiConfig) -> None:
     @app.callback(
         Output("tm-breakdown", "children"),
         Input("tm-scheme", "value"),
+        Input("tm-band", "value"),
         State("tm-run", "data"),
         State("tm-status-data", "data"),
         State("token", "data"),
     )
     @guarded()
-    def bars(scheme: str, run: str, status: dict[str, Any], token: str | None) -> Any:
+    def bars(scheme: str, band: str, run: str, status_data: dict[str, Any], token: str | None) -> Any:
         rows = _all_breakdown(cfg.client(token), run, scheme or None)
-        return breakdown_view(run, rows, scheme or None, TimeStatus.model_validate(status))
+        return breakdown_view(run, rows, scheme or None, TimeStatus.model_validate(status_data), band)
 
     @app.callback(
         Output("tm-timeline", "children"),
@@ -921,13 +1120,22 @@ def register(app: Dash, cfg: UiConfig) -> None:
         Input("tm-step", "value"),
         Input("tm-group", "value"),
         Input("tm-inst", "data"),
+        Input("tm-band", "value"),
+        State("tm-bands", "data"),
         State("tm-run", "data"),
         State("tm-status-data", "data"),
         State("token", "data"),
     )
     @guarded(outputs=2)
     def step_views(
-        step: int | None, group: str, inst: int | None, run: str, status_data: dict[str, Any], token: str | None
+        step: int | None,
+        group: str,
+        inst: int | None,
+        band: str,
+        bands: list[list[int]],
+        run: str,
+        status_data: dict[str, Any],
+        token: str | None,
     ) -> Any:
         client = cfg.client(token)
         status = TimeStatus.model_validate(status_data)
@@ -938,9 +1146,17 @@ def register(app: Dash, cfg: UiConfig) -> None:
         instances, total = _step_instances(client, run, step, group or None)
         paths = client.critical_paths(run, step=step).paths
         path = paths[0] if paths else None
+        first = int_or_none(band)
+        shown = next(((lo, hi) for lo, hi in bands if lo == first), None)
+        in_band = instances
+        if shown is not None:  # the waits of the band's ranks only, one heatmap row each
+            in_band = [
+                i.model_copy(update={"members": [m for m in i.members if shown[0] <= m.rank <= shown[1]]})
+                for i in instances
+            ]
         return (
-            timeline_view(run, step, instances, total, path, inst, status),
-            waits_view(run, step, instances, status),
+            timeline_view(run, step, instances, total, path, inst, status, shown=shown),
+            waits_view(run, step, in_band, status),
         )
 
     @app.callback(

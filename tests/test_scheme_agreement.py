@@ -2,16 +2,14 @@
 as the store's `comms` view, on real jobs over a real uvicorn server.
 
 The three real traces that name no process group (the 8-rank DLRM job, HTA's trace_diff control rank and
-df_index_resolver) were once dp/other in the comparison, the run comparison and the report, and unattributed in the
-overview, histograms, ranks, time views and findings. A scheme is a group's (backend/attribution.py): a call without a
-group is unattributed everywhere. The ResNet-50 DDP rank, whose group is attributed dp, is the control."""
+df_index_resolver) were once dp (and other) in the comparison, the run comparison and the report, and unattributed
+in the overview, histograms, ranks, time views and findings. A scheme is a group's (backend/attribution.py): a call
+without a group is unattributed everywhere. The ResNet-50 DDP rank, whose group is attributed dp, is the control."""
 
 from __future__ import annotations
 
-import tempfile
 from collections import defaultdict
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -59,19 +57,20 @@ NAMING: dict[str, tuple[str, ...]] = {
 
 
 @pytest.fixture(scope="module")
-def stored() -> Iterator[tuple[ServerThread, dict[str, dict[str, tuple[float, float]]]]]:
+def stored(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ServerThread, dict[str, dict[str, tuple[float, float]]]]]:
     """The four runs ingested into one store, served; with each run's (calls, bytes) per scheme in the comms view."""
     data = shared_data()
-    with tempfile.TemporaryDirectory(prefix="scheme-agreement-") as tmp:
-        db = Path(tmp) / "store.duckdb"
-        con = store.connect(db)
-        for run, path in RUNS.items():
-            assert not ingest_run(con, run, iter_inputs([data / path])).failed
-        sql = "SELECT scheme, count(*), coalesce(sum(msg_bytes), 0) FROM comms WHERE run = ? GROUP BY ALL"
-        comms = {run: totals(con.execute(sql, [run]).fetchall()) for run in RUNS}
-        con.close()
-        with ServerThread(Settings(db=db)) as srv:
-            yield srv, comms
+    db = tmp_path_factory.mktemp("scheme-agreement") / "store.duckdb"
+    con = store.connect(db)
+    for run, path in RUNS.items():
+        assert not ingest_run(con, run, iter_inputs([data / path])).failed
+    sql = "SELECT scheme, count(*), coalesce(sum(msg_bytes), 0) FROM comms WHERE run = ? GROUP BY ALL"
+    comms = {run: totals(con.execute(sql, [run]).fetchall()) for run in RUNS}
+    con.close()
+    with ServerThread(Settings(db=db)) as srv:
+        yield srv, comms
 
 
 @pytest.fixture(scope="module")

@@ -285,10 +285,10 @@ def _bar_values(r: StepBreakdown, scheme: str | None) -> dict[str, float]:
 
 
 def rank_bands(ranks: list[int]) -> list[list[int]]:
-    """Consecutive ranks in bands: one band of every rank up to SCALE_RANKS, beyond that BAND ranks a band (wider
+    """Consecutive ranks in bands: one band of every rank up to SCALE_RANKS (none without ranks), beyond that BAND ranks a band (wider
     where more than MAX_BANDS bands would be needed), so a chart draws a readable number of bars."""
     if len(ranks) <= SCALE_RANKS:
-        return [ranks]
+        return [ranks] if ranks else []
     width = max(BAND, -(-len(ranks) // MAX_BANDS))
     return [ranks[i : i + width] for i in range(0, len(ranks), width)]
 
@@ -402,7 +402,7 @@ def breakdown_view(
     """A bar per (rank, step) up to SCALE_RANKS ranks; beyond, a bar per band of ranks, or the ranks of the
     band whose first rank is `band` (the URL's `band`)."""
     bands = rank_bands(sorted({r.rank for r in rows}))
-    if len(bands) == 1:
+    if len(bands) <= 1:
         return _rank_bars_view(run, rows, scheme, status)
     chosen = _band(bands, band)
     if chosen is None:

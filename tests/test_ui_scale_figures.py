@@ -211,3 +211,11 @@ def test_different_runs_carry_no_identical_note_and_side_by_side_keeps_plotly_wi
     assert "identical" not in _text(page_compare.overlaid([_hist("a"), other], "overlay"))
     fig = _graph(page_compare.overlaid([_hist("a"), _hist("b")], "group"))
     assert fig.layout.barmode == "group" and [t.width for t in fig.data] == [None, None]
+
+
+def test_a_run_without_breakdown_has_no_band_and_says_so() -> None:
+    """An NCCL log has no profiler steps: the page's layout took the first rank of an empty band (a 500)."""
+    assert page_time.rank_bands([]) == []
+    assert page_time.rank_bands(list(range(64))) == [list(range(64))]
+    assert [b[0] for b in page_time.rank_bands(list(range(65)))] == [0, 32, 64]
+    assert "No breakdown for this run" in _text(page_time.breakdown_view("r", [], None, STATUS))

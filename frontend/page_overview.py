@@ -89,10 +89,10 @@ def schemes(client: ApiClient, run: str) -> Any:
     if not g.items:
         if not g.unattributed_events:
             return empty("No process groups or communicators: nothing to attribute.")
-        # the volumes chart above may still name schemes: the comparison places calls without a group by pattern
+        # a call's scheme is its group's (backend/attribution.py): every view lists groupless calls as unattributed
         return empty(
             f"No process group or communicator in the files: none of the {num(g.unattributed_events)} calls has a "
-            "group to attribute here. Predicted vs measured says how its comparison places calls without a group."
+            "group to attribute, so every view lists them as unattributed."
         )
     rows = [
         [

@@ -42,7 +42,7 @@ SOURCE_BADGE: dict[PredictionSource, tuple[str, str]] = {
     "inferred": ("inferred from the measurements", "st-open"),
     "none": ("measured only", "sev-info"),
 }
-SCHEME_OPTIONS = (*SCHEMES, UNATTRIBUTED)  # calls without a process group or pattern form a scheme of their own
+SCHEME_OPTIONS = (*SCHEMES, UNATTRIBUTED)  # calls without a process group form a scheme of their own
 IMPLEMENTATIONS = ["paper", "megatron", "deepspeed", "fsdp", "harness"]
 DTYPES = ["bfloat16", "float16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"]
 # What-if fields: (url key, label, section of PredictInput, field, kind)

@@ -190,6 +190,8 @@ def endpoints(run: str, step: int | None, other: str | None) -> dict[str, tuple[
         "time summary": (f"{r}/time", {}),
         "time breakdown (one step, every rank)": (f"{r}/time/breakdown", step_q),
         "time breakdown (rank=3, first page)": (f"{r}/time/breakdown", {"rank": 3}),
+        "time breakdown bands (every rank)": (f"{r}/time/breakdown/bands", {}),
+        "time breakdown (one band: 0-31, first page)": (f"{r}/time/breakdown", {"first": 0, "last": 31}),
         "time stragglers": (f"{r}/time/stragglers", {}),
         "time instances (first page)": (f"{r}/time/instances", {}),
         "time instances (first page of 100, members=false)": (f"{r}/time/instances", {"members": "false"}),

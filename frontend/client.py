@@ -34,6 +34,7 @@ from commlens.contract.predict import PredictInput, Prediction
 from commlens.contract.review import Anchor, ReviewCreate, ReviewItem, ReviewUpdate
 from commlens.contract.runs import RunCreate, RunDetail, RunSummary, RunUpdate, SourceOut
 from commlens.contract.time import (
+    BreakdownBands,
     BreakdownReport,
     CriticalPathReport,
     Instance,
@@ -287,8 +288,11 @@ class ApiClient:
         scheme: str | None = None,
         limit: int = 1000,
         offset: int = 0,
+        first: int | None = None,
+        last: int | None = None,
     ) -> BreakdownReport:
-        """One page of (rank, step) rows; `scheme` keeps only that scheme's split in each row."""
+        """One page of (rank, step) rows; `scheme` keeps only that scheme's split in each row; `first` and `last`
+        bound the ranks."""
         return self._get(
             f"/runs/{_seg(run)}/time/breakdown",
             BreakdownReport,
@@ -297,7 +301,13 @@ class ApiClient:
             scheme=scheme,
             limit=limit,
             offset=offset,
+            first=first,
+            last=last,
         )
+
+    def time_breakdown_bands(self, run: str, *, scheme: str | None = None) -> BreakdownBands:
+        """The breakdown per band of consecutive ranks, computed by the server."""
+        return self._get(f"/runs/{_seg(run)}/time/breakdown/bands", BreakdownBands, scheme=scheme)
 
     def time_instances(
         self,

@@ -14,6 +14,7 @@ from dash.exceptions import PreventUpdate
 from commlens.contract.time import (
     TIME_CATEGORIES,
     UNATTRIBUTED,
+    BreakdownBands,
     BreakdownReport,
     ClockOffsets,
     CriticalPath,
@@ -73,10 +74,9 @@ MAX_INSTANCES = 5000  # instances of one step drawn at most; the table says when
 # member rows (instances x group size) of one step drawn at most, fetched as one page: at 1,024 ranks about 100
 # instances; the table says when more were left out
 MAX_MEMBER_ROWS = 100_000
-SCALE_RANKS = 64  # more ranks than this: the breakdown shows bands of ranks first, then one band (`?band=FIRST`)
-BAND = 32  # ranks per band (as the ranks page), wider when more than MAX_BANDS bands would be needed
-MAX_BANDS = 32
-SLOWEST = 5  # slowest (rank, step) rows named under the banded breakdown
+# more ranks than this: the breakdown shows the server's bands of ranks first (/time/breakdown/bands), then the
+# ranks of one band (`?band=FIRST`)
+SCALE_RANKS = 64
 
 P = TypeVar("P")
 
@@ -84,13 +84,13 @@ P = TypeVar("P")
 def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> html.Div:
     client = cfg.client(token)
     summary = client.time_summary(run)
-    rows = _all_breakdown(client, run, None)
+    overview = client.time_breakdown_bands(run)
     paths = client.critical_paths(run).paths
-    steps = sorted({r.step for r in rows} | {p.step for p in paths})
+    steps = sorted(set(overview.steps) | {p.step for p in paths})
     step = int_or_none(q.get("step"))
     if step not in steps:
         step = next((p.step for p in paths if p.segments), steps[0] if steps else None)
-    bands = rank_bands(sorted({r.rank for r in rows}))
+    bands = [(b.first, b.last) for b in overview.bands] if overview.ranks > SCALE_RANKS else []
     band = int_or_none(q.get("band"))
     band = band if band in {b[0] for b in bands} else None
     groups = [(v.group, v.scheme) for v in summary.verdicts]
@@ -104,7 +104,7 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
             dcc.Store(id="tm-run", data=run),
             dcc.Store(id="tm-inst", data=int_or_none(q.get("inst"))),
             dcc.Store(id="tm-status-data", data=summary.status.model_dump(mode="json")),
-            dcc.Store(id="tm-bands", data=[[b[0], b[-1]] for b in bands]),
+            dcc.Store(id="tm-bands", data=[list(b) for b in bands]),
             html.Div(
                 [
                     _dropdown("tm-runsel", "Run", [(r, r) for r in runs], run, clearable=False),
@@ -128,7 +128,7 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
                         _dropdown(
                             "tm-band",
                             "Ranks (bars, timeline, waits)",
-                            [("all ranks (bands)", "")] + [(band_label(b), str(b[0])) for b in bands],
+                            [("all ranks (bands)", "")] + [(band_label(*b), str(b[0])) for b in bands],
                             "" if band is None else str(band),
                             wide=True,
                         ),
@@ -184,9 +184,16 @@ def _pages(fetch: Callable[[int], tuple[list[P], int | None]], cap: int | None =
     return items if cap is None else items[:cap]
 
 
-def _all_breakdown(client: ApiClient, run: str, scheme: str | None) -> list[StepBreakdown]:
+def _all_breakdown(
+    client: ApiClient, run: str, scheme: str | None, ranks: tuple[int, int] | None = None
+) -> list[StepBreakdown]:
+    """Every (rank, step) row, of the ranks from ranks[0] to ranks[1] where given."""
+    first, last = ranks or (None, None)
+
     def fetch(offset: int) -> tuple[list[StepBreakdown], int | None]:
-        page: BreakdownReport = client.time_breakdown(run, scheme=scheme, limit=PAGE_SIZE, offset=offset)
+        page: BreakdownReport = client.time_breakdown(
+            run, scheme=scheme, limit=PAGE_SIZE, offset=offset, first=first, last=last
+        )
         return page.rows, page.next_offset
 
     return _pages(fetch)
@@ -284,23 +291,8 @@ def _bar_values(r: StepBreakdown, scheme: str | None) -> dict[str, float]:
     return values
 
 
-def rank_bands(ranks: list[int]) -> list[list[int]]:
-    """Consecutive ranks in bands: one band of every rank up to SCALE_RANKS (none without ranks), beyond that BAND ranks a band (wider
-    where more than MAX_BANDS bands would be needed), so a chart draws a readable number of bars."""
-    if len(ranks) <= SCALE_RANKS:
-        return [ranks] if ranks else []
-    width = max(BAND, -(-len(ranks) // MAX_BANDS))
-    return [ranks[i : i + width] for i in range(0, len(ranks), width)]
-
-
-def band_label(band: list[int]) -> str:
-    return f"ranks {band[0]}-{band[-1]}"
-
-
-def _band(bands: list[list[int]], value: str | None) -> list[int] | None:
-    """The band whose first rank is `value` (the URL's `band`), else None: every band."""
-    first = int_or_none(value)
-    return next((b for b in bands if b[0] == first), None)
+def band_label(first: int, last: int) -> str:
+    return f"ranks {first}-{last}"
 
 
 def _categories(scheme: str | None) -> list[str]:
@@ -322,41 +314,33 @@ def _no_breakdown(status: TimeStatus) -> Any:
     )
 
 
-def bands_breakdown_view(
-    run: str, rows: list[StepBreakdown], scheme: str | None, bands: list[list[int]], status: TimeStatus
-) -> Any:
+def bands_breakdown_view(run: str, overview: BreakdownBands, scheme: str | None, status: TimeStatus) -> Any:
     """Many ranks at a glance: one stacked bar per band of ranks, the mean (rank, step) of the band, with the
     band's slowest and fastest step marked and the slowest steps of the run named; a band opens rank by rank."""
-    if not rows:
+    if not overview.bands:
         return _no_breakdown(status)
     cats = _categories(scheme)
-    of_band = {rank: i for i, band in enumerate(bands) for rank in band}
-    members: list[list[StepBreakdown]] = [[] for _ in bands]
-    for r in rows:
-        members[of_band[r.rank]].append(r)
-    drawn = [(band, rs) for band, rs in zip(bands, members, strict=True) if rs]
-    labels = [band_label(band) for band, _ in drawn]
-    means = [{c: sum(_bar_values(r, scheme).get(c, 0.0) for r in rs) / len(rs) for c in cats} for _, rs in drawn]
-    width = len(bands[0])
-    title = f"Mean step per band of {width} ranks" + (f": {scheme} communication apart" if scheme else "")
+    bands = overview.bands
+    labels = [band_label(b.first, b.last) for b in bands]
+    title = f"Mean step per band of {overview.band} ranks" + (f": {scheme} communication apart" if scheme else "")
     fig = figure(title, "ranks (band)", "time (ms)", height=440)
     for cat in cats:
-        us = [m[cat] for m in means]
+        us = [b.categories.get(cat, 0.0) for b in bands]
         fig.add_bar(
             name=_category_name(cat, scheme),
             x=labels,
             y=[v / 1e3 for v in us],
             marker_color=CATEGORY_COLORS[cat],
             customdata=[
-                [duration_us(v), pct(v / sum(m.values()) if sum(m.values()) else None)]
-                for v, m in zip(us, means, strict=True)
+                [duration_us(v), pct(v / b.step_us if b.step_us else None)] for v, b in zip(us, bands, strict=True)
             ],
             hovertemplate="%{x}, mean step<br>" + CATEGORY_LABELS[cat] + ": %{customdata[0]} (%{customdata[1]})"
             "<extra></extra>",
         )
-    slow = [max(rs, key=lambda r: r.step_us) for _, rs in drawn]
-    fast = [min(rs, key=lambda r: r.step_us) for _, rs in drawn]
-    for name, picked, symbol in [("slowest step in the band", slow, "triangle-down"), ("fastest", fast, "triangle-up")]:
+    for name, picked, symbol in [
+        ("slowest step in the band", [b.slowest for b in bands], "triangle-down"),
+        ("fastest", [b.fastest for b in bands], "triangle-up"),
+    ]:
         fig.add_scatter(
             name=name,
             x=labels,
@@ -372,46 +356,44 @@ def bands_breakdown_view(
     cols = ["ranks", "rank-steps", "mean step", "fastest step", "slowest step", "slowest rank, step"]
     cols += [f"mean {CATEGORY_LABELS[c]}" for c in cats]
     display, raw = [], []
-    for label, (_, rs), m, lo, hi in zip(labels, drawn, means, fast, slow, strict=True):
-        mean = sum(r.step_us for r in rs) / len(rs)
+    for label, b in zip(labels, bands, strict=True):
+        means = [b.categories.get(c, 0.0) for c in cats]
+        slowest = f"{b.slowest.rank}, {b.slowest.step}"
         display.append(
             [
                 label,
-                td_num(len(rs)),
-                td_num(mean, duration_us(mean)),
-                td_num(lo.step_us, duration_us(lo.step_us)),
-                td_num(hi.step_us, duration_us(hi.step_us)),
-                f"{hi.rank}, {hi.step}",
-                *[td_num(m[c], duration_us(m[c])) for c in cats],
+                td_num(b.rank_steps),
+                td_num(b.step_us, duration_us(b.step_us)),
+                td_num(b.fastest.step_us, duration_us(b.fastest.step_us)),
+                td_num(b.slowest.step_us, duration_us(b.slowest.step_us)),
+                slowest,
+                *[td_num(m, duration_us(m)) for m in means],
             ]
         )
-        raw.append([label, len(rs), mean, lo.step_us, hi.step_us, f"{hi.rank}, {hi.step}", *[m[c] for c in cats]])
-    slowest = sorted(rows, key=lambda r: (-r.step_us, r.rank, r.step))[:SLOWEST]
+        raw.append([label, b.rank_steps, b.step_us, b.fastest.step_us, b.slowest.step_us, slowest, *means])
     note = (
-        f"{len({r.rank for r in rows}):,} ranks in {len(bands)} bands of up to {width}: each bar is the mean (rank, "
+        f"{overview.ranks:,} ranks in {len(bands)} bands of {overview.band}: each bar is the mean (rank, "
         "step) of its band, the triangles its slowest and fastest step. Slowest steps: "
-        + "; ".join(f"rank {r.rank} step {r.step} {duration_us(r.step_us)}" for r in slowest)
+        + "; ".join(f"rank {r.rank} step {r.step} {duration_us(r.step_us)}" for r in overview.slowest)
         + ". Pick a band under Ranks above to see its ranks one by one."
     )
     return chart_block("tm-bars", fig, cols, display, raw, f"{run}-time-breakdown-bands.csv", note=note)
 
 
-def breakdown_view(
-    run: str, rows: list[StepBreakdown], scheme: str | None, status: TimeStatus, band: str | None = None
-) -> Any:
+def breakdown_figure(client: ApiClient, run: str, scheme: str | None, status: TimeStatus, band: str | None) -> Any:
     """A bar per (rank, step) up to SCALE_RANKS ranks; beyond, a bar per band of ranks, or the ranks of the
     band whose first rank is `band` (the URL's `band`)."""
-    bands = rank_bands(sorted({r.rank for r in rows}))
-    if len(bands) <= 1:
-        return _rank_bars_view(run, rows, scheme, status)
-    chosen = _band(bands, band)
+    overview = client.time_breakdown_bands(run, scheme=scheme)
+    if overview.ranks <= SCALE_RANKS:
+        return breakdown_view(run, _all_breakdown(client, run, scheme), scheme, status)
+    chosen = next((b for b in overview.bands if str(b.first) == band), None)
     if chosen is None:
-        return bands_breakdown_view(run, rows, scheme, bands, status)
-    mine = set(chosen)
-    return _rank_bars_view(run, [r for r in rows if r.rank in mine], scheme, status, of_ranks=sum(map(len, bands)))
+        return bands_breakdown_view(run, overview, scheme, status)
+    rows = _all_breakdown(client, run, scheme, (chosen.first, chosen.last))
+    return breakdown_view(run, rows, scheme, status, of_ranks=overview.ranks)
 
 
-def _rank_bars_view(
+def breakdown_view(
     run: str, rows: list[StepBreakdown], scheme: str | None, status: TimeStatus, of_ranks: int | None = None
 ) -> Any:
     """A bar per (rank, step); `of_ranks`: the run's rank count when `rows` hold one band of it."""
@@ -1111,8 +1093,7 @@ def register(app: Dash, cfg: UiConfig) -> None:
     )
     @guarded()
     def bars(scheme: str, band: str, run: str, status_data: dict[str, Any], token: str | None) -> Any:
-        rows = _all_breakdown(cfg.client(token), run, scheme or None)
-        return breakdown_view(run, rows, scheme or None, TimeStatus.model_validate(status_data), band)
+        return breakdown_figure(cfg.client(token), run, scheme or None, TimeStatus.model_validate(status_data), band)
 
     @app.callback(
         Output("tm-timeline", "children"),

@@ -1,21 +1,28 @@
-"""The time page's figures at 1,024 ranks and the Compare histograms of identical runs, built from contract models
-with planted ground truth (no store, no server): what the browser would draw is in the figure object.
+"""The time page's figures at 1,024 ranks and the Compare histograms of identical runs, built with planted ground
+truth (no server): what the browser would draw is in the figure object.
 
-- breakdown: one bar per (rank, step) at 8 ranks; at 1,024 ranks a bar per band of 32 ranks (the band's mean step),
-  its slowest and fastest step marked, and a band drilled down to its 32 ranks;
+- breakdown: one bar per (rank, step) at 8 ranks; at 1,024 ranks a bar per band of 32 ranks (the band's mean step,
+  computed by the service in the store from planted rows), its slowest and fastest step marked, and a band drilled
+  down to its 32 ranks;
 - timeline: a tick per rank at 8 ranks; at 1,024 ranks Plotly's spaced ticks, or the band's ranks only;
 - critical path and a selected instance: said in one short line at 1,024 ranks;
 - Compare: two identical runs overlaid are nested bars of two widths, and a note says they are identical."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import duckdb
 import plotly.graph_objects as go
+import pytest
 from dash import dcc
 
+from commlens import store
 from commlens.contract.analysis import BinSpec, Histogram, HistogramSeries
 from commlens.contract.time import (
+    BreakdownBands,
     CriticalPath,
     Instance,
     InstanceMember,
@@ -24,6 +31,7 @@ from commlens.contract.time import (
     TimeStatus,
 )
 from commlens.frontend import page_compare, page_time
+from commlens.service import time as service
 
 RANKS = 1024
 STEPS = (3, 4)
@@ -53,6 +61,42 @@ def _rows(ranks: int) -> list[StepBreakdown]:
     return [_row(r, s) for r in range(ranks) for s in STEPS]
 
 
+class _Client:
+    """The two breakdown calls of the dashboard's client, answered by the service on a store."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+
+    def time_breakdown_bands(self, run: str, *, scheme: str | None = None) -> Any:
+        return service.breakdown_bands(self.con, run, scheme=scheme)
+
+    def time_breakdown(self, run: str, **query: Any) -> Any:
+        return service.breakdown(self.con, run, **query)
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Client]:
+    """A store whose runs 'r' (1,024 ranks) and 'r8' hold the planted breakdown rows and, for 'r', a dp split."""
+    con = store.connect(Path(tmp_path_factory.mktemp("bands")) / "store.duckdb")
+    for run, ranks in (("r", RANKS), ("r8", 8)):
+        run_id = store.ensure_run(con, run)
+        rows = [
+            (run_id, x.rank, x.step, None, x.step_us, x.compute_us, 0.0, x.wait_us, 0.0, 0.0, x.idle_us)
+            for x in _rows(ranks)
+        ]
+        # rank r's dp waits r % 2 * 100 µs of its 500 µs
+        rows += [
+            (run_id, x.rank, x.step, "dp", None, None, 0.0, x.rank % 2 * 100.0, 0.0, None, None) for x in _rows(ranks)
+        ]
+        con.executemany("INSERT INTO time_breakdown VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    yield _Client(con)
+    con.close()
+
+
+def _breakdown(client: _Client, run: str, band: str | None = None, scheme: str | None = None) -> Any:
+    return page_time.breakdown_figure(client, run, scheme, STATUS, band)  # type: ignore[arg-type]
+
+
 def _graph(block: Any) -> go.Figure:
     """The figure of the first dcc.Graph inside a component tree."""
     todo = [block]
@@ -75,24 +119,24 @@ def _text(block: Any) -> str:
     return "" if children is None else _text(children)
 
 
-def test_eight_ranks_draw_a_bar_per_rank_and_step() -> None:
-    fig = _graph(page_time.breakdown_view("r", _rows(8), None, STATUS))
+def test_eight_ranks_draw_a_bar_per_rank_and_step(client: _Client) -> None:
+    fig = _graph(_breakdown(client, "r8"))
     compute = fig.data[0]
     assert list(compute.x[0]) == [f"rank {r}" for r in range(8) for _ in STEPS]
     assert list(compute.y) == [(1000.0 + r) / 1e3 for r in range(8) for _ in STEPS]
 
 
-def test_1024_ranks_draw_a_bar_per_band_with_its_slowest_step() -> None:
-    block = page_time.breakdown_view("r", _rows(RANKS), None, STATUS)
+def test_1024_ranks_draw_a_bar_per_band_with_its_slowest_step(client: _Client) -> None:
+    block = _breakdown(client, "r")
     fig = _graph(block)
     bars = [t for t in fig.data if t.type == "bar"]
     labels = [f"ranks {i}-{i + 31}" for i in range(0, RANKS, 32)]
     assert all(list(t.x) == labels for t in bars)  # 32 categories, not 1,024 (or 2,048 rank-steps)
     compute = next(t for t in bars if t.name == "compute")
     # the mean over the band's ranks and both steps: 1 ms + the mean rank's µs
-    assert list(compute.y) == [(1000.0 + i + 15.5) / 1e3 for i in range(0, RANKS, 32)]
+    assert list(compute.y) == pytest.approx([(1000.0 + i + 15.5) / 1e3 for i in range(0, RANKS, 32)], rel=1e-12)
     idle = next(t for t in bars if t.name == "idle")
-    assert idle.y[SLOW // 32] == 10_000.0 / 64 / 1e3 and sum(idle.y) == idle.y[SLOW // 32]
+    assert idle.y[SLOW // 32] == pytest.approx(10_000.0 / 64 / 1e3) and sum(idle.y) == idle.y[SLOW // 32]
     slowest = next(t for t in fig.data if t.name == "slowest step in the band")
     assert list(slowest.customdata[SLOW // 32][:2]) == [SLOW, 4]
     assert slowest.y[SLOW // 32] == (1000.0 + SLOW + 500.0 + 10_000.0) / 1e3
@@ -103,13 +147,34 @@ def test_1024_ranks_draw_a_bar_per_band_with_its_slowest_step() -> None:
     assert "Slowest steps: rank 700 step 4" in _text(block)
 
 
-def test_a_band_drills_down_to_its_ranks() -> None:
-    block = page_time.breakdown_view("r", _rows(RANKS), None, STATUS, band="672")
+def test_a_band_drills_down_to_its_ranks(client: _Client) -> None:
+    block = _breakdown(client, "r", band="672")
     compute = _graph(block).data[0]
     assert list(compute.x[0]) == [f"rank {r}" for r in range(672, 704) for _ in STEPS]
     assert "ranks 672-703 of 1,024" in _text(block)
     # a band the run lacks falls back to the bands
-    assert len(_graph(page_time.breakdown_view("r", _rows(RANKS), None, STATUS, band="5")).data[0].x) == 32
+    assert len(_graph(_breakdown(client, "r", band="5")).data[0].x) == 32
+
+
+def test_a_scheme_splits_each_band_into_its_communication_and_the_rest(client: _Client) -> None:
+    fig = _graph(_breakdown(client, "r", scheme="dp"))
+    wait = next(t for t in fig.data if t.name == "dp: wait in collectives")
+    other = next(t for t in fig.data if t.name == "other schemes' comm")
+    # half of each band's ranks wait 100 µs in dp: 50 µs a mean rank-step; the rest of the 500 µs is other comm
+    assert list(wait.y) == pytest.approx([50.0 / 1e3] * 32) and list(other.y) == pytest.approx([450.0 / 1e3] * 32)
+
+
+def test_bands_follow_the_rank_count_and_a_band_bounds_the_rows(client: _Client) -> None:
+    assert service.band_width(63) == 32 and service.band_width(1023) == 32 and service.band_width(2047) == 64
+    bands = service.breakdown_bands(client.con, "r")
+    assert (bands.ranks, bands.rank_steps, bands.band, bands.steps) == (RANKS, RANKS * len(STEPS), 32, list(STEPS))
+    assert [(b.first, b.last, b.ranks, b.rank_steps) for b in bands.bands[:2]] == [
+        (0, 31, 32, 64),
+        (32, 63, 32, 64),
+    ]
+    assert [(r.rank, r.step) for r in bands.slowest] == [(SLOW, 4), (1023, 3), (1023, 4), (1022, 3), (1022, 4)]
+    page = service.breakdown(client.con, "r", first=672, last=703, limit=1000)
+    assert page.total == 64 and {r.rank for r in page.rows} == set(range(672, 704))
 
 
 def _instance(ranks: int) -> Instance:
@@ -215,7 +280,11 @@ def test_different_runs_carry_no_identical_note_and_side_by_side_keeps_plotly_wi
 
 def test_a_run_without_breakdown_has_no_band_and_says_so() -> None:
     """An NCCL log has no profiler steps: the page's layout took the first rank of an empty band (a 500)."""
-    assert page_time.rank_bands([]) == []
-    assert page_time.rank_bands(list(range(64))) == [list(range(64))]
-    assert [b[0] for b in page_time.rank_bands(list(range(65)))] == [0, 32, 64]
     assert "No breakdown for this run" in _text(page_time.breakdown_view("r", [], None, STATUS))
+    empty = page_time.bands_breakdown_view(
+        "r",
+        BreakdownBands(run="r", scheme=None, ranks=0, rank_steps=0, steps=[], band=32, bands=[], slowest=[]),
+        None,
+        STATUS,
+    )
+    assert "No breakdown for this run" in _text(empty)

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Path, Query
 from commlens.contract.common import MAX_RANK
 from commlens.contract.time import (
     MAX_MEMBER_ROWS,
+    BreakdownBands,
     BreakdownReport,
     CriticalPathReport,
     Instance,
@@ -59,8 +60,42 @@ def breakdown(
         SchemeFilter | None,
         Query(description="keep only this scheme's communication in each row's `schemes`"),
     ] = None,
+    first: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="lowest global rank of the rows")] = None,
+    last: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="highest global rank of the rows")] = None,
 ) -> BreakdownReport:
-    return service.breakdown(cur, run, rank=rank, step=step, scheme=scheme, limit=limit, offset=offset)
+    return service.breakdown(
+        cur,
+        run,
+        rank=rank,
+        step=step,
+        scheme=scheme,
+        limit=limit,
+        offset=offset,
+        first=first,
+        last=last,
+    )
+
+
+@router.get(
+    "/runs/{run}/time/breakdown/bands",
+    response_model=BreakdownBands,
+    responses=problem_responses(404, 422),
+    summary="The breakdown of many ranks at a glance: per band of consecutive ranks, the mean step per category "
+    "and the fastest and slowest step; the run's slowest steps",
+)
+def breakdown_bands(
+    run: str,
+    cur: Cursor,
+    scheme: Annotated[
+        SchemeFilter | None,
+        Query(description="this scheme's overlapped, wait and exposed time; the rest as 'other comm'"),
+    ] = None,
+    band: Annotated[
+        int | None,
+        Query(ge=1, le=MAX_RANK + 1, description="consecutive global ranks per band (default 32, wider past 32 bands)"),
+    ] = None,
+) -> BreakdownBands:
+    return service.breakdown_bands(cur, run, scheme=scheme, band=band)
 
 
 @router.get(

@@ -111,6 +111,47 @@ class BreakdownReport(BaseModel):
     notes: list[str] = []  # why the breakdown is missing or partial
 
 
+OTHER_COMM = "other comm"  # with a scheme chosen: the other schemes' communication, so a bar still sums to the step
+
+
+class StepRef(BaseModel):
+    """One rank's step and its length."""
+
+    rank: int
+    step: int
+    step_us: float
+
+
+class RankBand(BaseModel):
+    """Consecutive ranks summarised: the mean of their (rank, step) rows per stacked category, and the band's
+    fastest and slowest (rank, step), each the first by rank then step among equals."""
+
+    first: int  # the band's global ranks: first to last (the run's highest rank in its last band)
+    last: int
+    ranks: int  # ranks of the band with rows
+    rank_steps: int
+    step_us: float  # mean step
+    categories: dict[str, float]  # mean µs per TIME_CATEGORIES entry, and OTHER_COMM with a scheme
+    fastest: StepRef
+    slowest: StepRef
+
+
+class BreakdownBands(BaseModel):
+    """The breakdown of many ranks at a glance: bands of `band` consecutive global ranks (rank // band, as the
+    ranks summary), the steps the rows cover and the run's slowest (rank, step) rows, slowest first. With `scheme`, a
+    band's overlapped, wait and exposed time is that scheme's and OTHER_COMM the rest of the communication."""
+
+    run: str
+    scheme: str | None
+    ranks: int
+    rank_steps: int
+    steps: list[int]
+    band: int  # global ranks per band
+    bands: list[RankBand]
+    slowest: list[StepRef]
+    notes: list[str] = []  # why the breakdown is missing or partial
+
+
 # ------------------------------------------------------------------------------- instances
 
 

@@ -17,6 +17,9 @@ from commlens.backend.iterations import run_id_of
 from commlens.contract.analysis import UNATTRIBUTED
 from commlens.contract.time import (
     MAX_MEMBER_ROWS,
+    OTHER_COMM,
+    TIME_CATEGORIES,
+    BreakdownBands,
     BreakdownReport,
     ClockOffsets,
     CriticalPath,
@@ -30,10 +33,12 @@ from commlens.contract.time import (
     MismatchReport,
     PathSegment,
     RankArrivals,
+    RankBand,
     RankOffset,
     RankTime,
     SchemeTime,
     StepBreakdown,
+    StepRef,
     Straggler,
     StragglerReport,
     TimePart,
@@ -183,12 +188,19 @@ def breakdown(
     scheme: str | None = None,
     limit: int = 1000,
     offset: int = 0,
+    first: int | None = None,
+    last: int | None = None,
 ) -> BreakdownReport:
-    """A page of (rank, step) rows with the six categories; `scheme` keeps only that scheme's split."""
+    """A page of (rank, step) rows with the six categories; `scheme` keeps only that scheme's split;
+    `first`/`last` bound the ranks (a band of breakdown_bands)."""
     run_id = run_id_of(con, run)
     where, params = "run_id = ?", [run_id]
     if rank is not None:
         where, params = where + " AND rank = ?", [*params, rank]
+    if first is not None:
+        where, params = where + " AND rank >= ?", [*params, first]
+    if last is not None:
+        where, params = where + " AND rank <= ?", [*params, last]
     if step is not None:
         where, params = where + " AND step = ?", [*params, step]
     split: dict[tuple[int, int], list[SchemeTime]] = defaultdict(list)
@@ -263,13 +275,104 @@ def breakdown(
     notes = [p.reason for p in status(con, run_id).parts if p.part in ("breakdown", "memcpy") and not p.computed]
     return BreakdownReport(
         run=run,
-        filters={"rank": rank, "step": step, "scheme": scheme},
+        filters={"rank": rank, "step": step, "scheme": scheme, "first": first, "last": last},
         rows=rows,
         total=total,
         limit=limit,
         offset=offset,
         next_offset=_next(offset, limit, total),
         notes=notes,
+    )
+
+
+BAND_RANKS = (
+    32  # global ranks per band of breakdown_bands by default, wider where more than MAX_BANDS bands would be needed
+)
+MAX_BANDS = 32
+SLOWEST_STEPS = 5  # the run's slowest (rank, step) rows breakdown_bands names
+
+
+def band_width(top: int) -> int:
+    """Global ranks per band when the highest rank is `top`: BAND_RANKS, or wider so that at most MAX_BANDS bands
+    remain."""
+    return max(BAND_RANKS, -(-(top + 1) // MAX_BANDS))
+
+
+def breakdown_bands(con: Con, run: str, scheme: str | None = None, band: int | None = None) -> BreakdownBands:
+    """The breakdown in bands of `band` consecutive global ranks (default band_width), computed in the store: a
+    page of many ranks reads a few dozen rows, not ranks x steps."""
+    run_id = run_id_of(con, run)
+    ranks, rank_steps, top = _rows(
+        con,
+        "SELECT count(DISTINCT rank), count(*), max(rank) FROM time_breakdown WHERE run_id = ? AND scheme IS NULL",
+        [run_id],
+    )[0]
+    band = band or band_width(top or 0)
+    # with a scheme, its own split of each row (none in a step without its communication), else the row's own
+    mine = [f"coalesce(s.{c}, 0)" if scheme else f"b.{c}" for c in ("overlapped_us", "wait_us", "exposed_us")]
+    join = (
+        "LEFT JOIN time_breakdown s ON s.run_id = b.run_id AND s.rank = b.rank AND s.step = b.step AND s.scheme = ?"
+        if scheme
+        else ""
+    )
+    rows = _rows(
+        con,
+        f"""WITH w AS (
+                SELECT b.rank, b.step, b.step_us, b.compute_us, b.memcpy_us, b.idle_us,
+                       b.overlapped_us + b.wait_us + b.exposed_us AS comm_us,
+                       {mine[0]} AS ov, {mine[1]} AS wt, {mine[2]} AS ex
+                FROM time_breakdown b {join} WHERE b.run_id = ? AND b.scheme IS NULL),
+            banded AS (SELECT w.*, rank // ? AS band FROM w),
+            ordered AS (
+                SELECT banded.*,
+                       row_number() OVER (PARTITION BY band ORDER BY step_us DESC, rank, step) AS slow_no,
+                       row_number() OVER (PARTITION BY band ORDER BY step_us, rank, step) AS fast_no
+                FROM banded)
+            SELECT band, count(DISTINCT rank), count(*), avg(step_us),
+                   avg(compute_us), avg(ov), avg(wt), avg(ex), avg(memcpy_us), avg(idle_us), avg(greatest(comm_us - ov - wt - ex, 0)),
+                   first(rank) FILTER (WHERE fast_no = 1), first(step) FILTER (WHERE fast_no = 1),
+                   first(step_us) FILTER (WHERE fast_no = 1),
+                   first(rank) FILTER (WHERE slow_no = 1), first(step) FILTER (WHERE slow_no = 1),
+                   first(step_us) FILTER (WHERE slow_no = 1)
+            FROM ordered GROUP BY band ORDER BY band""",
+        ([scheme] if scheme else []) + [run_id, band],
+    )
+    bands = []
+    for b, n, k, step_us, *means, fr, fs, fu, sr, ss, su in rows:
+        categories = dict(zip(TIME_CATEGORIES, means[:6], strict=True))
+        if scheme:
+            categories[OTHER_COMM] = means[6]
+        bands.append(
+            RankBand(
+                first=b * band,
+                last=min(b * band + band - 1, top),
+                ranks=n,
+                rank_steps=k,
+                step_us=step_us,
+                categories=categories,
+                fastest=StepRef(rank=fr, step=fs, step_us=fu),
+                slowest=StepRef(rank=sr, step=ss, step_us=su),
+            )
+        )
+    slowest = _rows(
+        con,
+        """SELECT rank, step, step_us FROM time_breakdown WHERE run_id = ? AND scheme IS NULL
+           ORDER BY step_us DESC, rank, step LIMIT ?""",
+        [run_id, SLOWEST_STEPS],
+    )
+    steps = _rows(
+        con, "SELECT DISTINCT step FROM time_breakdown WHERE run_id = ? AND scheme IS NULL ORDER BY step", [run_id]
+    )
+    return BreakdownBands(
+        run=run,
+        scheme=scheme,
+        ranks=ranks,
+        rank_steps=rank_steps,
+        steps=[s for (s,) in steps],
+        band=band,
+        bands=bands,
+        slowest=[StepRef(rank=r, step=n, step_us=u) for r, n, u in slowest],
+        notes=[p.reason for p in status(con, run_id).parts if p.part in ("breakdown", "memcpy") and not p.computed],
     )
 
 

@@ -2,7 +2,10 @@
 fields and clocks per rank, as bench/scale.py does for 1,024), an NCCL log whose run name has spaces and an NCCL
 log without calls. Defects found by using it in Chromium, each pinned here: the overview and the Time page drew
 a component per table cell (188 s for the overview of a 1,024-rank run), and the volumes table called every byte
-of a run without configuration "unexplained" against a predicted 0 B."""
+of a run without configuration "unexplained" against a predicted 0 B. Beyond 64 ranks the Time page's breakdown is
+a bar per band of ranks equal to the API's rows averaged, and its Ranks dropdown drills down to one band's bars,
+timeline and waits (the URL keeps the band); the overlaid histograms of the DLRM job ingested twice draw both runs,
+nested, and say they are identical."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 from urllib.parse import quote
 
@@ -20,7 +24,7 @@ import orjson
 import pytest
 import test_ui
 from dash.development.base_component import Component
-from test_ui import CHROMIUM, ROOT, Tab, _cli, _data_dir, _missing, expect
+from test_ui import CHROMIUM, ROOT, WAIT_MS, Tab, _cli, _data_dir, _missing, expect
 
 from commlens.frontend import page_overview, page_time
 from commlens.frontend.client import ApiClient
@@ -66,6 +70,7 @@ def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     write_wide(tmp / "wide", data, WIDE_RANKS)
     _cli("ingest", str(tmp / "wide"), "--db", str(db), "--run", WIDE)
     _cli("ingest", str(data / DLRM), "--db", str(db), "--run", "dlrm")
+    _cli("ingest", str(data / DLRM), "--db", str(db), "--run", "dlrm-again")  # Compare of identical runs
     _cli("ingest", str(data / "nccl-logs/nvidia-nccl-1193.log"), "--db", str(db), "--run", LOG_RUN)
     slashed = subprocess.run(  # before the server owns the store; the CLI may refuse the name
         [sys.executable, "-m", "commlens.cli", "ingest", str(data / KINETO), "--db", str(db), "--run", SLASHED],
@@ -197,3 +202,71 @@ def test_calls_without_a_group_are_not_called_nothing(tab: Tab, api: httpx.Clien
     section = tab.page.locator("section", has=tab.page.get_by_role("heading", name="Schemes and how they were"))
     expect(section).to_contain_text("none of the 64 calls has a group")
     assert "nothing to attribute" not in section.inner_text()
+
+
+def _drawn(tab: Tab, dom_id: str, condition: str, expr: str) -> Any:
+    """`expr` of the drawn plot `g` once `condition` holds (a graph redrawn in place keeps its old data until the
+    callback's answer lands, so the condition names the state the test waits for)."""
+    tab.page.wait_for_function(
+        f"(id) => {{ const e = document.getElementById(id); const g = e && e.querySelector('.js-plotly-plot');"
+        f" return !!(g && g.data && g.data.length && ({condition})); }}",
+        arg=dom_id,
+        timeout=WAIT_MS,
+    )
+    return tab.page.evaluate(
+        f"(id) => {{ const g = document.getElementById(id).querySelector('.js-plotly-plot'); return {expr}; }}",
+        dom_id,
+    )
+
+
+BARS = "g.data.map(t => ({name: t.name, type: t.type, x: Array.from(t.x).map(v => Array.isArray(v) ? Array.from(v) "
+BARS += ": v), y: Array.from(t.y), width: t.width === undefined ? null : t.width}))"
+
+
+def test_the_breakdown_shows_one_bands_ranks_then_every_band(tab: Tab, api: httpx.Client) -> None:
+    rows = api.get(f"/runs/{WIDE}/time/breakdown", params={"limit": 1000}).json()["rows"]
+    bands = [(0, 31), (32, 63), (64, 95), (96, 127)]
+    assert len({r["rank"] for r in rows}) == WIDE_RANKS
+    tab.open(f"/runs/{WIDE}/time?band=32")  # a link to a band: the URL holds it
+    tab.no_error_boxes()
+    band = _drawn(tab, "tm-bars", "Array.isArray(g.data[0].x[0])", BARS)
+    steps = sorted({r["step"] for r in rows})
+    assert band[0]["x"][0] == [f"rank {r}" for r in range(32, 64) for _ in steps]
+    ticks = _drawn(
+        tab, "tm-timeline-graph", "g.layout.title.text.endsWith('ranks 32-63')", "Array.from(g.layout.yaxis.tickvals)"
+    )
+    assert ticks == list(range(32, 64))
+    waits = _drawn(tab, "tm-heatmap", "g.data[0].y.length === 32", "Array.from(g.data[0].y)")
+    assert waits == list(range(32, 64))
+    expect(tab.page.locator("#tm-band")).to_contain_text("ranks 32-63")
+    tab.shot("scale-time-band")
+
+    tab.page.locator("#tm-band").click()
+    tab.page.get_by_role("option", name="all ranks (bands)", exact=True).click()
+    tab.wait_for_query(step=str(steps[-1]))  # the band left the URL
+    traces = _drawn(tab, "tm-bars", "g.data[0].x.length === 4", BARS)
+    compute = next(t for t in traces if t["name"] == "compute")
+    assert compute["x"] == [f"ranks {lo}-{hi}" for lo, hi in bands]
+    for i, (lo, hi) in enumerate(bands):
+        mine = [r["compute_us"] for r in rows if lo <= r["rank"] <= hi]
+        assert compute["y"][i] == pytest.approx(fmean(mine) / 1e3, rel=1e-9)
+    slowest = next(t for t in traces if t["name"] == "slowest step in the band")
+    assert slowest["y"][0] == pytest.approx(max(r["step_us"] for r in rows if r["rank"] <= 31) / 1e3, rel=1e-9)
+    assert _drawn(tab, "tm-heatmap", "g.data[0].y.length === 128", "g.data[0].y.length") == WIDE_RANKS
+    tab.shot("scale-time-bands")
+    tab.no_error_boxes()
+
+
+def test_identical_runs_overlaid_both_show(tab: Tab, api: httpx.Client) -> None:
+    a, b = (api.get(f"/runs/{r}/histograms").json() for r in ("dlrm", "dlrm-again"))
+    assert [s["values"] for s in a["series"]] == [s["values"] for s in b["series"]]
+    tab.open("/compare?runs=dlrm,dlrm-again")
+    traces = _drawn(tab, "cmp-hist", "g.data.length === 8", BARS)
+    widths = {t["name"].split(" · ")[0]: t["width"] for t in traces}
+    assert widths == {"dlrm": 0.8, "dlrm-again": 0.4}  # nested: one run inside the other, both in sight
+    expect(tab.page.locator("#cmp-hist-same")).to_have_text(
+        "dlrm and dlrm-again: identical distributions, every bar equal; overlaid, each run's bars are drawn "
+        "narrower than the one before, so all show."
+    )
+    tab.shot("scale-compare-identical")
+    tab.no_error_boxes()

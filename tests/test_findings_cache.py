@@ -1,4 +1,4 @@
-"""Findings kept per version of the run (backend/findings_cache.py): a repeated request is answered from the
+"""Findings kept per version of the run (backend/run_cache.py): a repeated request is answered from the
 cache, and every kind of write to the run (a scheme override with its re-analysis, a config, a new file) and an
 ingest job in progress make the next request compute them again, equal to findings computed afresh."""
 
@@ -10,8 +10,8 @@ import duckdb
 import pytest
 
 from commlens.backend.findings import findings
-from commlens.backend.findings_cache import cached_findings, run_version
 from commlens.backend.iterations import UnknownRunError
+from commlens.backend.run_cache import cached_findings, run_version
 from commlens.contract.analysis import Finding
 from commlens.service.schemes import override_scheme
 

@@ -288,3 +288,14 @@ def test_a_run_without_breakdown_has_no_band_and_says_so() -> None:
         STATUS,
     )
     assert "No breakdown for this run" in _text(empty)
+
+
+def test_bands_are_kept_per_version_of_the_run(client: _Client) -> None:
+    """The aggregate reads every (rank, step) row: a repeated request is answered from backend/run_cache.py until
+    a write changes the run's version."""
+    first = service.breakdown_bands(client.con, "r8")
+    assert service.breakdown_bands(client.con, "r8") is first
+    assert service.breakdown_bands(client.con, "r8", scheme="dp") is not first  # another result of the same run
+    client.con.execute("UPDATE runs SET description = 'changed' WHERE name = 'r8'")
+    again = service.breakdown_bands(client.con, "r8")
+    assert again is not first and again == first

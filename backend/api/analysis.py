@@ -12,11 +12,11 @@ from commlens.backend import attribution
 from commlens.backend.bandwidth import bandwidth
 from commlens.backend.compare import compare
 from commlens.backend.findings import findings
-from commlens.backend.findings_cache import cached_findings
 from commlens.backend.histograms import bar_calls, histogram
 from commlens.backend.iterations import UnknownRunError, assign_iterations
 from commlens.backend.predict import predict
 from commlens.backend.ranks import rank_summary, rank_totals
+from commlens.backend.run_cache import cached_findings
 from commlens.contract.analysis import (
     BandwidthReport,
     BarCalls,
@@ -253,7 +253,7 @@ def run_report(run: str, cur: Cursor, format: Literal["json", "md"] = "json") ->
 
 def _findings(cur: Cursor, run: str) -> list[Finding]:
     """Findings, with the predicted-vs-measured checks when the run has a configuration (as `commlens report`);
-    kept per version of the run (backend/findings_cache.py)."""
+    kept per version of the run (backend/run_cache.py)."""
 
     def compute() -> list[Finding]:
         comparison = run_compare(cur, run) if run_predict_input(cur, run) is not None else None

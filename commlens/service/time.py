@@ -14,6 +14,7 @@ from typing import Any
 import duckdb
 
 from commlens.backend.iterations import run_id_of
+from commlens.backend.run_cache import cached
 from commlens.contract.analysis import UNATTRIBUTED
 from commlens.contract.time import (
     MAX_MEMBER_ROWS,
@@ -299,8 +300,13 @@ def band_width(top: int) -> int:
 
 
 def breakdown_bands(con: Con, run: str, scheme: str | None = None, band: int | None = None) -> BreakdownBands:
-    """The breakdown in bands of `band` consecutive global ranks (default band_width), computed in the store: a
-    page of many ranks reads a few dozen rows, not ranks x steps."""
+    """The breakdown in bands of `band` consecutive global ranks (default band_width), aggregated in the store
+    (a page of many ranks reads a few dozen rows, not ranks x steps) and kept per version of the run
+    (backend/run_cache.py: an aggregate over every (rank, step) row)."""
+    return cached(con, run, ("breakdown_bands", scheme, band), lambda: _breakdown_bands(con, run, scheme, band))
+
+
+def _breakdown_bands(con: Con, run: str, scheme: str | None, band: int | None) -> BreakdownBands:
     run_id = run_id_of(con, run)
     ranks, rank_steps, top = _rows(
         con,
@@ -321,24 +327,17 @@ def breakdown_bands(con: Con, run: str, scheme: str | None = None, band: int | N
                 SELECT b.rank, b.step, b.step_us, b.compute_us, b.memcpy_us, b.idle_us,
                        b.overlapped_us + b.wait_us + b.exposed_us AS comm_us,
                        {mine[0]} AS ov, {mine[1]} AS wt, {mine[2]} AS ex
-                FROM time_breakdown b {join} WHERE b.run_id = ? AND b.scheme IS NULL),
-            banded AS (SELECT w.*, rank // ? AS band FROM w),
-            ordered AS (
-                SELECT banded.*,
-                       row_number() OVER (PARTITION BY band ORDER BY step_us DESC, rank, step) AS slow_no,
-                       row_number() OVER (PARTITION BY band ORDER BY step_us, rank, step) AS fast_no
-                FROM banded)
-            SELECT band, count(DISTINCT rank), count(*), avg(step_us),
-                   avg(compute_us), avg(ov), avg(wt), avg(ex), avg(memcpy_us), avg(idle_us), avg(greatest(comm_us - ov - wt - ex, 0)),
-                   first(rank) FILTER (WHERE fast_no = 1), first(step) FILTER (WHERE fast_no = 1),
-                   first(step_us) FILTER (WHERE fast_no = 1),
-                   first(rank) FILTER (WHERE slow_no = 1), first(step) FILTER (WHERE slow_no = 1),
-                   first(step_us) FILTER (WHERE slow_no = 1)
-            FROM ordered GROUP BY band ORDER BY band""",
+                FROM time_breakdown b {join} WHERE b.run_id = ? AND b.scheme IS NULL)
+            SELECT rank // ? AS band, count(DISTINCT rank), count(*), avg(step_us),
+                   avg(compute_us), avg(ov), avg(wt), avg(ex), avg(memcpy_us), avg(idle_us),
+                   avg(greatest(comm_us - ov - wt - ex, 0)),
+                   arg_min((rank, step, step_us), (step_us, rank, step)),
+                   arg_max((rank, step, step_us), (step_us, -rank, -step))
+            FROM w GROUP BY band ORDER BY band""",
         ([scheme] if scheme else []) + [run_id, band],
     )
     bands = []
-    for b, n, k, step_us, *means, fr, fs, fu, sr, ss, su in rows:
+    for b, n, k, step_us, *means, (fr, fs, fu), (sr, ss, su) in rows:
         categories = dict(zip(TIME_CATEGORIES, means[:6], strict=True))
         if scheme:
             categories[OTHER_COMM] = means[6]

@@ -305,9 +305,9 @@ class ApiClient:
             last=last,
         )
 
-    def time_breakdown_bands(self, run: str, *, scheme: str | None = None) -> BreakdownBands:
-        """The breakdown per band of consecutive ranks, computed by the server."""
-        return self._get(f"/runs/{_seg(run)}/time/breakdown/bands", BreakdownBands, scheme=scheme)
+    def time_breakdown_bands(self, run: str, *, scheme: str | None = None, band: int | None = None) -> BreakdownBands:
+        """The breakdown per band of `band` consecutive ranks (default: the server's), computed by the server."""
+        return self._get(f"/runs/{_seg(run)}/time/breakdown/bands", BreakdownBands, scheme=scheme, band=band)
 
     def time_instances(
         self,

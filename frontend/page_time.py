@@ -77,6 +77,9 @@ MAX_MEMBER_ROWS = 100_000
 # more ranks than this: the breakdown shows the server's bands of ranks first (/time/breakdown/bands), then the
 # ranks of one band (`?band=FIRST`)
 SCALE_RANKS = 64
+# more (rank, step) bars than this at up to SCALE_RANKS ranks (a long profile): a bar per rank, the mean of its
+# steps, first (`/time/breakdown/bands?band=1`), then one rank's steps (`?band=RANK`)
+MAX_BARS = 2000
 
 P = TypeVar("P")
 
@@ -87,12 +90,14 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
     overview = client.time_breakdown_bands(run)
     paths = client.critical_paths(run).paths
     steps = sorted(set(overview.steps) | {p.step for p in paths})
+    banded = _banded(client, run, None, overview)
     step = int_or_none(q.get("step"))
     if step not in steps:
         step = next((p.step for p in paths if p.segments), steps[0] if steps else None)
-    bands = [(b.first, b.last) for b in overview.bands] if overview.ranks > SCALE_RANKS else []
+    bands = [(b.first, b.last) for b in banded.bands] if banded else []
     band = int_or_none(q.get("band"))
     band = band if band in {b[0] for b in bands} else None
+    wide = overview.ranks > SCALE_RANKS  # a band also bounds the timeline and the waits
     groups = [(v.group, v.scheme) for v in summary.verdicts]
     group = q.get("group") if q.get("group") in {g for g, _ in groups} else None
     scheme = q.get("scheme") if q.get("scheme") in (*SCHEMES, UNATTRIBUTED) else None
@@ -104,7 +109,7 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
             dcc.Store(id="tm-run", data=run),
             dcc.Store(id="tm-inst", data=int_or_none(q.get("inst"))),
             dcc.Store(id="tm-status-data", data=summary.status.model_dump(mode="json")),
-            dcc.Store(id="tm-bands", data=[list(b) for b in bands]),
+            dcc.Store(id="tm-bands", data=[list(b) for b in bands] if wide else []),
             html.Div(
                 [
                     _dropdown("tm-runsel", "Run", [(r, r) for r in runs], run, clearable=False),
@@ -127,8 +132,9 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
                     html.Div(
                         _dropdown(
                             "tm-band",
-                            "Ranks (bars, timeline, waits)",
-                            [("all ranks (bands)", "")] + [(band_label(*b), str(b[0])) for b in bands],
+                            "Ranks (bars, timeline, waits)" if wide else "Rank (bars: its steps)",
+                            [("all ranks (bands)" if wide else "every rank (means)", "")]
+                            + [(band_label(*b), str(b[0])) for b in bands],
                             "" if band is None else str(band),
                             wide=True,
                         ),
@@ -292,7 +298,7 @@ def _bar_values(r: StepBreakdown, scheme: str | None) -> dict[str, float]:
 
 
 def band_label(first: int, last: int) -> str:
-    return f"ranks {first}-{last}"
+    return f"rank {first}" if first == last else f"ranks {first}-{last}"
 
 
 def _categories(scheme: str | None) -> list[str]:
@@ -322,8 +328,11 @@ def bands_breakdown_view(run: str, overview: BreakdownBands, scheme: str | None,
     cats = _categories(scheme)
     bands = overview.bands
     labels = [band_label(b.first, b.last) for b in bands]
-    title = f"Mean step per band of {overview.band} ranks" + (f": {scheme} communication apart" if scheme else "")
-    fig = figure(title, "ranks (band)", "time (ms)", height=440)
+    per_rank = overview.band == 1
+    title = ("Mean step per rank" if per_rank else f"Mean step per band of {overview.band} ranks") + (
+        f": {scheme} communication apart" if scheme else ""
+    )
+    fig = figure(title, "rank" if per_rank else "ranks (band)", "time (ms)", height=440)
     for cat in cats:
         us = [b.categories.get(cat, 0.0) for b in bands]
         fig.add_bar(
@@ -371,26 +380,49 @@ def bands_breakdown_view(run: str, overview: BreakdownBands, scheme: str | None,
             ]
         )
         raw.append([label, b.rank_steps, b.step_us, b.fastest.step_us, b.slowest.step_us, slowest, *means])
+    shape = (
+        f"{overview.rank_steps:,} (rank, step) rows of {overview.ranks:,} ranks: each bar is the mean of a rank's "
+        "steps, the triangles its slowest and fastest step"
+        if per_rank
+        else f"{overview.ranks:,} ranks in {len(bands)} bands of {overview.band}: each bar is the mean (rank, step) "
+        "of its band, the triangles its slowest and fastest step"
+    )
     note = (
-        f"{overview.ranks:,} ranks in {len(bands)} bands of {overview.band}: each bar is the mean (rank, "
-        "step) of its band, the triangles its slowest and fastest step. Slowest steps: "
+        f"{shape}. Slowest steps: "
         + "; ".join(f"rank {r.rank} step {r.step} {duration_us(r.step_us)}" for r in overview.slowest)
-        + ". Pick a band under Ranks above to see its ranks one by one."
+        + (
+            ". Pick a rank above to see its steps."
+            if per_rank
+            else ". Pick a band under Ranks above to see its ranks one by one."
+        )
     )
     return chart_block("tm-bars", fig, cols, display, raw, f"{run}-time-breakdown-bands.csv", note=note)
 
 
+def _banded(
+    client: ApiClient, run: str, scheme: str | None, overview: BreakdownBands | None = None
+) -> BreakdownBands | None:
+    """The bands the breakdown draws first: the server's bands of ranks beyond SCALE_RANKS ranks, a band per rank
+    beyond MAX_BARS (rank, step) rows, else None (a bar per (rank, step))."""
+    overview = overview or client.time_breakdown_bands(run, scheme=scheme)
+    if overview.ranks > SCALE_RANKS:
+        return overview
+    if overview.rank_steps > MAX_BARS:
+        return client.time_breakdown_bands(run, scheme=scheme, band=1)
+    return None
+
+
 def breakdown_figure(client: ApiClient, run: str, scheme: str | None, status: TimeStatus, band: str | None) -> Any:
-    """A bar per (rank, step) up to SCALE_RANKS ranks; beyond, a bar per band of ranks, or the ranks of the
-    band whose first rank is `band` (the URL's `band`)."""
-    overview = client.time_breakdown_bands(run, scheme=scheme)
-    if overview.ranks <= SCALE_RANKS:
+    """A bar per (rank, step) up to SCALE_RANKS ranks and MAX_BARS rows; beyond, a bar per band of ranks (or per
+    rank), or the rows of the band whose first rank is `band` (the URL's `band`)."""
+    banded = _banded(client, run, scheme)
+    if banded is None:
         return breakdown_view(run, _all_breakdown(client, run, scheme), scheme, status)
-    chosen = next((b for b in overview.bands if str(b.first) == band), None)
+    chosen = next((b for b in banded.bands if str(b.first) == band), None)
     if chosen is None:
-        return bands_breakdown_view(run, overview, scheme, status)
+        return bands_breakdown_view(run, banded, scheme, status)
     rows = _all_breakdown(client, run, scheme, (chosen.first, chosen.last))
-    return breakdown_view(run, rows, scheme, status, of_ranks=overview.ranks)
+    return breakdown_view(run, rows, scheme, status, of_ranks=banded.ranks)
 
 
 def breakdown_view(
@@ -451,7 +483,7 @@ def breakdown_view(
             ]
         )
     cols[2] = "step time"
-    shown = f"{len(ranks)} ranks" if of_ranks is None else f"ranks {ranks[0]}-{ranks[-1]} of {of_ranks:,}"
+    shown = f"{len(ranks)} ranks" if of_ranks is None else f"{band_label(ranks[0], ranks[-1])} of {of_ranks:,}"
     note = f"Each microsecond of a step is counted once, in this order: {', '.join(TIME_CATEGORIES)}. {shown}."
     return chart_block("tm-bars", fig, cols, display, raw, f"{run}-time-breakdown.csv", note=note)
 

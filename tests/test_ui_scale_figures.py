@@ -10,7 +10,7 @@ truth (no server): what the browser would draw is in the figure object.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from commlens.service import time as service
 
 RANKS = 1024
 STEPS = (3, 4)
+LONG_STEPS = range(3, 603)  # 4 ranks x 600 steps: more bars than page_time.MAX_BARS
 SLOW = 700  # planted: the slowest rank, 10 ms more idle in step 4
 STATUS = TimeStatus(available=True, parts=[])
 
@@ -57,8 +58,8 @@ def _row(rank: int, step: int) -> StepBreakdown:
     )
 
 
-def _rows(ranks: int) -> list[StepBreakdown]:
-    return [_row(r, s) for r in range(ranks) for s in STEPS]
+def _rows(ranks: int, steps: Sequence[int] = STEPS) -> list[StepBreakdown]:
+    return [_row(r, s) for r in range(ranks) for s in steps]
 
 
 class _Client:
@@ -67,8 +68,8 @@ class _Client:
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self.con = con
 
-    def time_breakdown_bands(self, run: str, *, scheme: str | None = None) -> Any:
-        return service.breakdown_bands(self.con, run, scheme=scheme)
+    def time_breakdown_bands(self, run: str, *, scheme: str | None = None, band: int | None = None) -> Any:
+        return service.breakdown_bands(self.con, run, scheme=scheme, band=band)
 
     def time_breakdown(self, run: str, **query: Any) -> Any:
         return service.breakdown(self.con, run, **query)
@@ -78,15 +79,16 @@ class _Client:
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Client]:
     """A store whose runs 'r' (1,024 ranks) and 'r8' hold the planted breakdown rows and, for 'r', a dp split."""
     con = store.connect(Path(tmp_path_factory.mktemp("bands")) / "store.duckdb")
-    for run, ranks in (("r", RANKS), ("r8", 8)):
+    for run, ranks, steps in (("r", RANKS, STEPS), ("r8", 8, STEPS), ("long", 4, LONG_STEPS)):
         run_id = store.ensure_run(con, run)
         rows = [
             (run_id, x.rank, x.step, None, x.step_us, x.compute_us, 0.0, x.wait_us, 0.0, 0.0, x.idle_us)
-            for x in _rows(ranks)
+            for x in _rows(ranks, steps)
         ]
         # rank r's dp waits r % 2 * 100 µs of its 500 µs
         rows += [
-            (run_id, x.rank, x.step, "dp", None, None, 0.0, x.rank % 2 * 100.0, 0.0, None, None) for x in _rows(ranks)
+            (run_id, x.rank, x.step, "dp", None, None, 0.0, x.rank % 2 * 100.0, 0.0, None, None)
+            for x in _rows(ranks, steps)
         ]
         con.executemany("INSERT INTO time_breakdown VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     yield _Client(con)
@@ -299,3 +301,13 @@ def test_bands_are_kept_per_version_of_the_run(client: _Client) -> None:
     client.con.execute("UPDATE runs SET description = 'changed' WHERE name = 'r8'")
     again = service.breakdown_bands(client.con, "r8")
     assert again is not first and again == first
+
+
+def test_a_long_profile_draws_a_bar_per_rank_then_one_ranks_steps(client: _Client) -> None:
+    block = _breakdown(client, "long")
+    compute = next(t for t in _graph(block).data if t.name == "compute")
+    assert list(compute.x) == ["rank 0", "rank 1", "rank 2", "rank 3"]  # 4 bars, not 2,400
+    assert list(compute.y) == pytest.approx([(1000.0 + r) / 1e3 for r in range(4)])
+    assert "2,400 (rank, step) rows of 4 ranks" in _text(block)
+    one = _breakdown(client, "long", band="2")
+    assert list(_graph(one).data[0].x[0]) == ["rank 2"] * 600 and "rank 2 of 4" in _text(one)

@@ -347,7 +347,7 @@ def bands_breakdown_view(run: str, overview: BreakdownBands, scheme: str | None,
             "<extra></extra>",
         )
     for name, picked, symbol in [
-        ("slowest step in the band", [b.slowest for b in bands], "triangle-down"),
+        ("slowest step" if per_rank else "slowest step in the band", [b.slowest for b in bands], "triangle-down"),
         ("fastest", [b.fastest for b in bands], "triangle-up"),
     ]:
         fig.add_scatter(

@@ -344,8 +344,14 @@ class ApiClient:
     def time_stragglers(self, run: str) -> StragglerReport:
         return self._get(f"/runs/{_seg(run)}/time/stragglers", StragglerReport)
 
-    def critical_paths(self, run: str, step: int | None = None) -> CriticalPathReport:
-        return self._get(f"/runs/{_seg(run)}/time/critical-path", CriticalPathReport, step=step)
+    def critical_paths(self, run: str, step: int | None = None, segments: bool = True) -> CriticalPathReport:
+        """Each step's critical path (or one step's); `segments` false sends their count only."""
+        return self._get(
+            f"/runs/{_seg(run)}/time/critical-path",
+            CriticalPathReport,
+            step=step,
+            segments=None if segments else "false",
+        )
 
     def time_mismatches(self, run: str) -> MismatchReport:
         return self._get(f"/runs/{_seg(run)}/time/mismatches", MismatchReport)

@@ -88,12 +88,12 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
     client = cfg.client(token)
     summary = client.time_summary(run)
     overview = client.time_breakdown_bands(run)
-    paths = client.critical_paths(run).paths
+    paths = client.critical_paths(run, segments=False).paths  # the steps, and which have a path to draw
     steps = sorted(set(overview.steps) | {p.step for p in paths})
     banded = _banded(client, run, None, overview)
     step = int_or_none(q.get("step"))
     if step not in steps:
-        step = next((p.step for p in paths if p.segments), steps[0] if steps else None)
+        step = next((p.step for p in paths if p.segment_count), steps[0] if steps else None)
     bands = [(b.first, b.last) for b in banded.bands] if banded else []
     band = int_or_none(q.get("band"))
     band = band if band in {b[0] for b in bands} else None

@@ -173,6 +173,9 @@ def test_critical_path_and_mismatches(client: httpx.Client) -> None:
     assert path["exposed_share_by_scheme"] == {"unattributed": pytest.approx(212.0 / 20823.0)}
     assert ok(client.get("/api/runs/dlrm/time/critical-path", params={"step": 10}))["paths"][0] == path
     assert ok(client.get("/api/runs/dlrm/time/critical-path", params={"step": 3}))["paths"] == []
+    assert path["segment_count"] == len(path["segments"]) and path["segments_included"]
+    (bare,) = ok(client.get("/api/runs/dlrm/time/critical-path", params={"segments": "false"}))["paths"]
+    assert bare == {**path, "segments": [], "segments_included": False}  # the count and everything else kept
     assert ok(client.get("/api/runs/dlrm/time/mismatches")) == {"run": "dlrm", "mismatches": [], "not_matched": {}}
 
 

@@ -158,8 +158,13 @@ def stragglers(run: str, cur: Cursor) -> StragglerReport:
     responses=problem_responses(404, 422),
     summary="Each step's critical path across ranks, with the exposed communication on it per scheme",
 )
-def critical_path(run: str, cur: Cursor, step: StepQuery = None) -> CriticalPathReport:
-    return service.critical_paths(cur, run, step=step)
+def critical_path(
+    run: str,
+    cur: Cursor,
+    step: StepQuery = None,
+    segments: Annotated[bool, Query(description="send each path's segments (false: `segment_count` only)")] = True,
+) -> CriticalPathReport:
+    return service.critical_paths(cur, run, step=step, with_segments=segments)
 
 
 @router.get(

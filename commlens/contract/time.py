@@ -301,7 +301,9 @@ class CriticalPath(BaseModel):
     step: int
     start_us: float
     end_us: float
-    segments: list[PathSegment]  # from the step's end back to its start
+    segments: list[PathSegment]  # from the step's end back to its start; empty when asked without segments
+    segment_count: int = 0  # the path's segments, whether or not they are sent
+    segments_included: bool = True
     categories: dict[str, float]  # µs per breakdown category on the path
     exposed_share_by_scheme: dict[str, float]  # (wait + exposed) on the path / step time
     note: str | None = None

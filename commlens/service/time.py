@@ -536,20 +536,28 @@ def stragglers(con: Con, run: str) -> StragglerReport:
 # ------------------------------------------------------------------------------- critical path
 
 
-def critical_paths(con: Con, run: str, step: int | None = None) -> CriticalPathReport:
-    """Each step's critical path (or one step's), its segments latest first."""
+def critical_paths(con: Con, run: str, step: int | None = None, with_segments: bool = True) -> CriticalPathReport:
+    """Each step's critical path (or one step's), its segments latest first (without them: their count only, which
+    costs a small part at thousands of steps)."""
     run_id = run_id_of(con, run)
     where, params = "run_id = ?", [run_id]
     if step is not None:
         where, params = where + " AND step = ?", [*params, step]
     segments: dict[int, list[PathSegment]] = defaultdict(list)
-    for n, r, s, e, kind, k in _rows(
-        con,
-        f"""SELECT step, rank, start_ref_us, end_ref_us, kind, instance_id FROM time_critical_segments
-            WHERE {where} ORDER BY step, seg""",
-        params,
-    ):
-        segments[n].append(PathSegment(rank=r, start_us=s, end_us=e, kind=kind, instance_id=k))
+    counts: dict[int, int] = {}
+    if with_segments:
+        for n, r, s, e, kind, k in _rows(
+            con,
+            f"""SELECT step, rank, start_ref_us, end_ref_us, kind, instance_id FROM time_critical_segments
+                WHERE {where} ORDER BY step, seg""",
+            params,
+        ):
+            segments[n].append(PathSegment(rank=r, start_us=s, end_us=e, kind=kind, instance_id=k))
+        counts = {n: len(v) for n, v in segments.items()}
+    else:
+        counts = dict(
+            _rows(con, f"SELECT step, count(*) FROM time_critical_segments WHERE {where} GROUP BY step", params)
+        )
     shares: dict[int, dict[str, float]] = defaultdict(dict)
     for n, sc, share in _rows(
         con,
@@ -563,6 +571,8 @@ def critical_paths(con: Con, run: str, step: int | None = None) -> CriticalPathR
             start_us=s,
             end_us=e,
             segments=segments.get(n, []),
+            segment_count=counts.get(n, 0),
+            segments_included=with_segments,
             categories={
                 "compute": c or 0.0,
                 "overlapped": ov or 0.0,

@@ -273,7 +273,7 @@ def breakdown(
         )
         for r, n, t, c, ov, w, ex, m, i in whole
     ]
-    notes = [p.reason for p in status(con, run_id).parts if p.part in ("breakdown", "memcpy") and not p.computed]
+    notes = _breakdown_notes(con, run_id)
     return BreakdownReport(
         run=run,
         filters={"rank": rank, "step": step, "scheme": scheme, "first": first, "last": last},
@@ -286,9 +286,8 @@ def breakdown(
     )
 
 
-BAND_RANKS = (
-    32  # global ranks per band of breakdown_bands by default, wider where more than MAX_BANDS bands would be needed
-)
+# global ranks per band of breakdown_bands by default, wider where more than MAX_BANDS bands would be needed
+BAND_RANKS = 32
 MAX_BANDS = 32
 SLOWEST_STEPS = 5  # the run's slowest (rank, step) rows breakdown_bands names
 
@@ -371,8 +370,13 @@ def _breakdown_bands(con: Con, run: str, scheme: str | None, band: int | None) -
         band=band,
         bands=bands,
         slowest=[StepRef(rank=r, step=n, step_us=u) for r, n, u in slowest],
-        notes=[p.reason for p in status(con, run_id).parts if p.part in ("breakdown", "memcpy") and not p.computed],
+        notes=_breakdown_notes(con, run_id),
     )
+
+
+def _breakdown_notes(con: Con, run_id: int) -> list[str]:
+    """Why the breakdown is missing or partial."""
+    return [p.reason for p in status(con, run_id).parts if p.part in ("breakdown", "memcpy") and not p.computed]
 
 
 # ----------------------------------------------------------------------------------- instances
@@ -544,7 +548,7 @@ def critical_paths(con: Con, run: str, step: int | None = None, with_segments: b
     if step is not None:
         where, params = where + " AND step = ?", [*params, step]
     segments: dict[int, list[PathSegment]] = defaultdict(list)
-    counts: dict[int, int] = {}
+    counts: dict[int, int]
     if with_segments:
         for n, r, s, e, kind, k in _rows(
             con,

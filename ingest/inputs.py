@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, BinaryIO, cast
 
+from isal import isal_zlib
+
 from .records import ParseError
 
 if TYPE_CHECKING:
@@ -151,6 +153,16 @@ class TapReader(io.RawIOBase):
         super().close()
 
 
+# gzip (deflate) errors of either decompressor (isal's stub declares its error an instance)
+GZIP_ERRORS: tuple[type[Exception], ...] = (zlib.error, cast("type[Exception]", isal_zlib.error))
+
+
+def _gunzip() -> isal_zlib.Decompress:
+    """A decompressor of one gzip member: ISA-L's inflate, the same stream as zlib's at about three times its
+    speed (the real .gz traces: 0.82 -> 0.26 ms per MB), which for a profiler trace is a tenth of its parse."""
+    return isal_zlib.decompressobj(isal_zlib.MAX_WBITS | 16)
+
+
 class BoundedGzipReader(io.RawIOBase):
     """Decompresses gzip (all members) while enforcing the size and ratio limits."""
 
@@ -158,7 +170,7 @@ class BoundedGzipReader(io.RawIOBase):
         self._raw = raw
         self._name = name
         self._limits = limits
-        self._dec = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        self._dec = _gunzip()
         self._fed = False  # the current member's decompressor has been given input
         self._pending = b""  # the start of the next gzip member, read with the end of the previous one
         self._out = b""  # decompressed bytes not yet handed out, from self._pos on
@@ -190,11 +202,11 @@ class BoundedGzipReader(io.RawIOBase):
             self._fed = True
             try:
                 out = self._dec.decompress(chunk, max(want, 1 << 16))
-            except zlib.error as exc:
+            except GZIP_ERRORS as exc:
                 raise ParseError(f"corrupt gzip data ({exc})", f"byte {self.compressed}") from None
             if self._dec.eof:
                 rest = self._dec.unused_data
-                self._dec = zlib.decompressobj(zlib.MAX_WBITS | 16)
+                self._dec = _gunzip()
                 self._fed = False
                 if rest[:2] == GZIP_MAGIC:
                     self._pending = rest  # another member follows; trailing zeros or garbage are ignored

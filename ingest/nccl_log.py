@@ -14,8 +14,9 @@ A large block (`VECTOR_MIN_LINES` lines or more) is cut into words at its blanks
 are checked (the literals as 8-byte words, opCount and count as digit columns, the head and the tail
 once per distinct value) so that a line takes the vectorised route only when `FAST` would match it as a
 clean COLL line with these very groups; its rows then go into an Arrow table
-(`ParseResult.event_tables`). A thread reads, decompresses, hashes and cuts the next blocks while this
-module's state machine works on the current one (`_ahead`): on two cores the two overlap. Every other line (init, topology,
+(`ParseResult.event_tables`). A thread reads, decompresses and hashes the next blocks and two more cut
+them (`_ahead`, `CUTTERS`) while this module's state machine works on the current one: the cuts are
+most of the parse's CPU and numpy releases the GIL in them, so on two cores they overlap. Every other line (init, topology,
 tuning, damaged lines), and short runs of clean COLL lines between such lines, go through the
 per-line path in order (`_block_lines`), so sequence numbers, communicator instances and skips come
 out exactly as line by line. A small block is matched with one compiled bytes regex that yields one
@@ -48,7 +49,9 @@ import io
 import queue
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from typing import Any
 
 import pyarrow as pa
@@ -81,6 +84,7 @@ from .nccl_grammar import (
 from .nccl_relabel import relabel
 from .nccl_state import Proc, Processes
 from .nccl_vector import VECTOR_MIN_LINES, Counting, Template
+from .parse_threads import parse_threads
 from .records import ParseError, ParseResult, RankHint
 
 KIND = "nccl_log"
@@ -808,14 +812,17 @@ def vector_cut(data: bytes) -> Cut:
 
 
 # What the reader thread hands over per block: lines before the NCCL part, that part, lines after it, and
-# its cut; None for an overlong line.
-Piece = tuple[int, bytes, int, Cut | None] | None
+# its cut (being made by a cutter thread); None for an overlong line.
+Piece = tuple[int, bytes, int, "Future[Cut] | None"] | None
+# Threads cutting blocks ahead of the state machine (fewer where cores are few or shared: parse_threads). One
+# cut took 2.8 s of a 2 M-line log's parse; two threads 1.8 s (numpy holds the GIL only between its calls).
+CUTTERS = 2
 
 
-def _pieces(stream: io.BufferedReader, limits: Limits) -> Iterator[Piece]:
+def _pieces(stream: io.BufferedReader, limits: Limits, cutter: ThreadPoolExecutor) -> Iterator[Piece]:
     """The blocks of the stream with blank and foreign lines before a block's first NCCL line and after its
     last counted, never split (a log padded with millions of empty lines costs what reading it costs), and
-    the vectorised cut of each large block."""
+    the vectorised cut of each large block, handed to `cutter`."""
     first = True
     for body in iter_blocks(stream, limits):
         if body is None:
@@ -831,11 +838,11 @@ def _pieces(stream: io.BufferedReader, limits: Limits) -> Iterator[Piece]:
         end = data.find(b"\n", max(data.rfind(b"CCL"), data.rfind(b"opCount")))
         end = len(data) if end < 0 else end
         part = data[start:end]
-        cut = vector_cut(part) if len(part) >= VECTOR_MIN_LINES * 32 else None
+        cut = cutter.submit(vector_cut, part) if len(part) >= VECTOR_MIN_LINES * 32 else None
         yield data.count(b"\n", 0, start), part, data.count(b"\n", end), cut
 
 
-def _ahead(items: Iterator[Piece], depth: int = 2) -> Iterator[Piece]:
+def _ahead(items: Iterator[Piece], depth: int = 2) -> Generator[Piece, None, None]:
     """The items, made by a thread `depth` items ahead of the consumer: reading, decompressing, hashing
     and numpy's cuts release the GIL, so on two cores they overlap the reader's Python state machine.
     An exception in the thread is raised here; a consumer that stops early stops the thread."""
@@ -880,14 +887,21 @@ def parse_nccl_log(stream: io.BufferedReader, name: str, hint: RankHint, limits:
     nccl_topology and nccl_tuning rows. Damaged lines are counted in `skipped`, not fatal."""
     parser = _Parser(name, hint)
     line_no = 1
-    for piece in _ahead(_pieces(stream, limits)):
-        if piece is None:
-            parser.skip(f"line longer than {limits.max_line_bytes} bytes", line_no)
-            line_no += 1
-            continue
-        before, part, after, cut = piece
-        line_no += before
-        if part:
-            line_no += parser.block(part, line_no, cut)
-            line_no += after
+    # the queue holds CUTTERS pieces, so that many cuts are under way while the parser works on one; the
+    # reader stops (closing) before the cutters are shut down
+    cutters = parse_threads(CUTTERS)
+    with (
+        ThreadPoolExecutor(cutters, thread_name_prefix="nccl-log-cut") as cutter,
+        closing(_ahead(_pieces(stream, limits, cutter), depth=cutters)) as pieces,
+    ):
+        for piece in pieces:
+            if piece is None:
+                parser.skip(f"line longer than {limits.max_line_bytes} bytes", line_no)
+                line_no += 1
+                continue
+            before, part, after, cut = piece
+            line_no += before
+            if part:
+                line_no += parser.block(part, line_no, cut.result() if cut is not None else None)
+                line_no += after
     return parser.finish()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import random
+import threading
 from collections import Counter
 
 import pyarrow as pa
@@ -270,3 +271,40 @@ def test_per_process_shape_exact(tmp_path, con, bench, monkeypatch):
     want = Counter({(r, OPS[name], nr): c for (r, name, nr), c in _expected_calls(bench, "2.21.5", 80_000).items()})
     assert got == want
     assert sum(want.values()) == con.execute("SELECT count(*) FROM comms WHERE run = 'job'").fetchone()[0]
+
+
+class _FailingRaw(io.RawIOBase):
+    """A file whose read fails after `good` bytes (a disk or network error mid-file)."""
+
+    def __init__(self, data: bytes, good: int):
+        self._data, self._good, self._pos = data, good, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        if self._pos >= self._good:
+            raise OSError("read failed mid-file")
+        n = min(len(b), self._good - self._pos)
+        b[:n] = self._data[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+
+def _parse_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(("nccl-log-reader", "nccl-log-cut"))]
+
+
+def test_blocks_cut_on_several_threads_in_order_and_none_left_behind(tmp_path, bench, monkeypatch):
+    """Blocks are cut by CUTTERS threads ahead of the state machine: the rows are the line-by-line path's,
+    in order, and no reading or cutting thread outlives the parse, whether it ends or its file fails."""
+    path = tmp_path / "job.log"
+    bench.write_interleaved(path, 200_000, "2.28.3")
+    data = path.read_bytes()
+    assert len(data) > 6 * nccl_log.BLOCK_BYTES  # several blocks in flight at once
+    _same(data, monkeypatch)
+    assert _parse_threads() == []
+    raw = _FailingRaw(data, 5 * nccl_log.BLOCK_BYTES + 123)
+    with pytest.raises(OSError, match="read failed mid-file"):
+        parse_nccl_log(io.BufferedReader(raw), "t.log", RankHint(), DEFAULT_LIMITS)
+    assert _parse_threads() == []

@@ -19,6 +19,7 @@ from concurrent.futures import Future
 
 from commlens.ingest.inputs import InputFile, Limits, portable
 from commlens.ingest.parse_file import ParsedFile, parse_file, parse_tables
+from commlens.ingest.parse_threads import sharing_cores
 from commlens.ingest.records import RankHint
 from commlens.service.parse_pool import NoPandas, ParsePool, default_jobs, worth_workers
 
@@ -49,11 +50,12 @@ def parsed_inputs(
         for item in rest:
             yield item, parse_file(item, hint, limits) if _parses(item) else None
         return
-    if pool is not None:
-        yield from _in_workers(rest, hint, limits, pool)
-        return
-    with ParsePool(jobs - 1) as own:
-        yield from _in_workers(rest, hint, limits, own)
+    with sharing_cores():  # this process's own parses run beside its workers'
+        if pool is not None:
+            yield from _in_workers(rest, hint, limits, pool)
+            return
+        with ParsePool(jobs - 1) as own:
+            yield from _in_workers(rest, hint, limits, own)
 
 
 @contextlib.contextmanager

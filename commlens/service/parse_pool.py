@@ -18,6 +18,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import TracebackType
 
+from commlens.ingest.parse_threads import cores, share_cores
+
 # Workers are started when the files to parse hold at least this much: below it starting them costs more
 # than they save (about 0.3 s of start-up and imports per worker against ~100 MB/s of parsing)
 PARALLEL_MIN_BYTES = 8 << 20
@@ -25,10 +27,7 @@ PARALLEL_MIN_BYTES = 8 << 20
 
 def default_jobs() -> int:
     """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return cores()
 
 
 class NoPandas(importlib.abc.MetaPathFinder):
@@ -40,7 +39,9 @@ class NoPandas(importlib.abc.MetaPathFinder):
 
 
 def _worker_start() -> None:
-    """A worker process parses only: no pandas for pyarrow (parallel.arrow_without_pandas), for its whole life."""
+    """A worker process parses only, one core's worth beside the others (`parse_threads`), and without pandas
+    for pyarrow (parallel.arrow_without_pandas), for its whole life."""
+    share_cores()
     if "pandas" not in sys.modules:
         sys.meta_path.insert(0, NoPandas())
 

@@ -31,6 +31,7 @@ import pyarrow.json as pj
 from .kineto_blocks import Block, BlockReader, schema
 from .kineto_events import _LAUNCH, _SHARED_ARGS, _WANTED, Collector
 from .kineto_json import _ACT_ARGS, _ACT_BYTES, _ACT_DEVICE, _ACT_STREAM
+from .kineto_model import COMM_KERNEL_PREFIXES_BYTES, comm_kernel
 from .kineto_records import EXACT_INT, OTHER
 from .kineto_timeline import _MEMCPY, COMM, COMPUTE, MEMSET, Activity
 
@@ -167,7 +168,7 @@ class BulkReader:
         rare = ~(ph_x & has_ts) | _codes(names, _rare_name, wanted).astype(bool)  # through Collector.add
         cats = _encode(t.column("cat").chunk(0))
         cat = _codes(cats, _cat_class, wanted)
-        nccl = _codes(names, lambda v: v is not None and v.startswith("nccl"), wanted).astype(bool)
+        nccl = _codes(names, lambda v: v is not None and comm_kernel(v), wanted).astype(bool)
         other = ~rare & (cls == _OTHER)
         kernel = other & (cat == _KERNEL) & nccl
         grouped = np.flatnonzero(kernel | (other & (cat == _CPU)))  # positions in `wanted`
@@ -314,7 +315,7 @@ def _device_activity(block: Block) -> list[tuple[str, int, np.ndarray, np.ndarra
 def _kind(cat: bytes, name: bytes) -> str:
     """Activity.add's kind of a device event (`name`: the first bytes the regex keeps)."""
     if cat == b"kernel":
-        return COMM if name.startswith(b"nccl") else COMPUTE
+        return COMM if name.startswith(COMM_KERNEL_PREFIXES_BYTES) else COMPUTE
     if cat == b"gpu_memcpy":
         return _MEMCPY.get(name[7:11], "memcpy_dtod") if name.startswith(b"Memcpy ") else "memcpy_dtod"
     return MEMSET

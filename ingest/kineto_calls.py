@@ -46,6 +46,8 @@ _KERNEL_DTYPES = {
     "half": "float16",
     "bf16": "bfloat16",
     "__nv_bfloat16": "bfloat16",
+    "hip_bfloat16": "bfloat16",  # RCCL's MSCCL kernels: mscclKernel_Sum_hip_bfloat16_Simple_false
+    "rccl_bfloat16": "bfloat16",
     "f64": "float64",
     "double": "float64",
     "i8": "int8",

@@ -35,14 +35,14 @@ from commlens.vocab import COLLECTIVE_LIKE, SYMM_MEM_NAMESPACE, WRAPPER_NAMESPAC
 
 from .kineto_calls import annot_elems, call_op, container_sizes, kernel_op
 from .kineto_fields import SPELLINGS, meta
-from .kineto_model import EPS, Call, CpuEv, Kernel, Label, as_float
+from .kineto_model import EPS, Call, CpuEv, Kernel, Label, as_float, comm_kernel
 from .kineto_records import CpuColumns, KernelColumns, LaunchColumns, map_large_blocks
 from .records import ParseError, ParseResult
 
 # Names worth parsing. The byte pattern is what the fast scanner looks for; the str pattern decides.
 PREFIXES = (
     r"nccl|c10d::|_c10d_functional::|c10d_functional::|gloo:|ucc:|mpi:|xccl:|record_param_comms|ProfilerStep#"
-    r"|commlens:|symm_mem::|vllm::"
+    r"|commlens:|symm_mem::|vllm::|mscclKernel_"
     # any other namespace's op that looks like a collective: warned about, not dropped silently
     r"|\w+::\w*?(?:[Aa]ll_?[Rr]educe|[Aa]ll_?[Gg]ather|[Rr]educe_?[Ss]catter|[Aa]ll_?[Tt]o_?[Aa]ll)"
 )
@@ -201,7 +201,7 @@ class Collector:
                 self.steps[n] = (ts, dur)
 
     def _device(self, name: str, cat: str, ts: float, dur: float, args: dict[str, Any]) -> None:
-        if cat == "kernel" and name.startswith("nccl"):
+        if cat == "kernel" and comm_kernel(name):
             self._keep()
             ext, corr, seq = (args.get(k) for k in _PER_EVENT_ARGS)
             self.kernel_cols.append(name, ts, dur, ext, corr, self.compact(args), seq)

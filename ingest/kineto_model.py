@@ -8,6 +8,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 EPS = 0.002  # µs; Kineto timestamps carry ns fractions
+# The communication library's device kernels: NCCL's and RCCL's (`ncclDevKernel_…`, `ncclKernel_…`) and the
+# MSCCL kernels RCCL runs some collectives with (`mscclKernel_<redop>_<type>_<proto>[_<fullOps>]`, on by
+# default on MI300X), whose names tell no op.
+COMM_KERNEL_PREFIXES = ("nccl", "mscclKernel_")
+COMM_KERNEL_PREFIXES_BYTES = tuple(p.encode() for p in COMM_KERNEL_PREFIXES)
+
+
+def comm_kernel(name: str) -> bool:
+    """Whether a device kernel of this name is the communication library's."""
+    return name.startswith(COMM_KERNEL_PREFIXES)
 
 
 @dataclass(slots=True)

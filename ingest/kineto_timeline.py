@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .kineto_model import EPS, Call, CpuEv, as_int
+from .kineto_model import COMM_KERNEL_PREFIXES_BYTES, EPS, Call, CpuEv, as_int
 from .records import ParseResult
 
 COMPUTE = "compute"
@@ -107,7 +107,7 @@ class Activity:
                 self.cpu_end.append(ts + dur)
             return not self.has_device
         if cat == b"kernel":
-            kind = COMM if name.startswith(b"nccl") else COMPUTE
+            kind = COMM if name.startswith(COMM_KERNEL_PREFIXES_BYTES) else COMPUTE
         elif cat == b"gpu_memcpy":
             kind = _MEMCPY.get(name[7:11], "memcpy_dtod") if name.startswith(b"Memcpy ") else "memcpy_dtod"
         else:

@@ -1,0 +1,136 @@
+"""Kineto trace shapes seen in the wild (PyTorch 2.3-2.8 on CUDA and ROCm) that the shared real traces do
+not cover, each written by the test itself: every trace is read by the reference object path, the
+columnar path and (for the long ones) the block reader, which must agree row for row, and the rows are
+checked against what the trace says (docs/formats.md B)."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from parse_compare import assert_same_parse
+
+from commlens.ingest import kineto, kineto_bulk, kineto_json
+from commlens.ingest.inputs import iter_inputs
+from commlens.ingest.parse_file import parse_file
+from commlens.ingest.records import ParseResult, RankHint
+
+DIST = {"backend": "nccl", "rank": 1, "world_size": 8}
+
+
+def _x(name: str, ts: float, dur: float, cat: str = "cpu_op", pid: int = 1, tid: int = 1, **args: Any) -> dict:
+    """A complete event in Kineto's key order."""
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def _write(path: Path, events: list[dict], **top: Any) -> Path:
+    """One event per line, as Kineto writes them (the block reader cuts at these separators)."""
+    head = orjson.dumps({"schemaVersion": 1, "distributedInfo": DIST, **top})[:-1] + b',"traceEvents":[\n'
+    path.write_bytes(gzip.compress(head + b",\n".join(orjson.dumps(e) for e in events) + b"\n]}\n", 1))
+    return path
+
+
+def _parse(path: Path, monkeypatch: pytest.MonkeyPatch, columnar: bool, blocks: bool) -> ParseResult:
+    monkeypatch.setattr(kineto, "COLUMNAR", columnar)
+    monkeypatch.setattr(kineto, "BLOCKS", blocks)
+    parsed = parse_file(next(iter_inputs([path])), RankHint())
+    assert parsed.result is not None, parsed.error
+    return parsed.result
+
+
+def _read(path: Path, monkeypatch: pytest.MonkeyPatch, min_block_events: int = 0) -> ParseResult:
+    """The parse by the reference path, checked equal to the columnar path's and to the block reader's
+    (offered every window past the exact prefix, of which it must take `min_block_events` events)."""
+    reference = _parse(path, monkeypatch, columnar=False, blocks=False)
+    assert_same_parse(_parse(path, monkeypatch, columnar=True, blocks=False), reference)
+    taken = [0]
+    call = kineto_bulk.BulkReader.__call__
+
+    def spy(self: kineto_bulk.BulkReader, *args: Any) -> int | None:
+        n = call(self, *args)
+        taken[0] += n or 0
+        return n
+
+    monkeypatch.setattr(kineto_bulk.BulkReader, "__call__", spy)
+    monkeypatch.setattr(kineto_json, "DENSE", 0)
+    monkeypatch.setattr(kineto_json, "BLOCK_PAUSE", 0)
+    blocks = _parse(path, monkeypatch, columnar=True, blocks=True)
+    assert_same_parse(blocks, reference, scan_keys=("nccl_kernels", "launches", "kernel_link"))
+    assert taken[0] >= min_block_events, taken
+    return reference
+
+
+def _rows(res: ParseResult, *keys: str) -> list[tuple]:
+    return [tuple(e[k] for k in keys) for e in res.all_events()]
+
+
+def _intervals(res: ParseResult) -> list[tuple]:
+    t = res.tables()["timeline_intervals"].to_pydict()
+    return sorted(zip(t["kind"], t["start_us"], t["end_us"], strict=True))
+
+
+# ------------------------------------------------------------------------------ ROCm: RCCL's MSCCL kernels
+
+ALLREDUCE = {
+    "Collective name": "allreduce",
+    "dtype": "BFloat16",
+    "In msg nelems": 1024,
+    "Out msg nelems": 1024,
+    "Group size": 8,
+    "Process Group Name": "0",
+    "Process Group Description": "default_pg",
+    "Process Group Ranks": "[0, 1, 2, 3, 4, 5, 6, 7]",
+}
+# RCCL on MI300X runs small all-reduces with MSCCL by default: its kernels are not named nccl*.
+ROCM_KERNELS = (
+    "mscclKernel_Sum_hip_bfloat16_Simple_false(ncclDevComm*, mscclAlgo*, mscclWork*)",
+    "ncclDevKernel_Generic_1(ncclDevComm*, channelMasks, ncclWork*)",
+    "mscclKernel_Sum_half_Simple(ncclDevComm*, mscclAlgo*, mscclWork*)",
+)
+
+
+def _rocm_calls(n: int) -> list[dict]:
+    """n all-reduces as PyTorch on ROCm writes them: the c10d op, record_param_comms, the nccl: annotation,
+    the hipExtLaunchKernel launch, then (after all CPU events, as Kineto lists them) the kernels."""
+    cpu, dev = [_x("ProfilerStep#5", 0, 100.0 * n + 100, cat="user_annotation")], []
+    for i in range(n):
+        t, ext, corr = 100.0 * i + 10, 10 * i + 10, 5000 + i
+        cpu += [
+            _x("c10d::allreduce_", t, 50, **{"External id": ext}),
+            _x("record_param_comms", t + 5, 40, **{"External id": ext + 1}, **ALLREDUCE),
+            _x("nccl:all_reduce", t + 10, 20, cat="user_annotation", **{"External id": ext + 2}),
+            _x("hipExtLaunchKernel", t + 15, 3, cat="cuda_runtime", **{"External id": ext + 1, "correlation": corr}),
+        ]
+        kernel = ROCM_KERNELS[i % len(ROCM_KERNELS)]
+        args = {"External id": ext + 1, "device": 1, "stream": 3, "correlation": corr}
+        dev.append(_x(kernel, t + 30, 40.5, cat="kernel", pid=1, tid=3, **args))
+    return cpu + dev
+
+
+# within the exact prefix; past it (by the scanner and the block reader)
+@pytest.mark.parametrize(("calls", "block_events"), [(3, 0), (6000, 10_000)])
+def test_rccl_msccl_kernels_time_their_calls(
+    calls: int, block_events: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    res = _read(_write(tmp_path / "rocm.json.gz", _rocm_calls(calls)), monkeypatch, block_events)
+    rows = _rows(res, "op", "msg_bytes", "group_size", "ts_us", "dur_us", "dur_source", "step")
+    assert rows == [("all_reduce", 2048, 8, 100.0 * i + 40, 40.5, "kernel", 5) for i in range(calls)]
+    # their device time is communication, not compute
+    assert {kind for kind, *_ in _intervals(res)} == {"comm"}
+    assert res.meta["scan"]["nccl_kernels"] == calls
+
+
+def test_msccl_kernel_without_metadata_takes_its_dtype_from_the_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = [
+        _x("c10d::allreduce_", 10, 50, **{"External id": 1}),
+        _x("nccl:all_reduce", 12, 20, cat="user_annotation", **{"Input Dims": [[4096]], "Input type": ["unknown"]}),
+        _x("hipExtLaunchKernel", 15, 3, cat="cuda_runtime", **{"External id": 1, "correlation": 7}),
+        _x(ROCM_KERNELS[0], 30, 12.0, cat="kernel", tid=3, **{"External id": 1, "correlation": 7, "stream": 3}),
+    ]
+    res = _read(_write(tmp_path / "rocm_old.json.gz", events), monkeypatch)
+    assert _rows(res, "op", "dtype", "dur_us", "dur_source") == [("all_reduce", "bfloat16", 12.0, "kernel")]

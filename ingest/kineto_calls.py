@@ -22,7 +22,10 @@ from .kineto_fields import Field, has, meta
 from .kineto_model import EPS, Call, CpuEv, Kernel, Sizes, TraceContext, as_int
 from .records import ParseResult
 
-_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)|nccl([A-Z][A-Za-z]+?)(?:Ring|Tree|CollNet)")
+# ncclDevKernel_AllReduce_Sum_bf16_RING_LL (NCCL 2.19+), ncclKernel_AllGather_RING_LL (older), the symmetric kernels
+# of NCCL 2.27+ (ncclSymDevKernel_AllReduce_RSxLD_AGxST_sum_bf16, later ncclSymkDevKernel_...), and before NCCL 2.8
+# ncclAllReduceRingLLKernel_sum_f32
+_KERNEL = re.compile(r"nccl(?:Symk?)?(?:Dev)?Kernel_([A-Za-z]+)|nccl([A-Z][A-Za-z]+?)(?:Ring|Tree|CollNet)")
 _KERNEL_TYPE = re.compile(
     r"_(?:Sum|Prod|Max|Min|Avg|PreMulSum|SumPostDiv|sum|prod|max|min|avg)_([A-Za-z0-9_]+?)(?:_[A-Z]|\(|$)"
 )

@@ -134,3 +134,31 @@ def test_msccl_kernel_without_metadata_takes_its_dtype_from_the_name(
     ]
     res = _read(_write(tmp_path / "rocm_old.json.gz", events), monkeypatch)
     assert _rows(res, "op", "dtype", "dur_us", "dur_source") == [("all_reduce", "bfloat16", 12.0, "kernel")]
+
+
+# ------------------------------------------------------------------------------ NCCL 2.27+ symmetric kernels
+
+# vLLM / PyNCCL on registered (symmetric) buffers, replayed in a CUDA graph: the kernels have no c10d op,
+# only the graph launch inside the profiler step, so their names must tell the op.
+SYMMETRIC = (
+    ("ncclSymDevKernel_AllReduce_RSxLD_AGxST_sum_bf16(ncclSymDevArgs)", "all_reduce", "bfloat16"),
+    ("ncclSymDevKernel_AllGather_LL(ncclSymDevArgs)", "all_gather", None),
+    ("ncclSymDevKernel_ReduceScatter_LL_sum_f8e5m2(ncclSymDevArgs)", "reduce_scatter", "float8_e5m2"),
+    ("ncclSymkDevKernel_AllReduce_AGxLLMC_R_sum_bf16(ncclSymkDevWorkArgs4K)", "all_reduce", "bfloat16"),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "all_reduce", "bfloat16"),
+)
+
+
+def test_symmetric_kernels_of_a_graph_replay_are_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events = [
+        _x("ProfilerStep#2", 0, 1000, cat="user_annotation", **{"External id": 1}),
+        _x("cudaGraphLaunch", 10, 5, cat="cuda_runtime", **{"External id": 1, "correlation": 50}),
+    ]
+    for i, (name, _, _) in enumerate(SYMMETRIC):
+        args = {"External id": 1, "correlation": 50, "stream": 7}
+        events.append(_x(name, 100 + 50 * i, 20, cat="kernel", pid=0, tid=7, **args))
+    res = _read(_write(tmp_path / "graph.json.gz", events), monkeypatch)
+    assert _rows(res, "op", "dtype", "ts_us", "dur_us", "dur_source", "step") == [
+        (op, dtype, 100.0 + 50 * i, 20.0, "kernel", 2) for i, (_, op, dtype) in enumerate(SYMMETRIC)
+    ]
+    assert res.skipped == {}

@@ -46,8 +46,11 @@ FAST_TAIL = re.compile(r"(\d+) op (\d+) root (-?\d+) comm (\S+) \[nranks=(\d+)\]
 PIECE_HEAD = re.compile(rb"([^\n]*?)(?<![\w.-])([\w.-]+:\d+:\d+ \[-?\d+\] NCCL INFO [A-Za-z]+)")
 PIECE_TAIL = re.compile(rb"\d+ op \d+ root -?\d+ comm \S+ \[nranks=\d+\]")
 
-ENVELOPE = re.compile(r"(?<![\w.-])([\w.-]+):(\d+):(\d+) \[(-?\d+)\] (?:\S+:\d+ )?NCCL (INFO|WARN)(?= |$) ?")
-FALLBACK = re.compile(r"\[(-?\d+)\] (?:\S+:\d+ )?NCCL (INFO|WARN)(?= |$) ?")
+# A WARN names its source line, `file:line `, from 2.30.7 followed by the function, `(func) `.
+ENVELOPE = re.compile(
+    r"(?<![\w.-])([\w.-]+):(\d+):(\d+) \[(-?\d+)\] (?:\S+:\d+ (?:\(\S+\) )?)?NCCL (INFO|WARN)(?= |$) ?"
+)
+FALLBACK = re.compile(r"\[(-?\d+)\] (?:\S+:\d+ (?:\(\S+\) )?)?NCCL (INFO|WARN)(?= |$) ?")
 # "NCCL INFO <message>" at the start of a line (after Markdown quoting) with no envelope at all: a paste
 # that kept only the level.
 BARE = re.compile(r"^[\s>]*NCCL (INFO|WARN)(?= |$) ?")

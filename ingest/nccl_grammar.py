@@ -65,7 +65,7 @@ VERSION = re.compile(r"\b([NR]CCL) version (?:: )?(\d+\.\d+\.\d+[^\s+]*)(?:\+(\S
 BARE_VERSION = re.compile(r"(?:^|[\s>\]):])([NR]CCL) version (\d+\.\d+\.\d+[^\s+]*)(?:\+(\S+))?\s*$")
 DRIVER = re.compile(r"cudaDriverVersion (\d+)")
 INIT = re.compile(
-    r"(?:\[Rank -?\d+\] )?(?:(\w+) )?comm (\S+) rank (-?\d+) nranks (\d+)((?: \S+ \S+)*?) - Init (START|COMPLETE)\s*$"
+    r"(?:\[Rank -?\d+\] )?(?:(\w+) )?comm (\S+) rank (-?\d+) nranks (\d+)((?: \S+ \S+)*?) ?- Init (START|COMPLETE)\s*$"
 )
 NODES = re.compile(
     r"comm (\S+) rank (-?\d+) nRanks (\d+) nNodes (\d+) localRanks (\d+) localRank (-?\d+)(?: MNNVL (\d+))?"
@@ -138,7 +138,7 @@ def classify(msg: str) -> Classified | None:
             m = pattern.match(msg)
             if m is not None:
                 return kind, m
-    if " - Init " in msg:
+    if "- Init " in msg:  # 2.24-2.29 split START lines have no blank before the dash: "key 0- Init START"
         return _matched("init", INIT.match(msg))
     if c == "C" and msg.startswith("Channel "):
         if "->" not in msg:

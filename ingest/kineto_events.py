@@ -64,6 +64,10 @@ _SHARED_ARGS = frozenset(
     | {"Collective name", "Concrete Inputs", "Input Dims", "Input type", "finished"}
 )
 CpuKind = tuple[str, str | None, str | None]  # a kept CPU event's kind ("container", "annot"), op, backend
+# Namespaces of ops and ranges named after the collective they issue through c10d (counted there): FSDP2's
+# record_function ranges `FSDP::all_gather (layers.0)`, `FSDP::all_gather_copy_out (layers.0)` and its copy ops
+# `fsdp::all_gather_copy_in`, `fsdp::split_with_sizes_copy` (torch 2.4+). Not warned about as not understood.
+_FRAMEWORK_RANGES = frozenset({"FSDP", "fsdp"})
 _GLOO_COMPATIBLE = {"reduce_scatter": {"reduce_scatter", "all_reduce"}, "barrier": {"barrier", "all_reduce"}}
 
 
@@ -238,6 +242,8 @@ class Collector:
                     self.not_understood[name] += n
                 return None  # wait_tensor, _wrap_tensor_autograd and other non-collectives
             backend = SYMM_MEM_NAMESPACE if ns == SYMM_MEM_NAMESPACE else None
+        elif ns in _FRAMEWORK_RANGES:
+            return None  # a framework's range or copy op around the c10d op it issues: not a collective itself
         elif ns:
             self.not_understood[name] += n  # wanted only because the name looks like a collective
             return None

@@ -162,3 +162,51 @@ def test_symmetric_kernels_of_a_graph_replay_are_calls(tmp_path: Path, monkeypat
         (op, dtype, 100.0 + 50 * i, 20.0, "kernel", 2) for i, (_, op, dtype) in enumerate(SYMMETRIC)
     ]
     assert res.skipped == {}
+
+
+# ------------------------------------------------------------------------------ FSDP2's ranges and copy ops
+
+ALL_GATHER = {
+    "Collective name": "_allgather_base",
+    "dtype": "BFloat16",
+    "In msg nelems": 1000,
+    "Out msg nelems": 8000,
+    "Group size": 8,
+    "Process Group Name": "0",
+    "Process Group Ranks": "[0, 1, 2, 3, 4, 5, 6, 7]",
+}
+
+
+def _fsdp2_layers(n: int) -> list[dict]:
+    """fully_shard's unshard of n layers as torch 2.4+ records it: the `FSDP::all_gather (<fqn>)` range
+    around the `fsdp::all_gather_copy_in` op and the c10d all-gather, then `FSDP::all_gather_copy_out`;
+    and one op of a namespace commlens does not read, which is warned about."""
+    events = [_x("ProfilerStep#1", 0, 1000.0 * n + 1000, cat="user_annotation")]
+    for i in range(n):
+        t, ext = 100 + 1000.0 * i, 10 * i + 10
+        events += [
+            _x(f"FSDP::pre_forward (layers.{i})", t, 900, cat="user_annotation"),
+            _x(f"FSDP::all_gather (layers.{i})", t + 1, 300, cat="user_annotation"),
+            _x("fsdp::all_gather_copy_in", t + 2, 50, **{"External id": ext}),
+            _x("c10d::_allgather_base_", t + 60, 100, **{"External id": ext + 1}),
+            _x("record_param_comms", t + 65, 80, **{"External id": ext + 2}, **ALL_GATHER),
+            _x("nccl:_all_gather_base", t + 70, 20, cat="user_annotation", **{"External id": ext + 3}),
+            _x(f"FSDP::all_gather_copy_out (layers.{i})", t + 400, 100, cat="user_annotation"),
+            _x("fsdp::split_with_sizes_copy", t + 401, 90),
+        ]
+    return [*events, _x("trtllm::allreduce", 1000.0 * n + 500, 5)]
+
+
+@pytest.mark.parametrize(("layers", "block_events"), [(3, 0), (3000, 5000)])
+def test_fsdp2_ranges_are_not_collectives_commlens_missed(
+    layers: int, block_events: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    res = _read(_write(tmp_path / "fsdp2.json.gz", _fsdp2_layers(layers)), monkeypatch, block_events)
+    assert (
+        _rows(res, "op", "raw_name", "msg_bytes", "group_size")
+        == [("all_gather", "c10d::_allgather_base_", 16000, 8)] * layers
+    )
+    # no warning per layer that FSDP::all_gather (layers.N) looks like a collective that was not counted
+    assert res.warnings == [
+        "1 events named 'trtllm::allreduce' look like a collective but are not understood: not counted"
+    ]

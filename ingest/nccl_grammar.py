@@ -10,6 +10,12 @@ from typing import Any
 
 # NCCL COLL names that are not two-sided collectives commlens counts (one-sided ops, 2.29+).
 ONE_SIDED = frozenset({"PutSignal", "Signal", "WaitSignal"})
+# RCCL names a COLL line after the path that runs the call (formats.md A.2): its MSCCL path prints
+# `mscclFuncAllReduce` (ROCm 6.1+), its MSCCL++ path `mscclpp_ncclAllReduce` (ROCm 6.3+). The MSCCL line
+# prints root 0 for Send/Recv (the peer is another argument, not printed); its AllToAllv prints count 0.
+MSCCL_PREFIX = "mscclFunc"
+MSCCLPP_PREFIX = "mscclpp_nccl"
+MSCCL_ALLTOALLV = "mscclFuncAllToAllv"
 
 ALGOS = {0: "TREE", 1: "RING", 2: "COLLNET_DIRECT", 3: "COLLNET_CHAIN", 4: "NVLS", 5: "NVLS_TREE", 6: "PAT"}
 PROTOS = {0: "LL", 1: "LL128", 2: "SIMPLE"}
@@ -34,16 +40,16 @@ PROTO_NAMES = {"ll": "LL", "ll128": "LL128", "simple": "SIMPLE"}
 # Groups: prefix, "host:pid:tid [dev] NCCL INFO Name", opCount, count, "dt op r root p comm c [nranks=n]",
 # trailing text, other line. The lookbehind keeps the scan linear on long words.
 FAST = re.compile(
-    rb"(?m)^(?:([^\n]*?)(?<![\w.-])([\w.-]+:\d+:\d+ \[-?\d+\] NCCL INFO [A-Za-z]+): opCount ([0-9a-fA-F]+) "
+    rb"(?m)^(?:([^\n]*?)(?<![\w.-])([\w.-]+:\d+:\d+ \[-?\d+\] NCCL INFO (?:mscclpp_)?[A-Za-z]+): opCount ([0-9a-fA-F]+) "
     rb"sendbuff \S+ recvbuff \S+ count (\d+) datatype (\d+ op \d+ root -?\d+ comm \S+ \[nranks=\d+\]) "
     rb"stream \S+([^\n]*)|([^\n]*))$"
 )
-FAST_HEAD = re.compile(r"(.+):(\d+):\d+ \[(-?\d+)\] NCCL INFO ([A-Za-z]+)")
+FAST_HEAD = re.compile(r"(.+):(\d+):\d+ \[(-?\d+)\] NCCL INFO ((?:mscclpp_)?[A-Za-z]+)")
 FAST_TAIL = re.compile(r"(\d+) op (\d+) root (-?\d+) comm (\S+) \[nranks=(\d+)\]", re.ASCII)
 # The parts of a COLL line the vectorised path checks once per distinct value (`nccl_vector.clean_coll`):
 # the text before ": opCount " (prefix and head) and the eight words from the datatype to "[nranks=N]".
 # Each is the corresponding part of `FAST`, with the same groups.
-PIECE_HEAD = re.compile(rb"([^\n]*?)(?<![\w.-])([\w.-]+:\d+:\d+ \[-?\d+\] NCCL INFO [A-Za-z]+)")
+PIECE_HEAD = re.compile(rb"([^\n]*?)(?<![\w.-])([\w.-]+:\d+:\d+ \[-?\d+\] NCCL INFO (?:mscclpp_)?[A-Za-z]+)")
 PIECE_TAIL = re.compile(rb"\d+ op \d+ root -?\d+ comm \S+ \[nranks=\d+\]")
 
 # A WARN names its source line, `file:line `, from 2.30.7 followed by the function, `(func) `.
@@ -57,10 +63,10 @@ BARE = re.compile(r"^[\s>]*NCCL (INFO|WARN)(?= |$) ?")
 # Everything a call needs comes before `stream`: a line wrapped after `stream`, cut before it or printed
 # without it still counts. RCCL (ROCm 6+) adds `acc <ptr>` before `count` and `task N globalrank N` after.
 COLL = re.compile(
-    r"(?<![A-Za-z])([A-Za-z]+): opCount ([0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ (?:acc \S+ )?count (\d+) "
+    r"(?<![A-Za-z])((?:mscclpp_)?[A-Za-z]+): opCount ([0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ (?:acc \S+ )?count (\d+) "
     r"datatype (\d+) op (\d+) root (-?\d+) comm (\S+) \[nranks=(\d+)\]"
 )
-COLL_HEAD = re.compile(r"(?<![A-Za-z])[A-Za-z]+: opCount ")
+COLL_HEAD = re.compile(r"(?<![A-Za-z])(?:mscclpp_)?[A-Za-z]+: opCount ")
 VERSION = re.compile(r"\b([NR]CCL) version (?:: )?(\d+\.\d+\.\d+[^\s+]*)(?:\+(\S+))?")
 BARE_VERSION = re.compile(r"(?:^|[\s>\]):])([NR]CCL) version (\d+\.\d+\.\d+[^\s+]*)(?:\+(\S+))?\s*$")
 DRIVER = re.compile(r"cudaDriverVersion (\d+)")
@@ -94,6 +100,16 @@ TUNING = re.compile(
     r"(?:([A-Za-z]+): )?(\d+) Bytes -> Algo (\w+) proto (\w+)"
     r"(?: time (\S+))?(?: channel\{Lo\.\.Hi\}=\{(-?\d+)\.\.(-?\d+)\})?"
 )
+
+
+def coll_name(name: str) -> tuple[str | None, bool]:
+    """The NCCL op name of a COLL line's name and whether its `root` is the Send/Recv peer; None for a
+    call whose line carries no size (RCCL's MSCCL AllToAllv)."""
+    if name.startswith(MSCCL_PREFIX):
+        return (None if name == MSCCL_ALLTOALLV else name[len(MSCCL_PREFIX) :]), False
+    if name.startswith(MSCCLPP_PREFIX):
+        return name[len(MSCCLPP_PREFIX) :], False
+    return name, True
 
 
 def elem_factors(op: str, nranks: int) -> tuple[int, int]:

@@ -77,6 +77,7 @@ from .nccl_grammar import (
     TREE_CHANNEL_24,
     algo_name,
     classify,
+    coll_name,
     elem_factors,
     init_fields,
     proto_name,
@@ -132,7 +133,10 @@ class _Parser:
     ) -> tuple:
         """(row template, bytes per count, elems_in factor, elems_out factor, seq cell); a template
         without row (see `_skip_template`) makes lines skipped with its reason."""
-        op = normalize_op(name)
+        base, root_is_peer = coll_name(name)
+        if base is None:
+            return _skip_template(f"{name} line without its per-peer counts (not counted)")
+        op = normalize_op(base)
         if name in ONE_SIDED:
             return _skip_template(f"one-sided {name} operation, not a collective (not counted)")
         if op is None or op == "barrier":
@@ -164,7 +168,7 @@ class _Parser:
             "raw_name": name,
         }
         if op in ("send", "recv"):
-            row["peer"] = root
+            row["peer"] = root if root_is_peer else None
         return (row, per_count, f_in, f_out, p.seq)
 
     def coll(self, host: str | None, pid: str | None, dev: int | None, m: re.Match, line_no: int) -> None:

@@ -4,7 +4,10 @@ NCCL and RCCL sources and from logs pasted into public issues."""
 
 from __future__ import annotations
 
-from test_nccl_speed_shapes import _parse
+import pytest
+from test_nccl_speed_shapes import _parse, _rows, _same
+
+from commlens.ingest.nccl_log import VECTOR_MIN_LINES
 
 
 def _log(lines: list[str]) -> bytes:
@@ -61,3 +64,65 @@ def test_split_start_without_blank_before_dash() -> None:
     assert res.meta["split_counts"] == {"nodeB:40:0x7b00": 2, "nodeB:40:0x7c00": 3}
     assert [t["comm_ptr"] for t in res.topology if t["kind"] == "tree"] == ["0x7b00", "0x7b00"]
     assert res.skipped == {}
+
+
+# ------------------------------------------------------------------------------ RCCL MSCCL and MSCCL++
+
+RCCL_INIT = "mi300:900:900 [0] NCCL INFO comm 0x5c10 rank 0 nranks 8 cudaDev 0 busId 11000 commId 0x3c - Init COMPLETE"
+
+
+def test_rccl_msccl_names() -> None:
+    """RCCL runs some calls through MSCCL (on by default on MI300X) and prints the line with its own name,
+    `mscclFuncAllReduce: opCount ...`, and through MSCCL++ as `mscclpp_ncclAllReduce: opCount ...` (from
+    ROCm 6.3, later with `graphMode N ubr N` after the stream). Same fields, same sizes as the NCCL names;
+    an MSCCL Send/Recv prints root 0, not its peer, so the peer stays unknown; an MSCCL AllToAllv prints
+    count 0 and is skipped with its own reason."""
+    tail = "comm 0x5c10 [nranks=8] stream 0x9a"
+    res = _parse(
+        _log(
+            [
+                RCCL_INIT,
+                f"mi300:900:900 [0] NCCL INFO mscclFuncAllReduce: opCount 4 sendbuff 0x71 recvbuff 0x71 count 262144 "
+                f"datatype 9 op 0 root 0 {tail} task 0 globalrank 0",
+                f"mi300:900:900 [0] NCCL INFO mscclFuncAllGather: opCount 5 sendbuff 0x71 recvbuff 0x72 count 100 "
+                f"datatype 7 op 0 root 0 {tail} task 0 globalrank 0",
+                f"mi300:900:900 [0] NCCL INFO mscclpp_ncclAllReduce: opCount 6 sendbuff 0x71 recvbuff 0x71 count 512 "
+                f"datatype 6 op 0 root 0 {tail}",
+                f"mi300:900:900 [0] NCCL INFO mscclpp_ncclAllGather: opCount 7 sendbuff 0x71 recvbuff 0x72 count 64 "
+                f"datatype 7 op 0 root 0 {tail} graphMode 1 ubr 0",
+                f"mi300:900:900 [0] NCCL INFO mscclFuncSend: opCount 8 sendbuff 0x71 recvbuff (nil) count 10 "
+                f"datatype 7 op 0 root 0 {tail} task 1 globalrank 0",
+                f"mi300:900:900 [0] NCCL INFO mscclFuncAllToAllv: opCount 9 sendbuff 0x71 recvbuff 0x72 count 0 "
+                f"datatype 7 op 0 root 0 {tail} task 0 globalrank 0",
+                f"mi300:900:900 [0] NCCL INFO Send: opCount a sendbuff 0x71 recvbuff (nil) count 10 datatype 7 op 0 "
+                f"root 5 {tail} task 1 globalrank 0",
+            ]
+        )
+    )
+    got = [(r["raw_name"], r["op"], r["dtype"], r["msg_bytes"], r["elems_out"], r["peer"]) for r in _rows(res)]
+    assert got == [
+        ("mscclFuncAllReduce", "all_reduce", "bfloat16", 262144 * 2, 262144, None),
+        ("mscclFuncAllGather", "all_gather", "float32", 100 * 4 * 8, 800, None),
+        ("mscclpp_ncclAllReduce", "all_reduce", "float16", 512 * 2, 512, None),
+        ("mscclpp_ncclAllGather", "all_gather", "float32", 64 * 4 * 8, 512, None),
+        ("mscclFuncSend", "send", "float32", 40, 10, None),
+        ("Send", "send", "float32", 40, 10, 5),
+    ]
+    assert res.skipped == {"mscclFuncAllToAllv line without its per-peer counts (not counted)": 1}
+
+
+def test_rccl_msccl_names_vectorised_as_line_by_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long runs of MSCCL and MSCCL++ lines take the vectorised path with the same rows as line by line."""
+    names = ["mscclFuncAllReduce", "mscclpp_ncclAllReduce", "AllReduce", "mscclFuncRecv", "mscclFuncAllToAllv"]
+    lines = [RCCL_INIT]
+    for i in range(VECTOR_MIN_LINES + 500):
+        name = names[i % len(names)]
+        lines.append(
+            f"mi300:900:900 [0] NCCL INFO {name}: opCount {i:x} sendbuff 0x71 recvbuff 0x72 count {i + 1} "
+            f"datatype 7 op 0 root 2 comm 0x5c10 [nranks=8] stream 0x9a task 0 globalrank 0"
+        )
+    res = _same(_log(lines), monkeypatch)
+    rows = _rows(res)
+    assert {r["raw_name"] for r in rows} == set(names) - {"mscclFuncAllToAllv"}
+    assert {r["peer"] for r in rows if r["op"] == "recv"} == {None}
+    assert sum(res.skipped.values()) == (VECTOR_MIN_LINES + 500) // len(names)

@@ -68,7 +68,7 @@ COLL = re.compile(
 )
 COLL_HEAD = re.compile(r"(?<![A-Za-z])(?:mscclpp_)?[A-Za-z]+: opCount ")
 VERSION = re.compile(r"\b([NR]CCL) version (?:: )?(\d+\.\d+\.\d+[^\s+]*)(?:\+(\S+))?")
-BARE_VERSION = re.compile(r"(?:^|[\s>\]):])([NR]CCL) version (\d+\.\d+\.\d+[^\s+]*)(?:\+(\S+))?\s*$")
+BARE_VERSION = re.compile(r"(?:^|[\s>\]):])([NR]CCL) version (?:: )?(\d+\.\d+\.\d+[^\s+]*)(?:\+(\S+))?\s*$")
 DRIVER = re.compile(r"cudaDriverVersion (\d+)")
 INIT = re.compile(
     r"(?:\[Rank -?\d+\] )?(?:(\w+) )?comm (\S+) rank (-?\d+) nranks (\d+)((?: \S+ \S+)*?) ?- Init (START|COMPLETE)\s*$"

@@ -126,3 +126,25 @@ def test_rccl_msccl_names_vectorised_as_line_by_line(monkeypatch: pytest.MonkeyP
     assert {r["raw_name"] for r in rows} == set(names) - {"mscclFuncAllToAllv"}
     assert {r["peer"] for r in rows if r["op"] == "recv"} == {None}
     assert sum(res.skipped.values()) == (VECTOR_MIN_LINES + 500) // len(names)
+
+
+# --------------------------------------------------------------------------- RCCL banner on stdout
+
+
+def test_rccl_bare_banner_with_colon() -> None:
+    """RCCL of ROCm 6.3 and later prints its stdout banner as `RCCL version : 2.21.5-HEAD:1a2b3c4`, then
+    `HIP version  : ...` and `ROCm version : ...` lines (prose)."""
+    res = _parse(
+        _log(
+            [
+                "RCCL version : 2.21.5-HEAD:1a2b3c4",
+                "HIP version  : 6.3.42131-fa1d09cbd",
+                "ROCm version : 6.3.0.0-39-b4d8f1e",
+                "Hostname     : mi300",
+                RCCL_INIT,
+            ]
+        )
+    )
+    assert res.meta["nccl_version"] == "2.21.5-HEAD:1a2b3c4"
+    assert res.meta["library"] == "rccl"
+    assert [c["nccl_version"] for c in res.nccl_comms] == ["2.21.5-HEAD:1a2b3c4"]

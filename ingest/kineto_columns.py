@@ -20,7 +20,14 @@ import numpy as np
 import pyarrow as pa
 
 from .kineto_calls import CallFacts, call_op, describe_call, kernel_op
-from .kineto_events import KERNEL_BEFORE_WINDOW, Collector, _is_wait, _skip_not_collective
+from .kineto_events import (
+    KERNEL_BEFORE_WINDOW,
+    Collector,
+    _is_coalesced,
+    _is_wait,
+    _skip_coalesced,
+    _skip_not_collective,
+)
 from .kineto_model import EPS, Call, Kernel, TraceContext
 from .kineto_records import NONE, CpuColumns, KernelColumns
 from .records import FROM_ROWS, TABLE_COLUMNS, ParseResult
@@ -382,7 +389,10 @@ def columnar_rows(  # noqa: C901 - one pass through the reference's steps, in it
         call = objects(c)
         probe = ParseResult(kind="kineto")
         assert call.root is not None
-        if _is_wait(call.root):
+        if _is_coalesced(call.root):
+            _skip_coalesced(call, probe)
+            kind_of[s] = 2
+        elif _is_wait(call.root):
             probe.skip("record_param_comms 'wait'")
             kind_of[s] = 1
         elif call_op(call) is None:

@@ -50,6 +50,9 @@ LABEL_PREFIX = "commlens:"  # the harness's ranges: commlens:<mesh dim>:<pg name
 LAUNCH_PREFIXES = r"cu\w*Launch|hip\w*Launch"
 _WANTED = re.compile(PREFIXES + "|" + LAUNCH_PREFIXES)
 STYLE_SAMPLE = 16  # launches looked at to tell how kernels link to CPU ops
+# ProcessGroupNCCL's work of a coalescing group (`_coalescing_manager` outside its fast path:
+# batch_isend_irecv, broadcasts), whose kernels are launched at the group's end, after the calls' own ops
+COALESCED_ANNOT = "nccl:coalesced"
 KERNEL_BEFORE_WINDOW = "NCCL kernel launched before the profiler window (its launch is not in the trace)"
 _LAUNCH = re.compile(r"(?:cu|hip)\w*Launch")
 _ANNOT = re.compile(r"(nccl|gloo|ucc|mpi|xccl):(\w+)")
@@ -253,12 +256,26 @@ class Collector:
                 return None
             op = normalize_op(name)
             if op is None:
+                if name == COALESCED_ANNOT:
+                    return "annot", None, "nccl"  # kept: the kernels of the group launched inside it are its
                 return f"annotation {name!r} (not a collective)"
             kind, backend = "annot", m.group(1)
         return kind, op, backend
 
 
 # ------------------------------------------------------------------------------------ grouping
+
+
+def _is_coalesced(ev: CpuEv) -> bool:
+    return ev.kind == "annot" and ev.name == COALESCED_ANNOT
+
+
+def _skip_coalesced(call: Call, result: ParseResult) -> None:
+    """A coalescing group's `nccl:coalesced` work and the kernels launched at its end: the calls issued
+    inside the group are counted one by one (without a device duration), so its kernels are no call."""
+    if call.kernels:
+        result.skip(f"NCCL kernel of a coalescing group ({COALESCED_ANNOT!r})", len(call.kernels))
+    result.skip(f"annotation {COALESCED_ANNOT!r} (not a collective)")
 
 
 def _is_wait(ev: CpuEv) -> bool:
@@ -356,7 +373,9 @@ def _sort_calls(
         for call in tcalls:
             root = call.root
             assert root is not None
-            if _is_wait(root):
+            if _is_coalesced(root):
+                _skip_coalesced(call, result)
+            elif _is_wait(root):
                 result.skip("record_param_comms 'wait'")
                 unused.extend(call.kernels)
             elif root.kind == "annot" and root.backend == "gloo" and not call.kernels:

@@ -210,3 +210,69 @@ def test_fsdp2_ranges_are_not_collectives_commlens_missed(
     assert res.warnings == [
         "1 events named 'trtllm::allreduce' look like a collective but are not understood: not counted"
     ]
+
+
+# ------------------------------------------------------------------------------ coalescing groups
+
+BROADCAST = {
+    "Collective name": "broadcast",
+    "dtype": "Float",
+    "In msg nelems": 100,
+    "Out msg nelems": 100,
+    "Group size": 2,
+    "Process Group Name": "0",
+}
+
+
+def _launch_ids(link: str, ext: int, corr: int) -> dict:
+    """A launch's ids: the launching op's External id (newer Kineto), or the correlation id alone."""
+    return {"External id": ext, "correlation": corr} if link == "external_id" else {"correlation": corr}
+
+
+def _coalesced_groups(n: int, link: str) -> list[dict]:
+    """n `_coalescing_manager` groups of two broadcasts (outside its fast path, like batch_isend_irecv):
+    each broadcast's c10d op and record_param_comms, then at the group's end ProcessGroupNCCL's
+    `nccl:coalesced` work around the launch of the one kernel that runs them all; an all-reduce after
+    each group, issued while the `nccl:coalesced` range (ended when the work completes) is still open.
+    `link`: how kernels name their launch (External id, or older traces' correlation id)."""
+    cpu, dev = [_x("ProfilerStep#1", 0, 1000.0 * n + 1000, cat="user_annotation", **{"External id": 1})], []
+    for i in range(n):
+        t, ext, corr = 100 + 1000.0 * i, 10 * i + 10, 5000 + 2 * i
+        for j in range(2):
+            cpu += [
+                _x("c10d::broadcast_", t + 30 * j, 20, **{"External id": ext + 2 * j}),
+                _x("record_param_comms", t + 30 * j + 2, 10, **{"External id": ext + 2 * j + 1}, **BROADCAST),
+            ]
+        cpu += [
+            _x("nccl:coalesced", t + 80, 500, cat="user_annotation", **{"External id": ext + 4}),
+            _x("cudaLaunchKernel", t + 85, 3, cat="cuda_runtime", **_launch_ids(link, ext + 4, corr)),
+            _x("c10d::allreduce_", t + 200, 50, **{"External id": ext + 5}),
+            _x("record_param_comms", t + 202, 40, **{"External id": ext + 6}, **ALLREDUCE),
+            _x("cudaLaunchKernel", t + 210, 3, cat="cuda_runtime", **_launch_ids(link, ext + 6, corr + 1)),
+        ]
+        for k, (name, at) in enumerate(
+            [
+                ("ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)", t + 90),
+                ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", t + 300),
+            ]
+        ):
+            ids = {"External id": corr + k if link == "correlation" else ext + 4 + 2 * k, "correlation": corr + k}
+            dev.append(_x(name, at, 50, cat="kernel", pid=0, tid=7, **ids))
+    return cpu + dev
+
+
+@pytest.mark.parametrize("link", ["external_id", "correlation"])
+@pytest.mark.parametrize(("groups", "block_events"), [(2, 0), (2000, 5000)])
+def test_kernel_of_a_coalescing_group_is_not_a_call_of_its_own(
+    link: str, groups: int, block_events: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    res = _read(_write(tmp_path / "coalesced.json.gz", _coalesced_groups(groups, link)), monkeypatch, block_events)
+    rows = _rows(res, "op", "msg_bytes", "dur_us", "dur_source")
+    # the two broadcasts once each (no duration: one kernel ran both), not a third kernel-only broadcast
+    assert rows == ([("broadcast", 400, None, None)] * 2 + [("all_reduce", 2048, 50.0, "kernel")]) * groups
+    assert res.skipped == {
+        "NCCL kernel of a coalescing group ('nccl:coalesced')": groups,
+        "annotation 'nccl:coalesced' (not a collective)": groups,
+    }
+    if groups > 10:  # the first 16 launches tell the link
+        assert res.meta["scan"]["kernel_link"] == link

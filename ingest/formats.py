@@ -75,10 +75,23 @@ class Format:
 # ------------------------------------------------------------------------------------------ claims
 
 
+# What a log line's '[' opens where a launcher or NCCL prefixes it: torchrun's "[rank0]:" / "[default0]:",
+# mpirun --tag-output's "[1,0]<stdout>:", NCCL 2.26+'s "[2025-03-01 10:00:00] " before a WARN.
+_LOG_MARKERS = (b"NCCL INFO", b"NCCL WARN", b"NCCL version", b"RCCL version")
+
+
 def _json_text(head: bytes) -> bytes | None:
-    """The head without BOM and leading blanks when it starts like JSON, else None."""
+    """The head without BOM and leading blanks when it starts like JSON, else None. An object starts JSON; a
+    '[' does when an object, array, string or its end follows (a trace written as a bare array of events),
+    or anything else in a head without NCCL log lines, whose '[' opens a launcher's or NCCL's own prefix."""
     text = head.lstrip(b"\xef\xbb\xbf").lstrip()
-    return text if text[:1] in (b"{", b"[") else None
+    if text[:1] == b"{":
+        return text
+    if text[:1] != b"[":
+        return None
+    if text[1:].lstrip()[:1] in (b"{", b"[", b"]", b'"', b""):
+        return text
+    return None if any(m in head for m in _LOG_MARKERS) else text
 
 
 def _claims_kineto(head: bytes) -> Claim:
@@ -96,7 +109,7 @@ def _claims_run_config(head: bytes) -> Claim:
 def _claims_nccl_log(head: bytes) -> Claim:
     if _json_text(head) is not None:
         return Claim.NONE
-    if b"NCCL INFO" in head or b"NCCL WARN" in head or b"NCCL version" in head:
+    if any(m in head for m in _LOG_MARKERS):
         return Claim.SURE
     if b"\x00" in head or _mostly_binary(head):
         return Claim.NONE

@@ -76,10 +76,34 @@ def test_every_real_file_is_detected_as_its_kind_and_parsed_as_that_kind(data_di
         (b'{"traceEvents": [], "schema": "commlens.run/1"}', "kineto"),  # both SURE: the earlier entry wins
         (b"epoch 0 loss 3.2\n", "nccl_log"),  # text: a launcher's stdout before NCCL starts
         (b"h:1:2 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n", "nccl_log"),
+        (b'[\n  {"ph": "X"}]', "kineto"),
+        (b"[1, 2, 3]", "kineto"),  # a JSON array without log lines: the Kineto parser says what it is
+        (b"[rank0]:h:1:2 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n", "nccl_log"),  # torchrun's prefixes
+        (b"[default0]:h:1:2 [0] NCCL INFO Bootstrap : Using eth0\n", "nccl_log"),
+        (b"[1,0]<stdout>:h:1:2 [0] NCCL INFO Bootstrap : Using eth0\n", "nccl_log"),  # mpirun --tag-output
+        (b"[2025-03-01 10:00:00] h:1:2 [0] net.cc:912 NCCL WARN NET/IB : no device\n", "nccl_log"),  # NCCL 2.26+
+        (b"[2025-03-01 10:00:00] RCCL version : 2.21.5-HEAD:1a2b3c4\n", "nccl_log"),
     ],
 )
 def test_detection_by_claims(head: bytes, kind: str) -> None:
     assert _detect(head) == kind
+
+
+COLL = (
+    b"h:1:2 [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x7f00 recvbuff 0x7f80 count 1024 datatype 7 op 0 "
+    b"root 0 comm 0x55d0 [nranks=2] stream 0x55e0\n"
+)
+
+
+@pytest.mark.parametrize("prefix", [b"[rank0]:", b"[default0]:", b"[1,0]<stdout>:", b"[2025-03-01 10:00:00] "])
+def test_logs_whose_lines_start_with_a_bracketed_prefix_are_read_as_logs(tmp_path: Path, con, prefix: bytes) -> None:
+    """A launcher's (or NCCL's own timestamp) prefix opens every line with '[': the log was taken for JSON and
+    failed as 'a JSON array, not a Kineto trace'."""
+    path = tmp_path / "job.log"
+    path.write_bytes(prefix + b"h:1:2 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n" + prefix + COLL)
+    summary = ingest_paths(con, [path], "job")
+    assert [(f.kind, f.status, f.error) for f in summary.files] == [("nccl_log", "ok", None)]
+    assert con.execute("SELECT op, msg_bytes FROM comms WHERE run = 'job'").fetchall() == [("all_reduce", 4096)]
 
 
 def test_nothing_claims_binary_or_empty_heads() -> None:

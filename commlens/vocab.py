@@ -37,7 +37,12 @@ DTYPE_BYTES: dict[str, int] = {
     "uint8": 1,
     "float8_e4m3fn": 1,
     "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,  # ROCm (MI300) fp8
+    "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1,  # MX scales (torch 2.7+)
+    "float4_e2m1fn_x2": 1,  # two fp4 values per element
     "int16": 2,
+    "uint16": 2,
     "float16": 2,
     "bfloat16": 2,
     "int32": 4,
@@ -46,6 +51,7 @@ DTYPE_BYTES: dict[str, int] = {
     "int64": 8,
     "uint64": 8,
     "float64": 8,
+    "complex32": 4,
     "complex64": 8,
     "complex128": 16,
 }
@@ -80,8 +86,14 @@ C10_DTYPES: dict[str, str] = {
     "Bool": "bool",
     "Float8_e4m3fn": "float8_e4m3fn",
     "Float8_e5m2": "float8_e5m2",
+    "Float8_e4m3fnuz": "float8_e4m3fnuz",
+    "Float8_e5m2fnuz": "float8_e5m2fnuz",
+    "Float8_e8m0fnu": "float8_e8m0fnu",
+    "Float4_e2m1fn_x2": "float4_e2m1fn_x2",
+    "ComplexHalf": "complex32",
     "ComplexFloat": "complex64",
     "ComplexDouble": "complex128",
+    "UInt16": "uint16",
     "UInt32": "uint32",
     "UInt64": "uint64",
 }
@@ -103,6 +115,12 @@ CPP_DTYPES: dict[str, str] = {
     "bool": "bool",
     "c10::Float8_e4m3fn": "float8_e4m3fn",
     "c10::Float8_e5m2": "float8_e5m2",
+    "c10::Float8_e4m3fnuz": "float8_e4m3fnuz",
+    "c10::Float8_e5m2fnuz": "float8_e5m2fnuz",
+    "c10::Float8_e8m0fnu": "float8_e8m0fnu",
+    "unsigned short": "uint16",
+    "uint16_t": "uint16",
+    "c10::complex<c10::Half>": "complex32",
     "c10::complex<float>": "complex64",
     "c10::complex<double>": "complex128",
 }

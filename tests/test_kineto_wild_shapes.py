@@ -276,3 +276,25 @@ def test_kernel_of_a_coalescing_group_is_not_a_call_of_its_own(
     }
     if groups > 10:  # the first 16 launches tell the link
         assert res.meta["scan"]["kernel_link"] == link
+
+
+# ------------------------------------------------------------------------------ newer dtypes
+
+NEW_DTYPES = [
+    ("Float8_e4m3fnuz", "float8_e4m3fnuz", 1),  # ROCm MI300 fp8
+    ("Float8_e5m2fnuz", "float8_e5m2fnuz", 1),
+    ("Float8_e8m0fnu", "float8_e8m0fnu", 1),
+    ("UInt16", "uint16", 2),
+    ("ComplexHalf", "complex32", 4),
+]
+
+
+@pytest.mark.parametrize(("c10", "dtype", "size"), NEW_DTYPES)
+def test_newer_dtypes_are_sized(c10: str, dtype: str, size: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """record_param_comms of these c10 types gave dtype and msg_bytes NULL, without a word."""
+    events = _rocm_calls(2)
+    for e in events:
+        if e["name"] == "record_param_comms":
+            e["args"]["dtype"] = c10
+    res = _read(_write(tmp_path / "dtypes.json.gz", events), monkeypatch)
+    assert _rows(res, "op", "dtype", "msg_bytes") == [("all_reduce", dtype, 1024 * size)] * 2

@@ -847,8 +847,9 @@ def _pieces(stream: io.BufferedReader, limits: Limits, cutter: ThreadPoolExecuto
 
 
 def _ahead(items: Iterator[Piece], depth: int = 2) -> Generator[Piece, None, None]:
-    """The items, made by a thread `depth` items ahead of the consumer: reading, decompressing, hashing
-    and numpy's cuts release the GIL, so on two cores they overlap the reader's Python state machine.
+    """The items, made by a thread `depth` items ahead of the consumer: reading, decompressing and hashing
+    release the GIL (and so do the cuts the items carry), so on two cores they overlap the reader's Python
+    state machine.
     An exception in the thread is raised here; a consumer that stops early stops the thread."""
     q: queue.Queue[tuple[bool, Any]] = queue.Queue(depth)
     stop = threading.Event()
@@ -891,12 +892,12 @@ def parse_nccl_log(stream: io.BufferedReader, name: str, hint: RankHint, limits:
     nccl_topology and nccl_tuning rows. Damaged lines are counted in `skipped`, not fatal."""
     parser = _Parser(name, hint)
     line_no = 1
-    # the queue holds CUTTERS pieces, so that many cuts are under way while the parser works on one; the
-    # reader stops (closing) before the cutters are shut down
+    # the queue holds at least as many pieces as there are cutters, so that each has a cut under way while the
+    # parser works on one; the reader stops (closing) before the cutters are shut down
     cutters = parse_threads(CUTTERS)
     with (
         ThreadPoolExecutor(cutters, thread_name_prefix="nccl-log-cut") as cutter,
-        closing(_ahead(_pieces(stream, limits, cutter), depth=cutters)) as pieces,
+        closing(_ahead(_pieces(stream, limits, cutter), depth=max(2, cutters))) as pieces,
     ):
         for piece in pieces:
             if piece is None:

@@ -1,8 +1,28 @@
-"""Two parses of one file compared: the same rows, table for table, and the same counts, warnings and meta."""
+"""Two parses of one file compared: the same rows, table for table, and the same counts, warnings and meta;
+and a count of what the Kineto block reader took, for the tests that compare its path with the others."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
+from commlens.ingest import kineto_bulk
 from commlens.ingest.records import ParseResult
+
+
+def count_block_events(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on (for the test), the wanted events the block reader takes add up in the list's one item."""
+    taken = [0]
+    call = kineto_bulk.BulkReader.__call__
+
+    def spy(self: kineto_bulk.BulkReader, *args: Any) -> int | None:
+        n = call(self, *args)
+        taken[0] += n or 0
+        return n
+
+    monkeypatch.setattr(kineto_bulk.BulkReader, "__call__", spy)
+    return taken
 
 
 def assert_same_parse(a: ParseResult, b: ParseResult, scan_keys: tuple[str, ...] | None = None) -> None:

@@ -13,9 +13,9 @@ import orjson
 import pytest
 from conftest import shared_data
 from kineto_synth import STEP_CALLS, write_trace_gz
-from parse_compare import assert_same_parse
+from parse_compare import assert_same_parse, count_block_events
 
-from commlens.ingest import kineto, kineto_bulk, kineto_json
+from commlens.ingest import kineto, kineto_json
 from commlens.ingest.inputs import InputFile, iter_inputs
 from commlens.ingest.parse_file import ParsedFile, parse_file
 from commlens.ingest.records import ParseResult, RankHint
@@ -32,19 +32,11 @@ def _inputs() -> list[InputFile]:
 
 def _parse(item: InputFile, monkeypatch: pytest.MonkeyPatch, blocks: bool) -> tuple[ParsedFile, int]:
     """The parse with the block reader on (offered every window) or off; the wanted events it took."""
-    taken = [0]
-    call = kineto_bulk.BulkReader.__call__
-
-    def spy(self: kineto_bulk.BulkReader, *args: Any) -> int | None:
-        n = call(self, *args)
-        taken[0] += n or 0
-        return n
-
     monkeypatch.setattr(kineto, "BLOCKS", blocks)
     monkeypatch.setattr(kineto_json, "DENSE", 0)  # every window is offered to the block reader
     monkeypatch.setattr(kineto_json, "BLOCK", 1 << 20)  # small windows: many blocks, many window edges
     monkeypatch.setattr(kineto_json, "BLOCK_PAUSE", 0)  # a declined block does not keep the next ones out
-    monkeypatch.setattr(kineto_bulk.BulkReader, "__call__", spy)
+    taken = count_block_events(monkeypatch)
     return parse_file(item, RankHint()), taken[0]
 
 

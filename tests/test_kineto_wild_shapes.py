@@ -11,9 +11,9 @@ from typing import Any
 
 import orjson
 import pytest
-from parse_compare import assert_same_parse
+from parse_compare import assert_same_parse, count_block_events
 
-from commlens.ingest import kineto, kineto_bulk, kineto_json
+from commlens.ingest import kineto, kineto_json
 from commlens.ingest.inputs import iter_inputs
 from commlens.ingest.parse_file import parse_file
 from commlens.ingest.records import ParseResult, RankHint
@@ -46,15 +46,7 @@ def _read(path: Path, monkeypatch: pytest.MonkeyPatch, min_block_events: int = 0
     (offered every window past the exact prefix, of which it must take `min_block_events` events)."""
     reference = _parse(path, monkeypatch, columnar=False, blocks=False)
     assert_same_parse(_parse(path, monkeypatch, columnar=True, blocks=False), reference)
-    taken = [0]
-    call = kineto_bulk.BulkReader.__call__
-
-    def spy(self: kineto_bulk.BulkReader, *args: Any) -> int | None:
-        n = call(self, *args)
-        taken[0] += n or 0
-        return n
-
-    monkeypatch.setattr(kineto_bulk.BulkReader, "__call__", spy)
+    taken = count_block_events(monkeypatch)
     monkeypatch.setattr(kineto_json, "DENSE", 0)
     monkeypatch.setattr(kineto_json, "BLOCK_PAUSE", 0)
     blocks = _parse(path, monkeypatch, columnar=True, blocks=True)

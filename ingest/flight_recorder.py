@@ -35,6 +35,13 @@ MAX_DUMP_BYTES = 512 * 2**20  # a dump holds at most TORCH_FR_BUFFER_SIZE entrie
 STATES = ("scheduled", "started", "completed")
 PICKLE_PROTOCOLS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 
+# A `_coalescing_manager` group outside its fast path (an all_gather or reduce_scatter whose tensors differ in
+# size) runs one _broadcast_oop / _reduce_oop per rank and ends with an entry named after the op (torch 2.8+,
+# dump version 2.7+: each part recorded, with the same collective_seq_id, then the end entry without sizes).
+# The group is one call: the end entry's, sized by its parts (all_gather: outputs, reduce_scatter: inputs).
+COALESCED_ENDS = {"ALLGATHER_coalesced": "all_gather", "REDUCE_SCATTER_coalesced": "reduce_scatter"}
+COALESCED_PARTS = ("_broadcast_oop", "_reduce_oop")
+
 __all__ = ["STATES", "SafeUnpickler", "parse_flight_recorder", "read_dump"]
 
 
@@ -91,20 +98,43 @@ def _no_constant(token: str) -> None:
     raise ParseError(f"{token} is not JSON", "$")
 
 
-def _shape_elems(shapes: Any) -> int | None:
-    """Elements of the first tensor of a call (input_sizes/output_sizes: one shape per tensor)."""
-    if not isinstance(shapes, list | tuple) or not shapes or not isinstance(shapes[0], list | tuple):
-        return None
-    dims = shapes[0]
-    if not all(isinstance(d, int) and d >= 0 for d in dims):
-        return None
-    return math.prod(dims)
-
-
 def _dtype(names: Any) -> str | None:
     if isinstance(names, list | tuple) and names and isinstance(names[0], str):
         return C10_DTYPES.get(names[0], names[0].lower())
     return None
+
+
+def _tensors(shapes: Any, dtypes: Any) -> tuple[int | None, int | None, str | None]:
+    """Elements and bytes of all tensors of one side of a call (input_sizes/output_sizes: one shape per tensor,
+    input_dtypes/output_dtypes: one c10 name per tensor), and the first tensor's dtype. Coalesced ops
+    (allreduce_coalesced, all_gather_into_tensor_coalesced) and list forms (gloo's all_gather, all_to_all)
+    record one shape per tensor: they are summed, as Kineto's In/Out msg nelems are. (None, None, dtype) when
+    the shapes are unreadable; bytes None when a dtype is unknown."""
+    names = list(dtypes) if isinstance(dtypes, list | tuple) else []
+    dtype = _dtype(names)
+    if not isinstance(shapes, list | tuple) or not shapes:
+        return None, None, dtype
+    elems: int = 0
+    nbytes: int | None = 0
+    for i, dims in enumerate(shapes):
+        if not isinstance(dims, list | tuple) or not all(isinstance(d, int) and d >= 0 for d in dims):
+            return None, None, dtype
+        n = math.prod(dims)
+        size = dtype_size(_dtype(names[i : i + 1]) or dtype)
+        elems += n
+        nbytes = nbytes + n * size if size and nbytes is not None else None
+    return elems, nbytes, dtype
+
+
+def _add_part(
+    parts: dict[tuple[str | None, Any], list[Any]], key: tuple[str | None, Any], entry: dict[str, Any]
+) -> None:
+    """Adds one part of a coalesced group to the running sums [elems_in, bytes_in, elems_out, bytes_out, dtype]."""
+    ein, bin_, din = _tensors(entry.get("input_sizes"), entry.get("input_dtypes"))
+    eout, bout, dout = _tensors(entry.get("output_sizes"), entry.get("output_dtypes"))
+    acc = parts.setdefault(key, [0, 0, 0, 0, din or dout])
+    for j, v in enumerate((ein, bin_, eout, bout)):
+        acc[j] = acc[j] + v if acc[j] is not None and v is not None else None
 
 
 def _ns_to_us(v: Any) -> float | None:
@@ -144,6 +174,7 @@ def parse_flight_recorder(stream: io.BufferedReader, name: str, hint: RankHint, 
     result = ParseResult(kind="flight_recorder", rank=rank, world_size=hint.world_size)
     ranks_of = _group_ranks(dump.get("pg_config"))
     seen_groups: dict[str, dict[str, Any]] = {}
+    parts: dict[tuple[str | None, Any], list[Any]] = {}
     for i, entry in enumerate(dump["entries"]):
         where = f"$.entries[{i}]"
         if not isinstance(entry, dict):
@@ -151,25 +182,34 @@ def parse_flight_recorder(stream: io.BufferedReader, name: str, hint: RankHint, 
         raw = entry.get("profiling_name")
         if not isinstance(raw, str):
             raise ParseError("entry without profiling_name", where)
-        op = normalize_op(raw)
-        if op is None:
-            result.skip(f"not a communication op: {raw[:60]}")
-            continue
         state = entry.get("state")
         if state not in STATES:
             raise ParseError(f"state {state!r} is none of {', '.join(STATES)}", f"{where}.state")
         pg = entry.get("process_group")
         pg_name, pg_desc = (str(pg[0]), str(pg[1])) if isinstance(pg, list | tuple) and len(pg) == 2 else (None, None)
+        seq_id = entry.get("collective_seq_id")
+        base = raw.rsplit(":", 1)[-1]
+        end_of = COALESCED_ENDS.get(base)
+        if base in COALESCED_PARTS:
+            _add_part(parts, (pg_name, seq_id), entry)
+            result.skip(f"part of a coalesced all_gather or reduce_scatter (counted with its end entry): {raw[:60]}")
+            continue
+        op = end_of or normalize_op(raw)
+        if op is None:
+            result.skip(f"not a communication op: {raw[:60]}")
+            continue
         group_key = f"pg:{pg_name}" if pg_name is not None else None
-        elems_in, elems_out = _shape_elems(entry.get("input_sizes")), _shape_elems(entry.get("output_sizes"))
-        dtype = _dtype(entry.get("input_dtypes")) or _dtype(entry.get("output_dtypes"))
-        size = dtype_size(dtype)
-        msg = max(elems_in or 0, elems_out or 0) * size if size and (elems_in or elems_out) is not None else None
+        elems_in, bytes_in, dtype_in = _tensors(entry.get("input_sizes"), entry.get("input_dtypes"))
+        elems_out, bytes_out, dtype_out = _tensors(entry.get("output_sizes"), entry.get("output_dtypes"))
+        dtype = dtype_in or dtype_out
+        if end_of is not None and not entry.get("input_sizes") and not entry.get("output_sizes"):
+            part = parts.pop((pg_name, seq_id), None)  # the entries of the group this one ends
+            elems_in, bytes_in, elems_out, bytes_out, dtype = part or (None, None, None, None, None)
+        msg = max(bytes_in or 0, bytes_out or 0) if bytes_in is not None or bytes_out is not None else None
         group_ranks = ranks_of.get(pg_name or "")
         dur_ms = entry.get("duration_ms")
         dur_us = float(dur_ms) * 1000.0 if isinstance(dur_ms, int | float) and dur_ms >= 0 else None
         created = _ns_to_us(entry.get("time_created_ns"))
-        seq_id = entry.get("collective_seq_id")
         p2p_seq = entry.get("p2p_seq_id")
         is_p2p = bool(entry.get("is_p2p"))
         result.events.append(

@@ -24,6 +24,7 @@ import io
 import json
 import math
 import pickle
+import re
 from typing import Any
 
 from commlens.vocab import C10_DTYPES, dtype_size, normalize_op
@@ -41,6 +42,8 @@ PICKLE_PROTOCOLS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 # The group is one call: the end entry's, sized by its parts (all_gather: outputs, reduce_scatter: inputs).
 COALESCED_ENDS = {"ALLGATHER_coalesced": "all_gather", "REDUCE_SCATTER_coalesced": "reduce_scatter"}
 COALESCED_PARTS = ("_broadcast_oop", "_reduce_oop")
+# ProcessGroupNCCL names a point-to-point call with both group ranks: "nccl:send 0->1", "nccl:recv 1<-0".
+_P2P_PEER = re.compile(r"(?:send|recv) (\d+)(?:->|<-)(\d+)$")
 
 __all__ = ["STATES", "SafeUnpickler", "parse_flight_recorder", "read_dump"]
 
@@ -137,6 +140,16 @@ def _add_part(
         acc[j] = acc[j] + v if acc[j] is not None and v is not None else None
 
 
+def _peer(raw: str, op: str, group_ranks: list[int] | None) -> int | None:
+    """The global rank of a send's or recv's peer: the group rank its profiling name ends with, through the
+    group's ranks (pg_config); None when the name or the ranks do not say it."""
+    m = _P2P_PEER.search(raw) if op in ("send", "recv") else None
+    if m is None or not group_ranks:
+        return None
+    peer = int(m.group(2))
+    return group_ranks[peer] if peer < len(group_ranks) else None
+
+
 def _ns_to_us(v: Any) -> float | None:
     return v / 1000.0 if isinstance(v, int | float) and v > 0 else None
 
@@ -212,6 +225,7 @@ def parse_flight_recorder(stream: io.BufferedReader, name: str, hint: RankHint, 
         created = _ns_to_us(entry.get("time_created_ns"))
         p2p_seq = entry.get("p2p_seq_id")
         is_p2p = bool(entry.get("is_p2p"))
+        peer = _peer(raw, op, group_ranks)
         result.events.append(
             {
                 "rank": rank,
@@ -224,6 +238,7 @@ def parse_flight_recorder(stream: io.BufferedReader, name: str, hint: RankHint, 
                 "elems_out": elems_out,
                 "group_size": len(group_ranks) if group_ranks else None,
                 "group_key": group_key,
+                "peer": peer,
                 "ts_us": created,
                 "dur_us": dur_us,
                 "dur_source": "kernel" if dur_us is not None else None,

@@ -103,3 +103,18 @@ def test_flight_recorder_slow_path_coalesced_all_gather_is_one_call_sized_by_its
     assert [r[:3] for r in rows] == [("all_gather", "bfloat16", 200), ("reduce_scatter", "bfloat16", 20)]
     stored = con.execute("SELECT op, msg_bytes, collective_seq FROM fr_entries ORDER BY record_id").fetchall()
     assert stored == [("all_gather", 200, 1), ("reduce_scatter", 20, 2)]
+
+
+def test_flight_recorder_send_and_recv_name_their_peer_as_a_global_rank(con, tmp_path: Path) -> None:
+    """ProcessGroupNCCL names point-to-point entries 'nccl:send 0->1' / 'nccl:recv 0<-1' (group ranks, the peer
+    second, as torch/distributed/flight_recorder/components/types.py Op reads them); peer was NULL. It is
+    the peer's global rank, through the group's pg_config ranks."""
+    dump = fr_dump(
+        [
+            fr_entry(0, "nccl:send 0->1", [[64]], [[64]], 0, p2p_seq_id=1, is_p2p=True, process_group=("1", "pp")),
+            fr_entry(1, "nccl:recv 0<-1", [[64]], [[64]], 0, p2p_seq_id=2, is_p2p=True, process_group=("1", "pp")),
+        ]
+    )
+    dump["pg_config"]["1"] = {"name": "1", "desc": "pp", "ranks": "[2, 3]"}
+    rows = _fr_rows(con, tmp_path, dump)
+    assert rows == [("send", "bfloat16", 128, 64, 64, 3), ("recv", "bfloat16", 128, 64, 64, 3)]

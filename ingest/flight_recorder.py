@@ -160,6 +160,9 @@ def _group_ranks(pg_config: Any) -> dict[str, list[int]]:
     if not isinstance(pg_config, dict):
         return out
     for key, cfg in pg_config.items():
+        if isinstance(cfg, list) and cfg and all(isinstance(r, int) for r in cfg):
+            out[str(key)] = cfg  # dump version 1.x: pg_id -> [global ranks]
+            continue
         if not isinstance(cfg, dict):
             continue
         ranks = cfg.get("ranks")
@@ -200,7 +203,9 @@ def parse_flight_recorder(stream: io.BufferedReader, name: str, hint: RankHint, 
             raise ParseError(f"state {state!r} is none of {', '.join(STATES)}", f"{where}.state")
         pg = entry.get("process_group")
         pg_name, pg_desc = (str(pg[0]), str(pg[1])) if isinstance(pg, list | tuple) and len(pg) == 2 else (None, None)
-        seq_id = entry.get("collective_seq_id")
+        if pg_name is None and "process_group" not in entry and isinstance(entry.get("pg_id"), int):
+            pg_name = str(entry["pg_id"])  # dump version 1.x (torch 2.2-2.3): the group is its pg_id only
+        seq_id = entry.get("collective_seq_id", entry.get("seq_id"))  # 1.x: "seq_id"
         base = raw.rsplit(":", 1)[-1]
         end_of = COALESCED_ENDS.get(base)
         if base in COALESCED_PARTS:
@@ -289,6 +294,11 @@ def parse_flight_recorder(stream: io.BufferedReader, name: str, hint: RankHint, 
         "entries": len(result.fr_entries),
         "records_completion": bool(completed) or any(e["started_us"] for e in result.fr_entries),
     }
+    if result.fr_entries and all(e["dtype"] is None for e in result.fr_entries):
+        result.warn(
+            f"dump version {version or '?'} records no input_dtypes/output_dtypes (before 2.x): "
+            "the calls' sizes in bytes are unknown"
+        )
     if result.fr_entries and not result.meta["records_completion"]:
         result.warn(
             "no entry of this dump is started or completed: the backend (gloo) records when calls are scheduled "

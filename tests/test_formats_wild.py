@@ -118,3 +118,34 @@ def test_flight_recorder_send_and_recv_name_their_peer_as_a_global_rank(con, tmp
     dump["pg_config"]["1"] = {"name": "1", "desc": "pp", "ranks": "[2, 3]"}
     rows = _fr_rows(con, tmp_path, dump)
     assert rows == [("send", "bfloat16", 128, 64, 64, 3), ("recv", "bfloat16", 128, 64, 64, 3)]
+
+
+def test_flight_recorder_dump_version_1_x_keeps_group_and_sequence(con, tmp_path: Path) -> None:
+    """Torch 2.2-2.3 dumps (version "1.x", TraceUtils.h) name the sequence "seq_id", the group only by
+    "pg_id" (pg_config: pg_id -> [ranks]) and record no dtypes: group and sequence were NULL, so the hang
+    analysis had nothing to compare. They are now read; sizes stay unknown, with a warning."""
+    entries = [
+        {
+            "record_id": i,
+            "pg_id": 0,
+            "seq_id": i + 1,
+            "op_id": i + 1,
+            "profiling_name": "nccl:all_reduce",
+            "time_created_ns": 1_710_000_000_000_000_000 + 1000 * i,
+            "input_sizes": [[1024]],
+            "output_sizes": [[1024]],
+            "state": "scheduled",
+            "time_discovered_started_ns": None,
+            "time_discovered_completed_ns": None,
+            "retired": False,
+            "frames": [],
+        }
+        for i in range(2)
+    ]
+    path = tmp_path / "nccl_trace_rank_1"
+    path.write_bytes(pickle.dumps({"entries": entries, "version": "1.4", "pg_config": {0: [0, 1]}}, protocol=2))
+    summary = ingest_paths(con, [path], "old")
+    [f] = summary.files
+    assert f.status == "ok" and any("records no input_dtypes" in w for w in f.warnings)
+    stored = con.execute("SELECT group_key, group_ranks, collective_seq, msg_bytes FROM fr_entries").fetchall()
+    assert stored == [("pg:0", [0, 1], 1, None), ("pg:0", [0, 1], 2, None)]

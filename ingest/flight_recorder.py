@@ -92,6 +92,8 @@ def read_dump(data: bytes, limits: Limits) -> tuple[dict[str, Any], str]:
             line = getattr(exc, "lineno", 1)
             raise ParseError(f"truncated or malformed JSON ({exc})", f"line {line}") from None
         where, encoding = "$", "json"
+    if isinstance(obj, dict) and "entries" not in obj and "pg_config" in obj:
+        obj["entries"] = []  # torch leaves the key out of a dump whose buffer holds no entry
     if not isinstance(obj, dict) or not isinstance(obj.get("entries"), list):
         raise ParseError("not a Flight Recorder dump: no 'entries' list", where)
     return obj, encoding
@@ -294,6 +296,11 @@ def parse_flight_recorder(stream: io.BufferedReader, name: str, hint: RankHint, 
         "entries": len(result.fr_entries),
         "records_completion": bool(completed) or any(e["started_us"] for e in result.fr_entries),
     }
+    if not dump["entries"]:
+        result.warn(
+            "the dump holds no entry: no collective had run on this rank when it was written, or the buffer is off "
+            "(TORCH_NCCL_TRACE_BUFFER_SIZE unset or 0)"
+        )
     if result.fr_entries and all(e["dtype"] is None for e in result.fr_entries):
         result.warn(
             f"dump version {version or '?'} records no input_dtypes/output_dtypes (before 2.x): "

@@ -188,16 +188,17 @@ def _refuse_inspector_prom(stream: io.BufferedReader, name: str, hint: RankHint,
 
 
 def _claims_flight_recorder(head: bytes) -> Claim:
-    """A Flight Recorder dump: JSON with its entry keys, or any pickle (refused unless it is a plain dump)."""
+    """A Flight Recorder dump: JSON with its entry keys (or, for a dump of no entry, whose "entries" torch leaves
+    out, its group keys), or any pickle (refused unless it is a plain dump)."""
     if head[:2] in PICKLE_PROTOCOLS:
         return Claim.SURE
-    if (
-        _json_text(head) is not None
-        and b'"entries"' in head
-        and (b'"comm_lib_version"' in head or b'"profiling_name"' in head or b'"pg_config"' in head)
+    if _json_text(head) is None:
+        return Claim.NONE
+    if b'"entries"' in head and (
+        b'"comm_lib_version"' in head or b'"profiling_name"' in head or b'"pg_config"' in head
     ):
         return Claim.SURE
-    return Claim.NONE
+    return Claim.SURE if b'"pg_config"' in head and b'"pg_status"' in head else Claim.NONE
 
 
 def _claims_sqlite(head: bytes) -> Claim:

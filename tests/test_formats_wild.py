@@ -4,6 +4,7 @@ NVIDIA/nccl plugins/profiler/inspector, the Nsight Systems SQLite schema); each 
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 from typing import Any
@@ -149,3 +150,19 @@ def test_flight_recorder_dump_version_1_x_keeps_group_and_sequence(con, tmp_path
     assert f.status == "ok" and any("records no input_dtypes" in w for w in f.warnings)
     stored = con.execute("SELECT group_key, group_ranks, collective_seq, msg_bytes FROM fr_entries").fetchall()
     assert stored == [("pg:0", [0, 1], 1, None), ("pg:0", [0, 1], 2, None)]
+
+
+def test_flight_recorder_dump_of_no_entry_is_a_dump_that_says_so(con, tmp_path: Path) -> None:
+    """torch leaves "entries" out of a dump whose buffer is empty: the JSON went to another format's parser and the
+    pickle failed as 'not a Flight Recorder dump'."""
+    dump = fr_dump([])
+    del dump["entries"]
+    json_path = tmp_path / "host-rank1.json"
+    json_path.write_text(json.dumps(dump))
+    pickled = tmp_path / "nccl_trace_rank_2"
+    pickled.write_bytes(pickle.dumps(dump, protocol=2))
+    summary = ingest_paths(con, [json_path, pickled], "fr")
+    assert [(f.kind, f.status) for f in summary.files] == [("flight_recorder", "ok")] * 2, summary.files
+    for f in summary.files:
+        assert any("holds no entry" in w for w in f.warnings), f.warnings
+    assert con.execute("SELECT count(*) FROM comms WHERE run = 'fr'").fetchone() == (0,)

@@ -12,7 +12,9 @@ microseconds) may follow. A double NCCL cannot print is the string "nan".
 
 Records are per call, so each is one call: `coll_msg_size_bytes` is the NCCL count x type size (per-rank
 count, as in COLL lines), S as formats.md A.3 says; `coll_exec_time_us` the duration; `coll_sn` the
-communicator's call number (`op_count`, `match_key`). `header.id` is the communicator hash NCCL logs print
+communicator's call number of that function (`op_count`): NCCL numbers each function apart
+(`comm->seqNumber[func]`, src/plugin/profiler.cc), so AllReduce #0 and AllGather #0 of one communicator
+share 0, and `match_key` is `coll_sn x len(FUNC_KEYS) + the function's place in FUNC_KEYS`. `header.id` is the communicator hash NCCL logs print
 as commId, `header.rank` the rank in that communicator: the parser writes an nccl_comms row per process
 and communicator and `nccl_link` groups them across processes and resolves global ranks (the rank in the
 largest communicator), like NCCL logs. Bus bandwidth is recomputed with our factors and compared with the
@@ -36,6 +38,8 @@ FORMAT_VERSIONS = ("v4.0",)
 TIMING_SOURCES = {"kernel_gpu": "kernel", "kernel_cpu": "cpu_op", "collective_cpu": "cpu_op"}
 BUSBW_TOLERANCE = 0.01  # relative: both sides compute from the same integer microseconds
 _HEADER_KEYS = ("id", "rank", "n_ranks")
+# the functions whose coll_sn NCCL counts apart (ncclFunc_t order); match_key keeps them apart
+FUNC_KEYS = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "gather", "scatter")
 
 __all__ = ["FORMAT_VERSIONS", "parse_inspector"]
 
@@ -139,7 +143,7 @@ class _Reader:
                 "op_count": sn,
                 "comm_ptr": comm["comm_ptr"],
                 "raw_name": f"inspector:{raw}",
-                "match_key": sn,
+                "match_key": _match_key(op, sn) if prefix == "coll" else sn,
                 "dev_start_us": start,
                 "dev_end_us": end,
             }
@@ -171,6 +175,11 @@ class _Reader:
             "busbw_disagreeing": self.busbw_off,
         }
         return r
+
+
+def _match_key(op: str, sn: int) -> int | None:
+    """A key one collective has on every member: its function's sequence number, kept apart per function."""
+    return sn * len(FUNC_KEYS) + FUNC_KEYS.index(op) if op in FUNC_KEYS else None
 
 
 def _kernel_span(trace: Any) -> tuple[float | None, float | None]:

@@ -5,10 +5,13 @@ Read as the export documents its tables (Nsight Systems "SQLite Export Schema Re
 (id, value), CUPTI_ACTIVITY_KIND_KERNEL (start, end in ns, deviceId, streamId, correlationId, shortName ->
 StringIds), CUPTI_ACTIVITY_KIND_MEMCPY (start, end, bytes, copyKind, streamId), CUPTI_ACTIVITY_KIND_MEMSET,
 CUPTI_ACTIVITY_KIND_RUNTIME (start, end, globalTid, correlationId) and NVTX_EVENTS (start, end, text or
-textId, globalTid, jsonText). The schema version is META_DATA_EXPORT's EXPORT_SCHEMA_VERSION; majors other
+textId, globalTid, jsonText, binaryData). The schema version is META_DATA_EXPORT's EXPORT_SCHEMA_VERSION; majors other
 than those in SCHEMA_MAJORS are refused by name. NCCL (2.19+ with NVTX payloads, `src/collectives.cc` at
 v2.30.3-1) opens an `ncclAllReduce`-style range around each call whose payload "Message size [bytes]" is
 count x type size; the kernel a call launches is found through the launch's correlationId inside the range.
+NCCL's payloads are binary (nvtxPayloadData_t against schemas NCCL registers): exports store them in
+NVTX_EVENTS.binaryData with their layout in NVTX_PAYLOAD_SCHEMA_ENTRIES (domainId, schemaId, idx, type,
+name, offset), read by _binary_payload; a jsonText payload is read as well.
 
 The file is hostile until read: spooled to a temporary file within MAX_DB_BYTES, opened read-only and
 immutable through a `file:` URI, extension loading off, and an authorizer that allows only reads of the
@@ -22,6 +25,7 @@ import io
 import json
 import re
 import sqlite3
+import struct
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -49,6 +53,7 @@ READ_TABLES = frozenset(
         "CUPTI_ACTIVITY_KIND_MEMSET",
         "CUPTI_ACTIVITY_KIND_RUNTIME",
         "NVTX_EVENTS",
+        "NVTX_PAYLOAD_SCHEMA_ENTRIES",
         "sqlite_master",
     }
 )
@@ -58,6 +63,10 @@ _NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _NCCL_RANGE = re.compile(
     r"^nccl(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|AlltoAll|Send|Recv|Gather|Scatter)$"
 )
+# NVTX payload entry types (nvToolsExtPayload.h) -> struct format: the integer ones NCCL's schemas use and kin
+_PAYLOAD_INTS = {1: "b", 2: "B", 3: "h", 4: "H", 5: "i", 6: "I", 7: "q", 8: "Q", 9: "q", 10: "Q", 11: "b", 12: "B",
+                 13: "h", 14: "H", 15: "i", 16: "I", 17: "q", 18: "Q", 22: "Q", 23: "Q"}  # fmt: skip
+_PAYLOAD_HEADER = 32  # binaryData: u64 domainId, u64 schemaId, u64 payload size, u64; the payload follows
 _CALLS_FUNCTION = re.compile(r"\b[A-Za-z_]\w*\s*\(")
 _KEYWORDS_WITH_PAREN = frozenset({"as", "in", "values", "from", "join", "on", "where", "and", "or", "not", "exists"})
 
@@ -168,11 +177,13 @@ def _nvtx_sizes(con: sqlite3.Connection, tables: set[str]) -> tuple[dict[int, tu
     ranges: dict[int, list[tuple[int, int, str, int | None, int | None]]] = defaultdict(list)
     nranks_of: dict[int, int] = {}
     text_id = "n.textId" if "textId" in cols else "NULL"
-    for start, end, tid, txt, tid_text, payload in con.execute(
-        f"SELECT n.start, n.[end], n.globalTid, {text}, {text_id}, {json_text} FROM NVTX_EVENTS n"
+    binary = "n.binaryData" if "binaryData" in cols else "NULL"
+    schemas = _payload_schemas(con, tables) if binary != "NULL" else {}
+    for start, end, tid, txt, tid_text, payload, blob in con.execute(
+        f"SELECT n.start, n.[end], n.globalTid, {text}, {text_id}, {json_text}, {binary} FROM NVTX_EVENTS n"
     ):
         name = txt if isinstance(txt, str) else strings.get(tid_text, "")
-        data = _payload(payload)
+        data = _payload(payload) or _binary_payload(blob, schemas)
         comm = data.get("NCCL communicator ID")
         if name.startswith("ncclCommInit") and isinstance(comm, int) and isinstance(data.get("No. of ranks"), int):
             nranks_of[comm] = data["No. of ranks"]
@@ -193,6 +204,51 @@ def _nvtx_sizes(con: sqlite3.Connection, tables: set[str]) -> tuple[dict[int, tu
                 out[corr] = (normalized, msg_bytes_from_nccl_count(normalized, size, 1, n))
                 break
     return out, nranks_of
+
+
+def _payload_schemas(con: sqlite3.Connection, tables: set[str]) -> dict[tuple[int, int], list[tuple[str, str, int]]]:
+    """(domainId, schemaId) -> [(entry name, struct format, offset)] of the integer entries of each payload
+    schema; an entry without an offset lies where C puts it (natural alignment after the previous one)."""
+    if "NVTX_PAYLOAD_SCHEMA_ENTRIES" not in tables:
+        return {}
+    cols = _columns(con, "NVTX_PAYLOAD_SCHEMA_ENTRIES")
+    if not {"schemaId", "idx", "type", "name"} <= cols:
+        return {}
+    domain = "e.domainId" if "domainId" in cols else "0"
+    offset = "e.[offset]" if "offset" in cols else "NULL"
+    rows = con.execute(
+        f"SELECT {domain}, e.schemaId, e.idx, e.[type], e.name, {offset} FROM NVTX_PAYLOAD_SCHEMA_ENTRIES e"
+    ).fetchall()
+    out: dict[tuple[int, int], list[tuple[str, str, int]]] = defaultdict(list)
+    end: dict[tuple[int, int], int] = {}
+    for dom, sid, _idx, kind, name, off in sorted(rows, key=lambda r: (r[0] or 0, r[1] or 0, r[2] or 0)):
+        key = (int(dom or 0), int(sid or 0))
+        fmt = _PAYLOAD_INTS.get(kind) if isinstance(kind, int) else None
+        size = struct.calcsize("<" + fmt) if fmt else 4  # an enum schema (NCCL's reduction op) is a C enum
+        at = off if isinstance(off, int) else -(-end.get(key, 0) // size) * size
+        end[key] = at + size
+        if fmt and isinstance(name, str):
+            out[key].append((name, fmt, at))
+    return out
+
+
+def _binary_payload(blob: Any, schemas: dict[tuple[int, int], list[tuple[str, str, int]]]) -> dict[str, Any]:
+    """The integer entries of one binaryData payload by name; {} where its schema is unknown or it is short."""
+    if not isinstance(blob, bytes) or len(blob) < _PAYLOAD_HEADER or not schemas:
+        return {}
+    domain, schema, size = struct.unpack_from("<QQQ", blob, 0)
+    entries = schemas.get((domain, schema))
+    if entries is None:
+        same = [v for (_, sid), v in schemas.items() if sid == schema]
+        entries = same[0] if len(same) == 1 else None
+    if not entries:
+        return {}
+    body = blob[_PAYLOAD_HEADER : _PAYLOAD_HEADER + size]
+    out: dict[str, Any] = {}
+    for name, fmt, at in entries:
+        if at >= 0 and at + struct.calcsize("<" + fmt) <= len(body):
+            out[name] = struct.unpack_from("<" + fmt, body, at)[0]
+    return out
 
 
 def _payload(text: Any) -> dict[str, Any]:

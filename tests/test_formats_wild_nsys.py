@@ -8,6 +8,8 @@ inspector_json.cc writes one record per call; `coll_sn` is `eDescr->coll.seqNumb
 from __future__ import annotations
 
 import json
+import sqlite3
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +80,102 @@ def test_inspector_coll_sn_counts_per_function_so_calls_of_two_ops_are_all_match
         "SELECT op, list(op_count ORDER BY seq) FROM comm_events WHERE run_id = ? AND rank = 0 GROUP BY op ORDER BY op",
         [run_id],
     ).fetchall() == [("all_gather", [0, 1]), ("all_reduce", [0, 1])]
+
+
+# Nsight Systems: NVTX_EVENTS as recent exports declare it (binaryData after jsonText), NCCL's payload schemas
+# in NVTX_PAYLOAD_SCHEMAS / NVTX_PAYLOAD_SCHEMA_ENTRIES (the first entry's offset NULL), schema ids
+# NVTX_PAYLOAD_ENTRY_TYPE_SCHEMA_ID_STATIC_START (1 << 24) + NVTX_SID_* of NCCL's src/include/nvtx.h.
+NSYS_TABLES = """
+CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE META_DATA_EXPORT (name TEXT, value TEXT);
+CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT NOT NULL, end INT NOT NULL, deviceId INT NOT NULL,
+    contextId INT NOT NULL, streamId INT NOT NULL, correlationId INT, globalPid INT, demangledName INT NOT NULL,
+    shortName INT NOT NULL);
+CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INT NOT NULL, end INT NOT NULL, eventClass INT NOT NULL,
+    globalTid INT, correlationId INT, nameId INT NOT NULL, returnValue INT NOT NULL);
+CREATE TABLE NVTX_EVENTS (start INT NOT NULL, end INT, eventType INT NOT NULL, rangeId INT, category INT,
+    color INT, text TEXT, globalTid INT, endGlobalTid INT, textId INT, domainId INT, uint64Value INT,
+    int64Value INT, doubleValue REAL, uint32Value INT, int32Value INT, floatValue REAL, jsonTextId INT,
+    jsonText TEXT, binaryData BLOB);
+CREATE TABLE NVTX_PAYLOAD_SCHEMAS (domainId INTEGER, schemaId INTEGER, name TEXT, type INTEGER, flags INTEGER,
+    numEntries INTEGER, payloadSize INTEGER, alignTo INTEGER);
+CREATE TABLE NVTX_PAYLOAD_SCHEMA_ENTRIES (domainId INTEGER NOT NULL, schemaId INTEGER NOT NULL,
+    idx INTEGER NOT NULL, flags INTEGER, type INTEGER, name TEXT, description TEXT, arrayOrUnionDetail INTEGER,
+    offset INTEGER);
+"""
+TID = 281474976710656
+SID = 1 << 24
+INIT, ALLGATHER, ALLREDUCE, REDOP = SID + 11, SID + 4, SID + 5, SID + 100  # CommInitRankConfig, ...
+
+
+def blob(schema: int, payload: bytes, domain: int = 1) -> bytes:
+    return struct.pack("<QQQQ", domain, schema, len(payload), 32) + payload
+
+
+def build_binary_payload_export(path: Path) -> None:
+    """One rank of a 4-rank communicator 0xabc: an AllReduce of 4 MiB and an AllGather of 1 MiB per rank,
+    their sizes only in binaryData (jsonText NULL), their names registered strings (textId)."""
+    con = sqlite3.connect(path)
+    con.executescript(NSYS_TABLES)
+    con.executemany(
+        "INSERT INTO StringIds VALUES (?, ?)",
+        [
+            (1, "ncclDevKernel_AllReduce_Sum_f32_RING_LL"),
+            (2, "ncclDevKernel_AllGather_RING_LL"),
+            (4, "cudaLaunchKernel"),
+            (10, "ncclCommInitRankConfig"),
+            (11, "ncclAllReduce"),
+            (12, "ncclAllGather"),
+        ],
+    )
+    con.execute("INSERT INTO META_DATA_EXPORT VALUES ('EXPORT_SCHEMA_VERSION', '3.11.1')")
+    con.executemany(
+        "INSERT INTO NVTX_PAYLOAD_SCHEMAS VALUES (1, ?, NULL, 1, NULL, ?, ?, NULL)",
+        [(INIT, 4, 24), (ALLREDUCE, 3, 24), (ALLGATHER, 2, 16)],
+    )
+    entries = [
+        (INIT, 0, 18, "NCCL communicator ID", None),
+        (INIT, 1, 5, "No. of ranks", 8),
+        (INIT, 2, 5, "Rank", 12),
+        (INIT, 3, 5, "CUDA device", 16),
+        (ALLREDUCE, 0, 18, "NCCL communicator ID", None),
+        (ALLREDUCE, 1, 22, "Message size [bytes]", 8),
+        (ALLREDUCE, 2, REDOP, "Reduction operation", 16),
+        (ALLGATHER, 0, 18, "NCCL communicator ID", None),
+        (ALLGATHER, 1, 22, "Message size [bytes]", 8),
+    ]
+    con.executemany(
+        "INSERT INTO NVTX_PAYLOAD_SCHEMA_ENTRIES VALUES (1, ?, ?, NULL, ?, ?, NULL, NULL, ?)",
+        entries,
+    )
+    nvtx = "INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, textId, domainId, binaryData) VALUES "
+    con.executemany(
+        nvtx + "(?, ?, 59, ?, ?, 1, ?)",
+        [
+            (1_000, 2_000, TID, 10, blob(INIT, struct.pack("<Qiiii", 0xABC, 4, 1, 0, 0))),
+            (10_000, 11_000, TID, 11, blob(ALLREDUCE, struct.pack("<QQii", 0xABC, 4 << 20, 0, 0))),
+            (30_000, 31_000, TID, 12, blob(ALLGATHER, struct.pack("<QQ", 0xABC, 1 << 20))),
+        ],
+    )
+    con.executemany(
+        "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 1, ?, ?, 4, 0)",
+        [(10_500, 10_600, TID, 101), (30_500, 30_600, TID, 103)],
+    )
+    con.executemany(
+        "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 0, 1, 13, ?, 1, ?, ?)",
+        [(12_000, 52_000, 101, 1, 1), (110_000, 130_000, 103, 2, 2)],
+    )
+    con.commit()
+    con.close()
+
+
+def test_nsys_nccl_payloads_in_binary_data_size_the_calls(con, tmp_path: Path) -> None:
+    """Exports hold NCCL's NVTX payloads as binaryData against NVTX_PAYLOAD_SCHEMA_ENTRIES, jsonText NULL:
+    only jsonText was read, so every call was unsized (and all_gather lost its communicator size)."""
+    path = tmp_path / "report.rank1.sqlite"
+    build_binary_payload_export(path)
+    [f] = ingest_paths(con, [path], "nsys").files
+    assert (f.kind, f.rank, f.events, f.status, f.warnings) == ("nsys_sqlite", 1, 2, "ok", [])
+    assert con.execute(
+        "SELECT op, dtype, msg_bytes, ts_us, dur_us FROM comms WHERE run = 'nsys' ORDER BY ts_us"
+    ).fetchall() == [("all_reduce", "float32", 4 << 20, 12.0, 40.0), ("all_gather", None, 4 << 20, 110.0, 20.0)]

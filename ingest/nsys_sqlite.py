@@ -66,6 +66,7 @@ _NCCL_RANGE = re.compile(
 # NVTX payload entry types (nvToolsExtPayload.h) -> struct format: the integer ones NCCL's schemas use and kin
 _PAYLOAD_INTS = {1: "b", 2: "B", 3: "h", 4: "H", 5: "i", 6: "I", 7: "q", 8: "Q", 9: "q", 10: "Q", 11: "b", 12: "B",
                  13: "h", 14: "H", 15: "i", 16: "I", 17: "q", 18: "Q", 22: "Q", 23: "Q"}  # fmt: skip
+_TIMES_NRANKS = frozenset({"all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"})
 _PAYLOAD_HEADER = 32  # binaryData: u64 domainId, u64 schemaId, u64 payload size, u64; the payload follows
 _CALLS_FUNCTION = re.compile(r"\b[A-Za-z_]\w*\s*\(")
 _KEYWORDS_WITH_PAREN = frozenset({"as", "in", "values", "from", "join", "on", "where", "and", "or", "not", "exists"})
@@ -166,7 +167,7 @@ def _dtype_of_kernel(name: str) -> str | None:
     return None
 
 
-def _nvtx_sizes(con: sqlite3.Connection, tables: set[str]) -> tuple[dict[int, tuple[str, int]], dict[int, int]]:
+def _nvtx_sizes(con: sqlite3.Connection, tables: set[str]) -> tuple[dict[int, tuple[str, int | None]], dict[int, int]]:
     """correlationId of a kernel launch -> (op, payload bytes) of the NCCL range around it; commHash -> nranks."""
     if "NVTX_EVENTS" not in tables or "CUPTI_ACTIVITY_KIND_RUNTIME" not in tables:
         return {}, {}
@@ -191,7 +192,7 @@ def _nvtx_sizes(con: sqlite3.Connection, tables: set[str]) -> tuple[dict[int, tu
         if m and end is not None:
             size = data.get("Message size [bytes]")
             ranges[tid].append((start, end, m.group(1), size if isinstance(size, int) else None, comm))
-    out: dict[int, tuple[str, int]] = {}
+    out: dict[int, tuple[str, int | None]] = {}
     for start, tid, corr in con.execute(
         "SELECT r.start, r.globalTid, r.correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME r"
     ):
@@ -199,9 +200,9 @@ def _nvtx_sizes(con: sqlite3.Connection, tables: set[str]) -> tuple[dict[int, tu
             if s <= start <= e and size is not None:
                 normalized = normalize_op(op) or op
                 n = nranks_of.get(comm, 0) if isinstance(comm, int) else 0
-                if normalized in ("all_gather", "reduce_scatter") and not n:
-                    break
-                out[corr] = (normalized, msg_bytes_from_nccl_count(normalized, size, 1, n))
+                # S is the payload x nranks for these: unknown (not 0) without the communicator's size
+                unknown = normalized in _TIMES_NRANKS and not n
+                out[corr] = (normalized, None if unknown else msg_bytes_from_nccl_count(normalized, size, 1, n))
                 break
     return out, nranks_of
 
@@ -285,7 +286,7 @@ def _read(con: sqlite3.Connection, hint: RankHint) -> ParseResult:
     sized, _ = _nvtx_sizes(con, tables)
     lanes: dict[tuple[str, int], list[tuple[float, float, int]]] = defaultdict(list)
     devices: set[int] = set()
-    n = 0
+    n = no_nranks = 0
     for start, end, dev, stream_id, corr, short in con.execute(
         "SELECT k.start, k.[end], k.deviceId, k.streamId, k.correlationId, k.shortName "
         "FROM CUPTI_ACTIVITY_KIND_KERNEL k ORDER BY k.start"
@@ -298,6 +299,7 @@ def _read(con: sqlite3.Connection, hint: RankHint) -> ParseResult:
         if not m:
             continue
         op_s, msg = sized.get(corr, (None, None))
+        no_nranks += corr in sized and msg is None
         op = op_s or normalize_op(m.group(1))
         if op is None:  # ncclDevKernel_Generic / SendRecv without a range: a call we cannot name
             result.skip(f"NCCL kernel without an NCCL NVTX range naming its call: {kname[:60]}")
@@ -333,8 +335,17 @@ def _read(con: sqlite3.Connection, hint: RankHint) -> ParseResult:
     if len(devices) > 1:
         result.warn(f"the export holds {len(devices)} devices: their calls are kept apart by process cuda:<device>")
     unsized = sum(1 for e in result.events if e["msg_bytes"] is None)
-    if unsized:
-        result.warn(f"{unsized} NCCL kernels without an NVTX payload size (NCCL before 2.19, or --trace without nvtx)")
+    if unsized > no_nranks:
+        result.warn(
+            f"{unsized - no_nranks} NCCL kernels without an NVTX payload size (NCCL before 2.19, or --trace "
+            "without nvtx)"
+        )
+    if no_nranks:
+        result.warn(
+            f"{no_nranks} all_gather/reduce_scatter/all_to_all/gather/scatter calls unsized: S is their payload x "
+            "the communicator's size, and no ncclCommInit* range of the export gives it (ncclCommSplit's payload "
+            "names the parent's size)"
+        )
     result.meta = {"format": "nsys_sqlite", "export_schema_version": version, "devices": sorted(devices)}
     return result
 

@@ -105,16 +105,18 @@ CREATE TABLE NVTX_PAYLOAD_SCHEMA_ENTRIES (domainId INTEGER NOT NULL, schemaId IN
 """
 TID = 281474976710656
 SID = 1 << 24
-INIT, ALLGATHER, ALLREDUCE, REDOP = SID + 11, SID + 4, SID + 5, SID + 100  # CommInitRankConfig, ...
+INIT, ALLGATHER, ALLREDUCE, ALLTOALL, REDOP = SID + 11, SID + 4, SID + 5, SID + 16, SID + 100
 
 
 def blob(schema: int, payload: bytes, domain: int = 1) -> bytes:
     return struct.pack("<QQQQ", domain, schema, len(payload), 32) + payload
 
 
-def build_binary_payload_export(path: Path) -> None:
+def build_binary_payload_export(path: Path, init: bool = True, alltoall: bool = False) -> None:
     """One rank of a 4-rank communicator 0xabc: an AllReduce of 4 MiB and an AllGather of 1 MiB per rank,
-    their sizes only in binaryData (jsonText NULL), their names registered strings (textId)."""
+    their sizes only in binaryData (jsonText NULL), their names registered strings (textId). `init`: with the
+    ncclCommInitRankConfig range giving the communicator's size; `alltoall`: and an AlltoAll of 256 KiB per
+    peer (ncclDevKernel_SendRecv)."""
     con = sqlite3.connect(path)
     con.executescript(NSYS_TABLES)
     con.executemany(
@@ -126,12 +128,14 @@ def build_binary_payload_export(path: Path) -> None:
             (10, "ncclCommInitRankConfig"),
             (11, "ncclAllReduce"),
             (12, "ncclAllGather"),
+            (13, "ncclAlltoAll"),
+            (14, "ncclDevKernel_SendRecv"),
         ],
     )
     con.execute("INSERT INTO META_DATA_EXPORT VALUES ('EXPORT_SCHEMA_VERSION', '3.11.1')")
     con.executemany(
         "INSERT INTO NVTX_PAYLOAD_SCHEMAS VALUES (1, ?, NULL, 1, NULL, ?, ?, NULL)",
-        [(INIT, 4, 24), (ALLREDUCE, 3, 24), (ALLGATHER, 2, 16)],
+        [(INIT, 4, 24), (ALLREDUCE, 3, 24), (ALLGATHER, 2, 16), (ALLTOALL, 2, 16)],
     )
     entries = [
         (INIT, 0, 18, "NCCL communicator ID", None),
@@ -143,28 +147,31 @@ def build_binary_payload_export(path: Path) -> None:
         (ALLREDUCE, 2, REDOP, "Reduction operation", 16),
         (ALLGATHER, 0, 18, "NCCL communicator ID", None),
         (ALLGATHER, 1, 22, "Message size [bytes]", 8),
+        (ALLTOALL, 0, 18, "NCCL communicator ID", None),
+        (ALLTOALL, 1, 22, "Message size [bytes]", 8),
     ]
     con.executemany(
         "INSERT INTO NVTX_PAYLOAD_SCHEMA_ENTRIES VALUES (1, ?, ?, NULL, ?, ?, NULL, NULL, ?)",
         entries,
     )
     nvtx = "INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, textId, domainId, binaryData) VALUES "
-    con.executemany(
-        nvtx + "(?, ?, 59, ?, ?, 1, ?)",
-        [
-            (1_000, 2_000, TID, 10, blob(INIT, struct.pack("<Qiiii", 0xABC, 4, 1, 0, 0))),
-            (10_000, 11_000, TID, 11, blob(ALLREDUCE, struct.pack("<QQii", 0xABC, 4 << 20, 0, 0))),
-            (30_000, 31_000, TID, 12, blob(ALLGATHER, struct.pack("<QQ", 0xABC, 1 << 20))),
-        ],
-    )
-    con.executemany(
-        "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 1, ?, ?, 4, 0)",
+    ranges = [
+        (10_000, 11_000, TID, 11, blob(ALLREDUCE, struct.pack("<QQii", 0xABC, 4 << 20, 0, 0))),
+        (30_000, 31_000, TID, 12, blob(ALLGATHER, struct.pack("<QQ", 0xABC, 1 << 20))),
+    ]
+    launches, kernels = (
         [(10_500, 10_600, TID, 101), (30_500, 30_600, TID, 103)],
-    )
-    con.executemany(
-        "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 0, 1, 13, ?, 1, ?, ?)",
         [(12_000, 52_000, 101, 1, 1), (110_000, 130_000, 103, 2, 2)],
     )
+    if init:
+        ranges.append((1_000, 2_000, TID, 10, blob(INIT, struct.pack("<Qiiii", 0xABC, 4, 1, 0, 0))))
+    if alltoall:
+        ranges.append((40_000, 41_000, TID, 13, blob(ALLTOALL, struct.pack("<QQ", 0xABC, 256 << 10))))
+        launches.append((40_500, 40_600, TID, 104))
+        kernels.append((140_000, 150_000, 104, 14, 14))
+    con.executemany(nvtx + "(?, ?, 59, ?, ?, 1, ?)", ranges)
+    con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 1, ?, ?, 4, 0)", launches)
+    con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 0, 1, 13, ?, 1, ?, ?)", kernels)
     con.commit()
     con.close()
 
@@ -179,3 +186,26 @@ def test_nsys_nccl_payloads_in_binary_data_size_the_calls(con, tmp_path: Path) -
     assert con.execute(
         "SELECT op, dtype, msg_bytes, ts_us, dur_us FROM comms WHERE run = 'nsys' ORDER BY ts_us"
     ).fetchall() == [("all_reduce", "float32", 4 << 20, 12.0, 40.0), ("all_gather", None, 4 << 20, 110.0, 20.0)]
+
+
+def test_nsys_alltoall_without_the_communicator_size_is_unsized_not_zero(con, tmp_path: Path) -> None:
+    """ncclAlltoAll's payload is count x type size per peer, S = that x nranks (as for AllGather). Without an
+    ncclCommInit* range giving nranks the AlltoAll was stored with S = 0 (payload x 0); it is now unknown, with
+    a warning naming why, and payload x nranks where the range is there."""
+    bare, full = tmp_path / "bare.rank1.sqlite", tmp_path / "full.rank1.sqlite"
+    build_binary_payload_export(bare, init=False, alltoall=True)
+    build_binary_payload_export(full, init=True, alltoall=True)
+    [f] = ingest_paths(con, [bare], "bare").files
+    assert f.events == 3
+    assert len(f.warnings) == 1 and "ncclCommInit" in f.warnings[0] and f.warnings[0].startswith("2 all_gather/")
+    [g] = ingest_paths(con, [full], "full").files
+    assert g.warnings == []
+    rows = con.execute("SELECT run, op, msg_bytes FROM comms WHERE run IN ('bare', 'full') ORDER BY run, ts_us")
+    assert rows.fetchall() == [
+        ("bare", "all_reduce", 4 << 20),
+        ("bare", "all_gather", None),
+        ("bare", "all_to_all", None),
+        ("full", "all_reduce", 4 << 20),
+        ("full", "all_gather", 4 << 20),
+        ("full", "all_to_all", 1 << 20),
+    ]

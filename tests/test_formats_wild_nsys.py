@@ -209,3 +209,16 @@ def test_nsys_alltoall_without_the_communicator_size_is_unsized_not_zero(con, tm
         ("full", "all_gather", 4 << 20),
         ("full", "all_to_all", 1 << 20),
     ]
+
+
+def test_inspector_invalid_records_say_what_they_are(con, tmp_path: Path) -> None:
+    """The plugin writes "Invalid" for the functions its name lookup lacks (AlltoAll, Gather, Scatter): the skip
+    says so, instead of calling it no communication op."""
+    path = tmp_path / "node0-pid100.log"
+    bad = {**coll("AllReduce", 0, 1 << 20, 100), "coll": "Invalid", "coll_algobw_gbs": 0.0, "coll_busbw_gbs": 0.0}
+    path.write_text(
+        inspector_record(0, 100, coll("AllReduce", 0, 1 << 20, 100)) + "\n" + inspector_record(0, 100, bad) + "\n"
+    )
+    (f,) = ingest_paths(con, [path], "insp").files
+    assert (f.kind, f.events) == ("nccl_inspector", 1)
+    assert f.skipped == {"a call the plugin names 'Invalid' (its AlltoAll, Gather and Scatter): op unknown": 1}

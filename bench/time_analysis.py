@@ -36,7 +36,7 @@ LATE_RANK = 5
 COMPUTE_EVERY = 100  # one non-communication interval in this many is copied (the trace has 180 per call)
 
 
-def build_store(db: Path, ranks: int, calls: int) -> dict[str, Any]:
+def build_store(db: Path, ranks: int, calls: int, compute_every: int = COMPUTE_EVERY) -> dict[str, Any]:
     """Ingest the real trace and scale it to about `calls` counted calls over `ranks` ranks."""
     from commlens import store
     from commlens.service.ingest import ingest_paths
@@ -91,7 +91,7 @@ def build_store(db: Path, ranks: int, calls: int) -> dict[str, Any]:
         f"""INSERT INTO timeline_intervals
             SELECT {select} FROM (SELECT *, row_number() OVER (ORDER BY start_us) AS i FROM timeline_intervals
                                   WHERE run_id = ? AND source_id = ?) t, rank_src rs, range(?) c(k)
-            WHERE (t.kind = 'comm' OR t.i % {COMPUTE_EVERY} = 0) AND NOT (rs.source_id = ? AND c.k = 0)""",
+            WHERE (t.kind = 'comm' OR t.i % {compute_every} = 0) AND NOT (rs.source_id = ? AND c.k = 0)""",
         [run_id, src, copies, src],
     )
     con.execute(
@@ -164,6 +164,12 @@ def main() -> None:
     ap.add_argument(
         "--before-from", type=Path, help="the JSON lines an earlier run printed: its 'before' of each run size"
     )
+    ap.add_argument(
+        "--compute-every",
+        type=int,
+        default=COMPUTE_EVERY,
+        help="keep one non-communication interval of the trace in this many (1: all, 180 a call)",
+    )
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--max-gb", type=float, default=0, help="address space cap of each persist_run process")
     ap.add_argument("--no-write", action="store_true", help="print only; do not update bench/README.md")
@@ -180,7 +186,7 @@ def main() -> None:
             for ranks in args.ranks:
                 db = tmp / f"run-{calls}-{ranks}.duckdb"
                 t0 = time.perf_counter()
-                info = build_store(db, ranks, calls)
+                info = build_store(db, ranks, calls, args.compute_every)
                 info["build_s"] = time.perf_counter() - t0
                 if args.before and calls <= args.before_max:
                     info["before"] = persist(
@@ -223,7 +229,7 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         "",
         f"{dt.date.today().isoformat()}, {platform.system()} {cpu}, {os.cpu_count()} cores (shared with other "
         f"work), Python {platform.python_version()}. persist_run on the HTA DDP trace scaled in DuckDB (one "
-        f"compute/memory interval in {COMPUTE_EVERY} kept; rank {LATE_RANK} 400 µs late), each in a fresh process: wall and CPU time "
+        f"compute/memory interval in {args.compute_every} kept; rank {LATE_RANK} 400 µs late), each in a fresh process: wall and CPU time "
         "of the whole call (load, analysis, write) and the process's peak RSS. Ratios are after / before; with "
         "other jobs on the cores, CPU time is the measure, wall time says how loaded the machine was.",
         "",

@@ -34,14 +34,22 @@ def test_a_run_over_the_budget_is_not_analysed_and_says_why(con, data_dir: Path,
     calls, intervals, need = budget.estimate(
         con, con.execute("SELECT run_id FROM runs WHERE name = 'fits'").fetchone()[0]
     )
-    assert calls == 8 * 8 and intervals > 0 and need == calls * budget.CALL_BYTES + intervals * budget.INTERVAL_BYTES
+    per_run = con.execute("SELECT count(*) FROM timeline_intervals JOIN runs USING (run_id) WHERE name = 'fits'")
+    cached = per_run.fetchall()[0][0] * budget.CACHED_INTERVAL_BYTES
+    assert calls == 8 * 8 and need == calls * budget.CALL_BYTES + intervals * budget.INTERVAL_BYTES + cached
+    # a rank's intervals are held during its turn only: the estimate counts the largest rank's (DLRM: rank 3's 335)
+    per_rank = con.execute(
+        "SELECT count(*) FROM timeline_intervals JOIN runs USING (run_id) WHERE name = 'fits' GROUP BY rank"
+    ).fetchall()
+    assert len(per_rank) == 8 and intervals == max(n for (n,) in per_rank) < sum(n for (n,) in per_rank)
 
     monkeypatch.setenv(budget.ENV, f"{need - 1}")
     assert not ingest_paths(con, [data_dir / TRACE], "over").failed
     ((part, ok, reason),) = _status(con, "over")
     assert (part, ok) == ("matching", False)
     assert reason == (
-        f"not computed: the time analysis of 64 calls and {intervals:,} timeline intervals needs about "
+        f"not computed: the time analysis of 64 calls, with {intervals:,} timeline intervals on its largest rank, "
+        f"needs about "
         f"{need / 1e9:.1f} GB, more than the {(need - 1) / 1e9:.1f} GB it may use ({budget.ENV}); the run's other "
         "analyses are unaffected"
     )

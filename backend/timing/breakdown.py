@@ -27,6 +27,7 @@ import numpy.typing as npt
 from .clocks import ClockAlignment
 from .instances import InstanceStats
 from .matching import Instances
+from .memcpy_lane import LANE_FIELDS, Lane, memcpy_lane
 from .model import (
     COMM,
     COMPUTE,
@@ -143,6 +144,7 @@ class Breakdown:
     scheme_wait: F64
     scheme_exposed: F64
     notes: list[str] = field(default_factory=list)
+    memcpy: Lane = field(default_factory=dict)  # the memcpy lane's rows (memcpy_lane.LANE_FIELDS), by rank
 
     @property
     def by_scheme(self) -> list[tuple[int, int, str, float, float, float]]:
@@ -221,60 +223,82 @@ def classify(spans: RankSpans, t0: float, t1: float) -> tuple[dict[str, float], 
     return classify_columns(spans, np.asarray([t0]), np.asarray([t1])).as_dicts()[0]
 
 
+_FIELDS = (
+    "rank",
+    "step",
+    "step_us",
+    *(f"{c}_us" for c in CATEGORIES),
+    "htod_bytes",
+    "dtoh_bytes",
+    "memcpy_busy_us",
+    "scheme_rank",
+    "scheme_step",
+    "scheme_overlapped",
+    "scheme_wait",
+    "scheme_exposed",
+)
+_INT_FIELDS = frozenset({"rank", "step", "htod_bytes", "dtoh_bytes", "scheme_rank", "scheme_step"})
+
+
+@dataclass
+class RankBreakdown:
+    """One rank's rows of the Breakdown (its `_FIELDS` columns, its schemes, its notes)."""
+
+    cols: dict[str, npt.NDArray[np.generic]]
+    scheme: list[str]
+    notes: list[str]
+    memcpy: Lane
+
+
+def rank_breakdown(rank: int, data: RankArrays, spans: RankSpans) -> RankBreakdown:
+    """The breakdown of every profiled step of one rank (its own step windows and clock)."""
+    st = data.steps
+    if not len(st):
+        return RankBreakdown(
+            {}, [], [f"rank {rank}: no profiler steps, no per-step breakdown"], memcpy_lane(rank, data)
+        )
+    notes = []
+    if not data.has_device:
+        notes.append(f"rank {rank}: no device activity: compute is CPU ops, communication the calls' CPU time")
+    t0s, t1s = st.start, st.end
+    htod, dtoh = _moved(_copies(data.intervals), t0s, t1s)
+    c = classify_columns(spans, t0s, t1s)
+    cols: dict[str, npt.NDArray[np.generic]] = {
+        "rank": np.full(len(st), rank, dtype=np.int64),
+        "step": st.step,
+        "step_us": t1s - t0s,
+    }
+    for cat in CATEGORIES:
+        cols[f"{cat}_us"] = c.totals[cat]
+    cols |= {
+        "htod_bytes": htod,
+        "dtoh_bytes": dtoh,
+        "memcpy_busy_us": memory_busy(spans, t0s, t1s),
+        "scheme_rank": np.full(len(c.win), rank, dtype=np.int64),
+        "scheme_step": st.step[c.win],
+        "scheme_overlapped": c.overlapped,
+        "scheme_wait": c.wait,
+        "scheme_exposed": c.exposed,
+    }
+    return RankBreakdown(cols, list(c.scheme), notes, memcpy_lane(rank, data))
+
+
+def joined_breakdown(parts: Sequence[RankBreakdown]) -> Breakdown:
+    """The Breakdown of the ranks' parts, in the order given (step_breakdown: by rank)."""
+    out: dict[str, Any] = {
+        f: np.concatenate(vals)
+        if (vals := [p.cols[f] for p in parts if p.cols])
+        else np.zeros(0, dtype=np.int64 if f in _INT_FIELDS else np.float64)
+        for f in _FIELDS
+    }
+    lane = {f: [v for p in parts for v in p.memcpy[f]] for f in LANE_FIELDS}
+    scheme = [sc for p in parts for sc in p.scheme]
+    return Breakdown(**out, scheme=scheme, notes=[n for p in parts for n in p.notes], memcpy=lane)
+
+
 def step_breakdown(ranks: Mapping[int, RankArrays], spans: Mapping[int, RankSpans]) -> Breakdown:
     """The breakdown of every profiled step of every rank (each rank's own step window and clock)."""
-    notes: list[str] = []
-    cols: dict[str, list[npt.NDArray[np.generic]]] = {}
-    names: list[str] = []
-
-    def add(name: str, values: npt.NDArray[np.generic]) -> None:
-        cols.setdefault(name, []).append(values)
-
-    for rank in sorted(ranks):
-        data = ranks[rank]
-        st = data.steps
-        if not len(st):
-            notes.append(f"rank {rank}: no profiler steps, no per-step breakdown")
-            continue
-        if not data.has_device:
-            notes.append(f"rank {rank}: no device activity: compute is CPU ops, communication the calls' CPU time")
-        t0s, t1s = st.start, st.end
-        htod, dtoh = _moved(_copies(data.intervals), t0s, t1s)
-        c = classify_columns(spans[rank], t0s, t1s)
-        add("rank", np.full(len(st), rank, dtype=np.int64))
-        add("step", st.step)
-        add("step_us", t1s - t0s)
-        for cat in CATEGORIES:
-            add(f"{cat}_us", c.totals[cat])
-        add("htod_bytes", htod)
-        add("dtoh_bytes", dtoh)
-        add("memcpy_busy_us", memory_busy(spans[rank], t0s, t1s))
-        add("scheme_rank", np.full(len(c.win), rank, dtype=np.int64))
-        add("scheme_step", st.step[c.win])
-        names.extend(c.scheme)
-        add("scheme_overlapped", c.overlapped)
-        add("scheme_wait", c.wait)
-        add("scheme_exposed", c.exposed)
-    ints = {"rank", "step", "htod_bytes", "dtoh_bytes", "scheme_rank", "scheme_step"}
-    fields = [
-        "rank",
-        "step",
-        "step_us",
-        *(f"{c}_us" for c in CATEGORIES),
-        "htod_bytes",
-        "dtoh_bytes",
-        "memcpy_busy_us",
-        "scheme_rank",
-        "scheme_step",
-        "scheme_overlapped",
-        "scheme_wait",
-        "scheme_exposed",
-    ]
-    out: dict[str, Any] = {
-        f: np.concatenate(cols[f]) if f in cols else np.zeros(0, dtype=np.int64 if f in ints else np.float64)
-        for f in fields
-    }
-    return Breakdown(**out, scheme=names, notes=notes)
+    return joined_breakdown([rank_breakdown(r, ranks[r], spans[r]) for r in sorted(ranks)])
 
 
 _Copies = tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.int64]]

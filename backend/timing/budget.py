@@ -1,7 +1,8 @@
 """The memory the time analysis may hold, and its share of it per run.
 
-The analysis holds a whole run as columns (docs/time.md, Scale): about 7.9 GB at its peak for 10 M calls over 64
-ranks with 27.6 M timeline intervals, 1.3 GB for one rank's 5 M calls and 5 M intervals. A run larger than the
+The analysis holds a run's calls as columns and one rank's timeline intervals at a time (docs/time.md, Scale):
+about 1.1 GB at its peak for 1 M calls over 8 ranks with 18.8 M timeline intervals, 1.3 GB for one rank's 5 M
+calls and 5 M intervals. A run larger than the
 machine can hold would be killed by the kernel's out-of-memory killer, and with it the server and every job it
 runs, again at each restart's recovery. So each analysis first reserves its estimated peak: one larger than the
 whole budget is not computed (time_status says why; every other analysis of the run is unaffected), and analyses
@@ -21,11 +22,14 @@ import duckdb
 
 ENV = "COMMLENS_TIME_MEMORY"  # e.g. "8GB": the memory the time analyses of this process may hold together
 SHARE = 0.75  # of the machine's (or the container's) memory, without ENV
-# Estimated peak per call and per timeline interval, against measured peaks of the whole process (bench/README.md):
-# 1 M calls over 8 ranks with 2.77 M intervals 0.92 GB, estimated 0.92; 10 M calls over 64 ranks with 27.6 M
-# intervals 7.9 GB, estimated 9.1; one rank's 5 M calls and 5 M intervals 1.3 GB, estimated 3.3.
-CALL_BYTES = 500
+# Estimated peak per call, per timeline interval of the largest rank (held during its turn) and per interval of the
+# run (DuckDB's cache of the blocks the reads touched), against measured peaks of the whole process (bench/README.md,
+# 2026-12-01; estimated in brackets): 1 M calls over 8 ranks with 2.77 M intervals 0.76 GB (0.90), over 64 ranks
+# 0.82 GB (0.85); with 18.8 M intervals 1.10 GB (1.45) and 1.05 GB (1.15); one rank's 5 M calls and 5 M intervals
+# 1.29 GB (4.83).
+CALL_BYTES = 800
 INTERVAL_BYTES = 150
+CACHED_INTERVAL_BYTES = 16
 _UNITS = {
     "": 1,
     "b": 1,
@@ -67,13 +71,15 @@ def budget() -> tuple[int, str]:
 
 
 def estimate(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[int, int, int]:
-    """(calls, timeline intervals, estimated peak bytes) of a run's time analysis."""
-    calls, intervals = con.execute(
+    """(calls, timeline intervals of the largest rank, estimated peak bytes) of a run's time analysis: the
+    calls are held for the whole run, a rank's intervals only during its turn (analysis.analyze_columns)."""
+    calls, largest, intervals = con.execute(
         """SELECT (SELECT count(*) FROM comm_events WHERE run_id = $run AND counted AND rank IS NOT NULL),
-                  (SELECT count(*) FROM timeline_intervals WHERE run_id = $run)""",
+                  coalesce(max(n), 0), coalesce(sum(n), 0)
+           FROM (SELECT count(*) AS n FROM timeline_intervals WHERE run_id = $run GROUP BY rank)""",
         {"run": run_id},
     ).fetchall()[0]
-    return calls, intervals, calls * CALL_BYTES + intervals * INTERVAL_BYTES
+    return calls, largest, calls * CALL_BYTES + largest * INTERVAL_BYTES + int(intervals) * CACHED_INTERVAL_BYTES
 
 
 class MemoryBudget:
@@ -104,7 +110,8 @@ BUDGET = MemoryBudget()
 def refusal(calls: int, intervals: int, need: int, total: int, source: str) -> str:
     gb = 1e9
     return (
-        f"not computed: the time analysis of {calls:,} calls and {intervals:,} timeline intervals needs about "
+        f"not computed: the time analysis of {calls:,} calls, with {intervals:,} timeline intervals on its largest "
+        f"rank, needs about "
         f"{need / gb:.1f} GB, more than the {total / gb:.1f} GB it may use ({source}); the run's other analyses "
         "are unaffected"
     )

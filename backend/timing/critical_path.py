@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +23,7 @@ from .clocks import ClockAlignment
 from .instances import InstanceStats
 from .matching import Instances
 from .model import EPS, F64, Ints, RankArrays
-from .segments import classify_windows
+from .segments import WindowClasses, classify_columns
 
 
 @dataclass
@@ -53,14 +53,22 @@ def critical_paths(
     stats: InstanceStats,
     clocks: ClockAlignment,
 ) -> list[CriticalPath]:
-    """Every profiled step's path. Step windows and member end times are sorted by (step, rank) once,
-    so each step of the walk is a binary search: a scan of the run per step would make the whole
-    quadratic in the number of steps."""
+    """Every profiled step's path, classified on the ranks' spans."""
+    paths = walk_paths(ranks, inst, stats, clocks)
+    windows = PathWindows(paths, ranks, clocks)
+    windows.classify_into(paths, {r: windows.classify(r, spans[r]) for r in windows.ranks})
+    return paths
+
+
+def walk_paths(
+    ranks: Mapping[int, RankArrays], inst: Instances, stats: InstanceStats, clocks: ClockAlignment
+) -> list[CriticalPath]:
+    """Every profiled step's path, unclassified (PathWindows classifies it). Step windows and member end
+    times are sorted by (step, rank) once, so each step of the walk is a binary search: a scan of the run
+    per step would make the whole quadratic in the number of steps."""
     win = _StepWindows(ranks, clocks)
     ends = _MemberEnds(inst, stats, clocks)
-    paths = [_walk(n, win, ends, stats, clocks) for n in win.steps.tolist()]
-    _classify_paths(paths, spans, clocks)
-    return paths
+    return [_walk(n, win, ends, stats, clocks) for n in win.steps.tolist()]
 
 
 class _StepWindows:
@@ -166,12 +174,12 @@ def _walk(
     return path
 
 
-def _windows(path: CriticalPath, spans: Mapping[int, RankSpans]) -> list[tuple[int, float, float]]:
+def _windows(path: CriticalPath, present: Collection[int]) -> list[tuple[int, float, float]]:
     """The path's segments as windows per rank; consecutive segments on one rank are one window (the
     walk stays on a rank that keeps arriving last)."""
     windows: list[tuple[int, float, float]] = []
     for seg in path.segments:  # latest first: a segment ends where the one before it in the list starts
-        if seg.rank not in spans or seg.end <= seg.start:
+        if seg.rank not in present or seg.end <= seg.start:
             continue
         if windows and windows[-1][0] == seg.rank and abs(windows[-1][1] - seg.end) <= EPS:
             windows[-1] = (seg.rank, seg.start, windows[-1][2])
@@ -180,31 +188,65 @@ def _windows(path: CriticalPath, spans: Mapping[int, RankSpans]) -> list[tuple[i
     return windows
 
 
-def _classify_paths(paths: list[CriticalPath], spans: Mapping[int, RankSpans], clocks: ClockAlignment) -> None:
-    """Each path's windows classified on their rank (in that rank's clock), all windows of a rank at
-    once, then summed per path in the path's order."""
-    per_path = [_windows(p, spans) for p in paths]
-    asked: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    where: list[list[tuple[int, int]]] = []
-    for windows in per_path:
-        where.append([])
-        for rank, start, end in windows:
-            off = clocks.offsets.get(rank, 0.0)
-            where[-1].append((rank, len(asked[rank])))
-            asked[rank].append((start - off, end - off))
-    classes = {
-        r: classify_windows(spans[r], np.asarray([a for a, _ in w]), np.asarray([b for _, b in w]))
-        for r, w in asked.items()
-    }
-    for path, places in zip(paths, where, strict=True):
-        cats = dict.fromkeys(CATEGORIES, 0.0)
-        by_scheme: dict[str, float] = {}
-        for rank, i in places:
-            totals, per_scheme = classes[rank][i]
-            for c, v in totals.items():
-                cats[c] += v
-            for sc, parts in per_scheme.items():
-                by_scheme[sc] = by_scheme.get(sc, 0.0) + parts["wait"] + parts["exposed"]
-        path.categories = cats
-        length = path.end - path.start
-        path.exposed_share_by_scheme = {sc: v / length for sc, v in sorted(by_scheme.items())} if length > 0 else {}
+class PathWindows:
+    """The paths' windows per rank (in that rank's clock), to be classified one rank at a time (a rank's
+    spans need not outlive its turn), then summed per path in the path's order."""
+
+    def __init__(self, paths: list[CriticalPath], present: Collection[int], clocks: ClockAlignment) -> None:
+        asked: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        path, rank, pos = [], [], []  # every window in path order: its path, rank and place in asked[rank]
+        for k, p in enumerate(paths):
+            for r, start, end in _windows(p, present):
+                off = clocks.offsets.get(r, 0.0)
+                path.append(k)
+                rank.append(r)
+                pos.append(len(asked[r]))
+                asked[r].append((start - off, end - off))
+        self._asked = {r: np.asarray(w, dtype=np.float64).reshape(-1, 2) for r, w in asked.items()}
+        self.ranks = sorted(self._asked)
+        self._path = np.asarray(path, dtype=np.int64)
+        self._rank = np.asarray(rank, dtype=np.int64)
+        self._pos = np.asarray(pos, dtype=np.int64)
+
+    def classify(self, rank: int, spans: RankSpans) -> WindowClasses:
+        w = self._asked[rank]
+        return classify_columns(spans, w[:, 0], w[:, 1])
+
+    def classify_into(self, paths: list[CriticalPath], classes: Mapping[int, WindowClasses]) -> None:
+        """Each path's categories and exposed share per scheme from its windows' classes. Sums run in the
+        path's window order (np.add.at adds in the order given), as a loop over the windows would."""
+        n = len(paths)
+        cats = np.zeros((n, len(CATEGORIES)), dtype=np.float64)
+        names = sorted({sc for c in classes.values() for sc in c.scheme})
+        code = {sc: i for i, sc in enumerate(names)}
+        exposed = np.zeros(n * len(names), dtype=np.float64)
+        seen = np.zeros(n * len(names), dtype=bool)
+        values = np.zeros((len(self._path), len(CATEGORIES)), dtype=np.float64)
+        rows_of = np.zeros(len(self._path), dtype=np.int64)  # each window's scheme rows: how many
+        first = np.zeros(len(self._path), dtype=np.int64)  # and the first (in its rank's classes)
+        for r, c in classes.items():
+            mine = np.flatnonzero(self._rank == r)
+            at = self._pos[mine]
+            values[mine] = np.stack([c.totals[cat][at] for cat in CATEGORIES], axis=1)
+            lo, hi = np.searchsorted(c.win, at, side="left"), np.searchsorted(c.win, at, side="right")
+            first[mine], rows_of[mine] = lo, hi - lo
+        np.add.at(cats, self._path, values)
+        if rows_of.any():
+            window = np.repeat(np.arange(len(self._path)), rows_of)
+            row = first[window] + np.arange(len(window)) - np.repeat(np.cumsum(rows_of) - rows_of, rows_of)
+            wait, expo, cell = np.zeros(len(row)), np.zeros(len(row)), np.zeros(len(row), dtype=np.int64)
+            for r, c in classes.items():
+                mine = np.flatnonzero(self._rank[window] == r)
+                at = row[mine]
+                wait[mine], expo[mine] = c.wait[at], c.exposed[at]
+                codes = np.asarray([code[sc] for sc in c.scheme], dtype=np.int64)
+                cell[mine] = self._path[window[mine]] * len(names) + codes[at]
+            # by scheme, (sum + wait) + exposed per window, in the path's order
+            np.add.at(exposed, np.repeat(cell, 2), np.stack([wait, expo], axis=1).ravel())
+            seen[cell] = True
+        by_path, seen_by_path = exposed.reshape(n, len(names)), seen.reshape(n, len(names))
+        for k, p in enumerate(paths):
+            p.categories = dict(zip(CATEGORIES, cats[k].tolist(), strict=True))
+            length = p.end - p.start
+            shares = {names[j]: by_path[k, j] / length for j in np.flatnonzero(seen_by_path[k]).tolist()}
+            p.exposed_share_by_scheme = {sc: float(v) for sc, v in shares.items()} if length > 0 else {}

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
@@ -29,10 +29,12 @@ from commlens.store.tables import TIME_TABLES
 
 from . import budget
 from .analysis import TimeAnalysis, analyze_columns
-from .model import F64, KIND_CODE, KINDS, MEMORY_KINDS, CallTable, IntervalArrays, Ints, RankArrays, StepArrays
-from .segments import sequential_sums, sparse_sum
+from .memcpy_lane import LANE_FIELDS
+from .model import F64, KINDS, CallTable, IntervalArrays, Ints, RankArrays, StepArrays
+from .segments import sequential_sums
+from .store_columns import count_rows, read_columns
 from .stragglers import rank_totals
-from .untimed import read_columns, untimed_only
+from .untimed import untimed_only
 
 Columns = dict[str, Any]  # column name -> list, numpy array or Arrow array
 FETCH_ROWS = 1 << 20
@@ -48,6 +50,12 @@ class RunInput:
     schemes: dict[str, str]
     timed: bool  # some call has a time (NCCL logs have none)
     source_notes: list[str]
+    interval_counts: dict[int, int] = field(default_factory=dict)  # rank -> timeline intervals in the store
+    intervals_of: Callable[[int], IntervalArrays] | None = None  # a rank's intervals, read when asked
+
+    def intervals(self, rank: int) -> IntervalArrays:
+        """A rank's timeline intervals: read from the store where the load left them there."""
+        return self.intervals_of(rank) if self.intervals_of is not None else self.ranks[rank].intervals
 
 
 def _vocab(con: duckdb.DuckDBPyConnection, column: str, run_id: int) -> list[str]:
@@ -159,7 +167,7 @@ def load_untimed(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput | None
     ops, dtypes, groups = (_vocab(con, c, run_id) for c in ("op", "dtype", "group_key"))
     params = {"ops": ops or [""], "dtypes": dtypes or [""], "groups": groups or [""], "run": run_id}
     sql = _CALLS.format(times="")
-    n = int(con.execute(f"SELECT count(*) FROM ({sql})", params).fetchall()[0][0])
+    n = count_rows(con, sql, params)
     c = read_columns(con, sql, params, n, FETCH_ROWS, _CALL_INTS, _CALL_FLAGGED)
     _in_call_order(c)
     # no time anywhere: one read-only NaN seen n times instead of two columns to allocate and reorder
@@ -209,22 +217,14 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
         rank_of(r).steps = StepArrays(
             _ints(steps["step"])[a:b], _floats(steps["ts_us"])[a:b], _floats(steps["end_us"])[a:b]
         )
-    iv = _fetch(
-        con,
-        "SELECT rank, coalesce(list_position($kinds, kind) - 1, -1) AS kind, stream, start_us, end_us, nbytes "
-        "FROM timeline_intervals WHERE run_id = $run AND rank IS NOT NULL",
-        {"kinds": list(KINDS), "run": run_id},
-        ints={"rank": 0, "kind": -1, "stream": np.iinfo(np.int64).max, "nbytes": 0},
-        floats=("start_us", "end_us"),
+    counts = dict(
+        con.execute(
+            "SELECT rank, count(*) FROM timeline_intervals WHERE run_id = ? AND rank IS NOT NULL GROUP BY rank",
+            [run_id],
+        ).fetchall()
     )
-    # by rank, kind (by name), stream (nulls last) and start, as ORDER BY would
-    by_name = np.append(np.argsort(np.argsort(KINDS)), len(KINDS))  # code -1: the last entry
-    _permute(iv, np.lexsort((iv["start_us"], iv["stream"], by_name[iv["kind"]], iv["rank"])))
-    iv_rank, kind, start, stop, nbytes = (iv[n] for n in ("rank", "kind", "start_us", "end_us", "nbytes"))
-    stream = np.where(iv["stream"] == np.iinfo(np.int64).max, -1, iv["stream"])
-    del iv
-    for r, (a, b) in _by_rank(iv_rank):
-        rank_of(r).intervals = IntervalArrays(kind[a:b], stream[a:b], start[a:b], stop[a:b], nbytes[a:b])
+    for r in counts:
+        rank_of(r)
     notes: list[str] = []
     for r, has_device, tl_notes in con.execute(
         """
@@ -240,7 +240,33 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: int) -> RunInput:
     timed = bool((~np.isnan(calls.arrival)).any())
     ordered = dict(sorted(ranks.items()))
     pa.default_memory_pool().release_unused()  # the read's Arrow memory: the pool keeps what is freed otherwise
-    return RunInput(ordered, calls, world, hosts, schemes, timed, notes)
+    return RunInput(ordered, calls, world, hosts, schemes, timed, notes, counts, _IntervalReader(con, run_id, counts))
+
+
+class _IntervalReader:
+    """One rank's timeline intervals from the store, read when the analysis reaches that rank (the rows of a
+    rank are contiguous in the table, as each file's are written together, so DuckDB reads only its row
+    groups), by kind (by name), stream and start, as the analysis expects them."""
+
+    _SQL = (
+        "SELECT coalesce(list_position($kinds, kind) - 1, -1) AS kind, stream, start_us, end_us, nbytes "
+        "FROM timeline_intervals WHERE run_id = $run AND rank = $rank"
+    )
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: int, counts: Mapping[int, int]) -> None:
+        self._con, self._run, self._counts = con, run_id, counts
+
+    def __call__(self, rank: int) -> IntervalArrays:
+        n = self._counts.get(rank, 0)
+        if not n:
+            return _no_intervals()
+        params = {"kinds": list(KINDS), "run": self._run, "rank": rank}
+        ints = {"kind": -1, "stream": np.iinfo(np.int64).max, "nbytes": 0}
+        iv = read_columns(self._con, self._SQL, params, n, FETCH_ROWS, ints, floats=("start_us", "end_us"))
+        by_name = np.append(np.argsort(np.argsort(KINDS)), len(KINDS))  # code -1: the last entry
+        _permute(iv, np.lexsort((iv["start_us"], iv["stream"], by_name[iv["kind"]])))
+        stream = np.where(iv["stream"] == np.iinfo(np.int64).max, -1, iv["stream"])
+        return IntervalArrays(iv["kind"], stream, iv["start_us"], iv["end_us"], iv["nbytes"])
 
 
 def _fetch(
@@ -251,25 +277,9 @@ def _fetch(
     floats: Sequence[str] = (),
     flagged: Sequence[str] = (),
 ) -> dict[str, npt.NDArray[Any]]:
-    """A query's columns as numpy arrays, read in record batches so that neither DuckDB nor Arrow holds
-    the whole result beside them: `ints` with the value given for null, `floats` with NaN, `flagged` as
-    ints (null: 0) and `has_<name>` flags."""
-    parts: dict[str, list[npt.NDArray[Any]]] = defaultdict(list)
-    for batch in con.sql(sql, params=params).to_arrow_reader(FETCH_ROWS):
-        cols = dict(zip(batch.schema.names, batch.columns, strict=True))
-        for name, null in ints.items():
-            parts[name].append(_ints(cols[name], null))
-        for name in flagged:
-            parts[name].append(_ints(cols[name]))
-            parts[f"has_{name}"].append(_valid(cols[name]))
-        for name in floats:
-            parts[name].append(_floats(cols[name]))
-        del batch, cols
-    names = [*ints, *flagged, *(f"has_{n}" for n in flagged), *floats]
-    empty = {
-        n: np.zeros(0, dtype=bool if n.startswith("has_") else np.float64 if n in floats else np.int64) for n in names
-    }
-    return {n: np.concatenate(parts.pop(n)) if parts.get(n) else empty[n] for n in names}
+    """A query's columns as numpy arrays filled in place (store_columns): `ints` with the value given for
+    null, `floats` with NaN, `flagged` as ints (null: 0) and `has_<name>` flags."""
+    return read_columns(con, sql, params, count_rows(con, sql, params), FETCH_ROWS, ints, flagged, floats)
 
 
 def _ascending(*keys: Ints) -> bool:
@@ -350,7 +360,13 @@ def analysed_tables(con: duckdb.DuckDBPyConnection, run_id: int, general: bool =
     data = None if general else load_untimed(con, run_id)
     if data is None:
         data = load_run(con, run_id)
-    job = analyze_columns(data.ranks, data.calls, data.world_size, data.hosts, data.schemes) if data.ranks else None
+    job = (
+        analyze_columns(
+            data.ranks, data.calls, data.world_size, data.hosts, data.schemes, intervals_of=data.intervals_of
+        )
+        if data.ranks
+        else None
+    )
     return result_tables(data, job)
 
 
@@ -384,7 +400,7 @@ def result_tables(data: RunInput, job: TimeAnalysis | None) -> dict[str, Columns
         },
         "time_clock_offsets": _clocks(job, data),
         "time_breakdown": _breakdown(job),
-        "time_memcpy": _memcpy(data),
+        "time_memcpy": _ensure(job.breakdown.memcpy, LANE_FIELDS),
         "time_rank_totals": _rank_totals(job, data),
         "time_arrivals": _arrivals(job),
         "time_stragglers": _stragglers(job),
@@ -430,7 +446,7 @@ def _statuses(job: TimeAnalysis, data: RunInput, status: dict[tuple[str, str], b
         status[("breakdown", note)] = False
     if len(job.breakdown.rank):
         status[("breakdown", f"{len(job.breakdown.rank)} rank-steps")] = True
-    no_device = sorted(r for r, d in data.ranks.items() if not d.has_device and len(d.intervals))
+    no_device = sorted(r for r, d in data.ranks.items() if not d.has_device and data.interval_counts.get(r))
     if no_device:
         status[("memcpy", f"no device activity on ranks {no_device}: no memcpy lane there")] = False
     status[("memcpy", "memcpy lane from the device copies and memsets")] = True
@@ -564,61 +580,6 @@ def _breakdown(job: TimeAnalysis) -> Columns:
         "memcpy_us": _f(np.concatenate([b.memcpy_us, none])),
         "idle_us": _f(np.concatenate([b.idle_us, none])),
     }
-
-
-def _union_arrays(s: npt.NDArray[np.float64], e: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], ...]:
-    """Disjoint sorted intervals covering the given ones."""
-    if not len(s):
-        return s, e
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    reach = np.maximum.accumulate(e)
-    new = np.ones(len(s), dtype=bool)
-    new[1:] = s[1:] > reach[:-1]
-    idx = np.flatnonzero(new)
-    return s[idx], reach[np.append(idx[1:], len(s)) - 1]
-
-
-def _memcpy(data: RunInput) -> Columns:
-    """Per rank, step and direction: bytes of the copies starting in the step, and the time that
-    direction runs in the step (union over streams)."""
-    out: Columns = defaultdict(list)
-    for r in sorted(data.ranks):
-        d = data.ranks[r]
-        if not d.has_device or not len(d.steps):
-            continue
-        iv = d.intervals
-        t0s, t1s = d.steps.start, d.steps.end
-        steps, starts, ends = d.steps.step.tolist(), t0s.tolist(), t1s.tolist()
-        for k in sorted(MEMORY_KINDS):
-            sel = iv.kind == KIND_CODE[k]
-            if not sel.any():
-                continue
-            us, ue = _union_arrays(iv.start[sel], iv.end[sel])
-            order = np.argsort(iv.start[sel], kind="stable")
-            ks, kb = iv.start[sel][order], np.concatenate([[0], np.cumsum(iv.nbytes[sel][order])])
-            moved = (kb[np.searchsorted(ks, t1s, side="left")] - kb[np.searchsorted(ks, t0s, side="left")]).tolist()
-            # The union's pieces meeting the step are a run [lo, hi); the sum over all of them (zeros
-            # elsewhere) is taken in numpy's order, as np.clip(...).sum() over the whole union gave it.
-            lo = np.searchsorted(ue, t0s, side="right").tolist()
-            hi = np.searchsorted(us, t1s, side="left").tolist()
-            for j, (n, t0, t1) in enumerate(zip(steps, starts, ends, strict=True)):
-                a, z = lo[j], max(hi[j], lo[j])
-                b = int(moved[j])
-                if z <= a and b == 0:
-                    continue  # no piece meets the step: busy is 0
-                busy = sparse_sum(
-                    len(us), a, (np.minimum(ue[a:z], t1) - np.maximum(us[a:z], t0)).tolist() if z > a else []
-                )
-                if busy <= 0 and b == 0:
-                    continue
-                out["rank"].append(r)
-                out["step"].append(n)
-                out["direction"].append(k.removeprefix("memcpy_"))
-                out["bytes"].append(b)
-                out["busy_us"].append(busy)
-                out["gbps"].append(b / (busy * 1e3) if busy > 0 else None)
-    return _ensure(out, ("rank", "step", "direction", "bytes", "busy_us", "gbps"))
 
 
 def _rank_totals(job: TimeAnalysis, data: RunInput) -> Columns:

@@ -15,7 +15,7 @@ from .clocks import ClockAlignment, align_clocks
 from .critical_path import CriticalPath, PathWindows, walk_paths
 from .instances import InstanceStats, instance_stats
 from .matching import WORLD, MatchResult, match_table
-from .model import CallTable, IntervalArrays, Ints, RankArrays, RankInput, StepArrays, call_table
+from .model import MEMORY_KINDS, CallTable, IntervalArrays, Ints, RankArrays, RankInput, StepArrays, call_table
 from .stragglers import DEFAULT_RULE, HOST_CLOCK_FLOOR_US, StragglerReport, StragglerRule, find_stragglers
 
 
@@ -73,7 +73,9 @@ def analyze_columns(
     parts, classes = [], {}
     for r in sorted(ranks):
         d = ranks[r] if intervals_of is None else replace(ranks[r], intervals=intervals_of(r))
-        spans = rank_spans(d, waits.get(r, np.zeros((0, 2))), calls, rows_of(r), code, names)
+        spans = rank_spans(d, waits.pop(r, np.zeros((0, 2))), calls, rows_of(r), code, names)
+        # past the spans, the breakdown's copied bytes and the memcpy lane read only the memory intervals
+        d = replace(d, intervals=d.intervals.subset(d.intervals.of(MEMORY_KINDS)))
         parts.append(rank_breakdown(r, d, spans))
         if r in windows.ranks:
             classes[r] = windows.classify(r, spans)

@@ -55,14 +55,14 @@ class RankSpans:
     """One rank's activity in its own clock, ready to classify any window: compute, comm, memory, wait
     and its calls' spans, each kept only as its index (sorted by start), and each call's scheme as a
     code into the sorted `scheme_names`. Inputs are (n, 2) arrays of (start, end); the calls may come
-    as (starts, ends) columns, kept without a copy when in start order."""
+    and each kind may come as (starts, ends) columns, kept without a copy when in start order."""
 
     def __init__(
         self,
-        compute: F64,
-        comm: F64,
-        memory: F64,
-        wait: F64,
+        compute: F64 | tuple[F64, F64],
+        comm: F64 | tuple[F64, F64],
+        memory: F64 | tuple[F64, F64],
+        wait: F64 | tuple[F64, F64],
         call_span: F64 | tuple[F64, F64],
         call_scheme: Ints,
         scheme_names: list[str],
@@ -193,14 +193,20 @@ def rank_spans(
     span = (a, e) if every else (a[timed], e[timed])  # views of the CallTable where every call is timed
     del a, e
     return RankSpans(
-        _kind(iv, {COMPUTE}),
-        _kind(iv, {COMM}),
-        _kind(iv, MEMORY_KINDS),
-        _pairs(waits),
+        _kind_columns(iv, {COMPUTE}),
+        _kind_columns(iv, {COMM}),
+        _kind_columns(iv, MEMORY_KINDS),
+        (waits[:, 0], waits[:, 1]) if len(waits) else _pairs(waits),
         span,
         scheme[rows] if every else scheme[rows][timed],
         names,
     )
+
+
+def _kind_columns(iv: IntervalArrays, kinds: set[str] | frozenset[str]) -> tuple[F64, F64]:
+    """The (starts, ends) of the intervals of these kinds, as columns (no (n, 2) copy to split again)."""
+    sel = iv.of(kinds)
+    return iv.start[sel], iv.end[sel]
 
 
 def _kind(iv: IntervalArrays, kinds: set[str] | frozenset[str]) -> F64:

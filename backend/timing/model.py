@@ -112,6 +112,10 @@ class IntervalArrays:
     def of(self, kinds: Iterable[str]) -> Bools:
         return np.isin(self.kind, [KIND_CODE[k] for k in kinds])
 
+    def subset(self, rows: Bools) -> IntervalArrays:
+        """The intervals where `rows` is true, in their order."""
+        return IntervalArrays(self.kind[rows], self.stream[rows], self.start[rows], self.end[rows], self.nbytes[rows])
+
     @classmethod
     def of_columns(cls, iv: Intervals | IntervalArrays) -> IntervalArrays:
         if isinstance(iv, IntervalArrays):

@@ -1,7 +1,7 @@
 """The memory the time analysis may hold, and its share of it per run.
 
 The analysis holds a run's calls as columns and one rank's timeline intervals at a time (docs/time.md, Scale):
-about 1.1 GB at its peak for 1 M calls over 8 ranks with 18.8 M timeline intervals, 1.3 GB for one rank's 5 M
+about 1.0 GB at its peak for 1 M calls over 8 ranks with 18.8 M timeline intervals, 1.2 GB for one rank's 5 M
 calls and 5 M intervals. A run larger than the
 machine can hold would be killed by the kernel's out-of-memory killer, and with it the server and every job it
 runs, again at each restart's recovery. So each analysis first reserves its estimated peak: one larger than the
@@ -25,8 +25,8 @@ SHARE = 0.75  # of the machine's (or the container's) memory, without ENV
 # Estimated peak per call, per timeline interval of the largest rank (held during its turn) and per interval of the
 # run (DuckDB's cache of the blocks the reads touched), against measured peaks of the whole process (bench/README.md,
 # 2026-12-01; estimated in brackets): 1 M calls over 8 ranks with 2.77 M intervals 0.76 GB (0.90), over 64 ranks
-# 0.82 GB (0.85); with 18.8 M intervals 1.10 GB (1.45) and 1.05 GB (1.15); one rank's 5 M calls and 5 M intervals
-# 1.29 GB (4.83).
+# 0.82 GB (0.85); with 18.8 M intervals 1.03 GB (1.45) and 1.09 GB (1.15); one rank's 5 M calls and 5 M intervals
+# 1.19 GB (4.83).
 CALL_BYTES = 800
 INTERVAL_BYTES = 150
 CACHED_INTERVAL_BYTES = 16

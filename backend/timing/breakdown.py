@@ -17,7 +17,7 @@ skipped, or the group has no scheme).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -290,7 +290,7 @@ def rank_breakdown(rank: int, data: RankArrays, spans: RankSpans) -> RankBreakdo
 
 
 def joined_breakdown(parts: Sequence[RankBreakdown]) -> Breakdown:
-    """The Breakdown of the ranks' parts, in the order given (step_breakdown: by rank)."""
+    """The Breakdown of the ranks' parts (rank_breakdown), in the order given (the analysis: by rank)."""
     out: dict[str, Any] = {
         f: np.concatenate(vals)
         if (vals := [p.cols[f] for p in parts if p.cols])
@@ -300,11 +300,6 @@ def joined_breakdown(parts: Sequence[RankBreakdown]) -> Breakdown:
     lane = {f: [v for p in parts for v in p.memcpy[f]] for f in LANE_FIELDS}
     scheme = [sc for p in parts for sc in p.scheme]
     return Breakdown(**out, scheme=scheme, notes=[n for p in parts for n in p.notes], memcpy=lane)
-
-
-def step_breakdown(ranks: Mapping[int, RankArrays], spans: Mapping[int, RankSpans]) -> Breakdown:
-    """The breakdown of every profiled step of every rank (each rank's own step window and clock)."""
-    return joined_breakdown([rank_breakdown(r, ranks[r], spans[r]) for r in sorted(ranks)])
 
 
 _Copies = tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.int64]]

@@ -46,20 +46,6 @@ class CriticalPath:
     note: str | None = None
 
 
-def critical_paths(
-    ranks: Mapping[int, RankArrays],
-    spans: Mapping[int, RankSpans],
-    inst: Instances,
-    stats: InstanceStats,
-    clocks: ClockAlignment,
-) -> list[CriticalPath]:
-    """Every profiled step's path, classified on the ranks' spans."""
-    paths = walk_paths(ranks, inst, stats, clocks)
-    windows = PathWindows(paths, ranks, clocks)
-    windows.classify_into(paths, {r: windows.classify(r, spans[r]) for r in windows.ranks})
-    return paths
-
-
 def walk_paths(
     ranks: Mapping[int, RankArrays], inst: Instances, stats: InstanceStats, clocks: ClockAlignment
 ) -> list[CriticalPath]:

@@ -146,7 +146,7 @@ def _ingest(
     from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, iter_inputs
     from commlens.ingest.records import RankHint
     from commlens.service.ingest import FileOutcome, ingest_run
-    from commlens.service.parallel import arrow_without_pandas
+    from commlens.service.no_pandas import arrow_without_pandas
     from commlens.store import StoreError
 
     limits = DEFAULT_LIMITS if max_trace_events is None else replace(DEFAULT_LIMITS, max_trace_events=max_trace_events)
@@ -639,7 +639,10 @@ def report(
         raise typer.Exit(2)
     url = _read_through(db, api)
     if url is None:
-        cli_analysis.report(run=run, db=db, fmt=fmt, config=config)
+        from commlens.service.no_pandas import arrow_without_pandas
+
+        with arrow_without_pandas():
+            cli_analysis.report(run=run, db=db, fmt=fmt, config=config)
         return
     if config is not None:
         err_console.print(

@@ -15,10 +15,10 @@ from commlens import store
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread
 from commlens.contract.time import MAX_MEMBER_ROWS, Instance, InstanceMember, InstancesPage, TimeStatus
+from commlens.frontend.client import ApiClient
+from commlens.frontend.page_time import waits_view
 from commlens.service import time as service
 from commlens.service.errors import NotFoundError
-from frontend.client import ApiClient
-from frontend.page_time import waits_view
 
 SIZES = [4, 4, 10, 3, 3, 3]  # members of instances 0..5
 

@@ -10,9 +10,7 @@ by the processes, not by the number of files.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
@@ -21,9 +19,9 @@ from commlens.ingest.inputs import InputFile, Limits, portable
 from commlens.ingest.parse_file import ParsedFile, parse_file, parse_tables
 from commlens.ingest.parse_threads import sharing_cores
 from commlens.ingest.records import RankHint
-from commlens.service.parse_pool import NoPandas, ParsePool, default_jobs, worth_workers
+from commlens.service.parse_pool import ParsePool, default_jobs, worth_workers
 
-__all__ = ["AHEAD", "ParsePool", "arrow_without_pandas", "default_jobs", "parsed_inputs"]
+__all__ = ["AHEAD", "ParsePool", "default_jobs", "parsed_inputs"]
 
 AHEAD = 2  # files per parsing process parsed or waiting to be stored
 
@@ -56,22 +54,6 @@ def parsed_inputs(
             return
         with ParsePool(jobs - 1) as own:
             yield from _in_workers(rest, hint, limits, own)
-
-
-@contextlib.contextmanager
-def arrow_without_pandas() -> Iterator[None]:
-    """pyarrow imports pandas (0.2-0.3 s) on its first array only to tell pandas objects apart, and commlens
-    makes none: while an ingest runs, pandas is absent for it, unless something imported pandas already.
-    Afterwards `import pandas` works again (pyarrow's own conversions to pandas import it then)."""
-    if "pandas" in sys.modules:
-        yield
-        return
-    blocker = NoPandas()
-    sys.meta_path.insert(0, blocker)
-    try:
-        yield
-    finally:
-        sys.meta_path.remove(blocker)
 
 
 def _parses(item: InputFile) -> bool:

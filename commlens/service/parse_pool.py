@@ -8,10 +8,8 @@ interpreter), and there is no fork server process: a parse pool of N workers is 
 
 from __future__ import annotations
 
-import importlib.abc
 import multiprocessing
 import os
-import sys
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -19,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 from commlens.ingest.parse_threads import cores, share_cores
+from commlens.service.no_pandas import block_pandas
 
 # Workers are started when the files to parse hold at least this much: below it starting them costs more
 # than they save (about 0.3 s of start-up and imports per worker against ~100 MB/s of parsing)
@@ -30,20 +29,11 @@ def default_jobs() -> int:
     return cores()
 
 
-class NoPandas(importlib.abc.MetaPathFinder):
-    """Answers `import pandas` with ModuleNotFoundError (see parallel.arrow_without_pandas)."""
-
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
-        if fullname.split(".", 1)[0] == "pandas":
-            raise ModuleNotFoundError("pandas is not loaded while commlens ingests", name=fullname)
-
-
 def _worker_start() -> None:
     """A worker process parses only, one core's worth beside the others (`parse_threads`), and without pandas
-    for pyarrow (parallel.arrow_without_pandas), for its whole life."""
+    for pyarrow (no_pandas.py), for its whole life."""
     share_cores()
-    if "pandas" not in sys.modules:
-        sys.meta_path.insert(0, NoPandas())
+    block_pandas()
 
 
 def _warm() -> None:

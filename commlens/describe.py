@@ -157,20 +157,20 @@ def describe(
     wrap: Iterable[str] = (),
 ) -> tuple[ModelDescription, bool]:
     """(description, built on meta) of MODULE:FACTORY called with `args`."""
+    fields = {
+        "kind": kind,
+        "dp": dp,
+        "bucket_cap_mb": bucket_cap_mb,
+        "broadcast_buffers": broadcast_buffers,
+        "zero_stage": zero_stage,
+    }
+    # a wrong option is said before torch and the user's module are imported and the model built
+    Strategy.model_validate(fields)
     model, on_meta = build(load_factory(target), args)
     if not hasattr(model, "named_parameters"):
         raise DescribeError(f"{target!r} returned {type(model).__name__}, not a torch.nn.Module")
-    strategy = Strategy.model_validate(
-        {
-            "kind": kind,
-            "dp": dp,
-            "bucket_cap_mb": bucket_cap_mb,
-            "first_bucket_bytes": first_bucket_bytes(bucket_cap_mb) if kind == "ddp" else None,
-            "broadcast_buffers": broadcast_buffers,
-            "zero_stage": zero_stage,
-            "units": wrap_units(model, wrap),
-        }
-    )
+    fields["first_bucket_bytes"] = first_bucket_bytes(bucket_cap_mb) if kind == "ddp" else None
+    strategy = Strategy.model_validate({**fields, "units": wrap_units(model, wrap)})
     return describe_module(model, target, strategy), on_meta
 
 

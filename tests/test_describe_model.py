@@ -157,6 +157,8 @@ def test_a_factory_the_meta_device_cannot_build_is_built_normally(user_dir: Path
         (["mymodel:build", "--args", "{width: 3}"], "--args is not JSON"),
         (["mymodel:build", "--args", '{"depth": 3}'], "the factory failed: TypeError"),
         (["mymodel:build", "--strategy", "zero"], "needs strategy.zero_stage"),
+        # options are checked before the user's module is imported: no build to wait for to learn of a typo
+        (["nosuchmodule:build", "--strategy", "zero"], "needs strategy.zero_stage"),
     ],
 )
 def test_bad_targets_say_what_is_wrong(user_dir: Path, args: list[str], message: str) -> None:

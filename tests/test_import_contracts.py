@@ -71,9 +71,18 @@ def test_import_contract_is_kept(package_tree: Path, contract: str) -> None:
 
 def test_dashboard_loads_no_server_module() -> None:
     """`commlens ui` ships the dashboard, not the store, the ingest pipeline or the API server."""
-    code = "import json, sys, commlens.frontend; print(json.dumps(sorted(sys.modules)))"
+    code = "import json, sys, commlens.frontend.app; print(json.dumps(sorted(sys.modules)))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     loaded = json.loads(proc.stdout.splitlines()[-1])
     server = [m for m in loaded if any(m == s or m.startswith(f"{s}.") for s in SERVER_MODULES)]
     assert "commlens.frontend.client" in loaded and "commlens.contract.analysis" in loaded
     assert server == []
+
+
+def test_the_api_client_loads_no_dashboard() -> None:
+    """`commlens runs` and `report` talk to a server through the client: they do not pay for Dash and Plotly."""
+    code = "import json, sys, commlens.frontend.client; print(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    loaded = json.loads(proc.stdout.splitlines()[-1])
+    assert "commlens.frontend.client" in loaded
+    assert [m for m in loaded if m.split(".")[0] in ("dash", "plotly", "pandas")] == []

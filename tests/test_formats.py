@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import random
 import tarfile
 from pathlib import Path
 
@@ -115,6 +116,16 @@ def test_nothing_claims_binary_or_empty_heads() -> None:
         _detect(b"\x89PNG\r\n\x1a\n\x00\x00")
     with pytest.raises(ParseError, match="empty file"):
         _detect(b" \n\t")
+
+
+@pytest.mark.parametrize("start", [b"{", b"[", b"\n [", b"\x80\x02\x00", b"\x80\x04K"])
+def test_random_bytes_behind_a_json_or_pickle_start_are_binary(start: bytes) -> None:
+    """One random file in 128 starts with '{' or '[' and was taken for JSON (an upload of noise was queued, not
+    refused); one in 16,384 starts like a pickle."""
+    rng = random.Random(start)
+    for _ in range(50):
+        with pytest.raises(ParseError, match="binary data"):
+            _detect(start + rng.randbytes(4096).replace(b"traceEvents", b"x"))
 
 
 def test_upload_sniffing_tells_archives_from_formats(tmp_path: Path) -> None:

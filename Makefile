@@ -83,8 +83,10 @@ layout:
 	for f in commlens/*; do ln -s ../../$$f .layout/commlens/; done
 	for d in backend ingest frontend harness; do ln -s ../../$$d .layout/commlens/$$d; done
 
+# Two workers on the two cores CI has (TEST_WORKERS=0: one process); see tests/machine.py for what runs alone.
+TEST_WORKERS ?= 2
 test: lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .layout

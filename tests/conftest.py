@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Iterator
@@ -13,8 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # test-only helpers (synthetic.py) import by module name
 import background  # noqa: E402  (found through the path set above)
+import machine  # noqa: E402
 from harness_runs import HarnessRuns  # noqa: E402
 
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 SHARED_DATA = Path(os.environ.get("COMMLENS_DATA", ROOT.parent / "shared" / "data"))
 
 
@@ -27,18 +30,62 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
+# What makes a module part of the harness scope: it reads the session's harness runs or starts background commands.
+_HARNESS_MARKS = ("harness_runs", "gloo_trace_files", "\nBACKGROUND = ")
+
+
+@functools.cache
+def in_harness_scope(module_path: str) -> bool:
+    """Whether a test module reads harness runs (or starts background launches). Under `pytest -n` all such modules
+    run in one worker, so each torchrun launch happens once and the planted stragglers' launches (HarnessRuns'
+    `alone`) know every other launch of the session."""
+    path = Path(module_path)
+    path = path if path.is_absolute() else ROOT / path
+    try:
+        text = path.read_text()
+    except OSError:
+        return False
+    return any(mark in text for mark in _HARNESS_MARKS)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Whole modules to a worker (their module fixtures start servers and browsers once), the harness scope as one."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "harness-scope" if in_harness_scope(module) else module
+
+    return ModuleScopes(config, log)
+
+
+def _start_background(session: pytest.Session) -> None:
     """Start the selected modules' `BACKGROUND` commands (tests/background.py): their waiting overlaps the tests."""
-    if session.config.option.collectonly:
-        return
     modules = {item.module for item in session.items if isinstance(item, pytest.Function)}
     for module in sorted(modules, key=lambda m: m.__name__):
         for name, make in getattr(module, "BACKGROUND", {}).items():
             background.start(name, make)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not session.config.option.collectonly and not _XDIST_WORKER:
+        _start_background(session)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Under `pytest -n`: the background commands start with the harness scope's first test (the worker that runs
+    it runs all of it), and each test shares the machine with the other worker's (tests/machine.py)."""
+    if _XDIST_WORKER and in_harness_scope(str(item.path)):
+        _start_background(item.session)
+    with machine.shared():
+        return (yield)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     background.stop_all()
+    machine.release()
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import machine
 import orjson
 import pytest
 
@@ -154,7 +155,8 @@ class HarnessRuns:
             self._alone = True
             self._state.wait_for(lambda: self._background == 0)
         try:
-            yield
+            with machine.to_myself():  # and, under pytest -n, no test of the other worker runs meanwhile
+                yield
         finally:
             with self._state:
                 self._alone = False

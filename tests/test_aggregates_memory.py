@@ -13,7 +13,7 @@ import pytest
 from commlens import store
 from commlens.store import aggregates
 
-CALLS = 4_000_000  # one (op, size bin): every value of every median in one group
+CALLS = 1_000_000  # one (op, size bin): every value of every median in one group
 
 
 def _store(path: Path) -> tuple[duckdb.DuckDBPyConnection, int]:
@@ -62,7 +62,7 @@ def test_the_medians_refresh_within_a_memory_limit_their_single_query_exceeded(t
         aggregates.refresh_run(con, run_id)  # no limit: the reference
         expected = _medians(con, run_id)
         assert expected["bw_bins"][0][2] == CALLS and expected["bw_schemes"][0][4] > 0
-        con.execute("SET memory_limit = '250MB'")  # the four need about 400 MB here, the refresh 200
+        con.execute("SET memory_limit = '75MB'")  # the four need about 110 MB here, the refresh about 50
         # the four medians in one query, as the refresh had them, do not fit ...
         with aggregates.measured_calls(con, run_id) as (sql, _), pytest.raises(duckdb.OutOfMemoryException):
             con.execute(

@@ -65,6 +65,10 @@ def start(name: str, make: Make) -> None:
         _started[name] = Started(folder, make(folder))
 
 
+def any_started() -> bool:
+    return bool(_started)
+
+
 def result(name: str, make: Make, timeout: float) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """The folder and the finished process of `name`'s command (started now if it was not)."""
     start(name, make)

@@ -77,7 +77,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
     """Under `pytest -n`: the background commands start with the harness scope's first test (the worker that runs
     it runs all of it), and each test shares the machine with the other worker's (tests/machine.py)."""
-    if _XDIST_WORKER and in_harness_scope(str(item.path)):
+    if _XDIST_WORKER and in_harness_scope(str(item.path)) and not background.any_started():
         _start_background(item.session)
     with machine.shared():
         return (yield)

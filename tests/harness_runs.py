@@ -42,6 +42,16 @@ PREFETCH_WORKERS = 2
 # medians and spread test absorb; at a load of 12-15 on 2 cores the rule rightly names nobody (then the tests
 # fail, saying so: the machine, not the analysis, is the cause).
 DELAY_MS = 60.0
+
+
+def imposed_by_the_sleep(measured_ms: float, slept_ms: float) -> bool:
+    """Whether a wait measured for a planted sleep is the sleep's: at least 80% of what rank 1 slept (less is a
+    wrong analysis) and at most 1.5 times it. A loaded host only adds: after its sleep rank 1 waits for a core
+    before it reaches the collective (77 ms for a 60 ms sleep with a CPU burner beside the suite's two workers,
+    load 5, the 4-rank run on 2 cores)."""
+    return 0.8 * slept_ms <= measured_ms <= 1.5 * slept_ms
+
+
 # The straggler runs: one block, 8 profiled steps of one DDP bucket each (the straggler rule needs 6
 # instances per group and a spread across steps; medians over 8 steps damp a crowded machine's noise).
 STRAGGLER_MODEL: dict[str, Any] = {

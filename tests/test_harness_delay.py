@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 import pytest
-from harness_runs import DELAY_MS, PROFILED_STEPS, STRAGGLER_MODEL, HarnessRuns
+from harness_runs import DELAY_MS, PROFILED_STEPS, STRAGGLER_MODEL, HarnessRuns, imposed_by_the_sleep
 
 from commlens.harness.config import ConfigError, Delay, HarnessConfig, parse_delays, validation_errors
 
@@ -168,14 +168,14 @@ def test_delay_is_recorded_and_visible_in_the_traces(delayed, base, runs):
     assert sorted(with_delay) == sorted(without) == list(PROFILED_STEPS)
     if dim == "dp":  # medians across steps: one crowded step of either run moves a mean by tens of ms
         extra = median(with_delay.values()) - median(without.values())
-        assert extra == pytest.approx(median(slept), rel=0.2), (with_delay, without, slept)
+        assert imposed_by_the_sleep(extra, median(slept)), (with_delay, without, slept)
         return
     # Four ranks on a two-core host: without delay, rank 0 also waits for peers that the scheduler
     # set aside (10-25 ms per step on a busy machine), and the sleep absorbs part of that, so the extra
     # over the run without delay falls short of the delay by that much. The control that shares the
     # contention is the run's other tp group: rank 2 holds rank 0's place in it and nobody there sleeps.
     # Crowding only adds waits (a CI run beside a CPU burner measured +73 ms over the control for a 60 ms
-    # delay), so this raw check is one-sided; the analysis's 20% band for the tp group is asserted in
+    # delay), so this raw check is one-sided; the analysis's band (-20%, +50%) for the tp group is asserted in
     # tests/test_time_harness.py, on arrivals rather than on all-reduce durations.
     # Medians across steps: one crowded step (215 ms in an undelayed run beside a burner) moves a mean by more
     # than the delay.

@@ -4,7 +4,7 @@ runs, ingested into a store as `commlens harness --ingest` does (`launch.ingest_
 
 With `--dp 2 --delay 1:MS` rank 1 sleeps MS ms (DELAY_MS) before every step's forward: it must be named the
 dp straggler, arrive last in >= 90% of the dp instances, and rank 0 must wait what rank 1 actually slept (its
-`commlens.delay` ranges: a loaded host oversleeps MS) +- 20% per step. With
+`commlens.delay` ranges: a loaded host oversleeps MS) per step, -20% to +50% (harness_runs.imposed_by_the_sleep). With
 `--dp 2 --tp 2 --delay 1:MS` the same holds for rank 1's tp group, where rank 1 arrives last only in the
 first tp all-reduce of each step (the dozen after it are near-ties), so "last" is weighed by the wait it
 causes there. Without a delay no straggler is named. The runs (one-block model, 8 profiled steps) are
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness_runs import HarnessRuns, named
+from harness_runs import HarnessRuns, imposed_by_the_sleep, named
 
 from commlens import store
 from commlens.contract.time import StragglerReport
@@ -90,13 +90,13 @@ def test_dp_delay_names_rank_1_and_rank_0_waits_the_delay(
     slept = planted("dp-delay")
     (s,) = t["stragglers"]
     assert (s["rank"], s["scheme"]) == (1, "dp"), s
-    assert s["imposed_ms_per_step"] == pytest.approx(slept, rel=0.2), (s, slept)
+    assert imposed_by_the_sleep(s["imposed_ms_per_step"], slept), (s, slept)
     assert s["steps_consistent"] == s["steps"] == 8, s
     ranks = {r["rank"]: r for r in t["ranks"]}
     assert set(ranks) == {0, 1}
     # one DDP bucket per step: every instance is the dp group's, and rank 1 arrives last in >= 90% of them
     assert ranks[1]["instances"] >= 8 and ranks[1]["arrived_last"] >= 0.9 * ranks[1]["instances"], ranks[1]
-    assert ranks[0]["wait_us"] / ranks[0]["steps"] / 1e3 == pytest.approx(slept, rel=0.2), (ranks[0], slept)
+    assert imposed_by_the_sleep(ranks[0]["wait_us"] / ranks[0]["steps"] / 1e3, slept), (ranks[0], slept)
     assert ranks[1]["wait_us"] / ranks[1]["steps"] / 1e3 < 0.1 * slept, ranks[1]
 
 
@@ -115,13 +115,13 @@ def test_tp_delay_names_rank_1_in_its_tp_group(run_db: Callable[[str], Path], pl
     (mine,) = {a.group for a in per_group if a.scheme == "tp" and a.rank == 1}
     tp = [s for s in t["stragglers"] if s["group"] == mine]
     assert [s["rank"] for s in tp] == [1], t["verdicts"]
-    assert tp[0]["imposed_ms_per_step"] == pytest.approx(slept, rel=0.2), (tp[0], slept)
+    assert imposed_by_the_sleep(tp[0]["imposed_ms_per_step"], slept), (tp[0], slept)
     # rank 1's tp group: it causes most of the wait (>= 75% of it, the rule's share, in >= 6 of the 8
     # steps; the crowded host adds waits both ways) and rank 0 waits the delay per step
     group = {a.rank: a for a in per_group if a.group == tp[0]["group"]}
     assert set(group) == {0, 1} and group[1].steps_mostly_last >= 6, group
     assert group[1].imposed_us >= 0.75 * (group[0].imposed_us + group[1].imposed_us), group
-    assert group[0].wait_us / group[0].steps / 1e3 == pytest.approx(slept, rel=0.2), (group[0], slept)
+    assert imposed_by_the_sleep(group[0].wait_us / group[0].steps / 1e3, slept), (group[0], slept)
     # rank 1's dp group (one DDP bucket per step) sees the delay second-hand, after the tp waits: it still
     # arrives last in most dp instances (>= the rule's 75%; one instance of 8 may go either way when the
     # host is loaded: seen 7 of 8 in a CI run beside other jobs)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import duckdb
 import pytest
 
+from commlens import store
 from commlens.ingest.inputs import iter_inputs
 from commlens.service.ingest import ingest_run
 from commlens.service.jobs_split import FileEvidence, split_jobs
@@ -129,3 +131,49 @@ def test_cli_prints_what_went_where_and_one_run_merges(tmp_path: Path, data_dir:
         assert runs == ["pair", "pair-nvidia-nccl-203"]
         assert "The files are of 2 jobs: each is a run of its own (--one-run stores them all in pair)." in proc.stdout
         assert "pair-nvidia-nccl-203" in proc.stdout and "world size 128" in proc.stdout
+
+
+def _calls(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    return dict(con.execute("SELECT run, count(*) FROM comms GROUP BY 1").fetchall())
+
+
+def test_the_same_files_again_in_another_order_are_duplicates_where_they_are(
+    con: duckdb.DuckDBPyConnection, data_dir: Path
+) -> None:
+    logs = [data_dir / "nccl-logs" / f for f in ("nvidia-nccl-203.log", "nvidia-nccl-584.log")]
+    ingest_run(con, "x", iter_inputs(logs), split_jobs=True)
+    before = _runs(con), _calls(con)
+    assert before[0] == {"x": ["nvidia-nccl-203.log"], "x-nvidia-nccl-584": ["nvidia-nccl-584.log"]}
+    # the split of the second ingest would put 584 first, into x: it stays in the run that holds it
+    report = ingest_run(con, "x", iter_inputs(logs[::-1]), split_jobs=True)
+    assert [(f.status, f.run) for f in report.files] == [("duplicate", "x-nvidia-nccl-584"), ("duplicate", "x")]
+    assert (_runs(con), _calls(con)) == before
+
+
+def test_a_folder_or_an_archive_of_files_stored_before_adds_none_of_them_again(
+    con: duckdb.DuckDBPyConnection, data_dir: Path, tmp_path: Path
+) -> None:
+    folder = data_dir / "nccl-logs"
+    ingest_run(con, "logs", iter_inputs([folder / "nvidia-nccl-584.log"]), split_jobs=True)
+    ingest_run(con, "logs", iter_inputs([folder]), split_jobs=True)
+    calls = _calls(con)
+    assert [run for run, files in _runs(con).items() if "nvidia-nccl-584.log" in files] == ["logs"]
+    fresh = store.connect(tmp_path / "fresh.duckdb")  # the folder alone: every call once
+    ingest_run(fresh, "logs", iter_inputs([folder]), split_jobs=True)
+    assert sum(calls.values()) == sum(_calls(fresh).values())
+    fresh.close()
+    archive = tmp_path / "logs.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname="nccl-logs")
+    before = _runs(con), calls
+    report = ingest_run(con, "logs", iter_inputs([archive]), split_jobs=True)
+    assert {f.status for f in report.files if f.status != "skipped"} == {"duplicate"}
+    assert (_runs(con), _calls(con)) == before
+
+
+def test_the_same_file_in_a_run_of_another_name_is_stored_there(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
+    log = data_dir / "nccl-logs" / "nvidia-nccl-203.log"
+    ingest_run(con, "a", iter_inputs([log]), split_jobs=True)
+    report = ingest_run(con, "b", iter_inputs([log]), split_jobs=True)
+    assert [(f.status, f.run) for f in report.files] == [("ok", "b")]
+    assert _calls(con) == {"a": 7, "b": 7}

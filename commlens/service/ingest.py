@@ -198,6 +198,7 @@ def _ingest_split(
     spooled in memory up to 64 MiB each), so memory does not grow with the number of files."""
     first_of: dict[str, str] = {}  # content identity -> the first file with it
     twin: dict[str, str] = {}  # a file -> the earlier file with its content: it goes where that one goes
+    kept: dict[str, str] = {}  # a file whose content a run of this ingest's family holds -> that run
     found = []
     items: list[InputFile] = []  # every input in order, its bytes released once parsed
     links = Prelinks()  # NCCL calls of a run without NCCL rows yet are written already linked
@@ -208,8 +209,12 @@ def _ingest_split(
                 continue
             if p.result is not None:
                 identity = p.content_sha256 = _identity(item, p, limits)  # not read again when stored
+                holder = None if replace else _family_run_holding(con, run, (identity, p.sha256))
                 if identity in first_of:
                     twin[item.name] = first_of[identity]
+                elif holder is not None:  # stored by an earlier ingest: it stays there, whatever this split says
+                    first_of[identity] = item.name
+                    kept[item.name] = holder
                 else:
                     first_of[identity] = item.name
                     found.append(evidence(item.name, p.result))
@@ -218,7 +223,7 @@ def _ingest_split(
             held.put(id(item), p)
             del p  # held only by `held`, which lets it go once stored
         split = split_jobs(run, found, _names_not_ours(con, owner_id))
-        where = {f.path: job.run for job in split for f in job.files}
+        where = {f.path: job.run for job in split for f in job.files} | kept
         where.update({name: where[first] for name, first in twin.items() if first in where})
         report = IngestReport(run, jobs=split)
         runs: dict[str, PendingRun] = {}
@@ -227,6 +232,8 @@ def _ingest_split(
             if replace and pending.run_id is not None:
                 store.replace_run_data(con, pending.run_id)
             links.plan(con, job.run, pending.run_id, [id(i) for i in items if where.get(i.name, run) == job.run])
+        for name in set(kept.values()) - set(runs):  # runs that only see their files again: nothing is written
+            runs[name] = PendingRun(name, description, store.get_run_id(con, name), owner_id)
         for item in items:
             target = where.get(item.name, run)
             parsed = held.pop(id(item))
@@ -240,6 +247,19 @@ def _ingest_split(
     for job in split:
         _finish(con, runs[job.run].made(con), job.run, report, True, links.written(job.run))
     return report
+
+
+def _family_run_holding(con: duckdb.DuckDBPyConnection, run: str, hashes: tuple[str, str]) -> str | None:
+    """The run of this ingest's family (`run`, or a run split off from it earlier: `run-...`) that holds a
+    stored file of this content (or these bytes), if any. A second ingest of the same files in another order,
+    or of a folder or archive holding files stored before, splits its jobs differently; without this a file
+    stored in one run of the family would be stored again in another and its calls would count twice."""
+    row = con.execute(
+        "SELECT r.name FROM sources s JOIN runs r USING (run_id) WHERE s.status = 'ok' AND s.sha256 IN (?, ?) "
+        "AND (r.name = ? OR starts_with(r.name, ? || '-')) ORDER BY r.name = ? DESC, r.run_id LIMIT 1",
+        [*hashes, run, run, run],
+    ).fetchone()
+    return None if row is None else str(row[0])
 
 
 def _names_not_ours(con: duckdb.DuckDBPyConnection, owner_id: int | None) -> set[str]:

@@ -598,3 +598,23 @@ def test_users_tokens_and_authorship(client: httpx.Client, server: ServerThread)
     assert [u["name"] for u in client.get("/api/users").json()["items"]] == ["ana"]
     assert client.delete("/api/users/ana").status_code == 204
     problem(client.get("/api/me", headers={"Authorization": f"Bearer {new}"}), 401)
+
+
+# ---------------------------------------------------------------------------------- rank ranges
+
+
+@pytest.mark.parametrize("path", ["/api/runs/seeded/ranks", "/api/runs/seeded/time/breakdown"])
+def test_an_inverted_rank_range_is_422_naming_first_and_last(client: httpx.Client, path: str) -> None:
+    """first > last is the request's mistake, not an empty answer: 422 naming both fields as a bad field is named."""
+    body = problem(client.get(path, params={"first": 3, "last": 1}), 422)
+    assert body["type"].endswith("/invalid-request")
+    assert [e["field"] for e in body["errors"]] == ["query.first", "query.last"]
+    assert "query.first: must be at most last (1)" in body["detail"]
+    assert "query.last: must be at least first (3)" in body["detail"]
+    for params in ({"first": 2, "last": 2}, {"first": 3}, {"last": 1}, {"first": 0, "last": 3}):
+        r = client.get(path, params=params)
+        assert r.status_code == 200, r.text
+        answered = r.json() if path.endswith("/ranks") else r.json()["filters"]
+        assert (answered["first"], answered["last"]) == (params.get("first"), params.get("last"))
+    ranks = client.get("/api/runs/seeded/ranks", params={"first": 2, "last": 2}).json()
+    assert {row["rank"] for row in ranks["rows"]} == {"2"}  # a global rank, or "host:pid" without one

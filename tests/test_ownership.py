@@ -178,6 +178,83 @@ def test_the_last_admin_is_neither_deleted_nor_demoted(tmp_path: Path) -> None:
         con.close()
 
 
+def test_deleting_an_item_deletes_no_other_authors_replies(tmp_path: Path) -> None:
+    """Deleting a top-level item deletes its replies, which are their authors' (or an admin's) to delete: its
+    author is refused (409 `has-replies-of-others`, saying how many) while others' replies stand; an admin is not."""
+    db = tmp_path / "s.duckdb"
+    t = _tokens(db, "root", "alice", "bob", "carol")
+    with ServerThread(Settings(db=db, host="0.0.0.0")) as srv, httpx.Client(base_url=srv.url) as c:
+        assert c.post("/api/runs", json={"name": "r"}, headers=t["alice"]).status_code == 201
+
+        def post(who: str, body: str, parent: int | None = None) -> int:
+            r = c.post("/api/runs/r/review", json={"body": body, "parent_id": parent}, headers=t[who])
+            assert r.status_code == 201, r.text
+            return r.json()["item_id"]
+
+        def bodies() -> list[str]:
+            cur = _direct(srv)
+            try:
+                return [b for (b,) in cur.execute("SELECT body FROM review_items ORDER BY item_id").fetchall()]
+            finally:
+                cur.close()
+
+        # alone in the thread: the author deletes the item and their own replies, as before
+        solo = post("alice", "solo")
+        post("alice", "my own reply", solo)
+        assert c.delete(f"/api/review/{solo}", headers=t["alice"]).status_code == 204
+        assert bodies() == []
+
+        top = post("alice", "alice's item")
+        post("alice", "alice's reply", top)
+        bobs = post("bob", "bob's reply", top)
+        r = c.delete(f"/api/review/{top}", headers=t["alice"])
+        assert r.status_code == 409 and r.json()["type"].endswith("/has-replies-of-others"), r.text
+        assert r.json()["detail"].startswith(f"item {top} has 1 reply by another author")
+        post("carol", "carol's reply", top)
+        post("bob", "bob again", top)
+        r = c.delete(f"/api/review/{top}", headers=t["alice"])
+        assert r.status_code == 409 and r.json()["detail"].startswith(f"item {top} has 3 replies by 2 other authors")
+        assert bodies() == ["alice's item", "alice's reply", "bob's reply", "carol's reply", "bob again"]
+        assert c.delete(f"/api/review/{bobs}", headers=t["carol"]).status_code == 403  # a reply is its author's
+        assert c.delete(f"/api/review/{bobs}", headers=t["bob"]).status_code == 204
+        assert c.patch(f"/api/review/{top}", json={"status": "resolved"}, headers=t["alice"]).status_code == 200
+        assert c.delete(f"/api/review/{top}", headers=t["root"]).status_code == 204  # an admin deletes them all
+        assert bodies() == []
+
+        # the tokenless local user and anonymous writers own their replies by name, as their items
+        cur = _direct(srv)
+        try:
+            anonymous = users.Actor(users.ANONYMOUS, None, False)
+            item = review.create_item(cur, "r", anonymous, "anonymous item", None)
+            review.create_item(cur, "r", anonymous, "anonymous reply", None, parent_id=item)
+            review.delete_item(cur, item, anonymous)
+            item = review.create_item(cur, "r", anonymous, "anonymous item", None)
+            review.create_item(cur, "r", users.Actor(users.LOCAL_USER, None, True), "local's reply", None, item)
+            with pytest.raises(ConflictError, match="has 1 reply by another author"):
+                review.delete_item(cur, item, anonymous)
+        finally:
+            cur.close()
+
+
+def test_request_booleans_are_true_or_false(tmp_path: Path) -> None:
+    """`{"admin": "yes"}` (or "on", "1", 1) is no way to promote a user: request booleans are JSON true or false."""
+    db = tmp_path / "s.duckdb"
+    t = _tokens(db, "root", "alice")
+    with ServerThread(Settings(db=db, host="0.0.0.0")) as srv, httpx.Client(base_url=srv.url) as c:
+        for value in ("yes", "on", "1", "true", 1, 0, None):
+            for r in (
+                c.patch("/api/users/alice", json={"admin": value}, headers=t["root"]),
+                c.post("/api/users", json={"name": "eve", "admin": value}, headers=t["root"]),
+            ):
+                assert r.status_code == 422, (value, r.text)
+                assert [e["field"] for e in r.json()["errors"]] == ["admin"], r.text
+                assert r.json()["detail"].startswith("invalid request: admin: Input should be a valid boolean")
+        listed = c.get("/api/users", headers=t["root"]).json()["items"]
+        assert [(u["name"], u["is_admin"]) for u in listed] == [("alice", False), ("root", True)]
+        assert c.patch("/api/users/alice", json={"admin": True}, headers=t["root"]).json()["is_admin"] is True
+        assert c.post("/api/users", json={"name": "eve", "admin": False}, headers=t["root"]).status_code == 201
+
+
 # -------------------------------------------------------------------------------------- runs
 
 
@@ -248,6 +325,21 @@ def test_owners_rename_and_former_names_reach_the_run(tmp_path: Path, data_dir: 
         assert cur.execute("SELECT alias FROM run_aliases").fetchall() == [("from-cli",)]
         cur.close()
         assert c.post("/api/runs", json={"name": "exp-v2"}, headers=t["alice"]).json()["owner"] == "alice"
+
+
+def test_compare_takes_a_former_name_as_the_run_it_names(tmp_path: Path) -> None:
+    """`GET /api/compare?runs=OLD,NEW` names one run twice, as `runs=NEW,NEW` does: 422, not the run against itself."""
+    with ServerThread(Settings(db=tmp_path / "s.duckdb")) as srv, httpx.Client(base_url=srv.url) as c:
+        for name in ("x", "other"):
+            assert c.post("/api/runs", json={"name": name}).status_code == 201
+        assert c.patch("/api/runs/x", json={"name": "y"}).status_code == 200
+        for runs_param in ("x,y", "y,x", "y,y", "x,x", "other,x,y"):
+            r = c.get("/api/compare", params={"runs": runs_param})
+            assert r.status_code == 422, (runs_param, r.text)
+            assert r.json()["detail"].startswith("runs must name 1 to 8 different runs"), r.text
+        assert "'x' is a former name of 'y'" in c.get("/api/compare", params={"runs": "x,y"}).json()["detail"]
+        r = c.get("/api/compare", params={"runs": "x,other"})
+        assert r.status_code == 200 and [run["run"] for run in r.json()["runs"]] == ["y", "other"]
 
 
 def test_a_dashboard_link_with_a_former_name_opens_the_run(tmp_path: Path, data_dir: Path) -> None:

@@ -41,7 +41,7 @@ from commlens.service.runs import predict_input_for_run, resolve_alias, run_layo
 from commlens.service.schemes import clear_scheme_override, override_scheme
 from commlens.vocab import Op
 
-from .deps import Cursor, Limit, Offset, Writer, next_offset
+from .deps import Cursor, Limit, Offset, Ranks, Writer, next_offset
 from .errors import ApiError, problem_responses
 from .review import create_item
 
@@ -200,17 +200,16 @@ def run_bandwidth(run: str, cur: Cursor) -> BandwidthReport:
 @router.get(
     "/runs/{run}/ranks",
     response_model=RankTotals,
-    responses=problem_responses(404),
+    responses=problem_responses(404, 422),
     summary="Per-rank totals per scheme and the imbalance between ranks",
 )
 def ranks(
     run: str,
     cur: Cursor,
-    first: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="lowest global rank of the rows")] = None,
-    last: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="highest global rank of the rows")] = None,
+    rank_range: Ranks,
 ) -> RankTotals:
     with analysis_errors():
-        return rank_totals(cur, run, first, last)
+        return rank_totals(cur, run, rank_range.first, rank_range.last)
 
 
 @router.get(
@@ -407,13 +406,24 @@ def compare_runs(
     cur: Cursor,
     runs: Annotated[str, Query(max_length=2000, description="comma-separated run names, 1 to 8")],
 ) -> RunsComparison:
-    names = [r.strip() for r in runs.split(",") if r.strip()]
-    if not 1 <= len(names) <= MAX_COMPARE_RUNS or len(set(names)) != len(names):
+    given = [r.strip() for r in runs.split(",") if r.strip()]
+    if not 1 <= len(given) <= MAX_COMPARE_RUNS:
         raise ApiError(
             422, f"runs must name 1 to {MAX_COMPARE_RUNS} different runs, comma-separated", "invalid-argument"
         )
+    # a link from before a rename holds former names: a run is the same under its old and its new name
+    names = [resolve_alias(cur, n) or n for n in given]
+    if len(set(names)) != len(names):
+        renamed = "".join(
+            f"; {g!r} is a former name of {n!r}" for g, n in dict(zip(given, names, strict=True)).items() if g != n
+        )
+        raise ApiError(
+            422,
+            f"runs must name 1 to {MAX_COMPARE_RUNS} different runs, comma-separated{renamed}",
+            "invalid-argument",
+        )
     out = []
-    for name in [resolve_alias(cur, n) or n for n in names]:  # a link from before a rename holds former names
+    for name in names:
         comparison = run_compare(cur, name)
         strategy, world_size = run_layout(cur, name)
         out.append(RunComparison(run=name, strategy=strategy, world_size=world_size, comparison=comparison))

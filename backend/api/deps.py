@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import duckdb
 from fastapi import Depends, Query, Request
+from fastapi.exceptions import RequestValidationError
+
+from commlens.contract.common import MAX_RANK
 
 from . import auth
 from .db import Database
@@ -60,3 +63,30 @@ Offset = Annotated[int, Query(ge=0, le=2**62, description="items to skip")]
 
 def next_offset(offset: int, limit: int, total: int) -> int | None:
     return offset + limit if offset + limit < total else None
+
+
+@dataclass(frozen=True)
+class RankRange:
+    """The global ranks [first, last] a list is restricted to; None: unbounded on that side."""
+
+    first: int | None
+    last: int | None
+
+
+def get_rank_range(
+    first: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="lowest global rank of the rows")] = None,
+    last: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="highest global rank of the rows")] = None,
+) -> RankRange:
+    """`first` and `last` of every route taking a range of ranks; an inverted range is the request's mistake
+    (422 naming both fields, as a bad field is named), not an empty answer."""
+    if first is not None and last is not None and first > last:
+        raise RequestValidationError(
+            [
+                {"type": "value_error", "loc": ("query", "first"), "msg": f"must be at most last ({last})"},
+                {"type": "value_error", "loc": ("query", "last"), "msg": f"must be at least first ({first})"},
+            ]
+        )
+    return RankRange(first, last)
+
+
+Ranks = Annotated[RankRange, Depends(get_rank_range)]

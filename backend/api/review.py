@@ -131,7 +131,12 @@ def update_item(item_id: int, body: ReviewUpdate, cur: Cursor, who: Writer) -> R
     return review_item(service.get_item(cur, item_id, INLINE_REPLIES))
 
 
-@router.delete("/review/{item_id}", status_code=204, responses=problem_responses(401, 403, 404))
+@router.delete(
+    "/review/{item_id}",
+    status_code=204,
+    responses=problem_responses(401, 403, 404, 409),
+    summary="Delete a review item and its replies; a non-admin deletes no other author's reply (409)",
+)
 def delete_item(item_id: int, cur: Cursor, who: Writer) -> Response:
     service.delete_item(cur, item_id, who.actor)
     return Response(status_code=204)

@@ -22,7 +22,7 @@ from commlens.contract.time import (
 from commlens.service import time as service
 from commlens.vocab import Op
 
-from .deps import MAX_LIMIT, Cursor, Limit, Offset
+from .deps import MAX_LIMIT, Cursor, Limit, Offset, Ranks
 from .errors import problem_responses
 
 router = APIRouter(tags=["time"])
@@ -52,6 +52,7 @@ def time_summary(run: str, cur: Cursor) -> TimeSummary:
 def breakdown(
     run: str,
     cur: Cursor,
+    rank_range: Ranks,  # first, last
     limit: Limit = MAX_LIMIT,
     offset: Offset = 0,
     rank: RankQuery = None,
@@ -60,8 +61,6 @@ def breakdown(
         SchemeFilter | None,
         Query(description="keep only this scheme's communication in each row's `schemes`"),
     ] = None,
-    first: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="lowest global rank of the rows")] = None,
-    last: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="highest global rank of the rows")] = None,
 ) -> BreakdownReport:
     return service.breakdown(
         cur,
@@ -71,8 +70,8 @@ def breakdown(
         scheme=scheme,
         limit=limit,
         offset=offset,
-        first=first,
-        last=last,
+        first=rank_range.first,
+        last=rank_range.last,
     )
 
 

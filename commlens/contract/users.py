@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from .common import StrictModel
 
@@ -35,13 +35,15 @@ class Me(BaseModel):
     via: Literal["token", "loopback", "anonymous"]
 
 
+# Request booleans are JSON true or false only: pydantic's lax bool takes "yes", "on", "1" and 1 for true, so a
+# typo or a form-encoded value would promote a user.
 class UserCreate(StrictModel):
     name: str = Field(min_length=1, max_length=64)
-    admin: bool = False
+    admin: StrictBool = False
 
 
 class UserUpdate(StrictModel):
-    admin: bool = Field(description="whether the user is an admin; the last admin cannot be demoted")
+    admin: StrictBool = Field(description="whether the user is an admin; the last admin cannot be demoted")
 
 
 class UserOut(BaseModel):

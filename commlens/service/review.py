@@ -9,7 +9,9 @@ writers have no id; their items are theirs by name, which no user can have.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 from typing import Any
 
 import duckdb
@@ -21,6 +23,12 @@ from .errors import ConflictError, ForbiddenError, InvalidError, NotFoundError
 from .users import ANONYMOUS, LOCAL_USER, Actor
 
 WRITE_ATTEMPTS = 5
+# A reply is inserted after its parent was checked, and deleting an item deletes its replies: DuckDB's optimistic
+# transactions do not see a DELETE and a concurrent INSERT (or UPDATE) of another transaction as a conflict, so a
+# reply committed while its parent was being deleted would be stored without a parent, in no list. The store is held
+# by one server process (one writer per DuckDB file), so a process-wide lock orders the writes that create replies
+# and delete items: each sees the other's committed result.
+_THREADS = threading.Lock()
 ANCHOR_KEYS = ("view", "scheme", "op")  # anchor fields a list filters on by equality
 _REMOVED = f"""CASE WHEN i.author_id IS NULL THEN i.author NOT IN ('{LOCAL_USER}', '{ANONYMOUS}')
                 ELSE u.user_id IS NULL END"""
@@ -121,7 +129,8 @@ def create_item(
         ).fetchall()
         return int(rows[0][0])
 
-    return transaction(con, insert, WRITE_ATTEMPTS)
+    with _THREADS if parent_id is not None else contextlib.nullcontext():
+        return transaction(con, insert, WRITE_ATTEMPTS)
 
 
 def list_items(
@@ -176,6 +185,14 @@ def list_replies(
     return [_item(r) for r in rows], total
 
 
+def _is_authors(who: Actor, author: str, author_id: int | None) -> bool:
+    """Whether `who` wrote an item: by user id; the tokenless local user and anonymous writers, who have no id,
+    by name (no user can have theirs)."""
+    if author_id is not None:
+        return author_id == who.user_id
+    return who.user_id is None and author == who.name
+
+
 def _check_author(c: duckdb.DuckDBPyConnection, item_id: int, who: Actor, action: str) -> None:
     rows = c.execute(
         "SELECT i.author, i.author_id, u.user_id IS NOT NULL FROM review_items i "
@@ -185,11 +202,7 @@ def _check_author(c: duckdb.DuckDBPyConnection, item_id: int, who: Actor, action
     if not rows:
         raise NotFoundError(f"no review item {item_id}", "unknown-review-item")
     author, author_id, exists = rows[0]
-    if who.is_admin:
-        return
-    if author_id is not None and author_id == who.user_id:
-        return
-    if author_id is None and who.user_id is None and author == who.name:
+    if who.is_admin or _is_authors(who, author, author_id):
         return
     if (author_id is not None and not exists) or (author_id is None and author not in (LOCAL_USER, ANONYMOUS)):
         raise ForbiddenError(
@@ -224,11 +237,31 @@ def update_item(con: duckdb.DuckDBPyConnection, item_id: int, who: Actor, change
     transaction(con, update, WRITE_ATTEMPTS)
 
 
+def _check_replies_are_the_callers(c: duckdb.DuckDBPyConnection, item_id: int, who: Actor) -> None:
+    """ConflictError when a non-admin would delete, with their item, replies of other authors: a reply is its
+    author's (or an admin's) to delete."""
+    if who.is_admin:
+        return
+    rows = c.execute("SELECT author, author_id FROM review_items WHERE parent_id = ?", [item_id]).fetchall()
+    others = [(author_id, author) for author, author_id in rows if not _is_authors(who, author, author_id)]
+    if others:
+        n, authors = len(others), len({author if author_id is None else author_id for author_id, author in others})
+        raise ConflictError(
+            f"item {item_id} has {n} {'reply' if n == 1 else 'replies'} by "
+            f"{'another author' if authors == 1 else f'{authors} other authors'}, which only their authors or an "
+            "admin may delete; ask them or an admin to delete those replies first, or resolve the item instead",
+            "has-replies-of-others",
+        )
+
+
 def delete_item(con: duckdb.DuckDBPyConnection, item_id: int, who: Actor) -> None:
-    """Delete an item and its replies (the author's or an admin's)."""
+    """Delete an item and its replies (the author's or an admin's). A non-admin deletes no other author's reply:
+    ConflictError when the item has any (docs/security.md)."""
 
     def delete(c: duckdb.DuckDBPyConnection) -> None:
         _check_author(c, item_id, who, "delete")
+        _check_replies_are_the_callers(c, item_id, who)
         c.execute("DELETE FROM review_items WHERE item_id = ? OR parent_id = ?", [item_id, item_id])
 
-    transaction(con, delete, WRITE_ATTEMPTS)
+    with _THREADS:
+        transaction(con, delete, WRITE_ATTEMPTS)

@@ -189,7 +189,7 @@ def _ingest(
         con.close()
         err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
-    if len(report.jobs) > 1:
+    if report.split:
         _print_jobs(con, report)
     else:
         _print_summary(con, report)
@@ -249,10 +249,16 @@ def _print_jobs(con: duckdb.DuckDBPyConnection, report: IngestReport) -> None:
     from commlens.service.jobs_split import describe
     from commlens.service.runs import comms_totals
 
-    console.print(
-        f"The files are of {len(report.jobs)} jobs: each is a run of its own "
-        f"(--one-run stores them all in {escape(report.run)})."
-    )
+    if len(report.jobs) == 1:
+        console.print(
+            f"The files are of another job than the files run {escape(report.run)} holds: they are run "
+            f"{escape(report.jobs[0].run)} (--one-run stores them in {escape(report.run)})."
+        )
+    else:
+        console.print(
+            f"The files are of {len(report.jobs)} jobs: each is a run of its own "
+            f"(--one-run stores them all in {escape(report.run)})."
+        )
     table = Table()
     for col in ("run", "files", "calls", "job", "joined by", "apart from the first because"):
         table.add_column(col, overflow="fold")
@@ -492,7 +498,14 @@ def upload_command(
     for col in ("file", "status", "kind", "rank", "calls", "error"):
         table.add_column(col, overflow="fold")
     if job.jobs:
-        console.print(f"The files are of {len(job.jobs)} jobs: each is a run of its own (--one-run stores them all).")
+        if len(job.jobs) == 1:
+            console.print(
+                f"The files are of another job than the files run {escape(run)} holds (--one-run stores them there)."
+            )
+        else:
+            console.print(
+                f"The files are of {len(job.jobs)} jobs: each is a run of its own (--one-run stores them all)."
+            )
         for j in job.jobs:
             why = "; ".join(j.apart) or "the upload's run"
             console.print(f"  {escape(j.run)}: {len(j.files)} file(s), {escape(j.job)} ({escape(why)})")

@@ -19,8 +19,11 @@ import httpx
 from commlens import store
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread, wait_job
+from commlens.service import review
+from commlens.service.errors import InvalidError
 from commlens.service.ingest import ingest_paths
 from commlens.service.runs import comms_totals
+from commlens.service.users import LOCAL_USER, Actor
 
 LOGS = [
     "nvidia-nccl-1193.log",
@@ -72,7 +75,10 @@ def test_eight_uploaders_and_eight_readers(tmp_path: Path, data_dir: Path) -> No
                 name, data = members[i]
                 a = c.post("/api/runs/conc/files", files={"files": (name, data)})
                 log = data_dir / "nccl-logs" / LOGS[i]
-                b = c.post("/api/runs/logs/files", files={"files": (log.name, log.read_bytes())})
+                # excerpts of unrelated jobs, kept in one run (split, each later one would go to a run of its own)
+                b = c.post(
+                    "/api/runs/logs/files", files={"files": (log.name, log.read_bytes())}, params={"one_run": "true"}
+                )
                 assert a.status_code == b.status_code == 202, (a.text, b.text)
                 return [a.json()["job_id"], b.json()["job_id"]]
 
@@ -114,6 +120,86 @@ def test_eight_uploaders_and_eight_readers(tmp_path: Path, data_dir: Path) -> No
                 assert detail["ops"] == expected[run], run
                 assert detail["sources"]["ok"] == 8
             assert c.get("/api/runs/conc").json()["ranks"] == 8
+
+
+def test_racing_creations_of_one_user_are_one_201_and_409s(tmp_path: Path) -> None:
+    """Six admins create the same user at once: one gets it, every other one the 409 `user-exists` of the
+    non-racing path, never the 500 of the store's unique constraint (the name was checked before another
+    request's INSERT committed)."""
+    racers = 6
+    with ServerThread(Settings(db=tmp_path / "store.duckdb")) as srv:
+        clients = [httpx.Client(base_url=srv.url, timeout=60) for _ in range(racers)]
+        try:
+            for c in clients:
+                assert c.get("/api/health").status_code == 200  # connected before the race
+            for n in range(10):
+                barrier = threading.Barrier(racers)
+
+                def create(c: httpx.Client, name: str = f"racer{n}", barrier: threading.Barrier = barrier) -> tuple:
+                    barrier.wait()
+                    r = c.post("/api/users", json={"name": name})
+                    return r.status_code, r.json().get("type", "")
+
+                with ThreadPoolExecutor(racers) as pool:
+                    answers = sorted(pool.map(create, clients))
+                assert answers[0][0] == 201 and answers[1:] == [(409, "https://commlens.dev/problems/user-exists")] * (
+                    racers - 1
+                ), answers
+            users = clients[0].get("/api/users").json()["items"]
+            assert sorted(u["name"] for u in users) == [f"racer{n}" for n in range(10)]
+        finally:
+            for c in clients:
+                c.close()
+
+
+def test_replies_racing_their_parents_deletion_leave_no_orphan(tmp_path: Path) -> None:
+    """One writer deletes an item while three reply to it (each on its own cursor of one connection, as the
+    server's requests): a reply is refused as `unknown-parent` or deleted with its parent, never stored without
+    it (DuckDB does not take the DELETE and a concurrent INSERT for a conflict)."""
+    con = store.connect(tmp_path / "store.duckdb")
+    store.ensure_run(con, "r")
+    local = Actor(LOCAL_USER, None, True)
+    repliers = 3
+    refused = saved = 0
+    try:
+        for _ in range(40):
+            parent = review.create_item(con, "r", local, "top", None)
+            barrier = threading.Barrier(repliers + 1)
+
+            def delete(parent: int = parent, barrier: threading.Barrier = barrier) -> None:
+                cur = con.cursor()
+                try:
+                    barrier.wait()
+                    review.delete_item(cur, parent, local)
+                finally:
+                    cur.close()
+
+            def reply(parent: int = parent, barrier: threading.Barrier = barrier) -> int | None:
+                cur = con.cursor()
+                try:
+                    barrier.wait()
+                    return review.create_item(cur, "r", local, "reply", None, parent_id=parent)
+                except InvalidError as exc:
+                    assert exc.kind == "unknown-parent", exc
+                    return None
+                finally:
+                    cur.close()
+
+            with ThreadPoolExecutor(repliers + 1) as pool:
+                deleted = pool.submit(delete)
+                replies = [f.result() for f in [pool.submit(reply) for _ in range(repliers)]]
+                deleted.result()
+            refused += replies.count(None)
+            saved += repliers - replies.count(None)
+            orphans = con.execute(
+                "SELECT item_id, parent_id FROM review_items WHERE parent_id IS NOT NULL "
+                "AND parent_id NOT IN (SELECT item_id FROM review_items)"
+            ).fetchall()
+            assert orphans == [], (orphans, replies)
+            assert con.execute("SELECT count(*) FROM review_items").fetchall() == [(0,)]  # deleted with the parent
+        assert refused + saved == 40 * repliers
+    finally:
+        con.close()
 
 
 def _free_port() -> int:

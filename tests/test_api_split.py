@@ -141,3 +141,31 @@ def test_commlens_upload_prints_the_runs_and_one_run_merges(tmp_path: Path, data
         assert "The files are of" not in upload("one", "--one-run")
         runs = {x["name"]: x["events"] for x in c.get("/api/runs").json()["items"]}
         assert runs == {"two": 4, "two-nvidia-nccl-203": 7, "one": 11}
+
+
+def test_uploads_one_by_one_split_as_one_upload_of_them_all(tmp_path: Path, data_dir: Path) -> None:
+    """A later upload whose job the run's stored files contradict (world size 1, then 8) goes to a run of its
+    own, as the two files in one upload do; the same file uploaded again stays where it is."""
+    one = data_dir / "kineto-hta/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+    with tarfile.open(data_dir / "kineto-param/dlrm_kineto.tar.gz") as tar:
+        member = next(m for m in tar if m.name.endswith(".pt.trace.json") and "worker1_" in m.name)
+        worker1 = (Path(member.name).name, tar.extractfile(member).read())  # type: ignore[union-attr]
+    with ServerThread(Settings(db=tmp_path / "s.duckdb")) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+
+        def upload(name: str, data: bytes) -> JobOut:
+            job = c.post("/api/runs/mix/files", files={"files": (name, data)})
+            assert job.status_code == 202, job.text
+            return JobOut.model_validate(wait_job(c, job.json()["job_id"]))
+
+        assert c.post("/api/runs", json={"name": "mix"}).status_code == 201
+        first = upload(one.name, one.read_bytes())
+        assert first.state == "done" and not first.jobs and [r.run for r in first.results] == ["mix"]
+        second = upload(*worker1)
+        split_off = "mix-worker1_step_12.1694128201556"
+        assert [(j.run, j.apart) for j in second.jobs] == [
+            (split_off, ["world size 1 vs 8 (run mix holds files of another job)"])
+        ]
+        assert [(r.run, r.status) for r in second.results] == [(split_off, "ok")]
+        again = upload(*worker1)
+        assert [(r.run, r.status) for r in again.results] == [(split_off, "duplicate")]
+        assert {r["name"]: r["events"] for r in c.get("/api/runs").json()["items"]} == {"mix": 35, split_off: 8}

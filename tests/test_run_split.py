@@ -12,7 +12,7 @@ import duckdb
 import pytest
 
 from commlens import store
-from commlens.ingest.inputs import iter_inputs
+from commlens.ingest.inputs import InputFile, iter_inputs
 from commlens.service.ingest import ingest_run
 from commlens.service.jobs_split import FileEvidence, split_jobs
 
@@ -177,3 +177,31 @@ def test_the_same_file_in_a_run_of_another_name_is_stored_there(con: duckdb.Duck
     report = ingest_run(con, "b", iter_inputs([log]), split_jobs=True)
     assert [(f.status, f.run) for f in report.files] == [("ok", "b")]
     assert _calls(con) == {"a": 7, "b": 7}
+
+
+def _dlrm_members(data_dir: Path) -> dict[str, InputFile]:
+    return {
+        Path(i.name.split("!")[-1]).name[:7]: i for i in iter_inputs([data_dir / "kineto-param/dlrm_kineto.tar.gz"])
+    }
+
+
+def test_a_later_ingest_of_another_job_into_a_run_goes_to_a_run_of_its_own(
+    con: duckdb.DuckDBPyConnection, data_dir: Path
+) -> None:
+    one = data_dir / "kineto-hta/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"  # world size 1
+    ingest_run(con, "mix", iter_inputs([one]), split_jobs=True)
+    report = ingest_run(con, "mix", [_dlrm_members(data_dir)["worker1"]], split_jobs=True)  # world size 8
+    assert [(j.run, j.apart) for j in report.jobs] == [
+        ("mix-worker1_step_12.1694128201556", ["world size 1 vs 8 (run mix holds files of another job)"])
+    ]
+    assert report.split and [f.run for f in report.files] == ["mix-worker1_step_12.1694128201556"]
+    assert _calls(con) == {"mix": 35, "mix-worker1_step_12.1694128201556": 8}
+
+
+def test_ranks_of_one_job_ingested_one_by_one_stay_one_run(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
+    members = _dlrm_members(data_dir)
+    for name in ("worker0", "worker1", "worker5"):
+        report = ingest_run(con, "dlrm", [members[name]], split_jobs=True)
+        assert not report.split and [f.status for f in report.files] == ["ok"]
+    assert con.execute("SELECT count(DISTINCT rank) FROM comms WHERE run = 'dlrm'").fetchone() == (3,)
+    assert list(_runs(con)) == ["dlrm"]

@@ -274,7 +274,7 @@ class IngestQueue:
                     job_id, "failed", "the server was stopped during this job; upload the files without a result again"
                 )
                 return
-            runs = [job_row(j) for j in report.jobs] if len(report.jobs) > 1 else []
+            runs = [job_row(j) for j in report.jobs] if report.split else []
             jobs.record_progress(
                 cur, job_id, len(manifest.files), sum(f.size for f in manifest.files), progress.results, runs
             )

@@ -32,7 +32,7 @@ from commlens.ingest.nccl_prelink import Prelinked, Prelinks
 from commlens.ingest.parse_file import ParsedFile, first_line, parse_file
 from commlens.ingest.records import ParseResult, RankHint
 from commlens.service.held_parses import HeldParses
-from commlens.service.jobs_split import Job, evidence, split_jobs
+from commlens.service.jobs_split import Job, evidence, split_jobs, stored_job
 from commlens.service.parallel import ParsePool, parsed_inputs
 from commlens.store import aggregates
 from commlens.store.errors import StoreError
@@ -105,6 +105,12 @@ class IngestSummary:
 class IngestReport(IngestSummary):
     attribution_error: str | None = None  # the files are stored; their schemes are not
     jobs: list[Job] = field(default_factory=list)  # with split_jobs: the runs the files went to, with evidence
+
+    @property
+    def split(self) -> bool:
+        """Whether the files went elsewhere than the run named: several jobs, or one the named run's
+        stored files say is another job (what went where is then worth a table)."""
+        return len(self.jobs) > 1 or any(job.run != self.run for job in self.jobs)
 
 
 def ingest_run(
@@ -222,7 +228,7 @@ def _ingest_split(
             item.open_raw = _ReleasedBytes(item.name)  # an archive member's spool goes now, not with the run
             held.put(id(item), p)
             del p  # held only by `held`, which lets it go once stored
-        split = split_jobs(run, found, _names_not_ours(con, owner_id))
+        split = split_jobs(run, found, _names_not_ours(con, owner_id), None if replace else _stored_job(con, run))
         where = {f.path: job.run for job in split for f in job.files} | kept
         where.update({name: where[first] for name, first in twin.items() if first in where})
         report = IngestReport(run, jobs=split)
@@ -260,6 +266,20 @@ def _family_run_holding(con: duckdb.DuckDBPyConnection, run: str, hashes: tuple[
         [*hashes, run, run, run],
     ).fetchone()
     return None if row is None else str(row[0])
+
+
+def _stored_job(con: duckdb.DuckDBPyConnection, run: str) -> Job | None:
+    """The job evidence the run's stored files give (jobs_split.stored_job), or None for a new or empty run."""
+    sizes = con.execute(
+        "SELECT DISTINCT s.world_size FROM sources s JOIN runs r USING (run_id) "
+        "WHERE r.name = ? AND s.status = 'ok' AND s.world_size IS NOT NULL",
+        [run],
+    ).fetchall()
+    ids = con.execute(
+        "SELECT DISTINCT c.comm_id FROM nccl_comms c JOIN runs r USING (run_id) WHERE r.name = ? AND c.comm_id <> ''",
+        [run],
+    ).fetchall()
+    return stored_job(run, [int(r[0]) for r in sizes], [str(r[0]) for r in ids])
 
 
 def _names_not_ours(con: duckdb.DuckDBPyConnection, owner_id: int | None) -> set[str]:

@@ -150,10 +150,13 @@ def _conflict(a: Job, b: Job) -> str | None:
     return None
 
 
-def split_jobs(run: str, files: Sequence[FileEvidence], taken: Collection[str] = ()) -> list[Job]:
+def split_jobs(
+    run: str, files: Sequence[FileEvidence], taken: Collection[str] = (), stored: Job | None = None
+) -> list[Job]:
     """The files grouped into jobs, in the order of their first file; the first job keeps `run`, the others
     are named `run-<first file's stem>` (with a number where that is in `taken`: names they must not take).
-    Configuration files join the first job."""
+    Configuration files join the first job. `stored`: what `run` holds already (`stored_job`); a first job
+    its evidence says is another job does not go into it, and takes a name of its own like the others."""
     jobs = [Job("", [f]) for f in files if not f.attaches]
     merged = True
     while merged:
@@ -175,14 +178,33 @@ def split_jobs(run: str, files: Sequence[FileEvidence], taken: Collection[str] =
         jobs = [Job(run)]
     jobs[0].files.extend(f for f in files if f.attaches)
     taken = {run, *taken}
+    held_apart = None if stored is None or not jobs[0].files else _conflict(stored, jobs[0])
     for i, job in enumerate(jobs):
         job.files.sort(key=lambda f: order[f.path])
+        if i == 0 and held_apart is not None:
+            job.run = _unique(f"{run}-{_stem(job.files[0].path)}", taken)
+            job.apart = [f"{held_apart} (run {run} holds files of another job)"]
+            continue
         if i == 0:
             job.run = run
             continue
         job.run = _unique(f"{run}-{_stem(job.files[0].path)}", taken)
         job.apart = [_conflict(jobs[0], job) or "nothing shows they are one job (no shared communicator, rank or time)"]
     return jobs
+
+
+def stored_job(run: str, world_sizes: Collection[int], comm_ids: Collection[str]) -> Job | None:
+    """A stored run's evidence for a later split into it: the world sizes and NCCL communicator ids its files
+    gave. Not its ranks or times: a later trace of a rank the run holds (another step window) is welcome, and
+    the per-file checks refuse one that overlaps."""
+    if not world_sizes and not comm_ids:
+        return None
+    sizes: list[int | None] = [*sorted(world_sizes)] or [None]
+    ids = frozenset(comm_ids)
+    return Job(
+        run,
+        [FileEvidence(f"{run} (stored)", "stored", w, frozenset(), ids, frozenset(), None, 0) for w in sizes],
+    )
 
 
 def describe(job: Job) -> str:

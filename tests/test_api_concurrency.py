@@ -10,6 +10,7 @@ import sys
 import tarfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,10 +20,11 @@ import httpx
 from commlens import store
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread, wait_job
+from commlens.backend.iterations import UnknownRunError
 from commlens.service import review
-from commlens.service.errors import InvalidError
+from commlens.service.errors import ConflictError, InvalidError
 from commlens.service.ingest import ingest_paths
-from commlens.service.runs import comms_totals
+from commlens.service.runs import comms_totals, delete_run, update_run
 from commlens.service.users import LOCAL_USER, Actor
 
 LOGS = [
@@ -122,34 +124,58 @@ def test_eight_uploaders_and_eight_readers(tmp_path: Path, data_dir: Path) -> No
             assert c.get("/api/runs/conc").json()["ranks"] == 8
 
 
+PROBLEM = "https://commlens.dev/problems/"
+
+
+def _race(
+    srv: ServerThread, racers: int, rounds: int, send: Callable[[httpx.Client, int, int], httpx.Response]
+) -> None:
+    """`racers` clients send at once, `rounds` times: send(client, round, racer) must give one 2xx and for every
+    other racer the 409 of the non-racing path, never the 500 of the store's unique constraint (the name was
+    checked free before another request's INSERT committed)."""
+    clients = [httpx.Client(base_url=srv.url, timeout=60) for _ in range(racers)]
+    try:
+        for c in clients:
+            assert c.get("/api/health").status_code == 200  # connected before the race
+        for n in range(rounds):
+            barrier = threading.Barrier(racers)
+
+            def one(i: int, n: int = n, barrier: threading.Barrier = barrier) -> tuple[int, str]:
+                barrier.wait()
+                r = send(clients[i], n, i)
+                return r.status_code, r.json().get("type", "") if r.status_code >= 400 else ""
+
+            with ThreadPoolExecutor(racers) as pool:
+                answers = sorted(pool.map(one, range(racers)))
+            assert answers[0][0] in (200, 201) and [a[0] for a in answers[1:]] == [409] * (racers - 1), answers
+            refusals = {a[1] for a in answers[1:]}
+            assert len(refusals) == 1 and refusals <= {PROBLEM + "user-exists", PROBLEM + "run-exists"}, answers
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_racing_creations_of_one_user_are_one_201_and_409s(tmp_path: Path) -> None:
-    """Six admins create the same user at once: one gets it, every other one the 409 `user-exists` of the
-    non-racing path, never the 500 of the store's unique constraint (the name was checked before another
-    request's INSERT committed)."""
+    """Six admins create the same user at once: one gets it, every other one the 409 `user-exists`."""
+    with ServerThread(Settings(db=tmp_path / "store.duckdb")) as srv:
+        _race(srv, 6, 10, lambda c, n, _: c.post("/api/users", json={"name": f"racer{n}"}))
+        users = httpx.get(srv.url + "/api/users").json()["items"]
+    assert sorted(u["name"] for u in users) == [f"racer{n}" for n in range(10)]
+
+
+def test_racing_creations_and_renames_of_one_run_are_one_success_and_409s(tmp_path: Path) -> None:
+    """Six writers create the run of one name at once, then six runs are renamed to one new name at once: one
+    succeeds each time, every other one gets the 409 `run-exists` (a 500 before: the unique key's ConstraintException)."""
     racers = 6
     with ServerThread(Settings(db=tmp_path / "store.duckdb")) as srv:
-        clients = [httpx.Client(base_url=srv.url, timeout=60) for _ in range(racers)]
-        try:
-            for c in clients:
-                assert c.get("/api/health").status_code == 200  # connected before the race
-            for n in range(10):
-                barrier = threading.Barrier(racers)
-
-                def create(c: httpx.Client, name: str = f"racer{n}", barrier: threading.Barrier = barrier) -> tuple:
-                    barrier.wait()
-                    r = c.post("/api/users", json={"name": name})
-                    return r.status_code, r.json().get("type", "")
-
-                with ThreadPoolExecutor(racers) as pool:
-                    answers = sorted(pool.map(create, clients))
-                assert answers[0][0] == 201 and answers[1:] == [(409, "https://commlens.dev/problems/user-exists")] * (
-                    racers - 1
-                ), answers
-            users = clients[0].get("/api/users").json()["items"]
-            assert sorted(u["name"] for u in users) == [f"racer{n}" for n in range(10)]
-        finally:
-            for c in clients:
-                c.close()
+        _race(srv, racers, 8, lambda c, n, _: c.post("/api/runs", json={"name": f"run{n}"}))
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            for i in range(racers):
+                assert c.post("/api/runs", json={"name": f"old{i}"}).status_code == 201
+        _race(srv, racers, 1, lambda c, _, i: c.patch(f"/api/runs/old{i}", json={"name": "renamed"}))
+        names = sorted(r["name"] for r in httpx.get(srv.url + "/api/runs").json()["items"])
+    assert [n for n in names if n.startswith("run")] == [f"run{n}" for n in range(8)]
+    assert names.count("renamed") == 1 and len(names) == 8 + racers, names
 
 
 def test_replies_racing_their_parents_deletion_leave_no_orphan(tmp_path: Path) -> None:
@@ -198,6 +224,75 @@ def test_replies_racing_their_parents_deletion_leave_no_orphan(tmp_path: Path) -
             assert orphans == [], (orphans, replies)
             assert con.execute("SELECT count(*) FROM review_items").fetchall() == [(0,)]  # deleted with the parent
         assert refused + saved == 40 * repliers
+    finally:
+        con.close()
+
+
+def _at_once(n: int, fn: Callable[[duckdb.DuckDBPyConnection, int], object], con: duckdb.DuckDBPyConnection) -> list:
+    """fn(cursor, i) for i < n, each on its own cursor of one connection (as the server's requests), released
+    together; each result, or the exception it raised."""
+    barrier = threading.Barrier(n)
+
+    def one(i: int) -> object:
+        cur = con.cursor()
+        try:
+            barrier.wait()
+            return fn(cur, i)
+        except Exception as exc:
+            return exc
+        finally:
+            cur.close()
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def test_items_and_renames_racing_their_runs_deletion_leave_nothing_behind(tmp_path: Path) -> None:
+    """A run is deleted while three writers add review items to it and one renames it: each write is refused as
+    an unknown run or deleted with it (or, renamed first, the run outlives its old name's deletion); no item or
+    alias outlives the run (DuckDB does not take the DELETE and a
+    concurrent INSERT for a conflict)."""
+    con = store.connect(tmp_path / "store.duckdb")
+    local = Actor(LOCAL_USER, None, True)
+    try:
+        for n in range(30):
+            store.ensure_run(con, f"r{n}")
+
+            def act(cur: duckdb.DuckDBPyConnection, i: int, run: str = f"r{n}") -> object:
+                if i == 0:
+                    return delete_run(cur, run)
+                if i == 1:
+                    return update_run(cur, run, {"name": f"{run}-renamed"})
+                return review.create_item(cur, run, local, "top", None)
+
+            for result in _at_once(5, act, con):
+                assert not isinstance(result, Exception) or isinstance(result, UnknownRunError), repr(result)
+            for table in ("review_items", "run_aliases"):
+                orphans = con.execute(f"SELECT count(*) FROM {table} WHERE run_id NOT IN (SELECT run_id FROM runs)")
+                assert orphans.fetchall() == [(0,)], table
+            # renamed first, the run outlives the deletion of its old name (the service takes stored names)
+            assert con.execute("SELECT name FROM runs WHERE name LIKE ?", [f"r{n}%"]).fetchall() in (
+                [],
+                [(f"r{n}-renamed",)],
+            )
+    finally:
+        con.close()
+
+
+def test_one_finding_promoted_at_once_by_four_writers_is_one_item(tmp_path: Path) -> None:
+    """Four writers promote the same finding at once: one item, three 409 `finding-promoted` (each checked the
+    finding was not promoted before another's INSERT committed)."""
+    con = store.connect(tmp_path / "store.duckdb")
+    store.ensure_run(con, "r")
+    local = Actor(LOCAL_USER, None, True)
+    try:
+        for n in range(20):
+            results = _at_once(
+                4, lambda cur, _, n=n: review.create_item(cur, "r", local, "x", None, finding=f"f{n}"), con
+            )
+            refused = [r for r in results if isinstance(r, Exception)]
+            assert len(refused) == 3 and all(isinstance(r, ConflictError) for r in refused), results
+        assert con.execute("SELECT count(*) FROM review_items").fetchall() == [(20,)]
     finally:
         con.close()
 

@@ -9,9 +9,7 @@ writers have no id; their items are theirs by name, which no user can have.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 from typing import Any
 
 import duckdb
@@ -21,14 +19,9 @@ from commlens.store import transaction
 
 from .errors import ConflictError, ForbiddenError, InvalidError, NotFoundError
 from .users import ANONYMOUS, LOCAL_USER, Actor
+from .write_order import RUN_ROWS
 
 WRITE_ATTEMPTS = 5
-# A reply is inserted after its parent was checked, and deleting an item deletes its replies: DuckDB's optimistic
-# transactions do not see a DELETE and a concurrent INSERT (or UPDATE) of another transaction as a conflict, so a
-# reply committed while its parent was being deleted would be stored without a parent, in no list. The store is held
-# by one server process (one writer per DuckDB file), so a process-wide lock orders the writes that create replies
-# and delete items: each sees the other's committed result.
-_THREADS = threading.Lock()
 ANCHOR_KEYS = ("view", "scheme", "op")  # anchor fields a list filters on by equality
 _REMOVED = f"""CASE WHEN i.author_id IS NULL THEN i.author NOT IN ('{LOCAL_USER}', '{ANONYMOUS}')
                 ELSE u.user_id IS NULL END"""
@@ -129,7 +122,7 @@ def create_item(
         ).fetchall()
         return int(rows[0][0])
 
-    with _THREADS if parent_id is not None else contextlib.nullcontext():
+    with RUN_ROWS:  # the parent, the run and a promoted finding are checked before the INSERT
         return transaction(con, insert, WRITE_ATTEMPTS)
 
 
@@ -263,5 +256,5 @@ def delete_item(con: duckdb.DuckDBPyConnection, item_id: int, who: Actor) -> Non
         _check_replies_are_the_callers(c, item_id, who)
         c.execute("DELETE FROM review_items WHERE item_id = ? OR parent_id = ?", [item_id, item_id])
 
-    with _THREADS:
+    with RUN_ROWS:
         transaction(con, delete, WRITE_ATTEMPTS)

@@ -26,10 +26,12 @@ from commlens.contract.predict import PredictInput
 from commlens.contract.runs import TAG_PATTERN
 from commlens.run_json import RunConfig
 from commlens.store import RUN_TABLES, aggregates, transaction
+from commlens.store.transaction import NAME_RACES
 
 from .errors import ConflictError, ForbiddenError, InvalidError
 from .jobs import check_idle
 from .users import Actor
+from .write_order import RUN_ROWS
 
 _TAG = re.compile(TAG_PATTERN)
 WRITE_ATTEMPTS = 5
@@ -341,7 +343,7 @@ def create_run(
             ],
         )
 
-    transaction(con, insert, WRITE_ATTEMPTS)
+    transaction(con, insert, WRITE_ATTEMPTS, retry_on=NAME_RACES)
 
 
 def update_run(con: duckdb.DuckDBPyConnection, run: str, changes: dict[str, Any], actor: Actor | None = None) -> str:
@@ -391,7 +393,8 @@ def update_run(con: duckdb.DuckDBPyConnection, run: str, changes: dict[str, Any]
                 f"UPDATE runs SET {', '.join(sets)}, updated_at = current_timestamp WHERE run_id = ?", [*params, run_id]
             )
 
-    transaction(con, update, WRITE_ATTEMPTS)
+    with RUN_ROWS:  # an alias inserted while the run is deleted would outlive it
+        transaction(con, update, WRITE_ATTEMPTS, retry_on=NAME_RACES)
     return new_name
 
 
@@ -424,7 +427,8 @@ def delete_run(con: duckdb.DuckDBPyConnection, run: str) -> None:
             c.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
         c.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
 
-    transaction(con, delete, WRITE_ATTEMPTS)
+    with RUN_ROWS:  # no review item or alias is committed for the run while it is deleted
+        transaction(con, delete, WRITE_ATTEMPTS)
 
 
 def comms_totals(con: duckdb.DuckDBPyConnection, run: str) -> tuple[dict[str, int], dict[str, int], int]:

@@ -18,7 +18,7 @@ from typing import Any
 import duckdb
 
 from commlens.store import transaction
-from commlens.store.transaction import CONFLICTS
+from commlens.store.transaction import NAME_RACES
 
 from .errors import ConflictError, InvalidError, NotFoundError
 
@@ -31,10 +31,6 @@ WRITE_ATTEMPTS = 5
 # commit together (each sees the other admin), and one process writes the store, so a lock orders them.
 _ADMINS = threading.Lock()
 _USER_COLS = "user_id, name, is_admin, created_at"
-# Creating a user checks its name is free, then inserts it. Two requests creating one name race: when the other's
-# INSERT committed after this transaction's snapshot was taken, this INSERT fails with a ConstraintException (not the
-# TransactionException a COMMIT conflict raises); run again, the check sees the name taken and says so (409).
-_NAME_RACES = (*CONFLICTS, duckdb.ConstraintException)
 
 
 @dataclass(frozen=True)
@@ -87,7 +83,7 @@ def add_user(con: duckdb.DuckDBPyConnection, name: str, admin: bool = False) -> 
             raise ConflictError(f"user {name!r} exists already; rotate its token instead", "user-exists")
         c.execute("INSERT INTO users (name, is_admin, token_hash) VALUES (?, ?, ?)", [name, admin, hash_token(token)])
 
-    transaction(con, add, WRITE_ATTEMPTS, retry_on=_NAME_RACES)
+    transaction(con, add, WRITE_ATTEMPTS, retry_on=NAME_RACES)
     return token
 
 
@@ -111,7 +107,7 @@ def ensure_admin(con: duckdb.DuckDBPyConnection, name: str, token: str) -> bool:
         c.execute("INSERT INTO users (name, is_admin, token_hash) VALUES (?, true, ?)", [name, hash_token(token)])
         return True
 
-    return transaction(con, upsert, WRITE_ATTEMPTS, retry_on=_NAME_RACES)
+    return transaction(con, upsert, WRITE_ATTEMPTS, retry_on=NAME_RACES)
 
 
 def rotate_token(con: duckdb.DuckDBPyConnection, name: str) -> tuple[str, bool]:

@@ -17,6 +17,10 @@ import duckdb
 T = TypeVar("T")
 
 CONFLICTS: tuple[type[duckdb.Error], ...] = (duckdb.TransactionException,)
+# A write that checks a unique name is free, then inserts it, races another doing the same: when the other's INSERT
+# committed after this transaction's snapshot was taken, this INSERT fails with a ConstraintException (not the
+# TransactionException a COMMIT conflict raises); run again, the check sees the name taken and says so.
+NAME_RACES: tuple[type[duckdb.Error], ...] = (*CONFLICTS, duckdb.ConstraintException)
 
 
 def in_transaction(con: duckdb.DuckDBPyConnection) -> bool:

@@ -392,3 +392,50 @@ def test_sigkill_during_ingest_then_restart(tmp_path: Path, data_dir: Path) -> N
     assert proc.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after a clean shutdown
     assert "Application shutdown complete" in db.with_suffix(".log").read_text()
     _consistent(db)
+
+
+def test_sigkill_after_every_file_of_a_split_upload_was_stored_keeps_what_went_where(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """A server killed while it links the runs of a split upload (every file stored, the job still running)
+    restarts with the job `done`, the interruption noted, and the job's table of what went where intact: the
+    table was only stored once the runs were linked, and a restart reported `done` with no `jobs`."""
+    db, port = tmp_path / "store.duckdb", _free_port()
+    url = f"http://127.0.0.1:{port}"
+    files = [("files", m) for m in dlrm_members(data_dir)]
+    files.append(("files", ("other.log", (data_dir / "nccl-logs" / "nvidia-nccl-1238.log").read_bytes())))
+    proc = _start(db, port)
+    try:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            c.post("/api/runs", json={"name": "split"})
+            job_id = c.post("/api/runs/split/files", files=files).json()["job_id"]
+            deadline = time.monotonic() + 120
+            # the runs' linking and analysis take most of a second after the last file is stored: poll for it
+            while (job := c.get(f"/api/jobs/{job_id}").json())["files_done"] < job["files_total"]:
+                assert job["state"] in ("queued", "running") and time.monotonic() < deadline, job
+                time.sleep(0.002)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert job["state"] == "running", f"the job ended before the kill, nothing was tested: {job}"
+    before = [(j["run"], j["files"], j["calls"]) for j in job["jobs"]]
+    assert [b[0] for b in before] == ["split", "split-other"], job["jobs"]
+    _consistent(db)
+    proc = _start(db, port)
+    try:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            job = c.get(f"/api/jobs/{job_id}").json()
+            assert job["state"] == "done" and job["error"].startswith("interrupted"), job
+            assert [(j["run"], j["files"], j["calls"]) for j in job["jobs"]] == before
+            assert {r["run"] for r in job["results"]} == {"split", "split-other"}
+            deadline = time.monotonic() + 60  # the runs are completed in the background
+            while c.get("/api/runs/split-other").json()["events"] != before[1][2]:
+                assert time.monotonic() < deadline, c.get("/api/runs/split-other").json()
+                time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    _consistent(db)

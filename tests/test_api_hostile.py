@@ -192,6 +192,21 @@ def test_not_multipart_is_415_and_malformed_multipart_is_422(client: httpx.Clien
     problem(upload(client, [("x.json", RUN_JSON)], run="nope"), 404, "create it first")
 
 
+def test_a_part_named_only_by_rfc5987_filename_star_is_a_file(client: httpx.Client) -> None:
+    """A part whose name is only `filename*=UTF-8''...` (RFC 5987, which some clients send alone) is a file with its
+    decoded name; python-multipart does not read it, and the part was dropped ("no file parts") before."""
+    assert client.post("/api/runs", json={"name": "star"}).status_code == 201
+    body = (
+        b"--XYZ\r\nContent-Disposition: form-data; name=\"files\"; filename*=UTF-8''r%C3%A9sum%C3%A9%20run.json\r\n"
+        b"Content-Type: application/json\r\n\r\n" + RUN_JSON + b"\r\n--XYZ--\r\n"
+    )
+    r = client.post("/api/runs/star/files", content=body, headers={"content-type": "multipart/form-data; boundary=XYZ"})
+    assert r.status_code == 202, r.text
+    job = wait_job(client, r.json()["job_id"])
+    assert [(f["upload"], f["status"]) for f in job["results"]] == [("résumé run.json", "ok")], job
+    assert client.delete("/api/runs/star").status_code == 204
+
+
 # -------------------------------------------------------------------------------- archives
 
 

@@ -31,7 +31,7 @@ import duckdb
 from commlens.ingest.inputs import InputFile, TapReader, iter_inputs
 from commlens.ingest.records import RankHint
 from commlens.service import jobs
-from commlens.service.ingest import FileOutcome, attribute_pending, complete_run, ingest_run
+from commlens.service.ingest import FileOutcome, IngestReport, attribute_pending, complete_run, ingest_run
 from commlens.service.jobs_split import job_row
 from commlens.store import get_run_id
 
@@ -255,7 +255,12 @@ class IngestQueue:
 
             def record(item: InputFile, outcome: FileOutcome) -> None:
                 if progress.add(item, _result(progress.upload_name(item), outcome, run)):
-                    jobs.record_progress(cur, job_id, progress.files_done, progress.bytes_done, progress.results)
+                    jobs.record_progress(
+                        cur, job_id, progress.files_done, progress.bytes_done, progress.results, progress.runs
+                    )
+
+            def split(report: IngestReport) -> None:  # stored with the files' progress: a restart keeps it
+                progress.runs = [job_row(j) for j in report.jobs] if report.split else []
 
             jobs.start_job(cur, job_id)
             try:
@@ -268,15 +273,15 @@ class IngestQueue:
                     on_file=record,
                     split_jobs=progress.split,
                     owner_id=manifest.owner_id,
+                    on_split=split,
                 )
             except _StoppedError:
                 self._finish(
                     job_id, "failed", "the server was stopped during this job; upload the files without a result again"
                 )
                 return
-            runs = [job_row(j) for j in report.jobs] if report.split else []
             jobs.record_progress(
-                cur, job_id, len(manifest.files), sum(f.size for f in manifest.files), progress.results, runs
+                cur, job_id, len(manifest.files), sum(f.size for f in manifest.files), progress.results, progress.runs
             )
         self._finish(job_id, "done", report.attribution_error)
 
@@ -324,6 +329,7 @@ class _Progress:
     items: list[int] = field(default_factory=list)  # files read from each upload
     stored: list[int] = field(default_factory=list)  # files stored (or recorded failed) of each upload
     results: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)  # a split's table of what goes where
     files_done: int = 0
     bytes_done: int = 0
 

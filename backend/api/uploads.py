@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from email.message import Message
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, BinaryIO
 
@@ -49,6 +50,19 @@ def safe_file_name(raw: str, index: int) -> str:
     name = PurePosixPath(raw.replace("\\", "/")).name
     name = re.sub(r"[\x00-\x1f\x7f!]", "_", name).strip()
     return name[:255] if name not in ("", ".", "..") else f"file{index}"
+
+
+def _file_name(disposition: bytes, options: dict[bytes, bytes]) -> str | None:
+    """A part's file name: `filename`, or the RFC 5987 `filename*` (charset'lang'percent-encoded) that some clients
+    send alone and python-multipart does not read; None for a form field."""
+    if b"filename" in options:
+        return options[b"filename"].decode("utf-8", "replace")
+    if b"filename*" not in disposition.lower():
+        return None
+    header = Message()
+    header["content-disposition"] = disposition.decode("latin-1")
+    name = header.get_filename()
+    return name if name is not None else ""
 
 
 class _Spooler:
@@ -103,7 +117,8 @@ class _Spooler:
 
     def _headers_done(self) -> None:
         _, options = parse_options_header(self._disposition)
-        if b"filename" not in options:
+        raw_name = _file_name(self._disposition, options)
+        if raw_name is None:
             self._name = options.get(b"name", b"").decode("utf-8", "replace")
             return
         if len(self.files) >= self.max_files:
@@ -111,7 +126,7 @@ class _Spooler:
                 413, f"more than {self.max_files} files in one request; split the upload", "too-many-files"
             )
         index = len(self.files)
-        name = safe_file_name(options[b"filename"].decode("utf-8", "replace"), index)
+        name = safe_file_name(raw_name, index)
         rel = f"{index:05d}.part"
         self._fh = open(self.folder / rel, "wb")  # noqa: SIM115 - closed in _end or close()
         self._is_file = True

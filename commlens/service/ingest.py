@@ -127,6 +127,7 @@ def ingest_run(
     jobs: int = 1,
     pool: ParsePool | None = None,
     owner_id: int | None = None,
+    on_split: Callable[[IngestReport], None] | None = None,
 ) -> IngestReport:
     """Ingest the files into the run (created by its first stored file if missing; `replace` first removes
     what earlier files of it stored, its review and overrides kept), link and refresh it, and attribute its
@@ -134,12 +135,15 @@ def ingest_run(
     before the linking. With `split_jobs` the files are parsed first (held as Arrow tables) and each job's go
     to a run of its own. With `jobs` > 1 files are parsed in that many processes (same rows): this one and
     jobs-1 workers (`pool`, if the caller started them early). `owner_id`: the user on whose behalf it runs,
-    who owns the runs it makes (None: the store's operator, the CLI)."""
+    who owns the runs it makes (None: the store's operator, the CLI). `on_split(report)`: once a split has
+    decided where the files go, before any is stored (`report.jobs` is then final)."""
     hint = hint or RankHint()
     if store.get_run_id(con, run) is None:
         store.check_new_run_name(run)  # up front, not after every file is parsed
     if split_jobs:
-        return _ingest_split(con, run, inputs, hint, limits, on_file, description, replace, jobs, pool, owner_id)
+        return _ingest_split(
+            con, run, inputs, hint, limits, on_file, description, replace, jobs, pool, owner_id, on_split
+        )
     pending = PendingRun(run, description, store.get_run_id(con, run), owner_id)
     if replace and pending.run_id is not None:
         store.replace_run_data(con, pending.run_id)
@@ -196,6 +200,7 @@ def _ingest_split(
     jobs: int = 1,
     pool: ParsePool | None = None,
     owner_id: int | None = None,
+    on_split: Callable[[IngestReport], None] | None = None,
 ) -> IngestReport:
     """Parse every file, group the parsed ones by job, then store each job as its own run (a run split off
     takes no name of another owner's run nor any run's former name). Files that could
@@ -232,6 +237,8 @@ def _ingest_split(
         where = {f.path: job.run for job in split for f in job.files} | kept
         where.update({name: where[first] for name, first in twin.items() if first in where})
         report = IngestReport(run, jobs=split)
+        if on_split is not None:
+            on_split(report)
         runs: dict[str, PendingRun] = {}
         for job in split:
             pending = runs[job.run] = PendingRun(job.run, description, store.get_run_id(con, job.run), owner_id)

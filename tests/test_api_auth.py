@@ -71,6 +71,10 @@ def test_network_bind_with_users_needs_tokens_to_write(tmp_path: Path) -> None:
         r = c.delete("/api/runs/bobs", headers=bob)
         assert r.status_code == 403 and "admin" in r.json()["detail"]
         assert c.get("/api/users", headers=bob).status_code == 403
+        anon = c.get("/api/users")  # a read, for admins only: the answer does not speak of writes
+        assert anon.status_code == 401 and "needs an admin's token" in anon.json()["detail"], anon.text
+        assert "writes" not in anon.json()["detail"]
+        assert "writes need a token" in c.delete("/api/review/1").json()["detail"]
         assert c.post("/api/users", json={"name": "eve", "admin": True}, headers=bob).status_code == 403
         assert c.delete("/api/runs/bobs", headers=root).status_code == 204
         assert c.get("/api/users", headers=root).json()["total"] == 2

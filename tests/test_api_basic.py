@@ -198,6 +198,11 @@ def test_create_run_refusals(client: httpx.Client) -> None:
     assert "neither" in body["detail"]
     assert "tags" in problem(client.post("/api/runs", json={"name": "badtag", "tags": ["<b>"]}), 422)["detail"]
     assert "extra" in problem(client.post("/api/runs", json={"name": "x", "nope": 1}), 422)["detail"].lower()
+    json_type = {"content-type": "application/json"}
+    body = problem(client.post("/api/runs", content=b"name=x", headers=json_type), 422)  # a form, sent as JSON
+    assert body["errors"] == [{"field": "body", "message": "not valid JSON at character 0: Expecting value"}]
+    body = problem(client.post("/api/runs", content=b'{"name": "x",}', headers=json_type), 422)
+    assert body["errors"][0]["field"] == "body" and "character 13" in body["errors"][0]["message"], body
     assert client.get("/api/runs/seeded").status_code == 200  # nothing was dropped
 
 

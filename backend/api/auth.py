@@ -59,11 +59,11 @@ def principal_for(request: Request, con: duckdb.DuckDBPyConnection, loopback_bin
     return Principal(ANONYMOUS, False, insecure, "anonymous")
 
 
-def require_write(p: Principal) -> Principal:
+def require_write(p: Principal, what: str = "writes need a token") -> Principal:
     if not p.can_write:
         raise ApiError(
             401,
-            "this server is reachable from the network: writes need a token "
+            f"this server is reachable from the network: {what} "
             "(header 'Authorization: Bearer <token>'; an admin creates one with `commlens users add NAME`)",
             "unauthenticated",
             headers={"WWW-Authenticate": "Bearer"},
@@ -72,7 +72,7 @@ def require_write(p: Principal) -> Principal:
 
 
 def require_admin(p: Principal) -> Principal:
-    require_write(p)
+    require_write(p, "this request needs an admin's token")
     if not p.is_admin:
         raise ApiError(403, f"user {p.name!r} is not an admin; only admins delete runs and manage users", "forbidden")
     return p

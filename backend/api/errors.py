@@ -89,8 +89,12 @@ def _validation_errors(exc: RequestValidationError) -> tuple[str, list[dict[str,
     errors = []
     parts = []
     for e in exc.errors():
-        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
-        msg = str(e.get("msg", "invalid"))
+        if e.get("type") == "json_invalid":  # its loc is ("body", character offset), not a field
+            offset = e.get("loc", ("body", "?"))[-1]
+            loc, msg = "body", f"not valid JSON at character {offset}: {e.get('ctx', {}).get('error', 'decode error')}"
+        else:
+            loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+            msg = str(e.get("msg", "invalid"))
         errors.append({"field": loc, "message": msg})
         parts.append(f"{loc}: {msg}")
     return "invalid request: " + "; ".join(parts[:5]) + (

@@ -399,6 +399,7 @@ def _iter_tar(
     raw = getattr(tar.fileobj, "fileobj", None)  # a .tar.gz's compressed file under tarfile's GzipFile
     budget = budget or _Budget(raw.tell if raw is not None else lambda: archive_size)
     count = 0
+    last = None  # the last member read whole, for an archive cut short after it
     with tar:
         try:
             for member in tar:
@@ -430,14 +431,20 @@ def _iter_tar(
                     if isinstance(exc, ArchiveBombError):
                         return
                     continue
+                except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+                    error = f"archive is truncated or corrupt in this member ({member.size} bytes stated): {exc}"
+                    yield InputFile(label, member.size, lambda: io.BytesIO(b""), error=error)
+                    return
+                last = member.name
                 inner = _nested(label, spooled, member.size, limits, budget, depth)
                 if inner is not None:
                     yield from inner
                     continue
                 yield InputFile(label, member.size, lambda s=spooled: _rewound(s))  # type: ignore[misc]
         except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+            where = f" after member {last} (the last read whole)" if last else " before its first member"
             yield InputFile(
-                name, archive_size, lambda: io.BytesIO(b""), error=f"archive is truncated or corrupt: {exc}"
+                name, archive_size, lambda: io.BytesIO(b""), error=f"archive is truncated or corrupt{where}: {exc}"
             )
 
 

@@ -136,6 +136,36 @@ def test_corrupt_archive_is_an_error_not_a_crash(tmp_path: Path, con) -> None:
     assert all("archive" in f.error for f in summary.files)
 
 
+@pytest.mark.parametrize(
+    ("mode", "failed", "error"),
+    [
+        # tarfile finds a plain tar short when it reads the next header: the cut is placed after the last whole member
+        ("w", "cut.tar", "cut.tar: archive is truncated or corrupt after member first.log (the last read whole)"),
+        ("w:gz", "cut.tar.gz!second.log", "second.log: archive is truncated or corrupt in this member (1704 bytes"),
+    ],
+)
+def test_an_archive_cut_short_says_where(
+    tmp_path: Path, con, data_dir: Path, mode: str, failed: str, error: str
+) -> None:
+    """A tar (plain or gzipped) cut inside its second member: the first member is stored, the failure says which
+    member the cut lost or follows (it named only the archive, not what of it was lost)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode) as tar:  # type: ignore[call-overload]
+        for name, log in (("first.log", "nvidia-nccl-1238.log"), ("second.log", "nvidia-nccl-203.log")):
+            tar.add(data_dir / "nccl-logs" / log, arcname=name)
+    whole = buf.getvalue()
+    cut = tmp_path / ("cut.tar.gz" if mode == "w:gz" else "cut.tar")
+    first = (data_dir / "nccl-logs" / "nvidia-nccl-1238.log").stat().st_size
+    # plain: 700 bytes into the second member (a 512-byte header, then data in 512-byte blocks, for each member)
+    cut.write_bytes(whole[: len(whole) * 3 // 4] if mode == "w:gz" else whole[: 512 + -(-first // 512) * 512 + 700])
+    summary = ingest_paths(con, [cut], "cut")
+    assert [(Path(f.path).name, f.status) for f in summary.files] == [
+        (f"{cut.name}!first.log", "ok"),
+        (failed, "failed"),
+    ]
+    assert error in summary.files[1].error, summary.files[1].error
+
+
 def test_failed_file_rolls_back_alone_and_reingest_is_a_noop(tmp_path: Path, con) -> None:
     good = tmp_path / "run.json"
     good.write_bytes(_run_json())

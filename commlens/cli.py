@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     import duckdb
 
+    from commlens.ingest.inputs import InputFile
     from commlens.service.ingest import IngestReport, IngestSummary
     from commlens.service.parse_pool import ParsePool
 from commlens.vocab import format_bytes
@@ -84,7 +85,13 @@ def ingest(
     paths: list[Path] = INGEST_PATHS,
     db: Path = DB_OPTION,
     run: str = typer.Option(..., "--run", help="Run name to ingest into (created if missing)."),
-    rank: int | None = typer.Option(None, "--rank", help="Global rank of a single-rank file whose trace does not say."),
+    rank: int | None = typer.Option(
+        None,
+        "--rank",
+        min=0,
+        help="Global rank of a single-rank file whose trace does not say; an NCCL log of several processes (it "
+        "states each one's) or one stating a world size the rank is not below fails.",
+    ),
     description: str | None = typer.Option(None, help="Description of a new run."),
     one_run: bool = typer.Option(
         False,
@@ -143,7 +150,7 @@ def _ingest(
 ) -> None:
     from dataclasses import replace
 
-    from commlens.ingest.inputs import DEFAULT_LIMITS, InputFile, iter_inputs
+    from commlens.ingest.inputs import DEFAULT_LIMITS, iter_inputs
     from commlens.ingest.records import RankHint
     from commlens.service.ingest import FileOutcome, ingest_run
     from commlens.service.no_pandas import arrow_without_pandas
@@ -338,7 +345,7 @@ def _hints(con: duckdb.DuckDBPyConnection, summary: IngestSummary) -> list[str]:
         if calls and not ranks:
             hints.append(
                 f"no call of run {run} has a known global rank: for a single-rank file, ingest it again with "
-                "--rank N (into a new run, or after deleting this one)"
+                f"--rank N (into a new run, or after `commlens delete {run}`)"
             )
     return hints
 
@@ -556,14 +563,21 @@ def config_command(
     from commlens.service.config import attach_config
 
     try:
-        upload = ConfigUpload(
-            files=[ConfigFile(name=str(f), content=f.read_text(errors="replace")) for f in files],
-            options=ParallelOptions.model_validate(
-                {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "zero": zero, "seq_len": seq_len}
-                | {"micro_batches": micro_batches, "implementation": implementation}
-            ),
+        options = ParallelOptions.model_validate(
+            {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "zero": zero, "seq_len": seq_len}
+            | {"micro_batches": micro_batches, "implementation": implementation}
         )
-    except (ValidationError, OSError) as exc:
+    except ValidationError as exc:  # its fields are the options' names
+        cli_analysis.print_errors(cli_analysis.validation_lines(exc, lambda loc: f"--{str(loc[-1]).replace('_', '-')}"))
+        raise typer.Exit(2) from None
+    try:
+        upload = ConfigUpload(
+            files=[ConfigFile(name=str(f), content=f.read_text(errors="replace")) for f in files], options=options
+        )
+    except ValidationError as exc:  # too many files, or one too large
+        cli_analysis.print_errors(cli_analysis.validation_lines(exc, lambda loc: _config_file_place(files, loc)))
+        raise typer.Exit(2) from None
+    except OSError as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     url = server_for(db)
@@ -590,6 +604,13 @@ def config_command(
     console.print(f"run {escape(run)}: {result.stored}: {escape(result.summary)}")
     for note in result.notes:
         console.print(f"  note: {escape(note)}")
+
+
+def _config_file_place(files: list[Path], loc: tuple[int | str, ...]) -> str:
+    """What a ConfigUpload error is about: one of the files (loc files.N.content), or the files as a whole."""
+    if len(loc) >= 2 and loc[0] == "files" and isinstance(loc[1], int) and loc[1] < len(files):
+        return str(files[loc[1]])
+    return "FILES"
 
 
 def _open_store(db: Path, through_api: str | None = None) -> duckdb.DuckDBPyConnection:
@@ -758,6 +779,49 @@ def runs_command(
         )
     console.print(f"{len(runs)} runs in {escape(url or str(db))}")
     console.print(table)
+
+
+@app.command("delete")
+def delete_command(
+    run: str = typer.Argument(..., help="The run to delete."),
+    db: Path = EXPORT_DB,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Delete without asking first."),
+) -> None:
+    """Delete a run and everything stored of it: its files' rows, review items and jobs (the API's DELETE
+    /api/runs/RUN; while `commlens serve` holds the store, through that)."""
+    from urllib.parse import quote
+
+    from commlens.service.runs import comms_totals, delete_run, list_sources, resolve_alias, run_names
+
+    if not db.is_file():
+        err_console.print(f"[red]error:[/red] {escape(f'no store at {db}')}: give --db the store's path")
+        raise typer.Exit(2)
+    con = _open_store(db, f"DELETE {{url}}/api/runs/{quote(run, safe='')} (an admin's token)")
+    try:
+        try:
+            _, files = list_sources(con, run, limit=0, offset=0)
+        except LookupError:
+            current = resolve_alias(con, run)
+            why = (
+                f"{run!r} is a former name of run {current!r}; delete that one by its name"
+                if current
+                else f"no run {run!r} in {db}; runs: {', '.join(run_names(con)) or 'none'}"
+            )
+            err_console.print(f"[red]error:[/red] {escape(why)}")
+            raise typer.Exit(2) from None
+        calls = sum(comms_totals(con, run)[0].values())
+        what = f"run {run!r} ({files} files, {calls} calls)"
+        if not yes and not typer.confirm(f"delete {what} from {db}?", default=False, err=True):
+            err_console.print(f"nothing deleted ({escape('--yes')} deletes without asking)")
+            raise typer.Exit(1)
+        try:
+            delete_run(con, run)
+        except ServiceError as exc:  # e.g. ingest jobs of a stopped server still queued for it
+            err_console.print(f"[red]error:[/red] {escape(exc.detail)}")
+            raise typer.Exit(2) from None
+    finally:
+        con.close()
+    console.print(f"deleted {escape(what)}")
 
 
 @users_app.command("add")

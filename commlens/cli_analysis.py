@@ -13,11 +13,15 @@ from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pydantic import ValidationError
+
     from commlens.contract.model_description import ModelDescription
     from commlens.contract.predict import PredictInput
 
 console = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 1000)  # an error stays one line in a pipe
 
 # Options whose values are paths are declared once here (a call in a default would run at import anyway).
 DB_OPTION = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store file.")
@@ -28,6 +32,35 @@ CONFIG_OPTION = typer.Option(
     "used instead of the run's own configuration.",
 )
 RUN_JSON_OPTION = typer.Option(None, "--run-json", help="Predict for a harness run.json (or predictor-input JSON).")
+
+
+def validation_lines(exc: ValidationError, place: Callable[[tuple[int | str, ...]], str | None]) -> list[str]:
+    """One line per error of pydantic's ValidationError, "PLACE: rule (got VALUE)", where `place` names the
+    option or the document path of an error's loc (None: the error is about several values, its text names
+    them); never pydantic's own multi-line text with its links."""
+    lines = []
+    for e in exc.errors():
+        loc = tuple(e.get("loc", ()))
+        msg = str(e.get("msg", "")).removeprefix("Value error, ")
+        if msg[:2].istitle():  # pydantic's "Input should be ...", after a colon
+            msg = msg[0].lower() + msg[1:]
+        value = e.get("input")
+        shown = repr(value)
+        scalar = loc and not isinstance(value, dict | list) and e.get("type") != "missing" and len(shown) <= 80
+        got = f" (got {shown})" if scalar else ""
+        where = place(loc)
+        lines.append(f"{where}: {msg}{got}" if where else f"{msg}{got}")
+    return lines
+
+
+def document_place(path: Path) -> Callable[[tuple[int | str, ...]], str]:
+    """`place` for a document read from a file: the file, then the loc as a dotted path (model.kv_heads)."""
+    return lambda loc: f"{path}: {'.'.join(str(x) for x in loc) or 'document'}"
+
+
+def print_errors(lines: list[str]) -> None:
+    for line in lines:
+        err.print(f"[red]error:[/red] {escape(line)}")
 
 
 def report(
@@ -95,24 +128,53 @@ def _report_config(path: Path) -> PredictInput | ModelDescription:
     except InvalidError as exc:
         message = str(exc)
     except ValidationError as exc:
-        e = exc.errors()[0]
-        message = f"{path}: {'.'.join(str(x) for x in e['loc']) or 'document'}: {e['msg']}"
+        print_errors(validation_lines(exc, document_place(path)))
+        raise typer.Exit(2) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         message = f"{path}: {exc}"
     err.print(f"[red]error:[/red] {escape(message)}")
     raise typer.Exit(2)
 
 
-def _load_config(path: Path):
+def _load_config(path: Path) -> PredictInput:
+    """The predictor input of a run.json or predictor-input JSON file; exit 2 saying why it is neither."""
     from pydantic import ValidationError
 
     from commlens.backend.predict import predict_input_from_config
 
     try:
         return predict_input_from_config(json.loads(path.read_text()))
-    except (OSError, json.JSONDecodeError, ValidationError, ValueError) as exc:
+    except ValidationError as exc:
+        print_errors(validation_lines(exc, document_place(path)))
+        raise typer.Exit(2) from None
+    except (OSError, json.JSONDecodeError, ValueError) as exc:
         err.print(f"[red]error:[/red] {escape(f'{path}: {exc}')}")
         raise typer.Exit(2) from None
+
+
+# The predict option that sets each PredictInput field whose name is not the option's; errors of a whole section
+# (its model validator) name the option when one option sets it all.
+_OPTION_OF_FIELD = {
+    "ffn_hidden": "--ffn",
+    "tied_embeddings": "--tied",
+    "act": "--dtype",
+    "grad": "--dtype",
+    "param": "--dtype",
+}
+_OPTION_OF_SECTION: dict[tuple[int | str, ...], str | None] = {
+    (): None,
+    ("model",): None,
+    ("parallel",): None,
+    ("dtypes",): "--dtype",
+}
+
+
+def _predict_option(loc: tuple[int | str, ...]) -> str | None:
+    """The predict option an error's loc (section, field) is about; None for a rule over several options."""
+    if loc in _OPTION_OF_SECTION:
+        return _OPTION_OF_SECTION[loc]
+    field = str(loc[-1])
+    return _OPTION_OF_FIELD.get(field, "--" + field.replace("_", "-"))
 
 
 def predict(
@@ -170,45 +232,54 @@ def predict(
     from pydantic import ValidationError
 
     from commlens.backend.predict import predict as run_predict
-    from commlens.contract.predict import DtypeSpec, ModelSpec, ParallelSpec, PredictInput
+    from commlens.contract.predict import PredictInput
     from commlens.vocab import format_bytes
 
+    if fmt not in ("table", "json"):
+        err.print("[red]error:[/red] --format must be table or json")
+        raise typer.Exit(2)
+    if run_json:
+        inp = _load_config(run_json)
+    else:
+        # validated as one document, so that every error's loc names its section and field, hence its option
+        options = {
+            "model": {
+                "layers": layers,
+                "hidden": hidden,
+                "heads": heads,
+                "kv_heads": kv_heads,
+                "ffn_hidden": ffn,
+                "vocab": vocab,
+                "seq_len": seq_len,
+                "tied_embeddings": tied,
+                "vocab_divisible_by": vocab_divisible_by,
+            },
+            "parallel": {
+                "dp": dp,
+                "tp": tp,
+                "pp": pp,
+                "cp": cp,
+                "zero": zero,
+                "sp": sp,
+                "micro_batches": micro_batches,
+                "micro_batch_size": micro_batch_size,
+                "pp_scatter_gather": pp_scatter_gather,
+                "cp_style": cp_style,
+                "cp_rq": cp_rq,
+                "offload": offload,
+                "prefetch_gap": prefetch_gap,
+            },
+            "dtypes": {"act": dtype, "grad": dtype, "param": dtype, "optimizer_state_bytes": optimizer_state_bytes},
+            "implementation": implementation,
+        }
+        try:
+            inp = PredictInput.model_validate(options)
+        except ValidationError as exc:
+            print_errors(validation_lines(exc, _predict_option))
+            raise typer.Exit(2) from None
     try:
-        if run_json:
-            inp = _load_config(run_json)
-        else:
-            inp = PredictInput(
-                model=ModelSpec(
-                    layers=layers,
-                    hidden=hidden,
-                    heads=heads,
-                    kv_heads=kv_heads,
-                    ffn_hidden=ffn,
-                    vocab=vocab,
-                    seq_len=seq_len,
-                    tied_embeddings=tied,
-                    vocab_divisible_by=vocab_divisible_by,
-                ),
-                parallel=ParallelSpec(
-                    dp=dp,
-                    tp=tp,
-                    pp=pp,
-                    cp=cp,
-                    zero=zero,  # type: ignore[arg-type]  # pydantic checks the value: a clear error for --zero 5
-                    sp=sp,
-                    micro_batches=micro_batches,
-                    micro_batch_size=micro_batch_size,
-                    pp_scatter_gather=pp_scatter_gather,
-                    cp_style=cp_style,  # type: ignore[arg-type]
-                    cp_rq=cp_rq,
-                    offload=offload,  # type: ignore[arg-type]
-                    prefetch_gap=prefetch_gap,
-                ),
-                dtypes=DtypeSpec(act=dtype, grad=dtype, param=dtype, optimizer_state_bytes=optimizer_state_bytes),
-                implementation=implementation,  # type: ignore[arg-type]
-            )
         pred = run_predict(inp)
-    except (ValidationError, ValueError) as exc:
+    except ValueError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     if fmt == "json":

@@ -690,7 +690,14 @@ class _Parser:
     def _file_rank(self) -> None:
         """The rank of a one-process log: the caller's hint (set on every row), else its world rank."""
         res = self.res
+        world = [r for r in res.nccl_comms if r["nranks"] == self.max_nranks]
+        stated = world[0]["comm_rank"] if world else None
         if self.hint.rank is not None:
+            if stated is not None and stated != self.hint.rank:
+                res.warn(
+                    f"{self.name}: the log states rank {stated} (in its largest communicator), the file name or "
+                    f"--rank says {self.hint.rank}: using {self.hint.rank}"
+                )
             res.rank = self.hint.rank
             for ev in res.events:
                 ev["rank"] = self.hint.rank
@@ -698,9 +705,8 @@ class _Parser:
                 rank = pa.repeat(pa.scalar(self.hint.rank, pa.int32()), t.num_rows)
                 k = t.schema.get_field_index("rank")
                 res.event_tables[i] = t.set_column(k, "rank", rank) if k >= 0 else t.append_column("rank", rank)
-        elif res.nccl_comms:
-            world = [r for r in res.nccl_comms if r["nranks"] == self.max_nranks]
-            res.rank = world[0]["comm_rank"] if world else None
+        else:
+            res.rank = stated
 
     def _meta(self, processes: int) -> dict[str, Any]:
         meta: dict[str, Any] = {}

@@ -60,6 +60,8 @@ def parse_file(item: InputFile, hint: RankHint, limits: Limits = DEFAULT_LIMITS)
             rank=hint.rank if hint.rank is not None else file_rank_hint(item.name), world_size=hint.world_size
         )
         result = fmt.parse(stream, item.name, file_hint, limits)
+        if hint.rank is not None and kind == "nccl_log":
+            _check_given_rank(result, hint.rank)
         if stream.closed:  # a parser that closed its stream: the service hashes the content itself
             content_digest = None
         else:
@@ -74,6 +76,24 @@ def parse_file(item: InputFile, hint: RankHint, limits: Limits = DEFAULT_LIMITS)
         hashing.close()
     content = (content_digest or digest).sha.hexdigest() if content_digest is not None or stream is raw else None
     return ParsedFile(item.name, kind, digest.sha.hexdigest(), digest.size, result=result, content_sha256=content)
+
+
+def _check_given_rank(result: ParseResult, rank: int) -> None:
+    """ParseError when an NCCL log contradicts the rank its ingest was given (--rank, an upload's `rank`): a log
+    of several processes states each one's rank (the given one would be passed over without a word), and no
+    rank is at or past the world size its communicators state."""
+    processes = int(result.meta.get("processes") or 0)
+    world = result.world_size
+    if processes > 1:
+        of_world = f" of a world of {world}" if world else ""
+        raise ParseError(
+            f"the rank given ({rank}) is for a single-rank file, but this NCCL log holds {processes} processes"
+            f"{of_world}, whose ranks it states itself: ingest it without a rank"
+        )
+    if world is not None and rank >= world:
+        raise ParseError(
+            f"the rank given ({rank}) is not below the world size this NCCL log states ({world}: ranks 0-{world - 1})"
+        )
 
 
 def parse_tables(item: InputFile, hint: RankHint, limits: Limits = DEFAULT_LIMITS) -> ParsedFile:

@@ -352,6 +352,11 @@ def test_predict_is_the_predictor(client: httpx.Client) -> None:
     assert "at most 4096 layers" in problem(client.post("/api/predict", json=huge), 422)["detail"]
     deep_pp = {**PREDICT_INPUT, "model": {**PREDICT_INPUT["model"], "layers": 1024}, "parallel": {"pp": 1024}}
     assert "pipeline stages" in problem(client.post("/api/predict", json=deep_pp), 422)["detail"]
+    for shape, rule in (({"kv_heads": 3}, "must divide heads (8)"), ({"ffn_hidden": 0}, "must be at least 1")):
+        bad = {**PREDICT_INPUT, "model": {**PREDICT_INPUT["model"], **shape}}
+        errors = problem(client.post("/api/predict", json=bad), 422)["errors"]
+        assert [e["field"] for e in errors] == ["model." + next(iter(shape))] and rule in errors[0]["message"], errors
+        assert problem(client.post("/api/runs", json={"name": "gqa", "config": bad}), 422)
 
 
 def test_prediction_and_comparison_of_the_runs_config(client: httpx.Client, server: ServerThread) -> None:

@@ -23,7 +23,7 @@ def test_help_is_plain_text_that_fits_a_pipe() -> None:
     assert "╭" not in top.stdout and "<bool>" not in top.stdout
     assert "  --version  Print the version and exit." in top.stdout.splitlines()
     commands = {line.split()[0] for line in top.stdout.split("Commands:")[1].splitlines() if line.strip()}
-    assert {"ingest", "report", "runs", "serve", "upload", "users"} <= commands
+    assert {"delete", "ingest", "report", "runs", "serve", "upload", "users"} <= commands
     harness = _commlens("harness", "--help").stdout
     # a command in the help stays on one line, so it can be copied
     assert any(

@@ -94,7 +94,7 @@ def test_ingest_hints_for_each_gap(tmp_path: Path, data_dir: Path) -> None:
         f"hint: {data_dir / NO_COLL} has no COLL lines, so no calls: NCCL logs each collective only with "
         "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL (add INIT,GRAPH for the topology)",
         "hint: no call of run gaps-nvidia-nccl-1193 has a known global rank: for a single-rank file, ingest it "
-        "again with --rank N (into a new run, or after deleting this one)",
+        "again with --rank N (into a new run, or after `commlens delete gaps-nvidia-nccl-1193`)",
     ]
 
 

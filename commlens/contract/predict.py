@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Literal, get_args
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from commlens.vocab import DTYPE_BYTES
 
@@ -20,8 +20,8 @@ class ModelSpec(BaseModel):
     layers: int = Field(ge=1)
     hidden: int = Field(ge=1)
     heads: int = Field(ge=1)
-    kv_heads: int | None = None  # GQA; default = heads
-    ffn_hidden: int | None = None  # default 4h
+    kv_heads: int | None = None  # GQA: each KV head serves heads / kv_heads query heads; None (not 0): heads
+    ffn_hidden: int | None = None  # None (not 0): 4h
     vocab: int = Field(ge=1)
     seq_len: int = Field(ge=1)
     learned_pos: bool = True
@@ -37,6 +37,28 @@ class ModelSpec(BaseModel):
     experts: int = Field(default=0, ge=0, le=MAX_DEGREE)
     top_k: int = Field(default=1, ge=1, le=MAX_DEGREE)
     capacity_factor: float | None = Field(default=None, gt=0, le=MAX_DEGREE)
+
+    @field_validator("kv_heads")
+    @classmethod
+    def _kv_heads_divide_heads(cls, kv: int | None, info: ValidationInfo) -> int | None:
+        """No formula describes other KV-head counts: h_kv = h x kv_heads / heads would be cut to an integer."""
+        heads = info.data.get("heads")  # absent when heads itself was invalid
+        if kv is None:
+            return kv
+        if kv < 1:
+            raise ValueError("must be at least 1; leave it out for multi-head attention (kv_heads = heads)")
+        if heads is not None and kv > heads:
+            raise ValueError(f"must be at most heads ({heads})")
+        if heads is not None and heads % kv:
+            raise ValueError(f"must divide heads ({heads}): each KV head serves heads / kv_heads heads")
+        return kv
+
+    @field_validator("ffn_hidden")
+    @classmethod
+    def _ffn_positive(cls, ffn: int | None) -> int | None:
+        if ffn is not None and ffn < 1:
+            raise ValueError("must be at least 1; leave it out for the default 4 x hidden")
+        return ffn
 
     @property
     def f(self) -> int:

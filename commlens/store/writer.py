@@ -50,10 +50,27 @@ def ensure_run(
 
 def check_new_run_name(name: str) -> None:
     """StoreError for a name no new run may take: the API and the dashboard address a run by its name in their
-    paths, where a '/' cannot be (a run of that name would be stored and unreachable)."""
+    paths (/api/runs/{name}), where a '/' cannot be, an empty segment is no name, '.' and '..' are resolved
+    away, and whitespace at either end does not survive being typed or copied (a run of such a name would be
+    stored and unreachable)."""
     if "/" in name:
         raise StoreError(
             f"run name {name!r} holds a '/', which the API's and the dashboard's paths cannot carry; pick another name"
+        )
+    if not name.strip():
+        raise StoreError(
+            f"run name {name!r} is empty or only whitespace, which the API's and the dashboard's paths cannot "
+            "address; pick another name"
+        )
+    if name.strip() in (".", ".."):
+        raise StoreError(
+            f"run name {name!r} is a relative path segment, which URLs resolve away so the API's and the "
+            "dashboard's paths cannot reach it; pick another name"
+        )
+    if name != name.strip():
+        raise StoreError(
+            f"run name {name!r} begins or ends with whitespace, which is lost when the name is typed or copied "
+            f"into the API's and the dashboard's paths; pick another name (such as {name.strip()!r})"
         )
 
 

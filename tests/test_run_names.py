@@ -20,7 +20,9 @@ from typer.testing import CliRunner
 from commlens import store
 from commlens.cli import app
 from commlens.ingest.inputs import InputFile, iter_inputs
+from commlens.service.errors import InvalidError
 from commlens.service.ingest import ingest_run
+from commlens.service.runs import create_run, update_run
 
 TRACE = "kineto-hta/nccl_parser_config/nccl_data.json.gz"
 
@@ -80,9 +82,15 @@ def test_a_new_run_of_a_name_no_path_can_address_is_refused_up_front(tmp_path: P
 
         with pytest.raises(store.StoreError, match=f"run name {re.escape(repr(name))} {UNADDRESSABLE[name]}"):
             ingest_run(con, name, never_read(), split_jobs=True)
-        with pytest.raises(store.StoreError, match=UNADDRESSABLE[name]):  # the one way a run is made
+        with pytest.raises(store.StoreError, match=UNADDRESSABLE[name]):  # the ingest's way a run is made
             store.ensure_run(con, name)
-        assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+        with pytest.raises(InvalidError, match=UNADDRESSABLE[name]):  # and the service's, for the API and CLI
+            create_run(con, name)
+        create_run(con, "fine")
+        with pytest.raises(InvalidError, match=UNADDRESSABLE[name]):
+            update_run(con, "fine", {"name": name})
+        assert con.execute("SELECT name FROM runs").fetchall() == [("fine",)]
+        assert con.execute("SELECT count(*) FROM run_aliases").fetchone() == (0,)
     finally:
         con.close()
 

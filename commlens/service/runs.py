@@ -25,6 +25,7 @@ from commlens.backend.predict import predict_input_from_config
 from commlens.contract.predict import PredictInput
 from commlens.contract.runs import TAG_PATTERN
 from commlens.run_json import RunConfig
+from commlens import store
 from commlens.store import RUN_TABLES, aggregates, transaction
 from commlens.store.transaction import NAME_RACES
 
@@ -319,6 +320,7 @@ def create_run(
     """A new empty run owned by `owner` (when a user of the store); ConflictError when the name is taken or is
     another run's former name. A config fills strategy and world size not given."""
     checked = check_tags(tags or [])
+    _check_name(name)
     stored = None
     if config is not None:
         _, stored, cfg_strategy, cfg_world = validate_config(config)
@@ -346,6 +348,14 @@ def create_run(
     transaction(con, insert, WRITE_ATTEMPTS, retry_on=NAME_RACES)
 
 
+def _check_name(name: str) -> None:
+    """InvalidError for a name no run may take (the store's rule; the API's pattern refuses them first)."""
+    try:
+        store.check_new_run_name(name)
+    except store.StoreError as exc:
+        raise InvalidError(str(exc), "invalid-request") from None
+
+
 def update_run(con: duckdb.DuckDBPyConnection, run: str, changes: dict[str, Any], actor: Actor | None = None) -> str:
     """Apply the given fields (name, description, tags, strategy, world_size, config) and return the run's
     name now. Renaming needs the run idle (queued uploads find their run by name) and, when an `actor` is
@@ -354,6 +364,8 @@ def update_run(con: duckdb.DuckDBPyConnection, run: str, changes: dict[str, Any]
     jobs off the run meanwhile."""
     if "name" in changes and changes["name"] is None:
         raise InvalidError("name cannot be null", "invalid-request")
+    if "name" in changes:
+        _check_name(changes["name"])
     sets: list[str] = []
     params: list[Any] = []
     if "tags" in changes:

@@ -141,6 +141,7 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
     # The size threshold must not move between two runs of one job: a curve measured on CPU op times
     # (gloo on a shared host) shifts its half-bandwidth bin on noise, so only device kernels set it.
     thresholds = {o.op: min(o.half_bw_bytes, SMALL_BYTES_CAP) for o in bw.ops if o.half_bw_bytes and o.op in kernel_ops}
+    over_cap = {o.op for o in bw.ops if o.op in thresholds and (o.half_bw_bytes or 0) > SMALL_BYTES_CAP}
     table = pa.table(
         {
             "op": pa.array(ops, pa.string()),
@@ -172,7 +173,7 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
             )
             SELECT c.scheme, c.rank_key, sum(c.calls), coalesce(sum(c.calls) FILTER (WHERE c.small), 0), sum(c.dur),
                    sum(c.dur) FILTER (WHERE c.small), sum(c.timed), sum(c.on_device), any_value(s.top_op),
-                   bool_and(c.measured) FILTER (WHERE c.small), max(c.threshold) FILTER (WHERE c.small),
+                   list(DISTINCT c.op) FILTER (WHERE c.small),
                    coalesce(sum(cast(c.msg_bytes AS HUGEINT) * c.calls) FILTER (WHERE c.small), 0)
             FROM c LEFT JOIN small_ops s ON s.scheme IS NOT DISTINCT FROM c.scheme
             GROUP BY c.scheme, c.rank_key ORDER BY c.scheme NULLS LAST, c.rank_key
@@ -190,9 +191,9 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
         time, small_time = fsum(r[4] or 0.0 for r in ranks), fsum(r[5] or 0.0 for r in ranks)
         timed, on_device = sum(r[6] for r in ranks), sum(r[7] for r in ranks)
         top_op = next((r[8] for r in ranks if r[8] is not None), None)
-        all_measured = all(r[9] for r in ranks if r[9] is not None)
-        threshold = max((r[10] for r in ranks if r[10] is not None), default=None)
-        small_bytes = sum(int(r[11]) for r in ranks)
+        # the threshold each op with small calls was judged by: the label and threshold_bytes say exactly these
+        used = {op: thresholds.get(op, DEFAULT_SMALL_BYTES) for r in ranks for op in r[9] or ()}
+        small_bytes = sum(int(r[10]) for r in ranks)
         if not small:
             continue
         call_share = small / calls
@@ -220,12 +221,7 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
             continue
         impact = small_time / run_time if stable and run_time else small / run_calls
         name = scheme or "unattributed"
-        limit = (
-            f"below the size where busbw reaches half its best (measured per op on the device in this run, at most "
-            f"{format_bytes(SMALL_BYTES_CAP)})"
-            if all_measured
-            else f"below {format_bytes(DEFAULT_SMALL_BYTES)} (default; no device-measured bandwidth curve for these ops)"
-        )
+        limit = _threshold_label(used, set(thresholds), over_cap)
         title = (
             f"{name}: {pct(call_share)} of calls"
             + (f" and {pct(time_share)} of communication time" if stable and time_share is not None else "")
@@ -256,7 +252,10 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
                     "small_bytes": small_bytes,
                     "most_common_small_op": top_op,
                     "threshold": limit,
-                    "threshold_bytes": int(threshold) if threshold else None,
+                    # the largest threshold used (the label names each op's where they differ), and the smallest
+                    # where they differ
+                    "threshold_bytes": max(used.values()) if used else None,
+                    **({"threshold_bytes_min": min(used.values())} if len(set(used.values())) > 1 else {}),
                     "ranks": len(ranks),
                 },
                 view={"page": "histograms", "scheme": scheme, "op": top_op},
@@ -272,6 +271,35 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
             )
         )
     return out
+
+
+def _threshold_label(used: dict[str, int], measured: set[str], capped: set[str]) -> str:
+    """What "small" meant for these calls, from the thresholds actually used per op (`used`): the half-bandwidth
+    size measured on the device (`measured` ops; at most SMALL_BYTES_CAP, `capped` where the curve went above
+    it), else DEFAULT_SMALL_BYTES. One sentence per kind of threshold, naming the ops when they differ."""
+    default_text = "default; no device-measured bandwidth curve for"
+    measured_ops = sorted(op for op in used if op in measured)
+    default_ops = sorted(op for op in used if op not in measured)
+    if not measured_ops:
+        return f"below {format_bytes(DEFAULT_SMALL_BYTES)} ({default_text} these ops)"
+
+    def why(ops: list[str]) -> str:
+        cap = f", capped at {format_bytes(SMALL_BYTES_CAP)}" if any(op in capped for op in ops) else ""
+        return f"the size where busbw reaches half its best, measured on the device in this run{cap}"
+
+    sizes = sorted({used[op] for op in measured_ops}, reverse=True)
+    if not default_ops and len(sizes) == 1:
+        return f"below {format_bytes(sizes[0])} ({why(measured_ops)})"
+    parts = []
+    for size in sizes:
+        ops = [op for op in measured_ops if used[op] == size]
+        parts.append(f"below {format_bytes(size)} for {', '.join(ops)} ({why(ops)})")
+    if default_ops:
+        parts.append(
+            f"below {format_bytes(DEFAULT_SMALL_BYTES)} for {', '.join(default_ops)} ({default_text} "
+            + ("it)" if len(default_ops) == 1 else "them)")
+        )
+    return "; ".join(parts)
 
 
 # ----------------------------------------------------------------------------------- ranks

@@ -34,6 +34,7 @@ from commlens.contract.analysis import (
 from commlens.store.aggregates import rank_key_sql
 
 from .iterations import fresh_run_id, iteration_info
+from .ranks import process_keys, processes_note
 
 
 def bin_index(msg_bytes: int | None) -> int | None:
@@ -206,6 +207,9 @@ def histogram(
         # Only ranks with known iterations take part in a per-iteration average.
         all_ranks = {r for r in all_ranks if iterations.get(r)}
     n_ranks = len(all_ranks)
+    n_processes = len(all_ranks & process_keys(con, run_id))
+    if note := processes_note(n_processes, n_ranks, "ranks averaged over"):
+        notes.append(note)
 
     excluded: dict[str, int] = defaultdict(int)
     cells: dict[tuple, dict[str, list[float]]] = {}
@@ -256,6 +260,7 @@ def histogram(
         normalization=normalization,
         filters=filters,
         n_ranks=n_ranks,
+        n_processes=n_processes,
         iterations=info,
         bins=axis,
         series=series,

@@ -34,6 +34,27 @@ from commlens.store.aggregates import measured_kind_sql
 from .iterations import fresh_run_id, iteration_info
 
 
+def process_keys(con: duckdb.DuckDBPyConnection, run_id: int) -> set[str]:
+    """The rank keys of the run's calls that are processes, not global ranks: calls whose file names no rank
+    (an NCCL log's "host:pid" lines, a trace without distributedInfo, keyed by its file). Every view keyed by
+    rank (histograms' n_ranks, these totals) counts them beside the global ranks; the run's own `ranks`
+    (run detail) counts global ranks only."""
+    rows = con.execute("SELECT DISTINCT rank_key FROM comm_agg WHERE run_id = ? AND rank IS NULL", [run_id]).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def processes_note(processes: int, keys: int, counted: str) -> str | None:
+    """The note a view keyed by rank carries when `processes` of its `keys` are processes without a global rank
+    (None when there are none): what they are, and that the run's rank count leaves them out."""
+    if not processes:
+        return None
+    which = "all" if processes == keys else f"{processes:,} of the {keys:,}"
+    return (
+        f"{which} {counted} are processes without a global rank (their files name none; keyed by host:pid or by "
+        "file): the run's count of ranks counts global ranks only, so it leaves them out"
+    )
+
+
 def _rank_order(key: str) -> tuple[int, int | str]:
     return (0, int(key)) if key.lstrip("-").isdigit() else (1, key)
 
@@ -138,12 +159,25 @@ def rank_totals(
         if not per_it and len(counts) > 1 and info.mode != "none":
             notes.append(f"{label}: iterations unknown or unequal across ranks, imbalance uses totals")
     imbalance.sort(key=lambda i: -i.max_over_mean)
-    n_ranks = len({r.rank for r in out})
+    keys = {r.rank for r in out}
+    n_ranks = len(keys)
+    n_processes = len(keys & process_keys(con, run_id))
+    if note := processes_note(n_processes, n_ranks, "ranks of these rows"):
+        notes.append(note)
     if first is not None or last is not None:
         lo = first if first is not None else 0
         hi = last if last is not None else 2**63
         out = [r for r in out if r.rank.lstrip("-").isdigit() and lo <= int(r.rank) <= hi]
-    return RankTotals(run=run, rows=out, imbalance=imbalance, notes=notes, ranks=n_ranks, first=first, last=last)
+    return RankTotals(
+        run=run,
+        rows=out,
+        imbalance=imbalance,
+        notes=notes,
+        ranks=n_ranks,
+        n_processes=n_processes,
+        first=first,
+        last=last,
+    )
 
 
 def rank_value(r: RankSchemeTotal, metric: RankMetric, basis: RankBasis) -> float | None:

@@ -18,13 +18,13 @@ from commlens.contract.time import TimeSummary
 from commlens.vocab import format_bytes
 
 from .attribution import attribute_run, attribution_summary
-from .bandwidth import bandwidth
+from .bandwidth import WHY, bandwidth
 from .compare import PredictionSource, compare, prediction_sources
 from .findings import findings
 from .hang import run_hang
 from .histograms import histogram
 from .iterations import run_id_of
-from .ranks import rank_totals
+from .ranks import process_keys, rank_totals
 
 
 class ReportOp(BaseModel):
@@ -60,6 +60,10 @@ class Report(BaseModel):
     ranks: RankTotals
     time: TimeSummary | None = None  # None when the caller did not read it
     hang: list[HangGroup] = []  # groups whose latest collective did not complete (Flight Recorder); [] if none
+    # the run's rank keys that are processes without a global rank (their files name none: NCCL logs' host:pid,
+    # traces without distributedInfo): counted among the ranks of the comparison, histogram and rank totals,
+    # not in the run's own count of ranks (global ranks only)
+    processes: list[str] = []
 
 
 def build_report(
@@ -95,6 +99,7 @@ def build_report(
         for s in comparison.schemes
     ]
     found = findings(con, run, comparison.findings_input() if has_prediction else None, config)
+    run_id = run_id_of(con, run)
     return Report(
         run=run,
         schemes=schemes,
@@ -106,7 +111,8 @@ def build_report(
         bandwidth=bandwidth(con, run),
         ranks=rank_totals(con, run),
         time=time,
-        hang=run_hang(con, run_id_of(con, run)),
+        hang=run_hang(con, run_id),
+        processes=sorted(process_keys(con, run_id)),
     )
 
 
@@ -132,6 +138,8 @@ def _histogram_md(h: Histogram) -> list[str]:
         f"Power-of-two bins [2^k, 2^(k+1)) bytes; averaged over {h.n_ranks} rank(s)."
         + (f" Left out: {', '.join(f'{n} calls ({why})' for why, n in h.excluded.items())}." if h.excluded else "")
     )
+    if h.notes:  # as the dashboard's histogram page shows them (iterations, processes without a rank...)
+        lines += ["", *[f"- {n}" for n in h.notes]]
     for scheme in dict.fromkeys(s.scheme for s in h.series):
         series = [s for s in h.series if s.scheme == scheme]
         lines += [
@@ -158,14 +166,29 @@ def _gbps(x: float) -> str:
     return f"{x:.2f}" if x >= 1 else f"{x:.3g}"
 
 
+def _left_out(excluded: dict[str, int]) -> str:
+    """The calls left out of bandwidth, per reason, with what the reason means where it needs saying (the API's
+    `excluded` and the dashboard's "left out" note count the same calls)."""
+    return "; ".join(
+        f"{n:,} calls: {reason}" + (f" ({WHY[reason]})" if reason in WHY else "")
+        for reason, n in sorted(excluded.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
+
+
 def _bandwidth_md(bw: BandwidthReport) -> list[str]:
-    """Per op and size bin the median algbw and busbw, and per op the size where busbw reaches half its best."""
+    """Per op and size bin the median algbw and busbw, and per op the size where busbw reaches half its best;
+    the calls left out (no measured duration, no group size...) are counted with their reason, whether or not
+    some calls are timed."""
     lines = ["", "## Bandwidth", ""]
-    if not bw.calls_with_duration:
-        return lines + [f"- {n}" for n in bw.notes or ["no measured durations: no bandwidth"]]
+    left = sum(bw.excluded.values())
+    if not bw.calls_with_duration:  # the notes say why, with the calls of each reason (backend.bandwidth)
+        fallback = "no bandwidth" + (f": {_left_out(bw.excluded)}" if left else ": no measured durations")
+        return lines + [f"- {n}" for n in bw.notes or [fallback]]
+    total = bw.calls_with_duration + left
     lines.append(
-        f"Medians over {bw.calls_with_duration} calls with measured durations; busbw = algbw x the "
-        "nccl-tests factor of the op for its group size; GB/s = 1e9 B/s."
+        f"Medians over {bw.calls_with_duration:,} of {total:,} calls, those with measured durations; busbw = algbw x "
+        "the nccl-tests factor of the op for its group size; GB/s = 1e9 B/s."
+        + (f" Left out of bandwidth: {_left_out(bw.excluded)}." if left else " No call is left out.")
     )
     lines += [
         "",
@@ -250,11 +273,26 @@ def _hang_md(groups: list[HangGroup]) -> list[str]:
     return lines
 
 
+def _ranks_sentence(r: Report) -> str:
+    """The run's ranks as the run detail counts them (global ranks with calls), the processes without a global
+    rank that the histograms and rank totals count beside them, and the ranks the comparison averages over."""
+    keys = {row.rank for row in r.ranks.rows}
+    processes = len(keys & set(r.processes))
+    ranks = len(keys) - processes
+    text = f"Ranks with calls: {ranks}" + (
+        f", and {processes} process(es) without a global rank (their files name none)" if processes else ""
+    )
+    compared = len(r.comparison.ranks)
+    if compared != len(keys):
+        text += f"; {compared} with complete iterations in the comparison"
+    return text + "."
+
+
 def render_markdown(r: Report) -> str:
     c = r.comparison
     lines = [f"# commlens report: {r.run}", ""]
     lines.append(
-        f"Iterations: {c.iterations_message}. Ranks measured: {len(c.ranks)}. "
+        f"Iterations: {c.iterations_message}. {_ranks_sentence(r)} "
         f"Prediction: {c.implementation or 'none (no configuration)'}"
         + ("; **predicted equals measured for every scheme**." if r.exact else ".")
     )
@@ -308,7 +346,11 @@ def render_markdown(r: Report) -> str:
     if not r.findings:
         lines.append("No findings.")
     for f in r.findings:
-        evidence = ", ".join(f"{k}={_num(v) if isinstance(v, (int, float)) else v}" for k, v in f.evidence.items())
+        # the evidence as the dashboard shows it (units, significant digits), the raw value where it has no text
+        evidence = ", ".join(
+            f"{k}={f.evidence_text[k] if k in f.evidence_text else _num(v) if isinstance(v, (int, float)) else v}"
+            for k, v in f.evidence.items()
+        )
         lines.append(f"- **[{f.severity}] {f.title}** ({evidence}). {f.suggestion}")
     if c.notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in c.notes]

@@ -56,7 +56,11 @@ def facts(client: ApiClient, run: str) -> Any:
         [
             ("strategy", d.strategy),
             ("world size", num(d.world_size) if d.world_size else None),
-            ("ranks with calls", num(d.ranks)),
+            (
+                "ranks with calls",
+                num(d.ranks)
+                + (f" (and {num(d.n_processes)} processes without a global rank)" if d.n_processes else ""),
+            ),
             ("calls", num(d.events)),
             ("calls per op", ops),
             (

@@ -278,6 +278,61 @@ def test_small_messages_silent_when_few(con):
         assert f.stability is None
 
 
+def test_small_messages_label_names_the_threshold_each_op_was_judged_by(con, data_dir):
+    """ResNet-50's trace and the DLRM job in one run (what --one-run stores): ResNet's kernels give all_reduce a
+    measured curve (half the best at 16 MiB, capped at 1 MiB); all_to_all has none (DLRM's calls name no group
+    size), so 64 KiB. DLRM's 448 B and 887 KiB all_reduces are small by the 1 MiB of all_reduce, its all_to_alls
+    by the default: the label said "below 64 KiB (default ...)" beside threshold_bytes = 1 MiB."""
+    from commlens.ingest.inputs import iter_inputs
+    from commlens.service.ingest import ingest_run
+
+    resnet, dlrm = (
+        data_dir / "kineto-hta/nccl_parser_config/nccl_data.json.gz",
+        data_dir / "kineto-param/dlrm_kineto.tar.gz",
+    )
+    ingest_run(con, "mixed", iter_inputs([resnet, dlrm]))
+    assert {o.op: o.half_bw_bytes for o in bandwidth(con, "mixed").ops} == {
+        "all_reduce": 16 * MiB,
+        "broadcast": 128 << 10,
+    }
+    [f] = [f for f in findings(con, "mixed") if f.id.startswith("small-messages")]
+    assert f.id == "small-messages:unattributed"
+    # 8 ranks x (448 B + 907,840 B) all_reduces below 1 MiB, 8 x (192 + 1,536 + 13,568 + 2 x 24,576) B all_to_alls
+    assert (f.evidence["small_calls"], f.evidence["calls"]) == (16 + 40, 64)
+    assert f.evidence["small_bytes"] == 8 * (448 + 907_840) + 8 * (192 + 1536 + 13_568 + 2 * 24_576)
+    assert f.evidence["threshold"] == (
+        "below 1 MiB for all_reduce (the size where busbw reaches half its best, measured on the device in this run, "
+        "capped at 1 MiB); below 64 KiB for all_to_all (default; no device-measured bandwidth curve for it)"
+    )
+    assert (f.evidence["threshold_bytes"], f.evidence["threshold_bytes_min"]) == (MiB, 64 << 10)
+    assert (f.evidence_text["threshold_bytes"], f.evidence_text["threshold_bytes_min"]) == ("1 MiB", "64 KiB")
+    # the report shows the same text as the dashboard (evidence_text), not raw numbers
+    from commlens.backend.report import build_report, render_markdown
+
+    md = render_markdown(build_report(con, "mixed"))
+    line = next(x for x in md.splitlines() if "small, latency-bound messages" in x)
+    assert f"threshold={f.evidence['threshold']}, threshold_bytes=1 MiB, threshold_bytes_min=64 KiB" in line
+    assert "1.049e+06" not in line and "small_bytes=7.42 MiB" in line
+
+
+def test_small_messages_label_states_the_measured_threshold_itself(con):
+    """Every small op measured and one threshold: the label names it (it said "at most 1 MiB" whatever it was)."""
+    groups = [group("pg:pp", [0, 1], "mesh_pp")]
+    # 4 KiB sends: 10 us (0.41 GB/s); 64 KiB: 20 us (3.3 GB/s); 256 KiB: 40 us (6.6 GB/s): half the best at 64 KiB
+    events = [ev(0, i, "send", 4096, "pg:pp", 2, dur=10.0, peer=1) for i in range(12)]
+    events += [ev(0, 12 + i, "send", 64 << 10, "pg:pp", 2, dur=20.0, peer=1) for i in range(2)]
+    events += [ev(0, 14 + i, "send", 256 << 10, "pg:pp", 2, dur=40.0, peer=1) for i in range(2)]
+    write(con, "p2p", events, groups, rank=0)
+    attribute_run(con, "p2p")
+    assert [o.half_bw_bytes for o in bandwidth(con, "p2p").ops] == [64 << 10]
+    [f] = [f for f in findings(con, "p2p") if f.id.startswith("small-messages")]
+    assert f.evidence["small_calls"] == 12 and f.evidence["threshold_bytes"] == 64 << 10
+    assert f.evidence["threshold"] == (
+        "below 64 KiB (the size where busbw reaches half its best, measured on the device in this run)"
+    )
+    assert "threshold_bytes_min" not in f.evidence
+
+
 # ------------------------------------------------------------------------------- low busbw
 
 

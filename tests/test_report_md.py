@@ -172,3 +172,70 @@ def test_a_supplied_config_overrides_the_stored_one_in_findings(con) -> None:
     assert [f.id for f in findings(con, "dp") if f.id == "zero-accumulation"] == ["zero-accumulation"]
     assert not [f for f in findings(con, "dp", config=_zero(1, 4)) if f.id == "zero-accumulation"]
     assert not [f for f in build_report(con, "dp", _zero(0, 4)).findings if f.id == "zero-accumulation"]
+
+
+# ------------------------------------------------------------------- calls left out of bandwidth
+
+
+def test_bandwidth_section_counts_the_calls_left_out_beside_the_timed_ones(con, data_dir) -> None:
+    """The 16-rank trace (rank 0): 20 all_gather/reduce_scatter kernels are timed; 55 calls name no group size
+    and 10 all_to_alls move zero bytes. The section said "Medians over 20 calls" and nothing of the other 65:
+    it counts them with their reasons, as the API's `excluded` and the dashboard's "left out" note do."""
+    from commlens.backend.bandwidth import bandwidth
+    from commlens.ingest.inputs import iter_inputs
+    from commlens.service.ingest import ingest_run
+
+    ingest_run(con, "nq", iter_inputs([data_dir / "kineto-hta/negative_queue_length_values_check/rank0.json.gz"]))
+    bw = bandwidth(con, "nq")
+    assert (bw.calls_with_duration, bw.excluded) == (20, {"group size unknown": 55, "zero-byte call": 10})
+    md = render_markdown(build_report(con, "nq"))
+    section = md.split("## Bandwidth", 1)[1].split("\n## ", 1)[0]
+    assert "Medians over 20 of 85 calls, those with measured durations;" in section
+    assert (
+        "Left out of bandwidth: 55 calls: group size unknown (the files name no process group for them, and busbw "
+        "needs the group's size); 10 calls: zero-byte call."
+    ) in section
+    assert "| all_gather | 16 MiB-32 MiB | 5 | 16 MiB |" in section  # the timed calls are still there
+
+
+def test_bandwidth_section_of_a_fully_timed_run_says_nothing_is_left_out(resnet) -> None:
+    md = render_markdown(build_report(resnet, "resnet"))
+    section = md.split("## Bandwidth", 1)[1].split("\n## ", 1)[0]
+    assert (
+        "Medians over 21 of 21 calls, those with measured durations;" in section and "No call is left out." in section
+    )
+
+
+def test_bandwidth_section_without_timed_calls_keeps_the_runs_own_reason(con, data_dir) -> None:
+    from commlens.ingest.inputs import iter_inputs
+    from commlens.service.ingest import ingest_run
+
+    ingest_run(con, "dlrm", iter_inputs([data_dir / "kineto-param/dlrm_kineto.tar.gz"]))
+    section = render_markdown(build_report(con, "dlrm")).split("## Bandwidth", 1)[1].split("\n## ", 1)[0]
+    assert section.strip() == (
+        "- no bandwidth: 64 calls: group size unknown (the files name no process group for them, and busbw needs "
+        "the group's size)"
+    )
+
+
+# ------------------------------------------------------------------- ranks and processes
+
+
+def test_report_counts_processes_apart_from_global_ranks(con, data_dir) -> None:
+    """An NCCL log whose lines name no global rank (3 processes of a 128-rank job): the run detail counts 0 ranks,
+    the histogram averages over the 3 processes. The report says both, and the histogram section says why."""
+    from commlens.ingest.inputs import iter_inputs
+    from commlens.service.ingest import ingest_run
+
+    ingest_run(con, "log", iter_inputs([data_dir / "nccl-logs/nvidia-nccl-1193.log"]))
+    rep = build_report(con, "log")
+    assert rep.histogram.n_ranks == 3 and rep.ranks.ranks == 3 and len(rep.processes) == 3
+    md = render_markdown(rep)
+    assert "Ranks with calls: 0, and 3 process(es) without a global rank (their files name none);" in md
+    section = md.split("## Message sizes", 1)[1].split("\n## ", 1)[0]
+    assert "averaged over 3 rank(s)." in section
+    assert "- all ranks averaged over are processes without a global rank" in section
+    # a trace with its rank: nothing to say
+    ingest_run(con, "nq", iter_inputs([data_dir / "kineto-hta/negative_queue_length_values_check/rank0.json.gz"]))
+    md = render_markdown(build_report(con, "nq"))
+    assert "Ranks with calls: 1. Prediction" in md and "processes without a global rank" not in md

@@ -129,6 +129,7 @@ class Histogram(BaseModel):
     normalization: Literal["per_rank_per_iteration", "per_rank", "none"]
     filters: dict[str, str | int | None]
     n_ranks: int
+    n_processes: int = 0  # of n_ranks: processes without a global rank (RunDetail.n_processes)
     iterations: IterationInfo | None = None
     bins: list[BinSpec]
     series: list[HistogramSeries]
@@ -229,6 +230,7 @@ class RankTotals(BaseModel):
     imbalance: list[Imbalance]  # over every rank of the run, whatever the range
     notes: list[str] = []
     ranks: int = 0  # ranks (or processes) in the run
+    n_processes: int = 0  # of `ranks`: processes without a global rank (RunDetail.n_processes)
     first: int | None = None
     last: int | None = None
 

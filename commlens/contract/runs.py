@@ -65,6 +65,11 @@ class RunSummary(BaseModel):
 class RunDetail(RunSummary):
     config: dict[str, Any] | None
     ranks: int  # distinct known ranks with events
+    n_processes: int = Field(
+        default=0,
+        description="processes with calls but no global rank (their files name none: an NCCL log's host:pid, a "
+        "trace without distributedInfo); views keyed by rank count them beside `ranks`",
+    )
     ops: dict[str, int]  # calls per op
     aliases: list[str] = Field(
         default_factory=list, description="former names, oldest first: API paths holding one reach this run"

@@ -18,6 +18,7 @@ from typing import Any
 import duckdb
 from pydantic import ValidationError
 
+from commlens import store
 from commlens.backend.compare import DESCRIPTION_KEY
 from commlens.backend.iterations import run_id_of
 from commlens.backend.predict import config_kind as kind_of_config
@@ -25,8 +26,8 @@ from commlens.backend.predict import predict_input_from_config
 from commlens.contract.predict import PredictInput
 from commlens.contract.runs import TAG_PATTERN
 from commlens.run_json import RunConfig
-from commlens import store
 from commlens.store import RUN_TABLES, aggregates, transaction
+from commlens.store.aggregates import rank_key_sql
 from commlens.store.transaction import NAME_RACES
 
 from .errors import ConflictError, ForbiddenError, InvalidError
@@ -227,14 +228,19 @@ def run_detail(con: duckdb.DuckDBPyConnection, name: str) -> dict[str, Any]:
             f"SELECT op, {count} FROM {table} WHERE run_id = ?{where} GROUP BY op ORDER BY op", [run_id]
         ).fetchall()
     }
-    ranks = con.execute(f"SELECT count(DISTINCT rank) FROM {table} WHERE run_id = ?{where}", [run_id]).fetchall()[0][0]
+    key = "rank_key" if fresh else rank_key_sql(table)
+    ranks, processes = con.execute(
+        f"SELECT count(DISTINCT rank), count(DISTINCT {key}) FILTER (WHERE rank IS NULL) FROM {table} "
+        f"WHERE run_id = ?{where}",
+        [run_id],
+    ).fetchall()[0]
     aliases = [
         a[0]
         for a in con.execute(
             "SELECT alias FROM run_aliases WHERE run_id = ? ORDER BY created_at, alias", [run_id]
         ).fetchall()
     ]
-    return {**row, "ranks": ranks, "ops": ops, "aliases": aliases}
+    return {**row, "ranks": ranks, "n_processes": processes, "ops": ops, "aliases": aliases}
 
 
 def resolve_alias(con: duckdb.DuckDBPyConnection, name: str) -> str | None:

@@ -235,7 +235,8 @@ def _time_md(t: TimeSummary) -> list[str]:
         lines.append("No rank has matched instances or profiled steps.")
     else:
         lines += [
-            "| rank | steps | step time | exposed comm | overlapped comm | instances | arrived last | wait | imposed on others |",
+            "| rank | steps | step time (steps summed) | exposed comm | overlapped comm | instances | arrived last | wait "
+            "| imposed on others |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
     for r in t.ranks:

@@ -1033,7 +1033,7 @@ def ranks_view(summary: TimeSummary) -> Any:
         "arrived last",
         "waited",
         "imposed",
-        "step time",
+        "step time (its steps summed)",
         "exposed comm (wait + exposed)",
         "overlapped comm",
     ]

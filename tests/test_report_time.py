@@ -67,6 +67,7 @@ def test_markdown_time_section_on_the_dlrm_job(dlrm_db: Path) -> None:
     section = md.split("## Where the time goes", 1)[1].split("\n## ", 1)[0]
     assert "8 collective instances matched across ranks, 0 mismatch(es). Clocks: offsets within the noise" in section
     rows = {line.split(" | ")[0]: line for line in section.splitlines() if line.startswith("| ")}
+    assert rows["| rank"].startswith("| rank | steps | step time (steps summed) | exposed comm |")  # a total, said so
     # rank 7: one 12,509 µs step, 1,380 µs waiting + 200 µs exposed, 166 µs overlapped, last in 5 of 8
     assert rows["| 7"].startswith("| 7 | 1 | 12.51 | 1.58 | 0.17 | 8 | 5 | 1.53 |")
     assert rows["| 0"].startswith("| 0 | 1 | 14.46 | 5.54 | 0.26 | 8 | 0 | 5.58 | 0.00 |")

@@ -158,6 +158,9 @@ def test_a_folder_or_an_archive_of_files_stored_before_adds_none_of_them_again(
     ingest_run(con, "logs", iter_inputs([folder]), split_jobs=True)
     calls = _calls(con)
     assert [run for run, files in _runs(con).items() if "nvidia-nccl-584.log" in files] == ["logs"]
+    # and no other job joins it: the run's job is 584's, as if the folder had been ingested in one go (the first
+    # new job, aws-65, which nothing shows is 584's job, took the name before)
+    assert _runs(con)["logs"] == ["nvidia-nccl-584.log"]
     fresh = store.connect(tmp_path / "fresh.duckdb")  # the folder alone: every call once
     ingest_run(fresh, "logs", iter_inputs([folder]), split_jobs=True)
     assert sum(calls.values()) == sum(_calls(fresh).values())

@@ -32,7 +32,7 @@ from commlens.ingest.nccl_prelink import Prelinked, Prelinks
 from commlens.ingest.parse_file import ParsedFile, first_line, parse_file
 from commlens.ingest.records import ParseResult, RankHint
 from commlens.service.held_parses import HeldParses
-from commlens.service.jobs_split import Job, evidence, split_jobs, stored_job
+from commlens.service.jobs_split import FileEvidence, Job, evidence, split_jobs, stored_job
 from commlens.service.parallel import ParsePool, parsed_inputs
 from commlens.store import aggregates
 from commlens.store.errors import StoreError
@@ -211,6 +211,7 @@ def _ingest_split(
     twin: dict[str, str] = {}  # a file -> the earlier file with its content: it goes where that one goes
     kept: dict[str, str] = {}  # a file whose content a run of this ingest's family holds -> that run
     found = []
+    held_here: list[FileEvidence] = []  # files the named run holds already: their job keeps its name
     items: list[InputFile] = []  # every input in order, its bytes released once parsed
     links = Prelinks()  # NCCL calls of a run without NCCL rows yet are written already linked
     with HeldParses() as held:
@@ -226,6 +227,8 @@ def _ingest_split(
                 elif holder is not None:  # stored by an earlier ingest: it stays there, whatever this split says
                     first_of[identity] = item.name
                     kept[item.name] = holder
+                    if holder == run:  # the run's job is the one these files are in, as in one ingest of them all
+                        held_here.append(evidence(item.name, p.result))
                 else:
                     first_of[identity] = item.name
                     found.append(evidence(item.name, p.result))
@@ -233,7 +236,9 @@ def _ingest_split(
             item.open_raw = _ReleasedBytes(item.name)  # an archive member's spool goes now, not with the run
             held.put(id(item), p)
             del p  # held only by `held`, which lets it go once stored
-        split = split_jobs(run, found, _names_not_ours(con, owner_id), None if replace else _stored_job(con, run))
+        split = split_jobs(
+            run, held_here + found, _names_not_ours(con, owner_id), None if replace else _stored_job(con, run)
+        )
         where = {f.path: job.run for job in split for f in job.files} | kept
         where.update({name: where[first] for name, first in twin.items() if first in where})
         report = IngestReport(run, jobs=split)

@@ -47,6 +47,7 @@ from commlens.vocab import format_bytes
 
 from .bandwidth import bandwidth
 from .findings_common import Steps, dur, num, pct, profiled_steps, severity_from, shown
+from .findings_mismatch import collective_mismatches
 from .findings_time import MIN_STEPS, short_of_floor, time_findings
 from .iterations import fresh_run_id
 from .ranks import rank_totals
@@ -722,6 +723,7 @@ def findings(
         + _small_messages(con, run_id, bw, steps)
         + _imbalance(con, run_id, totals, steps, by_arrival, views)
         + _low_busbw(con, run_id, bw, steps, views)
+        + collective_mismatches(con, run_id)
     )
     if config is None:
         config = _config(con, run_id)

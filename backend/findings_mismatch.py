@@ -60,11 +60,11 @@ def collective_mismatches(con: duckdb.DuckDBPyConnection, run_id: int) -> list[F
             pointer_calls[key].append((int(op_count), call))
         else:
             known[key][int(op_count)].append(call)
-    out = [f for key, calls in known.items() if (f := _finding(key, calls, inferred=False))]
+    out = [f for key, by_count in known.items() if (f := _finding(key, by_count, inferred=False))]
     by_size: dict[int, list[str]] = defaultdict(list)
-    for (_, size), keys in per_process.items():
-        if len(keys) == 1:
-            by_size[size].append(next(iter(keys)))
+    for (_, size), held in per_process.items():
+        if len(held) == 1:
+            by_size[size].append(next(iter(held)))
     for size, keys in sorted(by_size.items()):
         if not 1 < len(keys) <= size:  # one process alone, or more than one communicator of this size
             continue

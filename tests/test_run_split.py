@@ -208,3 +208,18 @@ def test_ranks_of_one_job_ingested_one_by_one_stay_one_run(con: duckdb.DuckDBPyC
         assert not report.split and [f.status for f in report.files] == ["ok"]
     assert con.execute("SELECT count(DISTINCT rank) FROM comms WHERE run = 'dlrm'").fetchone() == (3,)
     assert list(_runs(con)) == ["dlrm"]
+
+
+def test_a_file_again_into_a_run_stored_with_one_run_is_a_duplicate_and_nothing_else(
+    con: duckdb.DuckDBPyConnection, data_dir: Path
+) -> None:
+    """A run stored with --one-run holds two jobs (world sizes 1 and 2); one of its files again is a duplicate
+    where it is: no run is made for it (an empty one was, named as if the file had gone there)."""
+    logs = [data_dir / "nccl-logs" / f for f in ("nvidia-nccl-1238.log", "nvidia-nccl-584.log")]
+    ingest_run(con, "both", iter_inputs(logs))  # one run, as --one-run stores them
+    before = _runs(con), _calls(con)
+    report = ingest_run(con, "both", iter_inputs(logs[:1]), split_jobs=True)
+    assert not report.split and [j.run for j in report.jobs] == ["both"]
+    assert [(f.status, f.run) for f in report.files] == [("duplicate", "both")]
+    assert (_runs(con), _calls(con)) == before
+    assert con.execute("SELECT list(name) FROM runs").fetchone() == (["both"],)

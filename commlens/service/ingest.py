@@ -237,7 +237,11 @@ def _ingest_split(
             held.put(id(item), p)
             del p  # held only by `held`, which lets it go once stored
         split = split_jobs(
-            run, held_here + found, _names_not_ours(con, owner_id), None if replace else _stored_job(con, run)
+            run,
+            held_here + found,
+            _names_not_ours(con, owner_id),
+            None if replace else _stored_job(con, run),
+            held={f.path for f in held_here},
         )
         where = {f.path: job.run for job in split for f in job.files} | kept
         where.update({name: where[first] for name, first in twin.items() if first in where})

@@ -151,12 +151,18 @@ def _conflict(a: Job, b: Job) -> str | None:
 
 
 def split_jobs(
-    run: str, files: Sequence[FileEvidence], taken: Collection[str] = (), stored: Job | None = None
+    run: str,
+    files: Sequence[FileEvidence],
+    taken: Collection[str] = (),
+    stored: Job | None = None,
+    held: Collection[str] = (),
 ) -> list[Job]:
     """The files grouped into jobs, in the order of their first file; the first job keeps `run`, the others
     are named `run-<first file's stem>` (with a number where that is in `taken`: names they must not take).
     Configuration files join the first job. `stored`: what `run` holds already (`stored_job`); a first job
-    its evidence says is another job does not go into it, and takes a name of its own like the others."""
+    its evidence says is another job does not go into it, and takes a name of its own like the others.
+    `held`: paths among `files` that `run` holds already; the jobs they are in are the run's (one job, first,
+    whatever else `stored` says: a run stored with --one-run holds several), the others go elsewhere."""
     jobs = [Job("", [f]) for f in files if not f.attaches]
     merged = True
     while merged:
@@ -174,6 +180,15 @@ def split_jobs(
                 break
     order = {f.path: i for i, f in enumerate(files)}
     jobs.sort(key=lambda j: min(order[f.path] for f in j.files))
+    mine = [j for j in jobs if any(f.path in held for f in j.files)]
+    if mine:  # what the run holds is its job, whatever its stored evidence says
+        stored = None
+        for other in mine[1:]:
+            mine[0].files.extend(other.files)
+            mine[0].joined_by = sorted({*mine[0].joined_by, *other.joined_by, f"stored in run {run} together"})
+            jobs.remove(other)
+        jobs.remove(mine[0])
+        jobs.insert(0, mine[0])
     if not jobs:
         jobs = [Job(run)]
     jobs[0].files.extend(f for f in files if f.attaches)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
     import duckdb
 
+    from commlens.contract.runs import RunCreate
     from commlens.ingest.inputs import InputFile
     from commlens.service.ingest import IngestReport, IngestSummary
     from commlens.service.parse_pool import ParsePool
@@ -461,12 +463,42 @@ def ui_command(
         raise typer.Exit(2) from None
 
 
+def _upload_contents(paths: list[Path], run: str) -> tuple[RunCreate, list[tuple[str, bytes]]]:
+    """The run to create if missing and the files' names and bytes; every mistake is said (exit 2) before the
+    server is asked to do anything, so no run is made for an upload refused here."""
+    from pydantic import ValidationError
+
+    from commlens.contract.runs import RunCreate
+
+    try:
+        new_run = RunCreate(name=run)
+        files = [
+            f
+            for p in paths
+            for f in (
+                sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith(".")) if p.is_dir() else [p]
+            )
+        ]
+        contents = [(f.name, f.read_bytes()) for f in files]
+    except ValidationError:
+        why = "a run made through the API is named with letters, digits and . _ + @ = - (at most 128), first a letter or digit"
+        err_console.print(f"[red]error:[/red] {escape(f'--run {run!r}: {why}')}")
+        raise typer.Exit(2) from None
+    except OSError as exc:
+        err_console.print(f"[red]error:[/red] {escape(f'{exc.filename}: {exc.strerror or exc}')}")
+        raise typer.Exit(2) from None
+    if not contents:
+        err_console.print("[red]error:[/red] no files to upload")
+        raise typer.Exit(2)
+    return new_run, contents
+
+
 @app.command("upload")
 def upload_command(
     paths: list[Path] = UPLOAD_PATHS,
     api: str = typer.Option(..., "--api", help="The commlens server's root URL, e.g. http://127.0.0.1:8050."),
     run: str = typer.Option(..., "--run", help="Run to upload into (created if missing)."),
-    rank: int | None = typer.Option(None, "--rank", help="Global rank of single-rank files that do not say."),
+    rank: int | None = typer.Option(None, "--rank", min=0, help="Global rank of single-rank files that do not say."),
     token: str | None = typer.Option(None, "--token", envvar="COMMLENS_TOKEN", help="API token (or COMMLENS_TOKEN)."),
     one_run: bool = typer.Option(
         False, "--one-run", help="Store every file in --run even where they look like several jobs."
@@ -475,26 +507,26 @@ def upload_command(
     """Upload files to a running server (the store belongs to `commlens serve` while it runs) and wait for the job."""
     import time
 
-    from commlens.contract.runs import RunCreate
     from commlens.frontend.client import ApiClient, ApiProblem
 
-    files = [
-        f
-        for p in paths
-        for f in (sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith(".")) if p.is_dir() else [p])
-    ]
-    if not files:
-        err_console.print("[red]error:[/red] no files to upload")
-        raise typer.Exit(2)
+    new_run, contents = _upload_contents(paths, run)
     client = ApiClient(api, token)
+    created = False
     try:
         try:
             client.run(run)
         except ApiProblem as exc:
             if exc.status != 404:
                 raise
-            client.create_run(RunCreate(name=run))
-        job = client.upload(run, [(f.name, f.read_bytes()) for f in files], rank=rank, one_run=one_run)
+            client.create_run(new_run)
+            created = True
+        try:
+            job = client.upload(run, contents, rank=rank, one_run=one_run)
+        except ApiProblem:
+            if created:  # refused before anything was queued: the run made for it goes too
+                with contextlib.suppress(ApiProblem):
+                    client.delete_run(run)
+            raise
         while job.state not in ("done", "failed"):
             time.sleep(0.5)
             job = client.job(job.job_id)

@@ -147,6 +147,9 @@ class ApiClient:
     def update_run(self, run: str, body: RunUpdate) -> RunDetail:
         return self._send("PATCH", f"/runs/{_seg(run)}", RunDetail, body)
 
+    def delete_run(self, run: str) -> None:
+        self._request("DELETE", f"/runs/{_seg(run)}")
+
     def sources(self, run: str, limit: int = 200, offset: int = 0) -> Page[SourceOut]:
         return self._get(f"/runs/{_seg(run)}/sources", Page[SourceOut], limit=limit, offset=offset)
 

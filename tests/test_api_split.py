@@ -143,6 +143,38 @@ def test_commlens_upload_prints_the_runs_and_one_run_merges(tmp_path: Path, data
         assert runs == {"two": 4, "two-nvidia-nccl-203": 7, "one": 11}
 
 
+def test_commlens_upload_says_its_mistakes_and_leaves_no_run_behind(tmp_path: Path, data_dir: Path) -> None:
+    """A missing path or a name the API refuses is one error line (it was a traceback); an upload the server
+    refuses before queueing anything takes the run made for it away again (an empty run stayed)."""
+    log = str(data_dir / "nccl-logs" / "nvidia-nccl-1193.log")
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "empty.log").write_bytes(b"")
+    with ServerThread(Settings(db=tmp_path / "s.duckdb")) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+
+        def upload(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run(
+                [sys.executable, "-m", "commlens.cli", "upload", *args, "--api", srv.url],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env={**os.environ, "COLUMNS": "400"},
+            )
+
+        missing = upload(str(tmp_path / "nope.log"), "--run", "u1")
+        assert missing.returncode == 2 and missing.stderr.strip() == (
+            f"error: {tmp_path / 'nope.log'}: No such file or directory"
+        ), missing.stderr
+        bad_name = upload(log, "--run", "a/b")
+        assert bad_name.returncode == 2 and "Traceback" not in bad_name.stderr
+        assert bad_name.stderr.startswith("error: --run 'a/b': a run made through the API is named with letters")
+        refused = upload(str(tmp_path / "up"), "--run", "u2")  # an empty file: refused, nothing queued
+        assert refused.returncode == 2 and "Nothing of this upload was queued" in refused.stderr, refused.stderr
+        assert c.get("/api/runs").json()["items"] == []
+        assert upload(log, "--run", "u3", "--rank", "-1").returncode == 2
+        assert c.get("/api/runs").json()["items"] == []
+
+
 def test_uploads_one_by_one_split_as_one_upload_of_them_all(tmp_path: Path, data_dir: Path) -> None:
     """A later upload whose job the run's stored files contradict (world size 1, then 8) goes to a run of its
     own, as the two files in one upload do; the same file uploaded again stays where it is."""

@@ -336,6 +336,8 @@ def test_groups_match_attribution_and_override_roundtrip(client: httpx.Client, s
     assert attribution_summary(cur, "seeded").groups[2].scheme == "cp"
     problem(client.patch("/api/runs/seeded/groups/pg:tpA", json={"scheme": "dp"}), 422)  # no reason
     problem(client.patch("/api/runs/seeded/groups/pg:tpA", json={"scheme": "zz", "reason": "x"}), 422)
+    missing = problem(client.patch("/api/runs/seeded/groups/nope", json={"scheme": "tp", "reason": "x"}), 404)
+    assert missing["detail"].endswith("'nope'"), missing  # the closing quote was stripped off
     problem(client.patch("/api/runs/seeded/groups/pg:nope", json={"scheme": "dp", "reason": "x"}), 404)
     r = client.patch("/api/runs/seeded/groups/pg:tpA", json={"scheme": None})
     assert (r.json()["scheme"], r.json()["source"]) == ("tp", "label")
@@ -564,6 +566,12 @@ def test_review_links_to_other_hosts_are_not_links(client: httpx.Client) -> None
 def test_review_refusals(client: httpx.Client) -> None:
     problem(client.post("/api/runs/seeded/review", json={"body": ""}), 422)
     problem(client.post("/api/runs/seeded/review", json={"body": "x", "anchor": {"bin": "'; DROP"}}), 422)
+    # the bins the histograms and /calls know, no other (2^99 was stored, then refused by /calls?bin=)
+    body = problem(client.post("/api/runs/seeded/review", json={"body": "x", "anchor": {"bin": "2^99"}}), 422)
+    assert body["errors"][0]["field"] == "anchor.bin" and "0 <= k <= 62" in body["errors"][0]["message"], body
+    item = client.post("/api/runs/seeded/review", json={"body": "x", "anchor": {"bin": "2^62"}}).json()
+    problem(client.patch(f"/api/review/{item['item_id']}", json={"anchor": {"bin": "2^63"}}), 422)
+    assert client.delete(f"/api/review/{item['item_id']}").status_code == 204
     problem(client.post("/api/runs/seeded/review", json={"body": "x", "parent_id": 999999}), 422)
     problem(client.post("/api/runs/ghost/review", json={"body": "x"}), 404)
     problem(client.patch("/api/review/999999", json={"status": "open"}), 404)

@@ -57,7 +57,9 @@ def analysis_errors() -> Iterator[None]:
     except UnknownRunError:
         raise
     except LookupError as exc:
-        raise ApiError(404, str(exc).strip("'\""), "not-found") from None
+        # a KeyError's str() is its message quoted; stripping quotes off any other message cut a closing quote
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) else str(exc)
+        raise ApiError(404, message, "not-found") from None
     except ValueError as exc:
         raise ApiError(422, str(exc), "invalid-argument") from None
 

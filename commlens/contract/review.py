@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from commlens.vocab import Op, Scheme
 
+from .analysis import bin_spec
 from .common import MAX_RANK, StrictModel
 
 INLINE_REPLIES = 50  # replies shown inside a review item; GET /review/{id}/replies pages through all
@@ -20,9 +21,17 @@ class Anchor(StrictModel):
     view: str | None = Field(default=None, max_length=64, pattern=r"^[a-z0-9_-]+$")
     scheme: Scheme | None = None
     op: Op | None = None
-    bin: str | None = Field(default=None, max_length=16, pattern=r"^(zero|unknown|2\^\d{1,2})$")
+    bin: str | None = Field(default=None, max_length=16, description="'zero', 'unknown' or '2^k', 0 <= k <= 62")
     rank: int | None = Field(default=None, ge=0, le=MAX_RANK)
     free: str | None = Field(default=None, max_length=500, description="anything else that locates the item")
+
+    @field_validator("bin")
+    @classmethod
+    def _a_histogram_bin(cls, key: str | None) -> str | None:
+        """The bins the histograms and the calls endpoint know (bin_spec's rule), no other."""
+        if key is not None:
+            bin_spec(key)
+        return key
 
 
 class ReviewCreate(StrictModel):

@@ -72,7 +72,7 @@ def report(
     """Attribution, histograms, predicted against measured, bandwidth, where the time goes and findings of one run."""
     from commlens import store
     from commlens.backend.report import build_report, render_markdown
-    from commlens.service.runs import run_names
+    from commlens.service.runs import resolve_alias, run_names
     from commlens.service.time import time_summary
 
     if fmt not in ("json", "md"):
@@ -83,6 +83,9 @@ def report(
     except store.StoreError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
+    if store.get_run_id(con, run) is None and (current := resolve_alias(con, run)) is not None:
+        err.print(escape(f"{run!r} is a former name of run {current!r}: reporting on {current!r}"))
+        run = current  # as the API does for a link holding the old name
     if store.get_run_id(con, run) is None:
         names = run_names(con)
         err.print(f"[red]error:[/red] {escape(f'no run {run!r} in {db}; runs: ' + (', '.join(names) or 'none'))}")

@@ -15,6 +15,7 @@ import pyarrow as pa
 from commlens.backend.iterations import UnknownRunError, run_id_of
 from commlens.ingest.parse_file import first_line
 from commlens.service.errors import InvalidError, NotFoundError
+from commlens.service.runs import resolve_alias
 
 COMMS_COLUMNS = (
     "run",
@@ -92,6 +93,7 @@ def export_parquet(con: duckdb.DuckDBPyConnection, out: Path, run: str | None = 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidError(f"{out}: exists and is not an empty folder; give a new folder for the export", "export")
     if run is not None:
+        run = resolve_alias(con, run) or run  # a former name exports the run it names now, as the API reads it
         try:
             check_run(con, run)
         except UnknownRunError:

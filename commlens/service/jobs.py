@@ -92,9 +92,9 @@ def list_jobs(
     """A page of jobs, newest first, and how many match."""
     conditions: list[str] = []
     params: list[Any] = []
-    if run is not None:
-        conditions.append("r.name = ?")
-        params.append(run)
+    if run is not None:  # by its name or a former one, as every path addressing a run
+        conditions.append("(r.name = ? OR j.run_id = (SELECT run_id FROM run_aliases WHERE alias = ?))")
+        params += [run, run]
     if state is not None:
         conditions.append("j.state = ?")
         params.append(state)

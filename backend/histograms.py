@@ -177,10 +177,11 @@ def histogram(
     sql, params = _rows_sql(run_id, step, rank)
     scoped = con.execute(sql, params).fetchall()
     all_ranks = {r[3] for r in scoped}
+    wanted = None if scheme == UNATTRIBUTED else scheme  # 'unattributed': the series with scheme null, as /calls
     rows = [
         r
         for r in scoped
-        if (scheme is None or r[0] == scheme) and (op is None or r[1] == op) and (dtype is None or r[2] == dtype)
+        if (scheme is None or r[0] == wanted) and (op is None or r[1] == op) and (dtype is None or r[2] == dtype)
     ]
 
     notes: list[str] = []

@@ -162,3 +162,27 @@ def test_pages_and_refusals(client: httpx.Client) -> None:
         assert words in r.json()["detail"], r.json()
     r = client.get("/api/runs/ghost/calls")
     assert r.status_code == 404 and "no run named 'ghost'" in r.json()["detail"]
+
+
+def test_unattributed_selects_the_same_calls_in_histograms_calls_and_export(tmp_path: Path, data_dir: Path) -> None:
+    """The DLRM job's calls have no process group: `scheme=unattributed` is their series in /histograms, their
+    rows in /calls and /export alike (it was a 422 on /histograms and /export, so they could not be selected)."""
+    archive = data_dir / "kineto-param" / "dlrm_kineto.tar.gz"
+    with ServerThread(Settings(db=tmp_path / "s.duckdb")) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        assert c.post("/api/runs", json={"name": "dlrm"}).status_code == 201
+        job = c.post("/api/runs/dlrm/files", files=[("files", (archive.name, archive.read_bytes()))]).json()
+        assert wait_job(c, job["job_id"], timeout=120)["state"] == "done"
+        params = {"scheme": "unattributed", "normalize": "false"}
+        hist = c.get("/api/runs/dlrm/histograms", params=params)
+        assert hist.status_code == 200, hist.text
+        series = hist.json()["series"]
+        assert series and {s["scheme"] for s in series} == {None}
+        counted = sum(s["total_calls"] for s in series)
+        listed = c.get("/api/runs/dlrm/calls", params={**params, "limit": 1}).json()["total"]
+        exported = c.get("/api/runs/dlrm/export", params={"scheme": "unattributed", "format": "jsonl"})
+        assert exported.status_code == 200, exported.text
+        rows = exported.text.splitlines()
+        assert counted == listed == len(rows) > 0
+        everything = c.get("/api/runs/dlrm/export", params={"format": "jsonl"}).text.splitlines()
+        assert len(everything) == len(rows)  # every call of this run is unattributed
+        assert c.get("/api/runs/dlrm/histograms", params={"scheme": "dp"}).json()["series"] == []

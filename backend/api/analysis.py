@@ -123,7 +123,9 @@ def override_group(run: str, group_key: str, body: GroupOverride, cur: Cursor, _
 def histograms(
     run: str,
     cur: Cursor,
-    scheme: Annotated[Scheme | None, Query()] = None,
+    scheme: Annotated[
+        Scheme | Literal["unattributed"] | None, Query(description="'unattributed': calls without a scheme")
+    ] = None,
     op: Annotated[Op | None, Query()] = None,
     dtype: Annotated[str | None, Query(max_length=32)] = None,
     rank: Annotated[int | None, Query(ge=0, le=MAX_RANK)] = None,

@@ -118,7 +118,9 @@ def export_run(
     cur: Cursor,
     ctx: Ctx,
     format: Annotated[Literal["csv", "parquet", "jsonl"], Query()] = "csv",
-    scheme: Annotated[Scheme | None, Query()] = None,
+    scheme: Annotated[
+        Scheme | Literal["unattributed"] | None, Query(description="'unattributed': calls without a scheme")
+    ] = None,
     op: Annotated[Op | None, Query()] = None,
     dtype: Annotated[str | None, Query(max_length=32)] = None,
     rank: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,

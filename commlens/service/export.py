@@ -13,6 +13,7 @@ import duckdb
 import pyarrow as pa
 
 from commlens.backend.iterations import UnknownRunError, run_id_of
+from commlens.contract.analysis import UNATTRIBUTED
 from commlens.ingest.parse_file import first_line
 from commlens.service.errors import InvalidError, NotFoundError
 from commlens.service.runs import resolve_alias
@@ -43,7 +44,9 @@ def comms_query(run: str, filters: dict[str, Any]) -> tuple[str, list[Any]]:
     conditions, params = ["run = ?"], [run]
     for column in FILTERS:
         value = filters.get(column)
-        if value is not None:
+        if column == "scheme" and value == UNATTRIBUTED:  # the calls without a scheme, as /calls selects them
+            conditions.append("scheme IS NULL")
+        elif value is not None:
             conditions.append(f"{column} = ?")
             params.append(value)
     cols = ", ".join(COMMS_COLUMNS)

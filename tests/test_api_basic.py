@@ -198,6 +198,10 @@ def test_create_run_refusals(client: httpx.Client) -> None:
     assert "neither" in body["detail"]
     assert "tags" in problem(client.post("/api/runs", json={"name": "badtag", "tags": ["<b>"]}), 422)["detail"]
     assert "extra" in problem(client.post("/api/runs", json={"name": "x", "nope": 1}), 422)["detail"].lower()
+    # a parameter given twice is refused, not cut to its last value (rank=1 alone was the histogram's filter)
+    twice = client.get("/api/runs/seeded/histograms", params=[("rank", "0"), ("rank", "1")])
+    assert "query parameter 'rank' is given 2 times" in problem(twice, 422)["detail"]
+    assert "comma-separated" in problem(client.get("/api/compare?runs=seeded&runs=seeded"), 422)["detail"]
     json_type = {"content-type": "application/json"}
     body = problem(client.post("/api/runs", content=b"name=x", headers=json_type), 422)  # a form, sent as JSON
     assert body["errors"] == [{"field": "body", "message": "not valid JSON at character 0: Expecting value"}]

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.routing import APIRoute
 
 from commlens import __version__
@@ -18,7 +18,7 @@ from . import time as time_routes
 from .aliases import RunAliases
 from .bodies import JsonBodyGuard
 from .db import Database
-from .deps import AppContext
+from .deps import AppContext, single_query_values
 from .errors import ApiError
 from .ingest_queue import IngestQueue
 from .origin import OriginGuard
@@ -86,7 +86,7 @@ def create_app(settings: Settings, ui: Any = None, db: Database | None = None) -
     )
     app.state.ctx = AppContext(settings=settings, db=db, ingest_queue=ingest_queue)
     errors.install(app)
-    api = APIRouter(prefix="/api")
+    api = APIRouter(prefix="/api", dependencies=[Depends(single_query_values)])
     for module in (users, runs, uploads, export, analysis, review, time_routes, hang, config, pairs):
         api.include_router(module.router)
     app.include_router(api)

@@ -14,6 +14,7 @@ from commlens.contract.common import MAX_RANK
 
 from . import auth
 from .db import Database
+from .errors import ApiError
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -90,3 +91,17 @@ def get_rank_range(
 
 
 Ranks = Annotated[RankRange, Depends(get_rank_range)]
+
+
+def single_query_values(request: Request) -> None:
+    """422 for a query parameter given more than once: every parameter takes one value (FastAPI would keep the
+    last silently: `?rank=0&rank=1` filtered on rank 1 alone; /compare takes its runs as `runs=a,b`)."""
+    keys = [k for k, _ in request.query_params.multi_items()]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ApiError(
+            422,
+            f"query parameter {twice[0]!r} is given {keys.count(twice[0])} times; each takes one value "
+            "(a list, as /compare's runs, is comma-separated)",
+            "invalid-request",
+        )

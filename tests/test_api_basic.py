@@ -340,6 +340,8 @@ def test_groups_match_attribution_and_override_roundtrip(client: httpx.Client, s
     assert attribution_summary(cur, "seeded").groups[2].scheme == "cp"
     problem(client.patch("/api/runs/seeded/groups/pg:tpA", json={"scheme": "dp"}), 422)  # no reason
     problem(client.patch("/api/runs/seeded/groups/pg:tpA", json={"scheme": "zz", "reason": "x"}), 422)
+    dropped = client.patch("/api/runs/seeded/groups/pg:tpA", json={"scheme": None, "reason": "undo"})
+    assert "keeps no reason" in problem(dropped, 422)["detail"]  # the reason was dropped without a word
     missing = problem(client.patch("/api/runs/seeded/groups/nope", json={"scheme": "tp", "reason": "x"}), 404)
     assert missing["detail"].endswith("'nope'"), missing  # the closing quote was stripped off
     problem(client.patch("/api/runs/seeded/groups/pg:nope", json={"scheme": "dp", "reason": "x"}), 404)
@@ -575,6 +577,12 @@ def test_review_refusals(client: httpx.Client) -> None:
     assert body["errors"][0]["field"] == "anchor.bin" and "0 <= k <= 62" in body["errors"][0]["message"], body
     item = client.post("/api/runs/seeded/review", json={"body": "x", "anchor": {"bin": "2^62"}}).json()
     problem(client.patch(f"/api/review/{item['item_id']}", json={"anchor": {"bin": "2^63"}}), 422)
+    for field in ("body", "status"):  # a null changed nothing, with a 200
+        assert (
+            "cannot be null"
+            in problem(client.patch(f"/api/review/{item['item_id']}", json={field: None}), 422)["detail"]
+        )
+    assert client.get(f"/api/review/{item['item_id']}").json()["body"] == "x"
     assert client.delete(f"/api/review/{item['item_id']}").status_code == 204
     problem(client.post("/api/runs/seeded/review", json={"body": "x", "parent_id": 999999}), 422)
     problem(client.post("/api/runs/ghost/review", json={"body": "x"}), 404)

@@ -98,6 +98,12 @@ def groups(run: str, cur: Cursor, limit: Limit = 100, offset: Offset = 0) -> Gro
 def override_group(run: str, group_key: str, body: GroupOverride, cur: Cursor, _: Writer) -> GroupAttribution:
     with analysis_errors():
         if body.scheme is None:
+            if body.reason:  # it would be dropped without a word: a reason is stored with an override only
+                raise ApiError(
+                    422,
+                    "scheme null drops the override, which keeps no reason; leave the reason out",
+                    "invalid-argument",
+                )
             result = clear_scheme_override(cur, run, group_key)
             hit = [g for g in result if g.group_key == group_key]
             if not hit:

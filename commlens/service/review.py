@@ -205,7 +205,11 @@ def _check_author(c: duckdb.DuckDBPyConnection, item_id: int, who: Actor, action
 
 
 def update_item(con: duckdb.DuckDBPyConnection, item_id: int, who: Actor, changes: dict[str, Any]) -> None:
-    """Apply body, status and anchor changes; body and anchor are the author's (or an admin's), status anyone's."""
+    """Apply body, status and anchor changes; body and anchor are the author's (or an admin's), status anyone's.
+    A null body or status is refused (it changed nothing, silently); a null anchor removes the anchor."""
+    for col in ("body", "status"):
+        if col in changes and changes[col] is None:
+            raise InvalidError(f"{col} cannot be null; leave it out to keep the item's {col}", "invalid-request")
 
     def update(c: duckdb.DuckDBPyConnection) -> None:
         if changes.keys() & {"body", "anchor"}:
@@ -215,7 +219,7 @@ def update_item(con: duckdb.DuckDBPyConnection, item_id: int, who: Actor, change
         sets: list[str] = []
         params: list[Any] = []
         for col in ("body", "status"):
-            if changes.get(col) is not None:
+            if col in changes:
                 sets.append(f"{col} = ?")
                 params.append(changes[col])
         if "anchor" in changes:

@@ -82,8 +82,17 @@ def plan_runs(
         sub = "_".join(f"{k.replace('_', '-')}-{v if isinstance(v, int) else f'{v:g}'}" for k, v in combo)
         problems = validation_errors(cfg, cuda_devices)
         errors += [f"{sub}: {p}" if combo else p for p in problems]
-        # A sweep's runs are named DIR.VALUE: two sweeps over the same values into one store stay apart.
-        runs.append(PlannedRun(f"{out.name}.{sub}" if combo else out.name, out / sub if combo else out, cfg))
+        # A sweep's runs are named DIR.VALUE: two sweeps over the same values into one store stay apart. DIR is the
+        # folder's own name (`--out .` names the run after the current folder, not "").
+        folder = out.resolve().name
+        runs.append(PlannedRun(f"{folder}.{sub}" if combo else folder, out / sub if combo else out, cfg))
+    from commlens import store  # here, not at import: the workers import this module
+
+    for run in runs:
+        try:
+            store.check_new_run_name(run.name)
+        except store.StoreError as exc:
+            errors.append(f"--out {out}: {exc}")
     if errors:
         raise ConfigError("\n".join(dict.fromkeys(errors)))
     return runs

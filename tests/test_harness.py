@@ -114,6 +114,17 @@ def test_sweep_plans_one_validated_run_per_value(tmp_path):
         launch.plan_runs(tmp_path, dict(TINY, dp=None, tp=2, pp=1, sp=True), None, ["seq-len=16,15"], None)
 
 
+def test_a_run_is_named_after_its_folder_even_as_dot(tmp_path, monkeypatch):
+    """`--out .` names the run after the current folder (it was "", which ingest refused after training); a
+    folder whose name no run can take is refused before anything starts."""
+    monkeypatch.chdir(tmp_path)
+    (run,) = launch.plan_runs(Path("."), dict(TINY, dp=1, tp=1, pp=1), None, [], None)
+    assert run.name == tmp_path.name
+    (tmp_path / " padded").mkdir()
+    with pytest.raises(ConfigError, match="--out  padded: run name ' padded' begins or ends with whitespace"):
+        launch.plan_runs(Path(" padded"), dict(TINY, dp=1, tp=1, pp=1), None, [], None)
+
+
 def test_cli_refuses_impossible_config_before_starting(tmp_path):
     out = tmp_path / "never"
     proc = subprocess.run(

@@ -85,6 +85,8 @@ def test_jobs_account_for_every_file(ingested, client: httpx.Client) -> None:
         assert detail["events"] == sum(r["events"] for r in job["results"]) == sum(detail["ops"].values()) > 0
     listed = client.get("/api/jobs", params={"run": "dlrm"}).json()
     assert [j["job_id"] for j in listed["items"]] == [dlrm["job_id"]]
+    everyone = client.get("/api/jobs").json()["total"]
+    assert client.get("/api/jobs", params={"run": ""}).json()["total"] == everyone > 1  # empty: no filter
 
 
 def test_resnet50_gradients_per_iteration(client: httpx.Client) -> None:

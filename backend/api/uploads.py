@@ -232,7 +232,7 @@ def list_jobs(
     run: Annotated[str | None, Query(max_length=128)] = None,
     state: Annotated[str | None, Query(pattern="^(queued|running|done|failed)$")] = None,
 ) -> Page[JobOut]:
-    items, total = jobs.list_jobs(cur, limit, offset, run=run, state=state)
+    items, total = jobs.list_jobs(cur, limit, offset, run=run or None, state=state)  # empty: no filter, as tag=
     return Page[JobOut](
         items=[job_out(j, ctx.ingest_queue) for j in items],
         total=total,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 import duckdb
 
@@ -31,9 +32,6 @@ class _Call:
     dtype: str | None
     count: int | None
 
-    def what(self) -> tuple[str, str | None, int | None]:
-        return self.op, self.dtype, self.count
-
     def who(self) -> str:
         return self.process if self.rank is None else f"rank {self.rank} ({self.process})"
 
@@ -41,48 +39,69 @@ class _Call:
         return f"{self.op}({self.count if self.count is not None else '?'} x {self.dtype or '?'})"
 
 
+_CALLS = """FROM comm_events e WHERE e.run_id = ? AND e.op_count IS NOT NULL AND e.group_size > 1
+             AND NOT list_contains(?, e.op) AND e.process IS NOT NULL"""
+
+
 def collective_mismatches(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
-    """One finding per communicator whose members disagree at an opCount (see the module's docstring)."""
-    rows = con.execute(
-        """SELECT e.process, e.rank, e.group_key, e.group_size, e.op_count, e.op, e.dtype, e.elems_in
-           FROM comm_events e
-           WHERE e.run_id = ? AND e.op_count IS NOT NULL AND e.group_size > 1 AND NOT list_contains(?, e.op)
-             AND e.process IS NOT NULL AND e.group_key LIKE 'nccl:%'""",
-        [run_id, list(_P2P)],
+    """One finding per communicator whose members disagree at an opCount (see the module's docstring). The
+    grouping is in SQL: only the opCounts that disagree come back, whatever the number of calls."""
+    base = [run_id, list(_P2P)]
+    known = con.execute(
+        f"""SELECT e.group_key, list(DISTINCT e.process) {_CALLS} AND e.group_key LIKE 'nccl:%'
+            AND NOT starts_with(e.group_key, 'nccl:ptr:') GROUP BY e.group_key ORDER BY e.group_key""",
+        base,
     ).fetchall()
-    known: dict[str, dict[int, list[_Call]]] = defaultdict(lambda: defaultdict(list))
-    per_process: dict[tuple[str, int], set[str]] = defaultdict(set)  # (process, size) -> pointer-keyed groups
-    pointer_calls: dict[str, list[tuple[int, _Call]]] = defaultdict(list)
-    for process, rank, key, size, op_count, op, dtype, count in rows:
-        call = _Call(str(process), rank, str(op), dtype, None if count is None else int(count))
-        if key.startswith("nccl:ptr:"):
-            per_process[(str(process), int(size))].add(key)
-            pointer_calls[key].append((int(op_count), call))
-        else:
-            known[key][int(op_count)].append(call)
-    out = [f for key, by_count in known.items() if (f := _finding(key, by_count, inferred=False))]
-    by_size: dict[int, list[str]] = defaultdict(list)
-    for (_, size), held in per_process.items():
-        if len(held) == 1:
-            by_size[size].append(next(iter(held)))
-    for size, keys in sorted(by_size.items()):
-        if not 1 < len(keys) <= size:  # one process alone, or more than one communicator of this size
+    out = [f for key, members in known if (f := _finding(con, base, [key], key, members, inferred=False))]
+    held = con.execute(  # pointer-keyed communicators held by each process, per size
+        f"""SELECT e.group_size, e.process, list(DISTINCT e.group_key) {_CALLS}
+            AND starts_with(e.group_key, 'nccl:ptr:') GROUP BY ALL ORDER BY ALL""",
+        base,
+    ).fetchall()
+    by_size: dict[int, list[tuple[str, str]]] = defaultdict(list)
+    for size, process, keys in held:
+        if len(keys) == 1:
+            by_size[int(size)].append((str(process), str(keys[0])))
+    for size, members in sorted(by_size.items()):
+        if not 1 < len(members) <= size:  # one process alone, or more than one communicator of this size
             continue
-        calls: dict[int, list[_Call]] = defaultdict(list)
-        for key in keys:
-            for op_count, call in pointer_calls[key]:
-                calls[op_count].append(call)
-        if finding := _finding(f"communicator of {size} ranks (COLL lines only)", calls, inferred=True):
+        group = f"communicator of {size} ranks (COLL lines only)"
+        keys, processes = [k for _, k in members], [p for p, _ in members]
+        if finding := _finding(con, base, keys, group, processes, inferred=True):
             out.append(finding)
     return out
 
 
-def _finding(group: str, calls: dict[int, list[_Call]], inferred: bool) -> Finding | None:
-    mismatched = {n: c for n, c in sorted(calls.items()) if len({x.what() for x in c}) > 1}
+def _disagreements(con: duckdb.DuckDBPyConnection, base: list[Any], keys: list[str]) -> dict[int, list[_Call]]:
+    """The opCounts at which the calls of these communicators' members differ, with one call per member."""
+    rows = con.execute(
+        f"""SELECT e.op_count, list(DISTINCT struct_pack(p := e.process, r := e.rank, o := e.op, d := e.dtype,
+                                                          n := e.elems_in))
+            {_CALLS} AND list_contains(?, e.group_key)
+            GROUP BY e.op_count HAVING count(DISTINCT (e.op, e.dtype, e.elems_in)) > 1 ORDER BY e.op_count""",
+        [*base, keys],
+    ).fetchall()
+    return {
+        int(n): [
+            _Call(str(c["p"]), c["r"], str(c["o"]), c["d"], None if c["n"] is None else int(c["n"])) for c in calls
+        ]
+        for n, calls in rows
+    }
+
+
+def _finding(
+    con: duckdb.DuckDBPyConnection,
+    base: list[Any],
+    keys: list[str],
+    group: str,
+    processes: list[str],
+    inferred: bool,
+) -> Finding | None:
+    mismatched = _disagreements(con, base, keys)
     if not mismatched:
         return None
     first, at_first = next(iter(mismatched.items()))
-    members = sorted({c.process for cs in calls.values() for c in cs})
+    members = sorted(set(processes))
     ops_differ = any(len({c.op for c in cs}) > 1 for cs in mismatched.values())
     said = "; ".join(
         f"{c.who()} calls {c.said()}"

@@ -205,7 +205,8 @@ def _first_of_op(series: list[HistogramSeries], op: str) -> int:
 
 def histogram_view(h: Histogram) -> Any:
     notes: list[Any] = []
-    if h.iterations is not None:
+    # per rank for want of iterations: the note below says so with the reason, so the message would repeat it
+    if h.iterations is not None and not (h.iterations.mode == "none" and h.normalization == "per_rank"):
         notes.append(h.iterations.message)
     notes += h.notes
     if h.excluded:

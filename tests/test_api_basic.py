@@ -516,6 +516,18 @@ def test_review_markdown_is_stored_verbatim_and_rendered_safely(client: httpx.Cl
     problem(client.get(f"/api/review/{reply['item_id']}"), 404)
 
 
+def test_review_anchor_absent_keeps_it_null_or_empty_removes_it(client: httpx.Client) -> None:
+    """The documented PATCH semantics (ReviewUpdate.anchor): {} is no anchor, as null is, on create and update."""
+    assert client.post("/api/runs/seeded/review", json={"body": "x", "anchor": {}}).json()["anchor"] is None
+    item = client.post("/api/runs/seeded/review", json={"body": "x", "anchor": {"view": "ranks"}}).json()
+    url = f"/api/review/{item['item_id']}"
+    assert client.patch(url, json={"status": "resolved"}).json()["anchor"]["view"] == "ranks"
+    assert client.patch(url, json={"anchor": {}}).json()["anchor"] is None
+    assert client.patch(url, json={"anchor": {"op": "all_reduce"}}).json()["anchor"]["op"] == "all_reduce"
+    assert client.patch(url, json={"anchor": None}).json()["anchor"] is None
+    assert client.delete(url).status_code == 204
+
+
 def test_long_threads_are_paginated(client: httpx.Client) -> None:
     top = client.post("/api/runs/seeded/review", json={"body": "long thread"}).json()
     for i in range(53):

@@ -16,7 +16,8 @@ INLINE_REPLIES = 50  # replies shown inside a review item; GET /review/{id}/repl
 
 
 class Anchor(StrictModel):
-    """The view a review item is attached to; every field is optional."""
+    """The view a review item is attached to; every field is optional, and an anchor with none set ({}) is no
+    anchor: it is stored and shown as null."""
 
     view: str | None = Field(default=None, max_length=64, pattern=r"^[a-z0-9_-]+$")
     scheme: Scheme | None = None
@@ -43,7 +44,7 @@ class ReviewCreate(StrictModel):
 class ReviewUpdate(StrictModel):
     body: str | None = Field(default=None, min_length=1, max_length=100_000)
     status: Literal["open", "resolved"] | None = None
-    anchor: Anchor | None = None
+    anchor: Anchor | None = Field(default=None, description="null or {} removes the item's anchor; absent keeps it")
 
 
 class ReviewItem(BaseModel):

@@ -334,7 +334,7 @@ def _print_summary(con: duckdb.DuckDBPyConnection, summary: IngestSummary, by_ru
 
 def _hints(con: duckdb.DuckDBPyConnection, summary: IngestSummary) -> list[str]:
     """What to do about each gap the files leave: logs without COLL lines, runs whose calls have no rank."""
-    from commlens.service.runs import comms_totals
+    from commlens.service.runs import comms_totals, unranked_processes
 
     hints = [
         f"{f.path} has no COLL lines, so no calls: NCCL logs each collective only with NCCL_DEBUG=INFO "
@@ -344,7 +344,17 @@ def _hints(con: duckdb.DuckDBPyConnection, summary: IngestSummary) -> list[str]:
     ]
     for run in dict.fromkeys(f.run or summary.run for f in summary.files if f.status == "ok"):
         calls, _, ranks = comms_totals(con, run)
-        if calls and not ranks:
+        if not calls or ranks:
+            continue
+        # --rank is refused for a log of several processes: only its INIT lines can say which rank each is
+        unranked = unranked_processes(con, run)
+        hints += [
+            f"{path}: its {n} processes name no global rank: NCCL logs each process's rank in its INIT lines "
+            "(NCCL_DEBUG_SUBSYS=INIT,COLL: `comm 0x... rank R nranks N ...`)"
+            for path, n in unranked.items()
+            if n > 1
+        ]
+        if any(n == 1 for n in unranked.values()):
             hints.append(
                 f"no call of run {run} has a known global rank: for a single-rank file, ingest it again with "
                 f"--rank N (into a new run, or after `commlens delete {run}`)"

@@ -28,6 +28,7 @@ server, api, browser, tab = test_ui.server, test_ui.api, test_ui.browser, test_u
 
 DLRM = "kineto-param/dlrm_kineto.tar.gz"
 NO_COLL = "nccl-logs/nvidia-nccl-1357.log"  # init and topology lines only
+UNRANKED_TRACE = "kineto-hta/distributed_info_unavailable/distributed_info_not_found.json.gz"  # no rank anywhere
 
 
 def test_histogram_keeps_the_calls_of_ranks_without_iterations(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
@@ -77,6 +78,7 @@ def test_ingest_hints_for_each_gap(tmp_path: Path, data_dir: Path) -> None:
             "ingest",
             str(data_dir / NO_COLL),
             str(data_dir / "nccl-logs/nvidia-nccl-1193.log"),
+            str(data_dir / UNRANKED_TRACE),
             "--db",
             str(tmp_path / "s.duckdb"),
             "--run",
@@ -93,8 +95,11 @@ def test_ingest_hints_for_each_gap(tmp_path: Path, data_dir: Path) -> None:
     assert hints == [
         f"hint: {data_dir / NO_COLL} has no COLL lines, so no calls: NCCL logs each collective only with "
         "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL (add INIT,GRAPH for the topology)",
-        "hint: no call of run gaps-nvidia-nccl-1193 has a known global rank: for a single-rank file, ingest it "
-        "again with --rank N (into a new run, or after `commlens delete gaps-nvidia-nccl-1193`)",
+        # three processes without INIT lines: --rank (one rank for the file) would be refused
+        f"hint: {data_dir / 'nccl-logs/nvidia-nccl-1193.log'}: its 3 processes name no global rank: NCCL logs each "
+        "process's rank in its INIT lines (NCCL_DEBUG_SUBSYS=INIT,COLL: `comm 0x... rank R nranks N ...`)",
+        "hint: no call of run gaps-distributed_info_not_found has a known global rank: for a single-rank file, "
+        "ingest it again with --rank N (into a new run, or after `commlens delete gaps-distributed_info_not_found`)",
     ]
 
 

@@ -456,3 +456,18 @@ def comms_totals(con: duckdb.DuckDBPyConnection, run: str) -> tuple[dict[str, in
     ).fetchall()
     ranks = con.execute("SELECT count(DISTINCT rank) FROM comms WHERE run = ? AND rank IS NOT NULL", [run]).fetchall()
     return {r[0]: int(r[1]) for r in rows}, {r[0]: int(r[2]) for r in rows}, int(ranks[0][0])
+
+
+def unranked_processes(con: duckdb.DuckDBPyConnection, run: str) -> dict[str, int]:
+    """Per file of the run with calls that name no global rank, the number of processes that made them (a
+    profiler trace is one; an NCCL log of several processes without INIT lines, more)."""
+    rows = con.execute(
+        """
+        SELECT s.path, count(DISTINCT coalesce(e.process, '')) FROM comm_events e
+        JOIN runs r ON r.run_id = e.run_id JOIN sources s ON s.source_id = e.source_id
+        WHERE r.name = ? AND e.rank IS NULL AND e.counted
+        GROUP BY s.path ORDER BY s.path
+        """,
+        [run],
+    ).fetchall()
+    return {str(path): int(n) for path, n in rows}

@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import typer
 from rich.console import Console
@@ -64,9 +66,18 @@ def _root(
     ),
 ) -> None:
     """commlens: where does the communication of distributed training go, and is it what it should be?"""
+    if os.environ.get("COMMLENS_TIME_MEMORY"):  # refused here, not after a whole ingest as every analysis' failure
+        from commlens.backend.timing.budget import parse_size
+
+        try:
+            parse_size(os.environ["COMMLENS_TIME_MEMORY"])
+        except ValueError as exc:
+            err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+            raise typer.Exit(2) from None
 
 
 DB_OPTION = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store file (created if missing).")
+STORE_OPTION = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store file (never created).")
 READ_DB_OPTION = typer.Option(
     Path("commlens.duckdb"),
     "--db",
@@ -366,7 +377,7 @@ def _hints(con: duckdb.DuckDBPyConnection, summary: IngestSummary) -> list[str]:
 def serve(
     db: Path = DB_OPTION,
     host: str = typer.Option("127.0.0.1", help="Address to bind. Off loopback the store needs users (or --insecure)."),
-    port: int = typer.Option(8050, help="TCP port."),
+    port: int = typer.Option(8050, min=0, max=65535, help="TCP port (0: any free one)."),
     insecure: bool = typer.Option(
         False, "--insecure", help="Off loopback: start without users and accept tokenless writes."
     ),
@@ -460,7 +471,7 @@ def _ensure_admin(db: Path, name: str, token: str) -> None:
 def ui_command(
     api: str = typer.Option(..., "--api", help="The commlens server's root URL, e.g. http://api:8050."),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
-    port: int = typer.Option(8051, help="TCP port."),
+    port: int = typer.Option(8051, min=0, max=65535, help="TCP port (0: any free one)."),
     insecure: bool = typer.Option(False, "--insecure", help="Serve off loopback in front of a loopback-bound API."),
 ) -> None:
     """Serve the dashboard alone, against a commlens API elsewhere (docker-compose's ui service)."""
@@ -583,7 +594,7 @@ CONFIG_FILES = typer.Argument(..., help="Model description, run.json, config.jso
 @app.command("config")
 def config_command(
     files: list[Path] = CONFIG_FILES,
-    db: Path = DB_OPTION,
+    db: Path = STORE_OPTION,
     run: str = typer.Option(..., "--run", help="Run to attach the configuration to."),
     dp: int | None = typer.Option(None, "--dp", help="Data-parallel size (what the files do not say)."),
     tp: int | None = typer.Option(None, "--tp", help="Tensor-parallel size."),
@@ -677,6 +688,16 @@ def _open_store(db: Path, through_api: str | None = None) -> duckdb.DuckDBPyConn
     except StoreError as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
+
+
+def _open_existing_store(db: Path, through_api: str) -> duckdb.DuckDBPyConnection:
+    """_open_store for a command that needs what a store holds: a missing file is an error, not a new store."""
+    from commlens.cli_server import server_for
+
+    if server_for(db) is None and not db.is_file():
+        err_console.print(f"[red]error:[/red] {escape(f'no store at {db}')}: give --db the store's path")
+        raise typer.Exit(2)
+    return _open_store(db, through_api)
 
 
 def _read_through(db: Path, api: str | None) -> str | None:
@@ -830,15 +851,10 @@ def delete_command(
     yes: bool = typer.Option(False, "--yes", "-y", help="Delete without asking first."),
 ) -> None:
     """Delete a run and everything stored of it: its files' rows, review items and jobs (the API's DELETE
-    /api/runs/RUN; while `commlens serve` holds the store, through that)."""
-    from urllib.parse import quote
-
+    /api/runs/RUN; while `commlens serve` holds the store, it says that request instead)."""
     from commlens.service.runs import comms_totals, delete_run, list_sources, resolve_alias, run_names
 
-    if not db.is_file():
-        err_console.print(f"[red]error:[/red] {escape(f'no store at {db}')}: give --db the store's path")
-        raise typer.Exit(2)
-    con = _open_store(db, f"DELETE {{url}}/api/runs/{quote(run, safe='')} (an admin's token)")
+    con = _open_existing_store(db, f"DELETE {{url}}/api/runs/{quote(run, safe='')} (an admin's token)")
     try:
         try:
             _, files = list_sources(con, run, limit=0, offset=0)
@@ -872,10 +888,12 @@ def users_add(
     admin: bool = typer.Option(False, "--admin", help="May delete runs and manage users."),
     db: Path = DB_OPTION,
 ) -> None:
-    """Create a user and print its token once."""
+    """Create a user and print its token once (while `commlens serve` holds the store, it says the API request
+    instead)."""
     from commlens.service.users import add_user
 
-    con = _open_store(db)
+    body = shlex.quote(json.dumps({"name": name, "admin": admin})).replace("{", "{{").replace("}", "}}")  # .format
+    con = _open_store(db, f"curl -s -H 'Content-Type: application/json' -d {body} {{url}}/api/users")
     try:
         token = add_user(con, name, admin)
     except ServiceError as exc:
@@ -888,11 +906,11 @@ def users_add(
 
 
 @users_app.command("token")
-def users_token(name: str = typer.Argument(...), db: Path = DB_OPTION) -> None:
+def users_token(name: str = typer.Argument(...), db: Path = STORE_OPTION) -> None:
     """Replace a user's token and print the new one once."""
     from commlens.service.users import rotate_token
 
-    con = _open_store(db)
+    con = _open_existing_store(db, f"POST {{url}}/api/users/{quote(name, safe='')}/token (an admin's token)")
     try:
         token, _ = rotate_token(con, name)
     except ServiceError as exc:
@@ -904,11 +922,11 @@ def users_token(name: str = typer.Argument(...), db: Path = DB_OPTION) -> None:
 
 
 @users_app.command("list")
-def users_list(db: Path = DB_OPTION) -> None:
+def users_list(db: Path = STORE_OPTION) -> None:
     """List users (never their tokens)."""
     from commlens.service.users import list_users
 
-    con = _open_store(db)
+    con = _open_existing_store(db, "GET {url}/api/users (an admin's token)")
     users = list_users(con)
     con.close()
     table = Table(title="users")
@@ -920,11 +938,11 @@ def users_list(db: Path = DB_OPTION) -> None:
 
 
 @users_app.command("remove")
-def users_remove(name: str = typer.Argument(...), db: Path = DB_OPTION) -> None:
+def users_remove(name: str = typer.Argument(...), db: Path = STORE_OPTION) -> None:
     """Delete a user (its token stops working)."""
     from commlens.service.users import remove_user
 
-    con = _open_store(db)
+    con = _open_existing_store(db, f"DELETE {{url}}/api/users/{quote(name, safe='')} (an admin's token)")
     try:
         remove_user(con, name)
     except ServiceError as exc:

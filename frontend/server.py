@@ -65,11 +65,18 @@ def serve_ui(
     uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, proxy_headers=False)).run()
 
 
+def tcp_port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0-65535)")
+    return port
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m commlens.frontend", description=__doc__)
     p.add_argument("--api", required=True, help="the commlens server's root URL, e.g. http://api:8050")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8051)
+    p.add_argument("--port", type=tcp_port, default=8051)
     p.add_argument("--insecure", action="store_true", help="serve off loopback in front of a loopback API")
     args = p.parse_args(argv)
     try:

@@ -5,6 +5,7 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -214,10 +215,14 @@ def harness(
         header = f"run {i}/{len(runs)} {run.name}: {run.cfg.strategy}, world {run.cfg.world_size} ({run.cfg.device})"
         if dry_run:
             console.print(f"[bold]{header}[/bold] config {run.out / launch.CONFIG_NAME}")
+            # shell lines to paste: the job they start records itself as launched without --dry-run
+            launched = [word for word in command if word != "--dry-run"]
+            single = shlex.join(launch.torchrun_command(run, launched))
+            console.print("  single node: " + single, markup=False, soft_wrap=True)
+            multi = launch.multinode_command(run)
             console.print(
-                "  single node: " + " ".join(launch.torchrun_command(run, command)), markup=False, soft_wrap=True
+                "  multi-node:  " + (multi or "(a world of one process runs on one node)"), markup=False, soft_wrap=True
             )
-            console.print("  multi-node:  " + launch.multinode_command(run), markup=False, soft_wrap=True)
             continue
         console.print(f"[bold]{header}[/bold] -> {run.out}")
         code = launch.launch(run, command, verbose=verbose)

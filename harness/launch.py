@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -40,15 +41,23 @@ class PlannedRun:
     cfg: HarnessConfig
 
 
+# HarnessConfig fields whose command-line flag has another name
+_FIELD_FLAGS = {"timeout_s": "timeout"}
+
+
 def parse_sweep(spec: str) -> tuple[str, list[float | int]]:
-    """`seq-len=128,256,512` -> ("seq_len", [128, 256, 512]); the flag must be a numeric harness option."""
+    """`seq-len=128,256,512` -> ("seq_len", [128, 256, 512]); the flag must be a numeric harness option, named as
+    on the command line (`timeout`) or as its config field (`timeout-s`)."""
     if "=" not in spec:
         raise ConfigError(f"--sweep {spec!r}: expected FLAG=V1,V2,... (for example seq-len=128,256,512)")
     flag, values = spec.split("=", 1)
     field = flag.strip().lstrip("-").replace("-", "_")
+    field = {v: k for k, v in _FIELD_FLAGS.items()}.get(field, field)
     types = {f.name: f.type for f in dataclasses.fields(HarnessConfig)}
     if types.get(field) not in ("int", "float", int, float):
-        numeric = sorted(k.replace("_", "-") for k, t in types.items() if t in ("int", "float", int, float))
+        numeric = sorted(
+            _FIELD_FLAGS.get(k, k).replace("_", "-") for k, t in types.items() if t in ("int", "float", int, float)
+        )
         raise ConfigError(f"--sweep {flag!r} is not a numeric harness flag; one of: {', '.join(numeric)}")
     cast = float if types[field] in ("float", float) else int
     try:
@@ -123,11 +132,33 @@ def torchrun_command(run: PlannedRun, command: list[str]) -> list[str]:
     ]
 
 
-def multinode_command(run: PlannedRun, nodes: int = 2) -> str:
-    per_node = max(1, run.cfg.world_size // nodes)
-    return (
-        f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d --rdzv-endpoint HOST0:29500 "
-        f"--rdzv-id commlens -m commlens.harness.worker --config {run.out / CONFIG_NAME} --out {run.out}"
+def multinode_command(run: PlannedRun) -> str | None:
+    """The same job over several nodes, as a shell line to start on every node: the fewest nodes (two or more)
+    that split the world evenly; None for a world of one process."""
+    world = run.cfg.world_size
+    nodes = next((n for n in range(2, world + 1) if world % n == 0), None)
+    if nodes is None:
+        return None
+    return shlex.join(
+        [
+            "torchrun",
+            "--nnodes",
+            str(nodes),
+            "--nproc-per-node",
+            str(world // nodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "HOST0:29500",
+            "--rdzv-id",
+            "commlens",
+            "-m",
+            "commlens.harness.worker",
+            "--config",
+            str(run.out / CONFIG_NAME),
+            "--out",
+            str(run.out),
+        ]
     )
 
 

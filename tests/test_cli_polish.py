@@ -57,3 +57,24 @@ def test_a_sweep_is_offered_only_over_the_one_parameter_runs_differ_in() -> None
     assert varied_keys({"a": base, "b": longer, "c": wider}) == []
     assert varied_keys({"a": base, "x": {}}) == []  # a run without a configuration
     assert varied_keys({"a": base, "a2": dict(base)}) == []  # nothing differs
+
+
+def test_a_port_out_of_range_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """`serve --port 99999` was a traceback from bind(); `ui --port 70000` listened on 4464 (70000 mod 65536)."""
+    db = tmp_path / "s.duckdb"
+    for args in (
+        ("serve", "--db", str(db), "--port", "99999"),
+        ("ui", "--api", "http://127.0.0.1:9", "--port", "70000"),
+    ):
+        proc = _commlens(*args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert "Invalid value for '--port'" in proc.stderr and "65535" in proc.stderr
+    ui = subprocess.run(
+        [sys.executable, "-m", "commlens.frontend", "--api", "http://127.0.0.1:9", "--port", "70000"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ui.returncode == 2 and "argument --port: 70000 is not a TCP port (0-65535)" in ui.stderr
+    assert not db.exists()

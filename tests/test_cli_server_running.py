@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -100,7 +101,13 @@ def test_write_commands_say_how_to_do_it_through_the_api(served: tuple[Path, str
     assert f"held by another process, `commlens serve` at {url}" in said
     assert f"commlens upload {data_dir / LOG} --run other --api {url}" in said
     users = _commlens("users", "add", "ann", "--db", str(db))
-    assert users.returncode == 2 and "stop that server first" in " ".join(users.stderr.split())
+    said = " ".join(users.stderr.split())
+    request = f"""curl -s -H 'Content-Type: application/json' -d '{{"name": "ann", "admin": false}}' {url}/api/users"""
+    assert users.returncode == 2 and f"do it through the server: {request}" in said
+    listed = _commlens("users", "list", "--db", str(db))
+    assert listed.returncode == 2 and f"GET {url}/api/users (an admin's token)" in " ".join(listed.stderr.split())
+    made = subprocess.run(shlex.split(request), capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(made.stdout)["name"] == "ann"  # the request said, as it is, creates the user from loopback
     again = _commlens("serve", "--db", str(db), "--port", str(port), "--no-ui")
     assert again.returncode == 2 and f"is already served at {url}" in " ".join(again.stderr.split())
     other = _commlens("serve", "--db", str(db.parent / "x.duckdb"), "--port", str(port), "--no-ui")
@@ -128,7 +135,19 @@ def test_read_commands_never_create_a_store(tmp_path: Path) -> None:
         proc = _commlens(*args, "--db", str(tmp_path / "none.duckdb"))
         assert proc.returncode == 2
         assert "no store at" in proc.stderr and "never create one" in proc.stderr
-    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "c.json").write_text("{}")
+    # commands that change what a store holds: users list created an empty store, config's help said it would
+    for args in (
+        ["users", "list"],
+        ["users", "token", "x"],
+        ["users", "remove", "x"],
+        ["delete", "x", "--yes"],
+        ["config", "--run", "x", str(tmp_path / "c.json")],
+    ):
+        proc = _commlens(*args, "--db", str(tmp_path / "none.duckdb"))
+        assert proc.returncode == 2 and "no store at" in proc.stderr, args
+    assert "(never created)" in " ".join(_commlens("config", "--help").stdout.split())
+    assert [p.name for p in tmp_path.iterdir()] == ["c.json"]
 
 
 def test_version_and_runs_without_a_server(tmp_path: Path, data_dir: Path) -> None:

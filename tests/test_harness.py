@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections import Counter
@@ -156,6 +157,68 @@ def test_cli_refuses_impossible_config_before_starting(tmp_path):
     assert "world size 3 (--nproc) is not divisible by tp*pp = 2*2 = 4" in proc.stderr
     assert "--layers 3 is not divisible by --pp 2" in proc.stderr
     assert not out.exists()  # nothing written, nothing started
+
+
+def test_dry_run_prints_shell_lines_that_start_the_job(tmp_path):
+    """The printed lines paste into a shell as they are (quoted words, the recorded command without --dry-run),
+    and the multi-node line splits the world evenly over its nodes (3 processes: 3 nodes of 1, not 2 of 1)."""
+
+    def dry_run(out: Path, *flags: str) -> list[str]:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "commlens.cli",
+                "harness",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+                "--dry-run",
+                *flags,
+            ],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=120,
+            check=True,
+        )
+        return [line.split(":", 1)[1].strip() for line in proc.stdout.splitlines() if line.startswith("  ")]
+
+    out = tmp_path / "my run"
+    single, multi = dry_run(out, "--dp", "3")
+    words = shlex.split(single)
+    assert words[1:] == [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        "-m",
+        "commlens.harness.worker",
+        "--config",
+        str(out / launch.CONFIG_NAME),
+        "--out",
+        str(out),
+        "--command",
+        json.dumps(["commlens", "harness", "--out", str(out), "--device", "cpu", "--dp", "3"]),
+    ]
+    assert shlex.split(multi)[:5] == ["torchrun", "--nnodes", "3", "--nproc-per-node", "1"]
+    assert shlex.split(multi)[-4:] == ["--config", str(out / launch.CONFIG_NAME), "--out", str(out)]
+    assert shlex.split(dry_run(tmp_path / "w8", "--dp", "2", "--tp", "4")[1])[1:5] == [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "4",
+    ]
+    assert dry_run(tmp_path / "w1", "--dp", "1")[1] == "(a world of one process runs on one node)"
+
+
+def test_sweep_takes_the_command_line_names_of_flags():
+    assert launch.parse_sweep("timeout=30,60") == ("timeout_s", [30, 60])
+    assert launch.parse_sweep("timeout-s=30") == ("timeout_s", [30])
+    with pytest.raises(ConfigError, match=r"one of: .*steps, timeout, top-k"):
+        launch.parse_sweep("device=1,2")
 
 
 def test_profiler_markers_are_left_out_and_everything_else_passes():

@@ -4,6 +4,9 @@ process being killed for its memory; analyses that do not fit together wait for 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -49,10 +52,10 @@ def test_a_run_over_the_budget_is_not_analysed_and_says_why(con, data_dir: Path,
     assert (part, ok) == ("matching", False)
     assert reason == (
         f"not computed: the time analysis of 64 calls, with {intervals:,} timeline intervals on its largest rank, "
-        f"needs about "
-        f"{need / 1e9:.1f} GB, more than the {(need - 1) / 1e9:.1f} GB it may use ({budget.ENV}); the run's other "
-        "analyses are unaffected"
+        f"needs about {need / 1e3:.1f} kB, more than the {(need - 1) / 1e3:.1f} kB it may use ({budget.ENV}); the "
+        "run's other analyses are unaffected"
     )
+    assert 10**3 <= need < 10**6
     assert _rows(con, "time_instances", "over") == _rows(con, "time_breakdown", "over") == 0
     assert histogram(con, "over").series == histogram(con, "fits").series != []
 
@@ -71,6 +74,7 @@ def test_sizes_and_the_default_budget(monkeypatch) -> None:
     ]
     with pytest.raises(ValueError, match=budget.ENV):
         budget.parse_size("lots")
+    assert [budget._size(n) for n in (999, 1000, 5_300_000, 2 * 10**9)] == ["999 B", "1.0 kB", "5.3 MB", "2.0 GB"]
     monkeypatch.delenv(budget.ENV, raising=False)
     total, source = budget.budget()
     assert total == int(budget.machine_memory() * budget.SHARE) > 0 and budget.ENV in source
@@ -101,3 +105,22 @@ def test_analyses_that_do_not_fit_together_wait_for_each_other() -> None:
     assert order == ["first in", "first out", "second in"]
     with shared.reserve(40, 100), shared.reserve(60, 100):  # these two fit together: no wait
         pass
+
+
+def test_the_command_line_refuses_a_budget_that_is_not_a_size(tmp_path: Path, data_dir: Path) -> None:
+    """Said at once, before anything is stored (it was a traceback per analysis after the ingest, exit status 0)."""
+    env = dict(os.environ, **{budget.ENV: "lots"})
+    db = tmp_path / "s.duckdb"
+    proc = subprocess.run(
+        [sys.executable, "-m", "commlens.cli", "ingest", str(data_dir / TRACE), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip() == f"error: {budget.ENV}='lots' is not a size (write e.g. 8GB, 512MiB or a number of bytes)"
+    )
+    assert not db.exists()

@@ -17,8 +17,10 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import duckdb
+if TYPE_CHECKING:
+    import duckdb
 
 ENV = "COMMLENS_TIME_MEMORY"  # e.g. "8GB": the memory the time analyses of this process may hold together
 SHARE = 0.75  # of the machine's (or the container's) memory, without ENV
@@ -107,11 +109,16 @@ class MemoryBudget:
 BUDGET = MemoryBudget()
 
 
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
 def refusal(calls: int, intervals: int, need: int, total: int, source: str) -> str:
-    gb = 1e9
     return (
         f"not computed: the time analysis of {calls:,} calls, with {intervals:,} timeline intervals on its largest "
-        f"rank, needs about "
-        f"{need / gb:.1f} GB, more than the {total / gb:.1f} GB it may use ({source}); the run's other analyses "
-        "are unaffected"
+        f"rank, needs about {_size(need)}, more than the {_size(total)} it may use ({source}); the run's other "
+        "analyses are unaffected"
     )

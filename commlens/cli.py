@@ -137,6 +137,12 @@ def ingest(
     from commlens.service.parse_pool import default_jobs, start_pool
 
     jobs = jobs or default_jobs()
+    # a mistyped path is said before the store is opened (or made) and a run created for nothing in it
+    missing = [p for p in paths if not p.exists()] if cluster is None else []  # a cluster's may be URLs
+    if missing:
+        for p in missing:
+            err_console.print(f"[red]error:[/red] {escape(f'{p}: No such file or directory')}")
+        raise typer.Exit(2)
     if cluster is not None:  # a scheduler that cannot answer is said before the store is opened (or made)
         _reach_cluster(cluster, parquet_out)
     # the workers start before this process's own imports, which their start-up and imports then overlap
@@ -490,17 +496,21 @@ def _upload_contents(paths: list[Path], run: str) -> tuple[RunCreate, list[tuple
     from pydantic import ValidationError
 
     from commlens.contract.runs import RunCreate
+    from commlens.ingest.walk import passed_over, walk
 
     try:
         new_run = RunCreate(name=run)
-        files = [
-            f
-            for p in paths
-            for f in (
-                sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith(".")) if p.is_dir() else [p]
-            )
-        ]
-        contents = [(f.name, f.read_bytes()) for f in files]
+        files: list[tuple[str, Path]] = []  # a directory's files as `commlens ingest` walks it, named below it
+        for p in paths:
+            if not p.is_dir():
+                files.append((p.name, p))
+                continue
+            for f in walk(p):
+                if skip := passed_over(f):
+                    err_console.print(f"passed over {escape(str(f))}: {escape(skip)}")
+                else:
+                    files.append((f.relative_to(p).as_posix(), f))
+        contents = [(name, f.read_bytes()) for name, f in files]
     except ValidationError:
         why = "a run made through the API is named with letters, digits and . _ + @ = - (at most 128), first a letter or digit"
         err_console.print(f"[red]error:[/red] {escape(f'--run {run!r}: {why}')}")

@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, BinaryIO, cast
 from isal import isal_zlib
 
 from .records import ParseError
+from .walk import passed_over, walk
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -84,37 +85,6 @@ def portable(item: InputFile) -> InputFile:
     with item.open_raw() as f:
         data = f.read()
     return InputFile(item.name, item.size, OpenBytes(data))
-
-
-# Files a directory walk passes over: what sits next to traces in real job folders but is never one.
-NOT_TRACES = frozenset(
-    {
-        ".md",
-        ".rst",
-        ".py",
-        ".sh",
-        ".ipynb",
-        ".yaml",
-        ".yml",
-        ".toml",
-        ".ini",
-        ".cfg",
-        ".html",
-        ".css",
-        ".js",
-        ".png",
-        ".jpg",
-        ".jpeg",
-        ".svg",
-        ".pdf",
-        ".duckdb",
-        ".wal",
-        ".pt",
-        ".pth",
-        ".safetensors",
-        ".ckpt",
-    }
-)
 
 
 class TapReader(io.RawIOBase):
@@ -266,14 +236,9 @@ def iter_inputs(paths: list[Path], limits: Limits = DEFAULT_LIMITS) -> Iterator[
     """Every file under `paths`, archives expanded. Order is stable (sorted) so runs are reproducible."""
     for path in paths:
         if path.is_dir():
-            for sub in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")):
-                if sub.suffix.lower() in NOT_TRACES:
-                    yield InputFile(
-                        str(sub),
-                        sub.stat().st_size,
-                        lambda: io.BytesIO(b""),
-                        skip=f"not a trace ({sub.suffix} files are passed over in directories)",
-                    )
+            for sub in walk(path):
+                if skip := passed_over(sub):
+                    yield InputFile(str(sub), sub.stat().st_size, lambda: io.BytesIO(b""), skip=skip)
                     continue
                 yield from _iter_file(sub, str(sub), limits)
         elif path.is_file():

@@ -175,6 +175,66 @@ def test_commlens_upload_says_its_mistakes_and_leaves_no_run_behind(tmp_path: Pa
         assert c.get("/api/runs").json()["items"] == []
 
 
+def test_commlens_upload_walks_a_directory_as_ingest_does(tmp_path: Path, data_dir: Path) -> None:
+    """Sub-folders are read and notes or images beside the traces are passed over, as `commlens ingest` does
+    (the upload refused a whole folder for its .png, and stored a README.md as a failed NCCL log)."""
+    folder = tmp_path / "job"
+    (folder / "rank1").mkdir(parents=True)
+    (folder / "nccl.log").write_bytes((data_dir / "nccl-logs/nvidia-nccl-1193.log").read_bytes())
+    (folder / "rank1" / "nccl.log").write_bytes((data_dir / "nccl-logs/nvidia-nccl-203.log").read_bytes())
+    (folder / "README.md").write_text("# how this job was run\n")
+    (folder / "loss.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    with ServerThread(Settings(db=tmp_path / "s.duckdb")) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "commlens.cli",
+                "upload",
+                str(folder),
+                "--run",
+                "walked",
+                "--api",
+                srv.url,
+                "--one-run",
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "400"},
+        )
+        assert proc.returncode == 0, proc.stderr
+        said = " ".join(proc.stderr.split())
+        for name in ("README.md", "loss.png"):
+            suffix = Path(name).suffix
+            assert f"passed over {folder / name}: not a trace ({suffix} files are passed over in directories)" in said
+        (run,) = c.get("/api/runs").json()["items"]
+        assert (run["name"], run["events"]) == ("walked", 4 + 7)  # both logs, the nested one too
+    local = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "commlens.cli",
+            "ingest",
+            str(folder),
+            "--run",
+            "walked",
+            "--one-run",
+            "--db",
+            str(tmp_path / "local.duckdb"),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert local.returncode == 0, local.stderr
+    con = store.connect(tmp_path / "local.duckdb", read_only=True)
+    assert con.execute("SELECT count(*) FROM comm_events").fetchone() == (4 + 7,)
+    con.close()
+
+
 def test_uploads_one_by_one_split_as_one_upload_of_them_all(tmp_path: Path, data_dir: Path) -> None:
     """A later upload whose job the run's stored files contradict (world size 1, then 8) goes to a run of its
     own, as the two files in one upload do; the same file uploaded again stays where it is."""

@@ -78,3 +78,12 @@ def test_a_port_out_of_range_is_refused_before_anything_starts(tmp_path: Path) -
     )
     assert ui.returncode == 2 and "argument --port: 70000 is not a TCP port (0-65535)" in ui.stderr
     assert not db.exists()
+
+
+def test_a_mistyped_path_is_said_before_a_store_or_run_is_made(tmp_path: Path, data_dir: Path) -> None:
+    """`ingest /no/such/file` made the store and an empty run holding one failed file."""
+    db = tmp_path / "s.duckdb"
+    log = str(data_dir / "nccl-logs" / "nvidia-nccl-1193.log")
+    proc = _commlens("ingest", str(tmp_path / "typo.json"), log, "--db", str(db), "--run", "r1")
+    assert proc.returncode == 2 and proc.stderr.strip() == f"error: {tmp_path / 'typo.json'}: No such file or directory"
+    assert not db.exists()

@@ -172,7 +172,13 @@ def test_hugging_face_and_deepspeed_combine_with_options(con) -> None:
         50_000_000,
     )
     assert any("stage3_param_persistence_threshold is 'auto'" in n for n in got.notes)
+    assert not any("max_position_embeddings" in n for n in got.notes)  # --seq-len said it, not the config
     assert run_detail(con, "llama")["world_size"] == 8
+    positions = attach_config(con, "llama", [_file("config.json", HF_LLAMA)], ParallelOptions(dp=8))
+    assert predict_input_for_run(con, "llama").model.seq_len == 2048  # type: ignore[union-attr]
+    assert "config.json: sequence length 2048 from max_position_embeddings (give --seq-len if training used less)" in (
+        positions.notes
+    )
 
 
 def test_megatron_arguments_from_a_log(con) -> None:

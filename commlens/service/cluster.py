@@ -27,7 +27,6 @@ import pyarrow as pa
 from commlens import store
 from commlens.ingest.inputs import (
     DEFAULT_LIMITS,
-    NOT_TRACES,
     InputFile,
     Limits,
     gzip_content_sha256,
@@ -35,6 +34,7 @@ from commlens.ingest.inputs import (
 )
 from commlens.ingest.parse_file import ParsedFile, first_line, parse_tables
 from commlens.ingest.records import ParseResult, RankHint
+from commlens.ingest.walk import NOT_TRACES
 from commlens.service.errors import InvalidError
 from commlens.service.ingest import FileOutcome, IngestReport, PendingRun, complete_run, ingest_file
 from commlens.service.jobs_split import FileEvidence, evidence, split_jobs

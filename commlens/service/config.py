@@ -168,11 +168,8 @@ def _from_hf(name: str, doc: Doc, notes: list[str]) -> Doc:
         model["experts"] = experts
         model["top_k"] = _get(doc, name, ("num_experts_per_tok", "moe_topk"), required=False) or 1
     positions = _get(doc, name, ("max_position_embeddings", "n_positions"), required=False)
-    if positions is not None:
+    if positions is not None:  # the most the model takes; combine() notes it where nothing else says
         model["seq_len"] = positions
-        notes.append(
-            f"{name}: sequence length {positions} from max_position_embeddings (give --seq-len if training used less)"
-        )
     out: Doc = {"model": model}
     if doc.get("torch_dtype"):
         dt = _dtype(name, "torch_dtype", doc["torch_dtype"])
@@ -276,19 +273,31 @@ def combine(files: list[tuple[str, ConfigFileKind, Doc]], options: ParallelOptio
             "with the model's config.json (or a model description from `commlens describe-model`)"
         )
     doc: Doc = {}
+    positions_of: str | None = None  # the Hugging Face config whose max_position_embeddings is the sequence length
     for name, kind, content in files:
         if kind == "predict_input":
-            _merge(doc, {k: v for k, v in content.items() if isinstance(v, dict)})
+            part = {k: v for k, v in content.items() if isinstance(v, dict)}
             doc.update({k: v for k, v in content.items() if not isinstance(v, dict)})
         elif kind == "hf_config":
-            _merge(doc, _from_hf(name, content, notes))
+            part = _from_hf(name, content, notes)
         elif kind == "megatron_args":
-            _merge(doc, _from_megatron(name, content))
+            part = _from_megatron(name, content)
         elif kind == "deepspeed_config":
-            _merge(doc, _from_deepspeed(name, content, notes))
+            part = _from_deepspeed(name, content, notes)
+        else:
+            continue
+        _merge(doc, part)
+        if "seq_len" in (part.get("model") or {}):
+            positions_of = name if kind == "hf_config" else None
     o = options.model_dump(exclude_none=True)
     if "seq_len" in o:
         doc.setdefault("model", {})["seq_len"] = o.pop("seq_len")
+        positions_of = None
+    if positions_of is not None:
+        notes.append(
+            f"{positions_of}: sequence length {doc['model']['seq_len']} from max_position_embeddings (give "
+            "--seq-len if training used less)"
+        )
     implementation = o.pop("implementation", None)
     _merge(doc, {"parallel": o})
     if implementation is None and "implementation" not in doc:

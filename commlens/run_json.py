@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RunSchema = Literal["commlens.run/1"]  # the version a run.json declares; a new layout gets a new literal
 RUN_SCHEMA: RunSchema = "commlens.run/1"
@@ -32,6 +32,9 @@ class ModelConfig(_Strict):
     capacity_factor: float | None = Field(None, gt=0)  # tokens per expert capped at ceil(F·tokens·k/experts)
 
 
+MAX_WORLD = 10_000_000  # the most ranks of a job, as for a run's world_size (commlens.contract.runs)
+
+
 class ParallelConfig(_Strict):
     dp: int = Field(1, ge=1)
     tp: int = Field(1, ge=1)
@@ -53,6 +56,12 @@ class ParallelConfig(_Strict):
     offload_gap: int = Field(1, ge=1)  # --offload-gpu-fraction 1/g: every g-th shard updated on the GPU
     recompute: Literal["none", "selective", "full"] = "none"
     virtual_stages: int = Field(1, ge=1)  # interleaved pipeline chunks per device
+
+    @model_validator(mode="after")
+    def _bounded(self) -> ParallelConfig:
+        if (world := self.dp * self.tp * self.pp * self.cp * self.ep) > MAX_WORLD:
+            raise ValueError(f"dp*tp*pp*cp*ep = {world:,} is more than {MAX_WORLD:,} ranks")
+        return self
 
 
 class GroupConfig(_Strict):
@@ -119,7 +128,7 @@ class DelayConfig(_Strict):
 class RunConfig(_Strict):
     schema_: RunSchema = Field(RUN_SCHEMA, alias="schema")
     strategy: str
-    world_size: int = Field(ge=1)
+    world_size: int = Field(ge=1, le=MAX_WORLD)
     model: ModelConfig
     parallel: ParallelConfig
     mesh_dims: list[str] = []

@@ -270,7 +270,7 @@ def register(app: Dash, cfg: UiConfig) -> None:
         if not contents:
             raise PreventUpdate
         run = (run or "").strip()
-        if not _RUN_NAME.match(run):
+        if not _RUN_NAME.fullmatch(run):
             return (
                 no_update,
                 message("Name the run first: letters, digits and . _ + @ = -, at most 128.", "error"),

@@ -197,11 +197,26 @@ def test_create_run_refusals(client: httpx.Client) -> None:
     body = problem(client.post("/api/runs", json={"name": "badcfg", "config": {"model": {"layers": 3}}}), 422)
     assert "neither" in body["detail"]
     assert "tags" in problem(client.post("/api/runs", json={"name": "badtag", "tags": ["<b>"]}), 422)["detail"]
+    # a trailing newline passed `$`: "a\n" was stored, and "bob\n" became a user beside "bob"
+    assert "tags" in problem(client.post("/api/runs", json={"name": "nltag", "tags": ["a\n"]}), 422)["detail"]
+    problem(client.post("/api/users", json={"name": "bob\n"}), 422)
+    problem(client.post("/api/runs", json={"name": "nl\n"}), 422)
     assert "extra" in problem(client.post("/api/runs", json={"name": "x", "nope": 1}), 422)["detail"].lower()
     # a parameter given twice is refused, not cut to its last value (rank=1 alone was the histogram's filter)
     twice = client.get("/api/runs/seeded/histograms", params=[("rank", "0"), ("rank", "1")])
     assert "query parameter 'rank' is given 2 times" in problem(twice, 422)["detail"]
     assert "comma-separated" in problem(client.get("/api/compare?runs=seeded&runs=seeded"), 422)["detail"]
+    # a parameter the route does not take is refused, not ignored (every call came back for `opp`)
+    unknown = problem(client.get("/api/runs/seeded/calls", params={"opp": "broadcast"}), 422)
+    assert unknown["detail"].startswith("query parameter 'opp' is not one this route takes (it takes: bin, dtype,")
+    assert unknown["errors"] == [{"field": "query.opp", "message": "not a parameter of this route"}]
+    assert "'bin'" in problem(client.get("/api/runs/seeded/export?format=csv&bin=2%5E20"), 422)["detail"]
+    assert client.get("/api/runs/seeded/calls", params={"op": "all_reduce", "limit": 1}).status_code == 200
+    assert "(it takes: none)" in problem(client.get("/api/health?verbose=1"), 422)["detail"]
+    # an empty strategy and a world size as a string or a boolean were stored
+    for field, value in (("strategy", ""), ("world_size", "2"), ("world_size", True)):
+        said = problem(client.post("/api/runs", json={"name": "loose", field: value}), 422)
+        assert [e["field"] for e in said["errors"]] == [field], said
     json_type = {"content-type": "application/json"}
     body = problem(client.post("/api/runs", content=b"name=x", headers=json_type), 422)  # a form, sent as JSON
     assert body["errors"] == [{"field": "body", "message": "not valid JSON at character 0: Expecting value"}]
@@ -338,7 +353,8 @@ def test_groups_match_attribution_and_override_roundtrip(client: httpx.Client, s
     assert r.status_code == 200, r.text
     assert (r.json()["scheme"], r.json()["source"]) == ("cp", "override")
     assert attribution_summary(cur, "seeded").groups[2].scheme == "cp"
-    problem(client.patch("/api/runs/seeded/groups/pg:tpA", json={"scheme": "dp"}), 422)  # no reason
+    no_reason = problem(client.patch("/api/runs/seeded/groups/pg:tpA", json={"scheme": "dp"}), 422)
+    assert no_reason["errors"] == [{"field": "reason", "message": "required with a scheme"}]
     problem(client.patch("/api/runs/seeded/groups/pg:tpA", json={"scheme": "zz", "reason": "x"}), 422)
     dropped = client.patch("/api/runs/seeded/groups/pg:tpA", json={"scheme": None, "reason": "undo"})
     assert "keeps no reason" in problem(dropped, 422)["detail"]  # the reason was dropped without a word
@@ -360,6 +376,14 @@ def test_predict_is_the_predictor(client: httpx.Client) -> None:
     assert "at most 4096 layers" in problem(client.post("/api/predict", json=huge), 422)["detail"]
     deep_pp = {**PREDICT_INPUT, "model": {**PREDICT_INPUT["model"], "layers": 1024}, "parallel": {"pp": 1024}}
     assert "pipeline stages" in problem(client.post("/api/predict", json=deep_pp), 422)["detail"]
+    # a world of 2^62 ranks was a 500 (MemoryError listing them); 4 M ranks a 30 MB answer
+    for dp, where in ((1 << 62, "/api/predict"), (1 << 62, "/api/runs/seeded/comparison"), (1 << 21, "/api/predict")):
+        wide = {**PREDICT_INPUT, "parallel": {"dp": dp}}
+        said = problem(client.post(where, json=wide), 422)
+        assert "more than 10,000,000 ranks" in str(said) if dp > 10**7 else "at most 1,048,576 ranks" in said["detail"]
+    config = {**PREDICT_INPUT, "parallel": {"dp": 3_000_000_000}}  # a run's world size from its config: was a 500
+    said = problem(client.post("/api/runs", json={"name": "wide", "config": config}), 422)
+    assert "more than 10,000,000 ranks" in said["detail"], said
     for shape, rule in (({"kv_heads": 3}, "must divide heads (8)"), ({"ffn_hidden": 0}, "must be at least 1")):
         bad = {**PREDICT_INPUT, "model": {**PREDICT_INPUT["model"], **shape}}
         errors = problem(client.post("/api/predict", json=bad), 422)["errors"]

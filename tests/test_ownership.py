@@ -318,7 +318,11 @@ def test_owners_rename_and_former_names_reach_the_run(tmp_path: Path, data_dir: 
         # taking a former name back drops that alias; deleting the run drops the rest
         back = c.patch("/api/runs/exp-final", json={"name": "exp"}, headers=t["root"]).json()
         assert (back["name"], back["aliases"]) == ("exp", ["exp-v2", "exp-final"])
-        assert c.delete("/api/runs/exp-v2", headers=t["root"]).status_code == 204
+        # deleting is by the current name only, as `commlens delete` does (a former name deleted the run)
+        refused = c.delete("/api/runs/exp-v2", headers=t["root"])
+        assert (refused.status_code, refused.json()["type"].rsplit("/", 1)[1]) == (409, "former-name")
+        assert refused.json()["detail"] == "'exp-v2' is a former name of run 'exp'; delete that one by its name"
+        assert c.delete("/api/runs/exp", headers=t["root"]).status_code == 204
         for name in ("exp", "exp-v2", "exp-final"):
             assert c.get(f"/api/runs/{name}").status_code == 404
         cur = _direct(srv)

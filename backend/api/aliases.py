@@ -3,7 +3,8 @@
 `/api/runs/<old>/...` is served as `/api/runs/<new>/...` (every client gets its answer, whether or not it
 follows redirects: the dashboard's own client does not), with `Content-Location` naming the current path.
 A dashboard page `/runs/<old>/...` answers 308 to `/runs/<new>/...` with its query, so the address bar
-shows the current name. A name that is a run's own name is never looked up as an alias.
+shows the current name. A name that is a run's own name is never looked up as an alias. The former name stays
+on `request.state` for routes that must not act on a run by it (deleting it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from commlens.store import StoreError
 from .db import Database
 
 API_PREFIX = "/api/runs/"
+FORMER_NAME = "former_run_name"  # request.state attribute: the former name a rewritten request used
 PAGE_PREFIX = "/runs/"
 
 
@@ -57,7 +59,8 @@ class RunAliases:
                 message = {**message, "headers": [*message.get("headers", []), (b"content-location", location)]}
             await send(message)
 
-        current = {**scope, "path": prefix + new + sep + rest, "raw_path": raw}
+        state = {**scope.get("state", {}), FORMER_NAME: run}  # what the request named (request.state)
+        current = {**scope, "path": prefix + new + sep + rest, "raw_path": raw, "state": state}
         await self.app(current, receive, send_with_location)
 
 

@@ -103,6 +103,7 @@ def override_group(run: str, group_key: str, body: GroupOverride, cur: Cursor, _
                     422,
                     "scheme null drops the override, which keeps no reason; leave the reason out",
                     "invalid-argument",
+                    errors=[{"field": "reason", "message": "not taken with scheme null"}],
                 )
             result = clear_scheme_override(cur, run, group_key)
             hit = [g for g in result if g.group_key == group_key]
@@ -112,7 +113,10 @@ def override_group(run: str, group_key: str, body: GroupOverride, cur: Cursor, _
         scheme, reason = body.scheme, body.reason
         if not reason:
             raise ApiError(
-                422, "an override needs a reason: what you know that the traces do not say", "invalid-argument"
+                422,
+                "an override needs a reason: what you know that the traces do not say",
+                "invalid-argument",
+                errors=[{"field": "reason", "message": "required with a scheme"}],
             )
         return override_scheme(cur, run, group_key, scheme, reason)
 
@@ -328,6 +332,7 @@ def promote_finding(run: str, finding_id: str, cur: Cursor, who: Writer) -> Revi
 # The predictor's time and answer grow with layers and stages; a request is a request, not a batch job.
 MAX_PREDICT_LAYERS = 4096
 MAX_PREDICT_STAGES = 512
+MAX_PREDICT_WORLD = 1 << 20  # the answer lists every stage's ranks: 1 M ranks are about 8 MB of JSON
 
 
 def check_predict_size(inp: PredictInput) -> None:
@@ -337,6 +342,13 @@ def check_predict_size(inp: PredictInput) -> None:
             422,
             f"model.layers = {inp.model.layers}; the API predicts models of at most "
             f"{MAX_PREDICT_LAYERS} layers (use backend.predict.predict directly for more)",
+            "prediction-too-large",
+        )
+    if p.world_size > MAX_PREDICT_WORLD:
+        raise ApiError(
+            422,
+            f"world size {p.world_size:,} (dp*tp*pp*cp*ep); the API predicts jobs of at most {MAX_PREDICT_WORLD:,} "
+            "ranks (use backend.predict.predict directly for more)",
             "prediction-too-large",
         )
     if p.pp * p.virtual_stages > MAX_PREDICT_STAGES:

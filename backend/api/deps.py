@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import duckdb
 from fastapi import Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 
 from commlens.contract.common import MAX_RANK
 
@@ -18,6 +19,8 @@ from .errors import ApiError
 from .settings import Settings
 
 if TYPE_CHECKING:
+    from fastapi.dependencies.models import Dependant
+
     from .ingest_queue import IngestQueue
 
 
@@ -93,10 +96,36 @@ def get_rank_range(
 Ranks = Annotated[RankRange, Depends(get_rank_range)]
 
 
+def _query_names(dependant: Dependant) -> set[str]:
+    """The query parameters a route reads, its dependencies' included."""
+    names = {f.alias for f in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
+
+
+_KNOWN_QUERY: dict[str, frozenset[str]] = {}  # route path and methods -> its query parameters
+
+
 def single_query_values(request: Request) -> None:
-    """422 for a query parameter given more than once: every parameter takes one value (FastAPI would keep the
-    last silently: `?rank=0&rank=1` filtered on rank 1 alone; /compare takes its runs as `runs=a,b`)."""
+    """422 for a query parameter the route does not take (FastAPI ignores it: `/calls?opp=broadcast` answered
+    every call, `/export?bin=...` exported every call) or given more than once: every parameter takes one value
+    (FastAPI would keep the last silently: `?rank=0&rank=1` filtered on rank 1 alone; /compare takes its runs as
+    `runs=a,b`)."""
     keys = [k for k, _ in request.query_params.multi_items()]
+    route = request.scope.get("route")
+    if keys and isinstance(route, APIRoute):
+        key = f"{sorted(route.methods)} {route.path}"
+        if (known := _KNOWN_QUERY.get(key)) is None:
+            known = _KNOWN_QUERY[key] = frozenset(_query_names(route.dependant))
+        if unknown := sorted(set(keys) - known):
+            taken = ", ".join(sorted(known)) or "none"
+            raise ApiError(
+                422,
+                f"query parameter {unknown[0]!r} is not one this route takes (it takes: {taken})",
+                "invalid-request",
+                errors=[{"field": f"query.{k}", "message": "not a parameter of this route"} for k in unknown],
+            )
     twice = sorted({k for k in keys if keys.count(k) > 1})
     if twice:
         raise ApiError(

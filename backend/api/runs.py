@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from commlens.contract.common import Page
 from commlens.contract.runs import RunCreate, RunDetail, RunSummary, RunUpdate, SourceOut
 from commlens.service import runs as service
 
+from .aliases import FORMER_NAME
 from .deps import Admin, Ctx, Cursor, Limit, Offset, Writer, next_offset
-from .errors import problem_responses
+from .errors import ApiError, problem_responses
 
 router = APIRouter(tags=["runs"])
 
@@ -86,7 +87,9 @@ def update_run(run: str, body: RunUpdate, cur: Cursor, ctx: Ctx, who: Writer) ->
 
 
 @router.delete("/runs/{run}", status_code=204, responses=problem_responses(401, 403, 404, 409))
-def delete_run(run: str, cur: Cursor, ctx: Ctx, _: Admin) -> Response:
+def delete_run(run: str, request: Request, cur: Cursor, ctx: Ctx, _: Admin) -> Response:
+    if (former := getattr(request.state, FORMER_NAME, None)) is not None:  # as `commlens delete` refuses it
+        raise ApiError(409, f"{former!r} is a former name of run {run!r}; delete that one by its name", "former-name")
     with ctx.ingest_queue.run_lock:  # no job may start on this run while it is deleted
         service.delete_run(cur, run)
     return Response(status_code=204)

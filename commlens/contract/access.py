@@ -34,7 +34,7 @@ def host_name(host: str) -> str:
     """The name part of a Host header value ('[::1]:8050' -> '::1', 'localhost:80' -> 'localhost'); a value
     that is not a name and a port ('[::1]evil.example') is returned whole, which names no loopback host."""
     if host.startswith("["):
-        m = _BRACKETED.match(host)
+        m = _BRACKETED.fullmatch(host)
         return m.group(1) if m else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 

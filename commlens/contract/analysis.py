@@ -386,7 +386,11 @@ class GroupsPage(Page[GroupAttribution]):
 
 class GroupOverride(StrictModel):
     scheme: Scheme | None = Field(description="the scheme to pin; null drops the override and attributes again")
-    reason: str | None = Field(default=None, max_length=2000, description="what you know that the traces do not say")
+    reason: str | None = Field(
+        default=None,
+        max_length=2000,
+        description="what you know that the traces do not say: required with a scheme, refused with null",
+    )
 
 
 # -------------------------------------------------------------------------------- topology

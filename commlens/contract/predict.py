@@ -14,6 +14,7 @@ Implementation = Literal["harness", "megatron", "deepspeed", "fsdp", "paper"]
 IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
 MEGATRON_VOCAB_DIVISIBLE_BY = 128  # Megatron-LM's make_vocab_size_divisible_by default (docs/models.md)
 MAX_DEGREE = 1 << 20  # bound of the mesh split and the prefetch gap (API inputs must not be unbounded)
+MAX_WORLD = 10_000_000  # the most ranks a job may have (as a run's world_size)
 
 
 class ModelSpec(BaseModel):
@@ -101,6 +102,11 @@ class ParallelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ParallelSpec:
+        if self.world_size > MAX_WORLD:
+            raise ValueError(
+                f"world size dp*tp*pp*cp*ep = {self.dp}*{self.tp}*{self.pp}*{self.cp}*{self.ep} = {self.world_size:,} "
+                f"is more than {MAX_WORLD:,} ranks"
+            )
         if self.sp and self.tp == 1:
             raise ValueError("sequence parallelism (sp) needs tp > 1")
         if self.pp_scatter_gather and self.tp == 1:

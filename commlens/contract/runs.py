@@ -20,8 +20,8 @@ class RunCreate(StrictModel):
     config: dict[str, Any] | None = Field(
         default=None, description="a harness run.json (commlens.run/1) or a predictor input (PredictInput)"
     )
-    strategy: str | None = Field(default=None, max_length=128)
-    world_size: int | None = Field(default=None, ge=1, le=10_000_000)
+    strategy: str | None = Field(default=None, min_length=1, max_length=128)
+    world_size: int | None = Field(default=None, ge=1, le=10_000_000, strict=True)  # "2" and true refused
 
 
 class RunUpdate(StrictModel):
@@ -32,8 +32,8 @@ class RunUpdate(StrictModel):
     description: str | None = Field(default=None, max_length=10_000)
     tags: list[str] | None = Field(default=None, max_length=50)
     config: dict[str, Any] | None = None
-    strategy: str | None = Field(default=None, max_length=128)
-    world_size: int | None = Field(default=None, ge=1, le=10_000_000)
+    strategy: str | None = Field(default=None, min_length=1, max_length=128)
+    world_size: int | None = Field(default=None, ge=1, le=10_000_000, strict=True)  # "2" and true refused
 
 
 class SourceCounts(BaseModel):

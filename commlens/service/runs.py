@@ -111,7 +111,7 @@ def predict_input_for_run(con: duckdb.DuckDBPyConnection, run: str) -> PredictIn
 
 
 def check_tags(tags: list[str]) -> list[str]:
-    bad = [t for t in tags if not _TAG.match(t)]
+    bad = [t for t in tags if not _TAG.fullmatch(t)]
     if bad:
         raise InvalidError(
             f"tags must be 1-64 letters, digits or . _ : + @ = / -, starting with a letter or digit; "

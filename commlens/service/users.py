@@ -64,7 +64,7 @@ def hash_token(token: str) -> str:
 
 
 def check_user_name(name: str) -> str:
-    if not USER_NAME.match(name) or name in (LOCAL_USER, ANONYMOUS):
+    if not USER_NAME.fullmatch(name) or name in (LOCAL_USER, ANONYMOUS):
         raise InvalidError(
             f"user name {name!r} must be 1-64 letters, digits, '.', '_' or '-', start with a letter or "
             f"digit, and not be '{LOCAL_USER}' or '{ANONYMOUS}'",

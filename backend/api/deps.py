@@ -115,7 +115,7 @@ def single_query_values(request: Request) -> None:
     keys = [k for k, _ in request.query_params.multi_items()]
     route = request.scope.get("route")
     if keys and isinstance(route, APIRoute):
-        key = f"{sorted(route.methods)} {route.path}"
+        key = f"{sorted(route.methods or ())} {route.path}"
         if (known := _KNOWN_QUERY.get(key)) is None:
             known = _KNOWN_QUERY[key] = frozenset(_query_names(route.dependant))
         if unknown := sorted(set(keys) - known):

@@ -250,6 +250,8 @@ def test_ingest_run_stores_links_and_attributes(con: duckdb.DuckDBPyConnection, 
         {"all_reduce": 15, "broadcast": 6},
     )
 
+    before = detail["updated_at"]
     again = ingest.ingest_run(con, "resnet", iter_inputs([trace], DEFAULT_LIMITS), replace=True)
     assert [f.status for f in again.files] == ["ok"]  # replaced, not a duplicate of the bytes stored before
+    assert runs.run_detail(con, "resnet")["updated_at"] > before  # its data changed (it stayed at creation)
     assert runs.run_detail(con, "resnet")["sources"] == {"total": 1, "ok": 1, "failed": 0, "by_kind": {"kineto": 1}}

@@ -335,8 +335,13 @@ def ingest_paths(
 def finalize_run(con: duckdb.DuckDBPyConnection, run_id: int, prelinked: Prelinked | None = None) -> None:
     """Run-level linking after files land (NCCL communicators across processes, harness groups) in one
     transaction, told which calls were written already linked (`nccl_prelink`); then the run's aggregates
-    are recomputed (in their own)."""
-    store.transaction(con, lambda c: link_run(c, run_id, prelinked))
+    are recomputed (in their own). The run's updated_at says when its data last changed."""
+
+    def link(c: duckdb.DuckDBPyConnection) -> None:
+        link_run(c, run_id, prelinked)
+        c.execute("UPDATE runs SET updated_at = current_timestamp WHERE run_id = ?", [run_id])
+
+    store.transaction(con, link)
     aggregates.refresh_run(con, run_id)
 
 

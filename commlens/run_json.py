@@ -32,7 +32,8 @@ class ModelConfig(_Strict):
     capacity_factor: float | None = Field(None, gt=0)  # tokens per expert capped at ceil(F·tokens·k/experts)
 
 
-MAX_WORLD = 10_000_000  # the most ranks of a job, as for a run's world_size (commlens.contract.runs)
+# the most ranks of a job, as commlens.contract.common's (the two packages import nothing of each other)
+MAX_WORLD = 10_000_000
 
 
 class ParallelConfig(_Strict):

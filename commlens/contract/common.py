@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict
 T = TypeVar("T")
 
 MAX_RANK = 2**31 - 1  # ranks are INTEGER in the store
+MAX_WORLD = 10_000_000  # the most ranks a job may have (a run's world_size, a prediction's dp*tp*pp*cp*ep)
 
 
 class StrictModel(BaseModel):

@@ -10,11 +10,12 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_va
 
 from commlens.vocab import DTYPE_BYTES
 
+from .common import MAX_WORLD
+
 Implementation = Literal["harness", "megatron", "deepspeed", "fsdp", "paper"]
 IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
 MEGATRON_VOCAB_DIVISIBLE_BY = 128  # Megatron-LM's make_vocab_size_divisible_by default (docs/models.md)
 MAX_DEGREE = 1 << 20  # bound of the mesh split and the prefetch gap (API inputs must not be unbounded)
-MAX_WORLD = 10_000_000  # the most ranks a job may have (as a run's world_size)
 
 
 class ModelSpec(BaseModel):

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .common import StrictModel
+from .common import MAX_WORLD, StrictModel
 
 RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+@=-]{0,127}$"
 TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:+@=/-]{0,63}$"
@@ -21,7 +21,7 @@ class RunCreate(StrictModel):
         default=None, description="a harness run.json (commlens.run/1) or a predictor input (PredictInput)"
     )
     strategy: str | None = Field(default=None, min_length=1, max_length=128)
-    world_size: int | None = Field(default=None, ge=1, le=10_000_000, strict=True)  # "2" and true refused
+    world_size: int | None = Field(default=None, ge=1, le=MAX_WORLD, strict=True)  # "2" and true refused
 
 
 class RunUpdate(StrictModel):
@@ -33,7 +33,7 @@ class RunUpdate(StrictModel):
     tags: list[str] | None = Field(default=None, max_length=50)
     config: dict[str, Any] | None = None
     strategy: str | None = Field(default=None, min_length=1, max_length=128)
-    world_size: int | None = Field(default=None, ge=1, le=10_000_000, strict=True)  # "2" and true refused
+    world_size: int | None = Field(default=None, ge=1, le=MAX_WORLD, strict=True)  # "2" and true refused
 
 
 class SourceCounts(BaseModel):

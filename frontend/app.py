@@ -12,7 +12,7 @@ from typing import Any
 from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
-from commlens.contract.review import Anchor
+from commlens.contract.review import MAX_BODY, Anchor
 
 from . import (
     page_compare,
@@ -129,7 +129,12 @@ def run_frame(run: str, page: str, body: Any) -> html.Div:
                         "Markdown is allowed.",
                         className="hint",
                     ),
-                    dcc.Textarea(id="comment-body", className="comment-text", placeholder="What do you see here?"),
+                    dcc.Textarea(
+                        id="comment-body",
+                        className="comment-text",
+                        placeholder="What do you see here?",
+                        maxLength=MAX_BODY,
+                    ),
                     html.Button("Add comment", id="comment-add", className="btn"),
                     html.Div(id="comment-result"),
                 ],

@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from dash import dcc, html, no_update
 from dash.development.base_component import Component
 from dash.exceptions import PreventUpdate
+from pydantic import ValidationError
 
 from .client import ApiProblem
 from .fmt import byte_axis, duration_axis, num
@@ -71,7 +72,7 @@ def message(text: Any, kind: str = "info") -> html.Div:
     return html.Div(text, className=f"msg msg-{kind}", role="alert" if kind == "error" else "status")
 
 
-def empty(text: str) -> html.Div:
+def empty(text: Any) -> html.Div:
     return message(text, "empty")
 
 
@@ -105,6 +106,9 @@ def guarded(outputs: int = 1) -> Callable[[Callable[..., Any]], Callable[..., An
                 raise
             except ApiProblem as exc:
                 box = problem_box(exc)
+            except ValidationError as exc:  # what the user typed, refused by the contract before it is sent
+                said = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
+                box = message([html.Strong("Not sent: "), said], "error")
             except Exception as exc:
                 log.exception("UI callback %s failed", fn.__name__)
                 box = message(

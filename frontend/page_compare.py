@@ -128,6 +128,8 @@ def layout(cfg: UiConfig, token: str | None, q: dict[str, str]) -> html.Div:
 
 
 def volumes(rc: RunsComparison) -> Any:
+    if not any(r.comparison.schemes for r in rc.runs):  # an empty chart with a numeric axis said nothing
+        return empty(f"No calls to compare: {', '.join(r.run for r in rc.runs)} hold no collective calls.")
     fig = figure(
         "Bytes per iteration per rank by scheme: measured (solid) and predicted (hatched)",
         "scheme",
@@ -224,7 +226,10 @@ def overlaid(hists: list[Histogram], mode: str) -> Any:
         for b in h.bins:
             bins[b.key] = b
     if not bins:
-        return empty("None of these runs has calls matching the scheme and op.")
+        filtered = any(h.filters.get("scheme") or h.filters.get("op") for h in hists)
+        return empty(
+            "None of these runs has calls matching the scheme and op." if filtered else "None of these runs has calls."
+        )
     axis = [b.label for b in sorted(bins.values(), key=_bin_order)]
     weight = hists[0].weight
     norms = {h.normalization for h in hists}

@@ -10,7 +10,7 @@ from dash import ALL, Dash, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
 from commlens.contract.analysis import Finding, bin_spec
-from commlens.contract.review import Anchor, ReviewItem, ReviewUpdate
+from commlens.contract.review import MAX_BODY, Anchor, ReviewItem, ReviewUpdate
 
 from .client import ApiClient, ApiProblem
 from .components import empty, guarded, loading, message, problem_box, push_state, severity_badge
@@ -48,7 +48,12 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
             html.Details(
                 [
                     html.Summary("New comment on the run"),
-                    dcc.Textarea(id="rv-new-text", className="comment-text", placeholder="Markdown is allowed"),
+                    dcc.Textarea(
+                        id="rv-new-text",
+                        className="comment-text",
+                        placeholder="Markdown is allowed",
+                        maxLength=MAX_BODY,
+                    ),
                     html.Button("Add comment", id="rv-new-btn", className="btn"),
                     html.P(
                         "To comment on a chart, use “Comment on this view” under it: the comment then links back to "
@@ -116,7 +121,9 @@ def item_view(item: ReviewItem, selected: bool) -> html.Div:
             else None,
             html.Div(
                 [
-                    dcc.Textarea(id={"type": "rv-reply-text", "item": item.item_id}, placeholder="Reply…"),
+                    dcc.Textarea(
+                        id={"type": "rv-reply-text", "item": item.item_id}, placeholder="Reply…", maxLength=MAX_BODY
+                    ),
                     html.Button("Reply", id={"type": "rv-reply-btn", "item": item.item_id}, className="btn small"),
                     html.Button(
                         "Reopen" if nxt == "open" else "Resolve",

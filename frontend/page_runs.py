@@ -56,7 +56,7 @@ def layout(q: dict[str, str]) -> html.Div:
                         ],
                         className="field",
                     ),
-                    dcc.Store(id="runs-offset", data=int_or_none(q.get("offset")) or 0),
+                    dcc.Store(id="runs-offset", data=max(0, int_or_none(q.get("offset")) or 0)),  # ?offset=-5
                 ],
                 className="controls",
             ),
@@ -122,6 +122,9 @@ def layout(q: dict[str, str]) -> html.Div:
 
 def runs_table(page: Any, q: str | None, tag: str | None, offset: int) -> Any:
     if not page.items:
+        if page.total:  # a link past the last page
+            first = dcc.Link("the first page", href="/" + query({"q": q, "tag": tag}))
+            return empty([f"No runs this far down the list: it has {page.total}; go to ", first, "."])
         if q or tag:
             return empty("No run matches this search.")
         return empty("No runs yet: upload files below or ingest them with `commlens ingest PATH --run NAME`.")
@@ -273,7 +276,13 @@ def register(app: Dash, cfg: UiConfig) -> None:
         if not _RUN_NAME.fullmatch(run):
             return (
                 no_update,
-                message("Name the run first: letters, digits and . _ + @ = -, at most 128.", "error"),
+                message(
+                    f"The run needs a name of letters, digits and . _ + @ = - (at most 128, first a letter or digit); "
+                    f"{run!r} is not one."
+                    if run
+                    else "Name the run first: letters, digits and . _ + @ = -, at most 128.",
+                    "error",
+                ),
                 True,
             )
         files = []

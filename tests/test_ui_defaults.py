@@ -359,3 +359,51 @@ def test_no_legend_over_an_axis_title_and_colours_that_mean_one_thing(tab: Tab, 
     assert {name for name, _ in colours} == traces
     assert {c for _, c in colours} <= set(RUN_COLORS[:2])
     assert dict(colours)["dlrm measured"] != dict(colours)["logs measured"]
+
+
+def test_a_link_past_the_last_runs_page_says_so_and_typed_text_over_its_limit_is_said_plainly() -> None:
+    """`/?offset=99999` said "No runs yet" beside five runs; a 100,001-character comment showed pydantic's raw
+    ValidationError (with its input and a URL) as "The page could not draw this view"."""
+    from commlens.contract.common import Page
+    from commlens.contract.review import MAX_BODY, ReviewCreate
+    from commlens.contract.runs import RunSummary
+    from commlens.frontend.components import guarded
+    from commlens.frontend.page_runs import runs_table
+
+    past = runs_table(Page[RunSummary](items=[], total=5, limit=50, offset=99999, next_offset=None), None, None, 99999)
+    said = " ".join(c if isinstance(c, str) else c.children for c in past.children)
+    assert said == "No runs this far down the list: it has 5; go to  the first page ."
+    none = runs_table(Page[RunSummary](items=[], total=0, limit=50, offset=0, next_offset=None), None, None, 0)
+    assert none.children.startswith("No runs yet")
+
+    @guarded()
+    def comment() -> None:
+        ReviewCreate(body="x" * (MAX_BODY + 1))
+
+    box = comment()
+    assert box.children[1] == f"body: String should have at most {MAX_BODY} characters" and "error" in box.className
+
+
+def test_compare_of_runs_without_calls_says_so_instead_of_an_empty_chart() -> None:
+    from commlens.contract.compare import Comparison, RunComparison, RunsComparison
+    from commlens.frontend.page_compare import volumes
+
+    def bare(run: str) -> RunComparison:
+        comparison = Comparison(
+            run=run,
+            config_source="none",
+            implementation=None,
+            iterations_mode="none",
+            iterations_message="",
+            ranks=[],
+            exact=False,
+            schemes=[],
+            unexplained=[],
+            missing=[],
+            inferences=[],
+            notes=[],
+        )
+        return RunComparison(run=run, strategy=None, world_size=None, comparison=comparison)
+
+    shown = volumes(RunsComparison(runs=[bare("topo"), bare("topo-up_b")]))
+    assert shown.children == "No calls to compare: topo, topo-up_b hold no collective calls."

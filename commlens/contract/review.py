@@ -12,6 +12,7 @@ from commlens.vocab import Op, Scheme
 from .analysis import bin_spec
 from .common import MAX_RANK, StrictModel
 
+MAX_BODY = 100_000  # characters of a review item's Markdown
 INLINE_REPLIES = 50  # replies shown inside a review item; GET /review/{id}/replies pages through all
 
 
@@ -36,13 +37,13 @@ class Anchor(StrictModel):
 
 
 class ReviewCreate(StrictModel):
-    body: str = Field(min_length=1, max_length=100_000, description="Markdown; raw HTML is shown as text")
+    body: str = Field(min_length=1, max_length=MAX_BODY, description="Markdown; raw HTML is shown as text")
     anchor: Anchor | None = None
     parent_id: int | None = Field(default=None, description="reply to this item")
 
 
 class ReviewUpdate(StrictModel):
-    body: str | None = Field(default=None, min_length=1, max_length=100_000)
+    body: str | None = Field(default=None, min_length=1, max_length=MAX_BODY)
     status: Literal["open", "resolved"] | None = None
     anchor: Anchor | None = Field(default=None, description="null or {} removes the item's anchor; absent keeps it")
 

@@ -114,8 +114,8 @@ def check_tags(tags: list[str]) -> list[str]:
     bad = [t for t in tags if not _TAG.fullmatch(t)]
     if bad:
         raise InvalidError(
-            f"tags must be 1-64 letters, digits or . _ : + @ = / -, starting with a letter or digit; "
-            f"refused: {bad[:5]}",
+            "tags must be 1-64 letters, digits or . _ : + @ = / -, starting with a letter or digit; "
+            "refused: " + ", ".join(repr(t if len(t) <= 70 else t[:64] + "...") for t in bad[:5]),
             "invalid-tag",
         )
     return sorted(set(tags))

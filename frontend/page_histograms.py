@@ -3,6 +3,7 @@ bytes, normalised per rank per iteration; a click on a bar lists its calls."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dash import ALL, Dash, Input, Output, State, ctx, dcc, html
@@ -176,7 +177,12 @@ def panel(h: Histogram, scheme: str | None, series: list[HistogramSeries]) -> ht
     # Log scale: message counts and volumes span orders of magnitude; a few huge buckets must not flatten
     # the many small calls that matter for latency.
     low = min((v for s in series for v in s.values if v > 0), default=1.0)
-    fig.update_layout(yaxis={"type": "log", **(byte_axis(top, low, log=True) if h.weight == "bytes" else {})})
+    # the axis starts a half decade below the smallest bar: autorange started at it, so a bin of one call was a
+    # sliver of a bar too thin to see or click
+    span = [math.log10(low) - 0.5, math.log10(max(top, low)) + 0.2]
+    fig.update_layout(
+        yaxis={"type": "log", "range": span, **(byte_axis(top, low, log=True) if h.weight == "bytes" else {})}
+    )
     cols = ["op", "dtype", "size bin", "bin from (B)", "bin to (B)", f"calls {norm}", f"bytes {norm}"]
     display, raw = [], []
     for s in series:

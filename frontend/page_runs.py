@@ -218,10 +218,11 @@ def job_view(job: JobOut) -> html.Div:
         )
     if done and job.run:
         failed = job.state == "failed" or any(f.status == "failed" for f in job.results)
+        where = f"in the {len(job.jobs)} runs above" if job.jobs else "in the run"
         text = (
-            "Files marked failed were not ingested (see why above); the others are in the run. "
+            f"Files marked failed were not ingested (see why above); the others are {where}. "
             if failed
-            else "Every file is in the run. "
+            else f"Every file is {where}. "
         )
         parts.append(
             message([text, dcc.Link(f"Open run {job.run}", href=run_path(job.run))], "warn" if failed else "ok")

@@ -246,14 +246,16 @@ def status_block(status: TimeStatus) -> html.Div:
         head = message("Some parts of the time analysis could not be computed; the reasons are below.", "warn")
     else:
         head = None
-    rows = [
-        [
-            p.part,
-            html.Span("yes" if p.computed else "no", className="badge st-ok" if p.computed else "badge st-failed"),
-            p.reason,
-        ]
-        for p in status.parts
-    ]
+    by_part: dict[str, list[Any]] = {}  # one row per part: a part can say what it did and what it could not
+    for p in status.parts:
+        by_part.setdefault(p.part, []).append(p)
+    rows = []
+    for part, said in by_part.items():
+        done = {p.computed for p in said}
+        word, badge = (
+            ("yes", "st-ok") if done == {True} else ("no", "st-failed") if done == {False} else ("partly", "st-partly")
+        )
+        rows.append([part, html.Span(word, className=f"badge {badge}"), "; ".join(p.reason for p in said)])
     return html.Div(
         [
             head,
@@ -1155,7 +1157,7 @@ def register(app: Dash, cfg: UiConfig) -> None:
         if step is None:
             why = _why(status, "breakdown", "matching", "critical_path")
             text = "No profiler step in this run" + (f": {why}" if why else ".")
-            return empty(text), empty(text)
+            return empty(text), empty("No step to show the waits of (see the timeline above).")
         instances, total = _step_instances(client, run, step, group or None)
         paths = client.critical_paths(run, step=step).paths
         path = paths[0] if paths else None

@@ -79,7 +79,7 @@ table.data caption { text-align: left; font-weight: 600; padding: 4px 0; }
 .sev-low { background: #e3ecfb; color: #1c3f86; } .sev-info { background: #eceff3; }
 .st-open { background: #e3ecfb; color: #1c3f86; } .st-resolved { background: #e3f4e8; color: #1e5a30; }
 .st-ok { background: #e3f4e8; color: #1e5a30; } .st-failed { background: #fdd; color: #8a1111; }
-.st-duplicate { background: #fff0c7; color: #6b5300; }
+.st-duplicate, .st-partly { background: #fff0c7; color: #6b5300; }
 .tag { display: inline-block; padding: 0 7px; margin: 0 3px 2px 0; border-radius: 9px; background: #eef2fb;
        font-size: 11.5px; }
 .upload { border: 2px dashed #9fb0cc; border-radius: 8px; padding: 14px; text-align: center; background: #fff;

@@ -89,6 +89,8 @@ def test_nccl_log_excerpts_upload_as_the_cli_splits_them(
         # the upload page lists each run with a link to it
         page = str(job_view(JobOut.model_validate(job)))
         assert "up-jobs" in page and "/runs/logs-nvidia-nccl-1193" in page and "The files are of 19 jobs" in page
+        finished = str(job_view(JobOut.model_validate(job)))
+        assert "Every file is in the 19 runs above." in finished  # not "in the run" beside a list of 19
         if as_archive:
             assert all(x["upload"] == "logs.tar.gz" for x in job["results"])
         else:

@@ -5,6 +5,7 @@ bandwidth section give the run's real reason. The page tests run a real server a
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 import subprocess
@@ -134,10 +135,13 @@ def test_histograms_have_a_log_axis_and_keep_every_call(tab: Tab, api: httpx.Cli
             assert [t["y"] for t in traces] == [s["values"] for s in series]
             axis = page.evaluate(
                 "(id) => { const g = document.getElementById(id).querySelector('.js-plotly-plot');"
-                " return [g.layout.yaxis.type, g.layout.yaxis.title.text]; }",
+                " return [g.layout.yaxis.type, g.layout.yaxis.title.text, g.layout.yaxis.range]; }",
                 dom_id,
             )
             assert axis[0] == "log" and axis[1].endswith("(log scale)")
+            # the smallest bar stands half a decade tall (autorange began at it: a bin of one call was a sliver)
+            smallest = min(v for s in series for v in s["values"] if v > 0)
+            assert axis[2][0] == pytest.approx(math.log10(smallest) - 0.5)
         if run == "logs":
             assert sum(s["total_calls"] for s in h["series"]) * h["n_ranks"] == pytest.approx(26)
             expect(page.locator("#hg-content .note-list")).to_contain_text("the 22 calls of ranks without iterations")
@@ -407,3 +411,21 @@ def test_compare_of_runs_without_calls_says_so_instead_of_an_empty_chart() -> No
 
     shown = volumes(RunsComparison(runs=[bare("topo"), bare("topo-up_b")]))
     assert shown.children == "No calls to compare: topo, topo-up_b hold no collective calls."
+
+
+def test_what_was_computed_shows_one_row_per_part() -> None:
+    """A part with a row of what it did and one of what it could not was listed twice (yes, then no)."""
+    from commlens.contract.time import TimePart, TimeStatus
+    from commlens.frontend.page_time import status_block
+
+    status = TimeStatus(
+        available=True,
+        parts=[
+            TimePart(part="matching", computed=True, reason="0 instances matched"),
+            TimePart(part="matching", computed=False, reason="21 calls not matched"),
+            TimePart(part="clocks", computed=True, reason="one rank"),
+        ],
+    )
+    table = str(status_block(status))
+    assert table.count("'matching'") == 1 and "0 instances matched; 21 calls not matched" in table
+    assert "'partly'" in table and "'yes'" in table

@@ -27,7 +27,7 @@ from .components import (
 )
 from .config import UiConfig
 from .fmt import byte_axis, duration_us, exact_bytes, num
-from .urls import int_or_none, query
+from .urls import count_or_none, int_or_none, one_of, query
 
 UNATTRIBUTED = "-"  # the selection's scheme for calls without a group
 MAX_LISTED = 300
@@ -56,8 +56,8 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
             dcc.Store(id="hg-run", data=run),
             html.Div(
                 [
-                    _select("hg-scheme", "Scheme", list(SCHEMES), q.get("scheme")),
-                    _select("hg-op", "Op", list(OPS), q.get("op")),
+                    _select("hg-scheme", "Scheme", list(SCHEMES), one_of(q.get("scheme"), SCHEMES)),
+                    _select("hg-op", "Op", list(OPS), one_of(q.get("op"), OPS)),
                     html.Div(
                         [
                             html.Label("Dtype", htmlFor="hg-dtype"),
@@ -80,7 +80,7 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
                                 type="number",
                                 min=0,
                                 step=1,
-                                value=int_or_none(q.get("rank")),
+                                value=count_or_none(q.get("rank")),  # ?rank=-1: as if not given
                                 debounce=True,
                                 placeholder="all",
                             ),

@@ -3,7 +3,7 @@ and missing calls flagged, and a what-if form that predicts any configuration (P
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 from dash import Dash, Input, Output, State, dcc, html
@@ -32,7 +32,7 @@ from .components import (
 from .config import UiConfig
 from .fmt import byte_axis, exact_bytes, num
 from .page_overview import volumes_chart
-from .urls import query
+from .urls import int_or_none, query
 
 FILTERS = {"": "all", "unexplained": "unexplained", "missing": "missing", "mismatch": "more or fewer than predicted"}
 STATUS_CLASS = {"unexplained": "flag", "missing": "bad", "more": "flag", "fewer": "flag"}
@@ -89,20 +89,31 @@ def defaults_from_config(config: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def from_query(q: dict[str, str], defaults: dict[str, Any]) -> dict[str, Any]:
-    values = dict(defaults)
+def from_query(q: dict[str, str], defaults: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The what-if form's values: the address's where they are ones the form takes, else the defaults; and the
+    address's values left out, each with why (`w_tp=abc` became the default without a word)."""
+    values, ignored = dict(defaults), []
+    choices: dict[str, Sequence[Any]] = {"impl": IMPLEMENTATIONS, "dtype": DTYPES, "act": DTYPES, "cpstyle": CP_STYLES}
     for key in WHATIF_KEYS:
         raw = q.get(f"w_{key}")
         if raw is None:
             continue
-        if key in ("impl", "dtype", "act", "cpstyle"):
-            values[key] = raw
+        if key in choices:
+            if raw in choices[key]:
+                values[key] = raw
+            else:
+                ignored.append(f"w_{key}={raw} (one of {', '.join(map(str, choices[key]))})")
         elif key == "sp":
             values[key] = raw == "1"
         else:
-            with contextlib.suppress(ValueError):
-                values[key] = int(raw)
-    return values
+            n = int_or_none(raw)
+            low = 0 if key in ("zero", "experts") else 1  # experts 0: a dense model
+            if n is not None and low <= n and (key != "zero" or n <= 3):
+                values[key] = n
+            else:
+                rule = "0, 1, 2 or 3" if key == "zero" else f"a whole number >= {low}"
+                ignored.append(f"w_{key}={raw} ({rule})")
+    return values, ignored
 
 
 def _num_field(key: str, label: str, value: Any) -> html.Div:
@@ -134,7 +145,7 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
         head = None
     except ApiProblem as exc:
         config, head = None, problem_box(exc)
-    values = from_query(q, defaults_from_config(config))
+    values, ignored = from_query(q, defaults_from_config(config))
     form = html.Div(
         [
             *[_num_field(k, label, values.get(k)) for k, label, *_ in NUMBER_FIELDS],
@@ -203,6 +214,9 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
                         "this run's measurements.",
                         className="hint",
                     ),
+                    message("Left out of the address, as values the form does not take: " + "; ".join(ignored), "warn")
+                    if ignored
+                    else None,
                     form,
                 ],
                 className="card",

@@ -17,7 +17,7 @@ from .client import ApiProblem
 from .components import empty, guarded, loading, message, problem_box, push_state, table, td_num
 from .config import UiConfig
 from .fmt import exact_bytes
-from .urls import int_or_none, query, run_path
+from .urls import count_or_none, query, run_path
 
 PAGE_SIZE = 50
 MAX_UPLOAD_BYTES = 256 << 20  # per file through the browser; larger files go straight to the API
@@ -56,7 +56,7 @@ def layout(q: dict[str, str]) -> html.Div:
                         ],
                         className="field",
                     ),
-                    dcc.Store(id="runs-offset", data=max(0, int_or_none(q.get("offset")) or 0)),  # ?offset=-5
+                    dcc.Store(id="runs-offset", data=count_or_none(q.get("offset")) or 0),  # ?offset=-5: 0
                 ],
                 className="controls",
             ),

@@ -14,7 +14,7 @@ from .client import ApiClient
 from .components import csv_link, empty, guarded, loading, push_state, static_table
 from .config import UiConfig
 from .fmt import exact_bytes
-from .urls import int_or_none, query, run_path
+from .urls import count_or_none, query, run_path
 
 PAGE = 500
 
@@ -26,7 +26,7 @@ def layout(cfg: UiConfig, token: str | None, run: str, q: dict[str, str]) -> htm
     return html.Div(
         [
             dcc.Store(id="tp-run", data=run),
-            dcc.Store(id="tp-offset", data=int_or_none(q.get("offset")) or 0),
+            dcc.Store(id="tp-offset", data=count_or_none(q.get("offset")) or 0),
             html.Div(
                 [
                     html.Div(

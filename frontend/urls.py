@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, unquote, urlencode
 
@@ -99,3 +99,14 @@ def int_or_none(value: str | None) -> int | None:
         return int(value) if value not in (None, "") else None
     except ValueError:
         return None
+
+
+def count_or_none(value: str | None) -> int | None:
+    """A rank or an offset from the address: a whole number >= 0, else None (as if not given)."""
+    n = int_or_none(value)
+    return n if n is not None and n >= 0 else None
+
+
+def one_of(value: str | None, allowed: Sequence[str]) -> str | None:
+    """A value from the address that must be one of `allowed` (an op, a scheme), else None."""
+    return value if value in allowed else None

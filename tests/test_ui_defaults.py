@@ -153,6 +153,10 @@ def test_an_empty_histogram_says_the_real_reason(tab: Tab) -> None:
     expect(page.locator("#hg-content")).to_contain_text("NCCL_DEBUG_SUBSYS=COLL")
     page = tab.open("/runs/logs/histograms?op=broadcast")
     expect(page.locator("#hg-content")).to_contain_text("No calls match these filters (op broadcast).")
+    # values no filter takes are left out, as if not given (the page was only the API's refusal of rank -1)
+    page = tab.open("/runs/logs/histograms?rank=-1&op=zzz&scheme=nope")
+    expect(page.locator("#hg-content .js-plotly-plot").first).to_be_visible()
+    assert "Refused by the API" not in page.locator("#hg-content").inner_text()
 
 
 # ------------------------------------------------------------------------- colour bars (figures)
@@ -429,3 +433,27 @@ def test_what_was_computed_shows_one_row_per_part() -> None:
     table = str(status_block(status))
     assert table.count("'matching'") == 1 and "0 instances matched; 21 calls not matched" in table
     assert "'partly'" in table and "'yes'" in table
+
+
+def test_what_if_values_in_the_address_that_the_form_does_not_take_are_said() -> None:
+    """`?w_tp=abc&w_dp=-4` became the defaults without a word (then an error about other fields)."""
+    from commlens.frontend.page_predicted import defaults_from_config, from_query
+
+    values, ignored = from_query(
+        {"w_tp": "abc", "w_dp": "-4", "w_pp": "2", "w_zero": "7", "w_impl": "x", "w_experts": "0"},
+        defaults_from_config(None),
+    )
+    assert (values["tp"], values["dp"], values["pp"], values["zero"], values["impl"], values["experts"]) == (
+        1,
+        1,
+        2,
+        0,
+        "paper",
+        0,
+    )
+    assert ignored == [
+        "w_dp=-4 (a whole number >= 1)",
+        "w_tp=abc (a whole number >= 1)",
+        "w_zero=7 (0, 1, 2 or 3)",
+        "w_impl=x (one of paper, megatron, deepspeed, fsdp, harness)",
+    ]

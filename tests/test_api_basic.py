@@ -218,6 +218,12 @@ def test_create_run_refusals(client: httpx.Client) -> None:
         said = problem(client.post("/api/runs", json={"name": "loose", field: value}), 422)
         assert [e["field"] for e in said["errors"]] == [field], said
     json_type = {"content-type": "application/json"}
+    # `curl -d '{...}'` without -H sends a form: said as such (it was "Input should be a valid dictionary")
+    form = problem(client.post("/api/runs", content=b'{"name": "x"}', headers={"content-type": "text/plain"}), 415)
+    assert form["detail"] == (
+        "the body is read as JSON: send it with Content-Type: application/json (this request has Content-Type "
+        "'text/plain')"
+    )
     body = problem(client.post("/api/runs", content=b"name=x", headers=json_type), 422)  # a form, sent as JSON
     assert body["errors"] == [{"field": "body", "message": "not valid JSON at character 0: Expecting value"}]
     body = problem(client.post("/api/runs", content=b'{"name": "x",}', headers=json_type), 422)

@@ -85,6 +85,11 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
+def _body_not_json(exc: RequestValidationError) -> bool:
+    """Whether the body as a whole was not an object (not: a field of it was wrong)."""
+    return any(tuple(e.get("loc", ())) == ("body",) and e.get("type") != "missing" for e in exc.errors())
+
+
 def _validation_errors(exc: RequestValidationError) -> tuple[str, list[dict[str, Any]]]:
     errors = []
     parts = []
@@ -117,6 +122,16 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        said = request.headers.get("content-type", "")
+        if _body_not_json(exc) and not said.split(";")[0].strip().lower().endswith("json"):
+            # `curl -d '{...}'` without -H sends a form: FastAPI then finds no object at all
+            what = f"Content-Type {said!r}" if said else "no Content-Type"
+            return problem_response(
+                request,
+                415,
+                f"the body is read as JSON: send it with Content-Type: application/json (this request has {what})",
+                "unsupported-media-type",
+            )
         detail, errors = _validation_errors(exc)
         return problem_response(request, 422, detail, "invalid-request", errors=errors)
 

@@ -564,6 +564,18 @@ def _rank_axis(fig: Any, ranks: list[int]) -> None:
         )
 
 
+def _unmatched(step: int, total: int, status: TimeStatus) -> Any:
+    """Why a step's timeline holds the critical path alone: none of its collectives was matched across ranks."""
+    if total:
+        return None
+    why = _why(status, "matching")
+    return message(
+        f"No collective of step {step} was matched across ranks, so only the critical path is drawn"
+        + (f": {why}" if why else "."),
+        "warn",
+    )
+
+
 def timeline_view(
     run: str,
     step: int,
@@ -734,6 +746,7 @@ def timeline_view(
         else None
     )
     parts: list[Any] = [
+        _unmatched(step, total, status),
         chart_block("tm-timeline-graph", fig, cols, display, raw, f"{run}-step{step}-instances.csv", note=note),
         selected_info,
     ]

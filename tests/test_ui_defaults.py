@@ -457,3 +457,22 @@ def test_what_if_values_in_the_address_that_the_form_does_not_take_are_said() ->
         "w_zero=7 (0, 1, 2 or 3)",
         "w_impl=x (one of paper, megatron, deepspeed, fsdp, harness)",
     ]
+
+
+def test_a_step_without_matched_collectives_says_why_its_timeline_is_only_the_critical_path() -> None:
+    from commlens.contract.time import TimePart, TimeStatus
+    from commlens.frontend.page_time import _unmatched
+
+    status = TimeStatus(
+        available=True,
+        parts=[
+            TimePart(part="matching", computed=True, reason="0 instances matched"),
+            TimePart(part="matching", computed=False, reason="one rank: nothing to match across ranks"),
+        ],
+    )
+    note = _unmatched(5, 0, status)
+    assert note.children == (
+        "No collective of step 5 was matched across ranks, so only the critical path is drawn: "
+        "matching: one rank: nothing to match across ranks."
+    )
+    assert _unmatched(5, 3, status) is None

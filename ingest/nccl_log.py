@@ -86,7 +86,7 @@ from .nccl_relabel import relabel
 from .nccl_state import Proc, Processes
 from .nccl_vector import VECTOR_MIN_LINES, Counting, Template
 from .parse_threads import parse_threads
-from .records import ParseError, ParseResult, RankHint
+from .records import ParseResult, RankHint, UnknownFormatError
 
 KIND = "nccl_log"
 BLOCK_BYTES = 4 << 20
@@ -639,7 +639,7 @@ class _Parser:
         res = self.res
         if self.nccl_lines == 0 and not self.versions:
             skipped = "".join(f"; skipped {n}: {reason}" for reason, n in res.skipped.items())
-            raise ParseError(
+            raise UnknownFormatError(
                 f"not a Kineto JSON trace or an NCCL debug log: no NCCL INFO lines found "
                 f"(not an NCCL_DEBUG=INFO log?){skipped}",
                 "line 1",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from . import formats
 from .inputs import DEFAULT_LIMITS, InputFile, Limits, TapReader, file_rank_hint, open_content
-from .records import ParseError, ParseResult, RankHint
+from .records import ParseError, ParseResult, RankHint, UnknownFormatError
 
 
 @dataclass
@@ -71,6 +71,8 @@ def parse_file(item: InputFile, hint: RankHint, limits: Limits = DEFAULT_LIMITS)
     except Exception as exc:  # one bad file never stops the others
         with contextlib.suppress(Exception):  # the hash of a broken file is best effort
             hashing.drain()
+        if isinstance(exc, UnknownFormatError):  # tried as an NCCL log for want of another kind: it is not one
+            kind = "unknown"
         return ParsedFile(item.name, kind, digest.sha.hexdigest(), digest.size, error=_error_text(item.name, exc, kind))
     finally:
         hashing.close()

@@ -137,6 +137,10 @@ class ParseError(Exception):
         super().__init__(f"{where}: {reason}" if where else reason)
 
 
+class UnknownFormatError(ParseError):
+    """A file that is none of the formats read: the format it was tried as (the fallback) is not its kind."""
+
+
 @dataclass
 class RankHint:
     """What the caller knows about the file's rank when the file itself may not say."""

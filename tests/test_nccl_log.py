@@ -760,6 +760,8 @@ def test_file_without_nccl_lines_fails_with_a_reason(tmp_path, con):
         summary.files[0].error
         == f"{path}:line 1: not a Kineto JSON trace or an NCCL debug log: no NCCL INFO lines found (not an NCCL_DEBUG=INFO log?)"
     )
+    # tried as an NCCL log for want of another kind, it is of no kind commlens reads (it was listed as nccl_log)
+    assert con.execute("SELECT kind FROM sources WHERE path = ?", [str(path)]).fetchall() == [("unknown",)]
 
 
 def test_hint_rank_of_a_single_process_file():

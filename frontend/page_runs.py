@@ -167,6 +167,12 @@ def job_view(job: JobOut) -> html.Div:
         f"{head}: {job.files_done}/{job.files_total} files, {format_bytes(job.bytes_done)} of "
         f"{format_bytes(job.bytes_total)}" + (f"; now {job.current}" if job.current and not done else "")
     )
+    counts = [f"{n} {what}" for n, what in ((job.files_failed, "failed"), (job.files_duplicate, "already stored")) if n]
+    if done and job.results and not job.files_stored:
+        summary += "; nothing new was stored (" + ", ".join(counts) + ")"
+    elif job.files_failed:
+        summary += f"; {job.files_failed} of {len(job.results)} failed"
+
     rows, classes = [], []
     for f in job.results:
         note = f.error or "; ".join(f.warnings)

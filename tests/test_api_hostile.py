@@ -17,6 +17,8 @@ import pytest
 
 from commlens.backend.api import Settings
 from commlens.backend.api.testing import ServerThread, wait_job
+from commlens.contract.jobs import JobOut
+from commlens.frontend.page_runs import job_view
 from commlens.ingest.inputs import Limits
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -160,11 +162,20 @@ def test_unknown_formats_are_415_and_nothing_is_queued(client: httpx.Client) -> 
 
 
 def test_text_without_nccl_lines_fails_in_its_job(client: httpx.Client) -> None:
-    """Plain text may be a launcher's stdout before NCCL starts, so it is queued; the NCCL parser fails it."""
-    out = results(client, [("notes.txt", b"hello world\n")])["notes.txt"]
+    """Plain text may be a launcher's stdout before NCCL starts, so it is queued; the NCCL parser fails it.
+    The job still ends `done`, so its counts (and the dashboard's summary) say nothing was stored."""
+    r = upload(client, [("notes.txt", b"hello world\n")])
+    job = wait_job(client, r.json()["job_id"])
+    out = job["results"][0]
     assert (
         out["status"] == "failed" and "notes.txt:line 1: not a Kineto JSON trace or an NCCL debug log" in out["error"]
     )
+    assert (job["state"], job["files_stored"], job["files_failed"], job["files_duplicate"]) == ("done", 0, 1, 0)
+    summary = str(job_view(JobOut.model_validate(job)))
+    assert "nothing new was stored (1 failed)" in summary, summary
+    again = wait_job(client, upload(client, [("ok.json", RUN_JSON), ("notes.txt", b"hello\n")]).json()["job_id"])
+    assert (again["files_stored"], again["files_failed"], again["files_duplicate"]) == (0, 1, 1)
+    assert "nothing new was stored (1 failed, 1 already stored)" in str(job_view(JobOut.model_validate(again)))
 
 
 def test_not_multipart_is_415_and_malformed_multipart_is_422(client: httpx.Client) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections import Counter
 from email.message import Message
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, BinaryIO
@@ -201,16 +202,21 @@ def _sniff_all(folder: Path, files: list[SpooledUpload], limits: Limits) -> list
 def job_out(job: jobs.Job, queue: IngestQueue) -> JobOut:
     """The job as stored, with the live byte progress and current file of a running one."""
     live = queue.live(job.job_id) if job.state == "running" else None
+    results = [FileResult(**r) for r in job.results]
+    outcomes = Counter(r.status for r in results)
     return JobOut(
         job_id=job.job_id,
         run=job.run,
         state=job.state,
         files_total=job.files_total,
         files_done=job.files_done,
+        files_stored=outcomes["ok"],
+        files_failed=outcomes["failed"],
+        files_duplicate=outcomes["duplicate"],
         bytes_total=job.bytes_total,
         bytes_done=max(job.bytes_done, live.bytes_done) if live else job.bytes_done,
         current=live.current if live else None,
-        results=[FileResult(**r) for r in job.results],
+        results=results,
         jobs=[JobRun(**r) for r in job.runs],
         error=job.error,
         created_at=job.created_at,

@@ -39,6 +39,11 @@ class JobOut(BaseModel):
     state: Literal["queued", "running", "done", "failed"]
     files_total: int  # uploaded files (an archive is one)
     files_done: int
+    # Outcomes of the ingested files (archive members one by one): a job can end `done` with every file
+    # failed, so scripts read these, not the state alone, to know what was stored.
+    files_stored: int = 0
+    files_failed: int = 0
+    files_duplicate: int = 0
     bytes_total: int
     bytes_done: int
     current: str | None = None  # the file being ingested

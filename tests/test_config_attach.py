@@ -22,7 +22,7 @@ from commlens.cli_server import announce, withdraw
 from commlens.contract.model_description import ConfigFile, ConfigUpload, ParallelOptions
 from commlens.frontend.client import ApiClient, ApiProblem
 from commlens.service.config import attach_config
-from commlens.service.errors import InvalidError
+from commlens.service.errors import ConflictError, InvalidError
 from commlens.service.runs import create_run, predict_input_for_run, run_detail
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,6 +250,30 @@ def test_bad_files_name_the_line_or_field(con, files: list[tuple[str, object]], 
 def test_an_unknown_run_is_refused_before_reading(con) -> None:
     with pytest.raises(UnknownRunError):
         attach_config(con, "nope", [_file("x.json", {"foo": 1})])
+
+
+def test_a_configuration_of_another_job_size_is_refused(resnet, data_dir: Path) -> None:
+    """The trace's distributedInfo says world size 2: a description of 1 rank or a predictor input of 16 is
+    not this job, and attaching it would have set the run's world size to it (the report then counted the
+    trace's ranks against the wrong world)."""
+    one_rank = [_file("resnet50.json", resnet50_description(dp=1))]
+    with pytest.raises(ConflictError) as err:
+        attach_config(resnet, "resnet", one_rank)
+    assert err.value.kind == "config-world-mismatch"
+    assert err.value.detail.startswith(
+        "resnet50.json (ddp) describes a job of 1 rank, but the run's profiler traces say world size 2"
+    )
+    with pytest.raises(ConflictError, match=r"train.log describes a job of 16 ranks, but .* world size 2"):
+        attach_config(resnet, "resnet", [_file("train.log", MEGATRON_LOG)])
+    detail = run_detail(resnet, "resnet")
+    assert (detail["world_size"], detail["config_kind"]) == (2, None)  # nothing was stored
+    assert attach_config(resnet, "resnet", one_rank, ParallelOptions(dp=2)).stored == "model_description"
+    # an NCCL log's communicators: no job smaller than its largest one
+    from commlens.service.ingest import ingest_paths
+
+    assert not ingest_paths(resnet, [data_dir / "nccl-logs/nvidia-nccl-1193.log"], "logs").failed
+    with pytest.raises(ConflictError, match="the run's files hold a communicator of 128 ranks"):
+        attach_config(resnet, "logs", [_file("config.json", HF_LLAMA)], ParallelOptions(dp=2))
 
 
 def test_cli_attaches_and_explains_refusals(tmp_path: Path, db_path: Path) -> None:

@@ -31,7 +31,7 @@ from commlens.contract.predict import PredictInput
 from commlens.store import transaction
 
 from .errors import InvalidError
-from .runs import WRITE_ATTEMPTS, update_run
+from .runs import WRITE_ATTEMPTS, check_config_world, update_run
 
 Doc = dict[str, Any]
 _WHOLE: tuple[ConfigFileKind, ...] = ("model_description", "run_json", "predict_input")
@@ -318,15 +318,17 @@ def combine(files: list[tuple[str, ConfigFileKind, Doc]], options: ParallelOptio
 # ---------------------------------------------------------------------------------------- attach
 
 
-def _store_description(con: duckdb.DuckDBPyConnection, run: str, desc: ModelDescription) -> None:
+def _store_description(con: duckdb.DuckDBPyConnection, run: str, name: str, desc: ModelDescription) -> None:
     """A description is stored as the run's config under DESCRIPTION_KEY (the comparison reads it there), with the
     strategy and data-parallel size it names."""
     stored = json.dumps({DESCRIPTION_KEY: desc.model_dump(mode="json", by_alias=True)})
 
     def write(c: duckdb.DuckDBPyConnection) -> None:
+        run_id = run_id_of(c, run)
+        check_config_world(c, run_id, desc.strategy.dp, f"{name} ({desc.strategy.kind})")
         c.execute(
             "UPDATE runs SET config = ?, strategy = ?, world_size = ?, updated_at = current_timestamp WHERE run_id = ?",
-            [stored, desc.strategy.kind, desc.strategy.dp, run_id_of(c, run)],
+            [stored, desc.strategy.kind, desc.strategy.dp, run_id],
         )
 
     transaction(con, write, WRITE_ATTEMPTS)
@@ -354,10 +356,10 @@ def attach_config(
             return _attach_description(con, run, name, doc, options, listing)
         if options.model_dump(exclude_none=True):
             raise _invalid(f"{name}: a harness run.json records its own parallel layout; give no options with it")
-        update_run(con, run, {"config": doc})
+        update_run(con, run, {"config": doc}, config_from=f"{name} (harness run.json)")
         return AttachedConfig(run=run, files=listing, stored="run_config", summary=_summary_of_run_json(doc))
     inp = combine(detected, options, notes)
-    update_run(con, run, {"config": inp.model_dump(mode="json")})
+    update_run(con, run, {"config": inp.model_dump(mode="json")}, config_from=" + ".join(n for n, _, _ in detected))
     m, p = inp.model, inp.parallel
     summary = (
         f"{inp.implementation}: {m.layers} layers, hidden {m.hidden}, {m.heads} heads, vocab {m.vocab}, seq {m.seq_len}; "
@@ -378,7 +380,7 @@ def _attach_description(
         raise _invalid(f"{name}: a model description takes only --dp (got {', '.join(sorted(set(given) - {'dp'}))})")
     if "dp" in given:
         desc = desc.model_copy(update={"strategy": desc.strategy.model_copy(update={"dp": given["dp"]})})
-    _store_description(con, run, desc)
+    _store_description(con, run, name, desc)
     s = desc.strategy
     summary = (
         f"{desc.model or name}: {len(desc.parameters)} parameters ({desc.param_count:,} elements), "

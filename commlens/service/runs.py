@@ -362,12 +362,19 @@ def _check_name(name: str) -> None:
         raise InvalidError(str(exc), "invalid-request") from None
 
 
-def update_run(con: duckdb.DuckDBPyConnection, run: str, changes: dict[str, Any], actor: Actor | None = None) -> str:
+def update_run(
+    con: duckdb.DuckDBPyConnection,
+    run: str,
+    changes: dict[str, Any],
+    actor: Actor | None = None,
+    config_from: str = "the config",
+) -> str:
     """Apply the given fields (name, description, tags, strategy, world_size, config) and return the run's
     name now. Renaming needs the run idle (queued uploads find their run by name) and, when an `actor` is
     given (None: the store's own operator, the CLI), the run's owner or an admin; the old name becomes an
-    alias. A config fills strategy and world size unless they are among the changes. The caller keeps new
-    jobs off the run meanwhile."""
+    alias. A config fills strategy and world size unless they are among the changes, and must be of the job the
+    run's files come from (`config_from` names it in the refusal). The caller keeps new jobs off the run
+    meanwhile."""
     if "name" in changes and changes["name"] is None:
         raise InvalidError("name cannot be null", "invalid-request")
     if "name" in changes:
@@ -381,22 +388,13 @@ def update_run(con: duckdb.DuckDBPyConnection, run: str, changes: dict[str, Any]
         if col in changes:
             sets.append(f"{col} = ?")
             params.append(changes[col])
-    if "config" in changes:
-        stored = None
-        if changes["config"] is not None:
-            _, stored, cfg_strategy, cfg_world = validate_config(changes["config"])
-            if "strategy" not in changes and cfg_strategy:
-                sets.append("strategy = ?")
-                params.append(cfg_strategy)
-            if "world_size" not in changes and cfg_world:
-                sets.append("world_size = ?")
-                params.append(cfg_world)
-        sets.append("config = ?")
-        params.append(json.dumps(stored) if stored is not None else None)
+    config_world = _config_changes(changes, sets, params) if "config" in changes else None
     new_name: str = changes.get("name", run)
 
     def update(c: duckdb.DuckDBPyConnection) -> None:
         run_id = run_id_of(c, run)
+        if config_world:
+            check_config_world(c, run_id, config_world, config_from)
         if new_name != run:
             if actor is not None:
                 _check_may_rename(c, run, run_id, actor)
@@ -414,6 +412,47 @@ def update_run(con: duckdb.DuckDBPyConnection, run: str, changes: dict[str, Any]
     with RUN_ROWS:  # an alias inserted while the run is deleted would outlive it
         transaction(con, update, WRITE_ATTEMPTS, retry_on=NAME_RACES)
     return new_name
+
+
+def _config_changes(changes: dict[str, Any], sets: list[str], params: list[Any]) -> int | None:
+    """Add the config's column (and the strategy and world size it fills) to an UPDATE; its world size."""
+    stored, world = None, None
+    if changes["config"] is not None:
+        _, stored, strategy, world = validate_config(changes["config"])
+        if "strategy" not in changes and strategy:
+            sets.append("strategy = ?")
+            params.append(strategy)
+        if "world_size" not in changes and world:
+            sets.append("world_size = ?")
+            params.append(world)
+    sets.append("config = ?")
+    params.append(json.dumps(stored) if stored is not None else None)
+    return world
+
+
+def check_config_world(c: duckdb.DuckDBPyConnection, run_id: int, world: int, what: str) -> None:
+    """ConflictError when a configuration of `world` ranks cannot be the job the run's stored files come from:
+    a profiler trace's distributedInfo states the job's world size, and no file may show a rank or a
+    communicator beyond it. (An NCCL log's largest communicator may be smaller than the world: the default
+    group's communicator exists only once a collective ran on it.)"""
+    traced, largest, top_rank, files = c.execute(
+        "SELECT max(world_size) FILTER (WHERE kind = 'kineto'), max(world_size), max(rank), count(*) "
+        "FROM sources WHERE run_id = ? AND status = 'ok' AND kind <> 'run_json'",
+        [run_id],
+    ).fetchall()[0]
+    if traced is not None and traced != world:
+        said = f"the run's profiler traces say world size {traced} (distributedInfo)"
+    elif largest is not None and largest > world:
+        said = f"the run's files hold a communicator of {largest} ranks"
+    elif top_rank is not None and top_rank >= world:
+        said = f"the run's files hold rank {top_rank}"
+    else:
+        return
+    raise ConflictError(
+        f"{what} describes a job of {world} rank{'s' if world != 1 else ''}, but {said} ({files} file(s)): a configuration must describe "
+        "the job the run's files come from (a model description takes --dp, or options.dp through the API)",
+        "config-world-mismatch",
+    )
 
 
 def _check_may_rename(c: duckdb.DuckDBPyConnection, run: str, run_id: int, actor: Actor) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
@@ -354,6 +354,15 @@ def _share(part: int, whole: int) -> float:
 
 
 def _world_verdict(g: _Group, others_with_collectives: int, config: dict[str, Any] | None, world: int) -> _Verdict:
+    verdict = _world_group_verdict(g, others_with_collectives, config, world)
+    if world == 1:
+        return replace(verdict, reason=verdict.reason + " (a one-rank job: its collectives move no data between ranks)")
+    return verdict
+
+
+def _world_group_verdict(
+    g: _Group, others_with_collectives: int, config: dict[str, Any] | None, world: int
+) -> _Verdict:
     parallel = (config or {}).get("parallel") or {}
     if parallel.get("dp") == world and world > 1:
         return _Verdict("dp", "label", f"world group; the run config has parallel.dp = {world} = world size", 0.95)
@@ -470,7 +479,13 @@ def _layout_verdict(g: _Group, s: int | None, distinct: list[int], has_pp: bool)
 def _structure(groups: list[_Group], world: int | None, config: dict[str, Any] | None) -> dict[str, _Verdict]:
     out: dict[str, _Verdict] = {}
     collective: list[_Group] = []
+    # A one-rank job's one group with calls is its world: DDP of one rank still issues its gradient all_reduces
+    # (they move nothing between ranks), and a configuration of that job predicts them.
+    single_with_calls = [g for g in groups if g.n == 1 and g.calls]
+    one_rank_world = single_with_calls[0] if (world or 1) == 1 and len(single_with_calls) == 1 else None
     for g in groups:
+        if g is one_rank_world:
+            continue  # decided below, as a world group
         if g.n == 1:
             out[g.key] = _Verdict("other", "structure", "single-rank group: moves no data between ranks", 0.9)
         elif g.calls == 0:

@@ -41,7 +41,15 @@ def _why_no_bandwidth(con: duckdb.DuckDBPyConnection, run_id: int, excluded: dic
             "SELECT DISTINCT kind FROM sources WHERE run_id = ? AND status = 'ok'", [run_id]
         ).fetchall()
     }
-    if kinds <= {"nccl_log", "run_config"}:
+    widest = con.execute("SELECT max(group_size) FROM comm_events WHERE run_id = ? AND counted", [run_id]).fetchall()[
+        0
+    ][0]
+    if widest == 1:
+        lacking = (
+            "every call is on a one-rank group, where NCCL moves no data between ranks and launches no "
+            "kernel: bandwidth needs a group of two or more ranks"
+        )
+    elif kinds <= {"nccl_log", "run_config"}:
         lacking = "NCCL logs carry no durations; a profiler trace of the same ranks gives them"
     else:
         lacking = (

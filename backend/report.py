@@ -222,10 +222,17 @@ def _time_md(t: TimeSummary) -> list[str]:
     if not t.status.available:
         return [*lines, "No time analysis for this run (no trace with a timeline)."]
     c = t.clocks
+    one_rank = len({r.rank for r in t.ranks}) <= 1
     lines.append(
-        f"{t.instances:,} collective instances matched across ranks, {t.mismatches:,} mismatch(es)."
+        (
+            f"{t.instances:,} collective instances of one rank (nothing to match across ranks or wait for)."
+            if one_rank
+            else f"{t.instances:,} collective instances matched across ranks, {t.mismatches:,} mismatch(es)."
+        )
         + (f" Clocks: {c.reason}." if c is not None else "")
-        + " Times in ms; exposed = communication with no compute running (wait included)."
+        + " Times in ms; exposed = communication with no compute running (wait included); wait = from the rank's"
+        " arrival to the last member's at its instances, summed (compute may run meanwhile, so it can exceed"
+        " exposed)."
     )
     missing = [p for p in t.status.parts if not p.computed]
     if missing:
@@ -242,7 +249,7 @@ def _time_md(t: TimeSummary) -> list[str]:
     for r in t.ranks:
         lines.append(
             f"| {r.rank} | {r.steps} | {_ms(r.step_us)} | {_ms(r.exposed_us)} | {_ms(r.overlapped_us)} | "
-            f"{r.instances} | {r.arrived_last} | {_ms(r.wait_us)} | {_ms(r.imposed_us)} |"
+            f"{r.instances} | {'-' if one_rank else r.arrived_last} | {_ms(r.wait_us)} | {_ms(r.imposed_us)} |"
         )
     lines += ["", "### Stragglers", ""]
     if t.stragglers:
@@ -317,11 +324,15 @@ def render_markdown(r: Report) -> str:
         "| scheme | predicted | measured | of which unexplained | explained / predicted |",
         "|---|---|---|---|---|",
     ]
+    # A scheme no configuration predicts is measured only: no predicted count, nothing "unexplained" (as the
+    # dashboard shows it), rather than a prediction of 0 that every call exceeds.
+    predicted = {s.scheme: s.prediction_source == "config" for s in r.schemes}
     for s in r.schemes:
         pred = format_bytes(round(s.predicted_bytes_per_iter)) if s.predicted_bytes_per_iter is not None else "-"
+        unexplained = format_bytes(round(s.unexplained_bytes_per_iter)) if predicted[s.scheme] else "-"
         lines.append(
             f"| {s.scheme} | {pred} | {format_bytes(round(s.measured_bytes_per_iter))} | "
-            f"{format_bytes(round(s.unexplained_bytes_per_iter))} | {'-' if s.ratio is None else f'{s.ratio:.3f}'} |"
+            f"{unexplained} | {'-' if s.ratio is None else f'{s.ratio:.3f}'} |"
         )
     lines += [
         "",
@@ -332,10 +343,18 @@ def render_markdown(r: Report) -> str:
     ]
     for s in r.schemes:
         for o in s.ops:
+            said = predicted[s.scheme]
             lines.append(
                 f"| {s.scheme} | {o.op} | {o.dtype or '-'} | {o.msg_bytes if o.msg_bytes is not None else '?'} | "
-                f"{_num(o.predicted_calls_per_iter)} | {_num(o.measured_calls_per_iter)} | {o.status} |"
+                f"{_num(o.predicted_calls_per_iter) if said else '-'} | {_num(o.measured_calls_per_iter)} | "
+                f"{o.status if said else 'measured only'} |"
             )
+    if not all(predicted.values()):
+        lines += [
+            "",
+            "Schemes without a prediction are measured only"
+            + (" (no configuration: `commlens config` attaches one)." if not c.implementation else "."),
+        ]
     lines += _histogram_md(r.histogram) + _bandwidth_md(r.bandwidth)
     if r.time is not None:
         lines += _time_md(r.time)

@@ -312,6 +312,15 @@ def _timed(t: pa.Table) -> int:
     return int(pc.sum(pc.and_(pc.is_valid(t.column("ts_us")), pc.is_valid(t.column("dur_us")))).as_py() or 0)
 
 
+def _one_rank_groups_only(result: ParseResult) -> bool:
+    """Every call of the trace is on a group of one rank (a one-GPU job's own group)."""
+    sizes = {r.get("group_size") for r in result.events}
+    for t in result.event_tables:
+        if t.num_rows:
+            sizes |= set(pc.unique(t.column("group_size")).to_pylist()) if "group_size" in t.column_names else {None}
+    return sizes == {1}
+
+
 def timeline_notes(result: ParseResult, has_device: bool, lists_devices: bool) -> list[str]:
     """What the trace's timeline lacks, and why (kept in the source's meta)."""
     notes = []
@@ -323,9 +332,15 @@ def timeline_notes(result: ParseResult, has_device: bool, lists_devices: bool) -
         t.num_rows - _timed(t) for t in result.event_tables
     )
     if no_end:
+        one_rank = _one_rank_groups_only(result)
         notes.append(
-            f"{no_end} of {result.n_events} calls have no measured duration (NCCL without its kernels "
-            "records only the enqueue): no real time or end for them"
+            f"{no_end} of {result.n_events} calls have no measured duration "
+            + (
+                "(one-rank groups: NCCL launches no kernel there, it moves nothing between ranks)"
+                if one_rank
+                else "(NCCL without its kernels records only the enqueue)"
+            )
+            + ": no real time or end for them"
         )
     if not has_device and lists_devices:
         notes.append(

@@ -239,3 +239,33 @@ def test_report_counts_processes_apart_from_global_ranks(con, data_dir) -> None:
     ingest_run(con, "nq", iter_inputs([data_dir / "kineto-hta/negative_queue_length_values_check/rank0.json.gz"]))
     md = render_markdown(build_report(con, "nq"))
     assert "Ranks with calls: 1. Prediction" in md and "processes without a global rank" not in md
+
+
+def test_a_one_gpu_job_reads_as_one_rank_of_ddp(con, data_dir) -> None:
+    """The real one-rank ResNet-50 DDP trace (ns_resolution_trace: world size 1, GPU tracing on): its one group
+    is the job's data parallelism (it was "other: moves no data", so a dp=1 description predicted 97.7 MiB
+    against 0 B measured under dp), a run without a configuration is measured only (every row read
+    "predicted 0 ... unexplained"), and nothing says kernels are missing or that ranks were matched."""
+    from test_config_attach import _file
+    from test_resnet50_prediction import resnet50_description
+
+    from commlens.service.config import attach_config
+    from commlens.service.ingest import ingest_paths
+    from commlens.service.time import time_summary
+
+    assert not ingest_paths(con, [data_dir / "kineto-hta/ns_resolution_trace"], "one").failed
+    report = build_report(con, "one", time=time_summary(con, "one"))
+    md = render_markdown(report)
+    group = report.attribution.groups[0]
+    assert (group.scheme, group.size) == ("dp", 1) and "a one-rank job" in group.reason, group
+    assert "| dp | - | 97.7 MiB | - | - |" in md
+    assert "| dp | all_reduce | float32 | 8196000 | - | 1 | measured only |" in md and "| unexplained |" not in md
+    assert "every call is on a one-rank group, where NCCL moves no data between ranks" in md
+    assert "the profiler must record CUDA activities" not in md
+    assert "35 collective instances of one rank (nothing to match across ranks or wait for)" in md
+    assert "one-rank groups: NCCL launches no kernel there" in md
+    assert "no straggler: a one-member group: nothing waits for anything" in md
+    attach_config(con, "one", [_file("resnet50.json", resnet50_description(dp=1))])
+    configured = build_report(con, "one")
+    assert configured.exact and [(s.scheme, s.prediction_source) for s in configured.schemes] == [("dp", "config")]
+    assert "measured only" not in render_markdown(configured)

@@ -194,7 +194,11 @@ def find_stragglers(
                 best.imposed_us_per_step,
             ):
                 best = cand
-        out.verdicts[g] = _verdict(best, mean_step_us, rule)
+        out.verdicts[g] = (
+            "no straggler: a one-member group: nothing waits for anything"
+            if nm < 2
+            else _verdict(best, mean_step_us, rule)
+        )
         if best is not None and out.verdicts[g].startswith("straggler"):
             out.stragglers.append(best)
     return out

@@ -647,7 +647,8 @@ def _zero_accumulation(config: dict[str, Any], totals: RankTotals) -> list[Findi
 
 
 def _comparison(comparison: ComparisonInput) -> list[Finding]:
-    total = sum(s.measured_bytes for s in comparison.per_scheme) or 1.0
+    # measured_bytes is what the prediction explains; the unexplained bytes are measured too
+    total = sum(s.measured_bytes + s.unexplained_bytes for s in comparison.per_scheme) or 1.0
     out = []
     for s in comparison.per_scheme:
         excess = (
@@ -683,7 +684,8 @@ def _comparison(comparison: ComparisonInput) -> list[Finding]:
                 )
             )
         if s.unexplained_calls > 0:
-            share = s.unexplained_bytes / s.measured_bytes if s.measured_bytes else 0.0
+            measured = s.measured_bytes + s.unexplained_bytes
+            share = s.unexplained_bytes / measured if measured else 0.0
             out.append(
                 Finding(
                     id=f"unexplained-calls:{s.scheme}",

@@ -95,10 +95,10 @@ def shown(key: str, value: float | int | str, evidence: dict[str, float | int | 
         return f"{num(value)} ms"
     if key.endswith("_gbps"):
         return f"{num(value)} GB/s"
+    if "share" in key or key in ("ratio", "excess", "tolerance"):  # share_of_measured_bytes is a share
+        return pct(value)
     if "bytes" in key:
         return format_bytes(int(value))
-    if "share" in key or key in ("ratio", "excess", "tolerance"):
-        return pct(value)
     if key.endswith(("over_mean", "_ratio")):
         return f"{num(value)}x"
     return f"{value:,}" if isinstance(value, int) else num(value)

@@ -417,7 +417,8 @@ def _exposed(inputs: _Inputs) -> list[Finding]:
             continue
         waiting = wait.mean() / cells.mean() if cells.mean() else 0.0
         hint = (
-            " Most of it is waiting for a late member: see the straggler and wait findings first."
+            f" Most of it ({pct(waiting)}) is waiting for a late member rather than transfer: the time page's "
+            "arrivals and stragglers say who arrives last, and overlap will not remove that wait."
             if waiting >= 0.5
             else ""
         )

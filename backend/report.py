@@ -186,7 +186,7 @@ def _bandwidth_md(bw: BandwidthReport) -> list[str]:
         return lines + [f"- {n}" for n in bw.notes or [fallback]]
     total = bw.calls_with_duration + left
     lines.append(
-        f"Medians over {bw.calls_with_duration:,} of {total:,} calls, those with measured durations; busbw = algbw x "
+        f"Medians over {bw.calls_with_duration:,} of {total:,} calls; busbw = algbw x "
         "the nccl-tests factor of the op for its group size; GB/s = 1e9 B/s."
         + (f" Left out of bandwidth: {_left_out(bw.excluded)}." if left else " No call is left out.")
     )
@@ -370,6 +370,7 @@ def render_markdown(r: Report) -> str:
         evidence = ", ".join(
             f"{k}={f.evidence_text[k] if k in f.evidence_text else _num(v) if isinstance(v, (int, float)) else v}"
             for k, v in f.evidence.items()
+            if v is not None
         )
         lines.append(f"- **[{f.severity}] {f.title}** ({evidence}). {f.suggestion}")
     if c.notes:

@@ -95,7 +95,7 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
             raise ParseError(
                 f"more than {budget:,} communication records (CPU ops, NCCL kernels, launches) in a trace whose "
                 "calls are grouped as objects (gloo worker threads, commlens labels or ids that are not plain "
-                "integers): refused to bound memory (Limits.max_trace_events, `commlens ingest --max-trace-events`)"
+                "integers): refused to bound memory (`commlens ingest --max-trace-events N` raises the limit)"
             )
         gen = _reference_rows(col, ctx, result, rank, process, steps)
     result.groups = _dedupe_groups(result.groups)

@@ -144,8 +144,8 @@ class Collector:
         if self.budget is not None and self.kept > self.budget:
             raise ParseError(
                 f"more than {self.budget:,} communication records (CPU ops, NCCL kernels, launches) to hold "
-                "while reading the trace: refused to bound memory (Limits.max_trace_events, "
-                "`commlens ingest --max-trace-events`)"
+                "while reading the trace: refused to bound memory (`commlens ingest --max-trace-events N` raises the "
+                "limit)"
             )
 
     def compact(self, args: dict[str, Any]) -> dict[str, Any]:

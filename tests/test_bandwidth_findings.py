@@ -427,6 +427,13 @@ def test_comparison_findings_and_ranking(con):
     )
     assert findings(con, "cmp", obj) == []
     assert findings(con, "cmp", ComparisonInput.model_validate(comparison))[0].id == "above-prediction:dp"
+    # measured_bytes is what the prediction explains: calls of a scheme it explains none of are all of its
+    # bytes (the share read 0 B and the impact was the bytes themselves, ranked above every fraction)
+    none_explained = {"per_scheme": [{"scheme": "x", "predicted_bytes": 0.0, "measured_bytes": 0.0}]}
+    none_explained["per_scheme"][0] |= {"unexplained_calls": 8, "unexplained_bytes": 2_549_700.0}
+    (unexplained,) = findings(con, "cmp", none_explained)
+    assert unexplained.evidence["share_of_measured_bytes"] == 1.0 and unexplained.impact == 1.0
+    assert (unexplained.severity, unexplained.evidence_text["share_of_measured_bytes"]) == ("medium", "100%")
 
 
 # ------------------------------------------------------------------------------ real data

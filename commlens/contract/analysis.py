@@ -305,7 +305,7 @@ class SchemeComparison(BaseModel):
 
     scheme: str
     predicted_bytes: float
-    measured_bytes: float
+    measured_bytes: float  # what the prediction explains (the unexplained bytes are measured as well)
     unexplained_calls: int = 0
     unexplained_bytes: float = 0.0
 

@@ -4,7 +4,9 @@ for its own group size (commlens.vocab.busbw_factor), GB = 1e9 B.
 Only measured durations count: device kernel time, or the CPU op time of a gloo group (gloo runs the
 collective inside the op). The CPU time of an NCCL call is only its enqueue and is never used.
 Per op, the half-bandwidth size is the lower bound of the smallest size bin whose median busbw reaches
-half of the op's best bin median; calls below it are latency-bound. These summaries are computed when
+half of the op's best bin median; calls below it reach less than half the best (the contract's
+`latency_bound_*`: latency at small sizes, but at MiB sizes a measured kernel's time also holds its wait for
+late peers and its contention with compute, so the report does not call them latency-bound). These summaries are computed when
 a run's calls or groups change (commlens.store.aggregates: bw_bins, bw_ops, bw_schemes, bw_excluded);
 the report reads them. Individual calls (call_bandwidth) are read from the calls themselves.
 """

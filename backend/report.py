@@ -202,7 +202,7 @@ def _bandwidth_md(bw: BandwidthReport) -> list[str]:
         )
     lines += [
         "",
-        "| op | best busbw (GB/s) | in bin | busbw reaches half the best at | calls below (latency-bound) |",
+        "| op | best busbw (GB/s) | in bin | busbw reaches half the best at | calls below that size |",
         "|---|---|---|---|---|",
     ]
     for o in bw.ops:

@@ -27,7 +27,7 @@ from commlens.contract.analysis import UNATTRIBUTED, AttributionSummary, GroupAt
 from commlens.store import transaction
 from commlens.store.aggregates import ensure_fresh, refresh_if_stale
 from commlens.store.groups import SchemeVerdict, add_event_groups, pin_scheme, store_verdicts, unpin_scheme
-from commlens.vocab import P2P_OPS, SCHEMES
+from commlens.vocab import P2P_OPS, SCHEMES, format_bytes
 
 from .iterations import run_id_of
 
@@ -401,11 +401,21 @@ def _world_group_verdict(
         return _Verdict(
             "ep", "structure", f"{desc} does mostly all_to_all ({a2a_share:.0%} of bytes); {_A2A_WEAK}", 0.3
         )
+    if not ar_bytes:
+        top = max(g.op_bytes, key=lambda op: g.op_bytes[op], default=None)
+        what = (
+            f"no all_reduce; {top} carries {_share(g.op_bytes[top], g.bytes):.0%} of its {format_bytes(g.bytes)}"
+            if top and g.bytes
+            else "no sized calls"
+        )
+        return _Verdict(
+            "other", "structure", f"{desc} has {what}: nothing in it marks one scheme (an override can say)", 0.4
+        )
     return _Verdict(
         "other",
         "structure",
-        f"{desc} without gradient-sized all_reduce (largest all_reduce {ar_max} B, {ar_share:.0%} "
-        f"of {g.bytes} B): setup or small traffic",
+        f"{desc} without gradient-sized all_reduce (the largest {format_bytes(ar_max)}, all_reduce {ar_share:.0%} "
+        f"of its {format_bytes(g.bytes)}): setup or small traffic",
         0.4,
     )
 

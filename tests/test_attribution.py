@@ -156,7 +156,10 @@ def test_world_group_with_small_all_reduce_only_is_not_dp(con):
     events = [ev(0, i, "all_reduce", 4, "pg:0", 2) for i in range(10)]
     write(con, "tiny", events, [{"group_key": "pg:0", "ranks": [0, 1], "size": 2, "origin": "pg_config"}], rank=0)
     [a] = attribute_run(con, "tiny")
-    assert a.scheme == "other" and "without gradient-sized all_reduce" in a.reason
+    assert (
+        a.scheme == "other"
+        and "without gradient-sized all_reduce (the largest 4 B, all_reduce 100% of its 40 B)" in a.reason
+    )
 
 
 def test_world_group_mixing_all_to_all_and_all_reduce_is_other(con):
@@ -240,7 +243,9 @@ def test_real_rccl_hang_log(con, data_dir):
     ingest_real(con, data_dir / "nccl-logs" / "rocm-rccl-429.log", "hang")
     by_process = {g.group_key.split(":")[3]: g for g in attribute_run(con, "hang")}
     assert by_process["45006"].scheme == "dp"
-    assert by_process["45012"].scheme == "other" and "without gradient-sized all_reduce" in by_process["45012"].reason
+    # its 226 MiB are all_gather: not "setup or small traffic", as the reason said
+    other = by_process["45012"]
+    assert other.scheme == "other" and "has no all_reduce; all_gather carries 100% of its 226 MiB" in other.reason
 
 
 # ----------------------------------------------------------------------- a tiny harness run

@@ -322,7 +322,7 @@ def _print_summary(con: duckdb.DuckDBPyConnection, summary: IngestSummary, by_ru
             escape(f.path),
             *([escape(f.run or summary.run)] if by_run else []),
             f.kind or "-",
-            f.status,
+            "passed over" if f.status == "skipped" else f.status,  # "skipped" is the lines/events column's word
             "-" if f.rank is None else str(f.rank),
             str(f.events),
             escape(skipped),

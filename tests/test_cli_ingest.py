@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,12 @@ import duckdb
 
 def _commlens(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "commlens.cli", *args], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-m", "commlens.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "COLUMNS": "400"},  # a table row on one line
     )
 
 
@@ -41,6 +47,14 @@ def test_ingest_exit_status_and_summary(tmp_path: Path) -> None:
     again = _commlens("ingest", str(good), "--db", str(db), "--run", "demo")
     assert again.returncode == 0, again.stderr
     assert "1 already present" in " ".join(again.stdout.split())
+    # a note beside the traces: its row says "passed over", as the count does ("skipped" is lines and events)
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "run.json").write_text(_run_json())
+    (folder / "NOTES.md").write_text("# what I ran\n")
+    walked = _commlens("ingest", str(folder), "--db", str(db), "--run", "demo")
+    row = next(line for line in walked.stdout.splitlines() if "NOTES.md" in line)
+    assert "passed over" in row and "skipped" not in row, walked.stdout
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT strategy, world_size FROM runs").fetchall() == [("ddp", 2)]
 

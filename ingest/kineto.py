@@ -69,11 +69,11 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
         rank = hint.rank
         if rank is not None:
             what = "no distributedInfo" if gen_dist == "absent" else "distributedInfo has no rank"
-            result.warn(f"{what}: rank {rank} taken from the file name or --rank")
+            result.warn(f"{what}: rank {rank} taken from {hint.rank_from}")
         else:
             result.warn("no rank in distributedInfo, the file name or --rank: rank recorded as NULL")
     elif hint.rank is not None and hint.rank != rank:
-        result.warn(f"distributedInfo says rank {rank}, the file name or --rank says {hint.rank}: using {rank}")
+        result.warn(f"distributedInfo says rank {rank}, {hint.rank_from} says {hint.rank}: using {rank}")
     result.rank = rank
     result.world_size = as_int(dist.get("world_size")) or hint.world_size
 

@@ -57,7 +57,9 @@ def parse_file(item: InputFile, hint: RankHint, limits: Limits = DEFAULT_LIMITS)
         fmt = formats.detect(stream)
         kind = fmt.kind
         file_hint = RankHint(
-            rank=hint.rank if hint.rank is not None else file_rank_hint(item.name), world_size=hint.world_size
+            rank=hint.rank if hint.rank is not None else file_rank_hint(item.name),
+            world_size=hint.world_size,
+            rank_from="--rank" if hint.rank is not None else "the file name",
         )
         result = fmt.parse(stream, item.name, file_hint, limits)
         if hint.rank is not None and kind == "nccl_log":

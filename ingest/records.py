@@ -147,6 +147,7 @@ class RankHint:
 
     rank: int | None = None  # from --rank
     world_size: int | None = None
+    rank_from: str = "--rank"  # what said the rank, for warnings (parse_file: --rank or the file's name)
 
 
 def unshared(table: pa.Table) -> pa.Table:

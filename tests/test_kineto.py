@@ -258,14 +258,14 @@ def test_rank_from_file_name_or_hint(data_dir: Path, con, tmp_path: Path) -> Non
     named.write_bytes((data_dir / NO_DIST).read_bytes())
     _ingest(con, [named], run="named")
     row = con.execute("SELECT rank, warnings FROM sources").fetchone()
-    assert row[0] == 5 and "rank 5 taken from the file name or --rank" in row[1]
+    assert row[0] == 5 and "rank 5 taken from the file name" in row[1]
     assert con.execute("SELECT DISTINCT rank, process FROM comm_events").fetchall() == [(5, "5")]
     _ingest(con, [data_dir / NO_DIST], run="hinted", hint=RankHint(rank=2))
     assert con.execute("SELECT DISTINCT rank FROM comms WHERE run = 'hinted'").fetchall() == [(2,)]
     # a file that says its rank wins over the hint, with a warning
     _ingest(con, [data_dir / CONTROL], run="conflict", hint=RankHint(rank=1))
     row = con.execute("SELECT rank, warnings FROM sources WHERE path LIKE '%control%'").fetchone()
-    assert row[0] == 3 and "the file name or --rank says 1" in row[1]
+    assert row[0] == 3 and "distributedInfo says rank 3, --rank says 1: using 3" in row[1]
 
 
 # ------------------------------------------------------------------------------ gloo (generated)

@@ -222,7 +222,7 @@ def _time_md(t: TimeSummary) -> list[str]:
     if not t.status.available:
         return [*lines, "No time analysis for this run (no trace with a timeline)."]
     c = t.clocks
-    one_rank = len({r.rank for r in t.ranks}) <= 1
+    one_rank = len({r.rank for r in t.ranks}) == 1
     lines.append(
         (
             f"{t.instances:,} collective instances of one rank (nothing to match across ranks or wait for)."
@@ -239,7 +239,16 @@ def _time_md(t: TimeSummary) -> list[str]:
         lines += ["", "Not computed (or only partly):", ""] + [f"- {p.part}: {p.reason}" for p in missing]
     lines.append("")
     if not t.ranks:
-        lines.append("No rank has matched instances or profiled steps.")
+        unranked = any("known rank" in p.reason for p in missing)
+        lines.append(
+            "No rank has matched instances or profiled steps"
+            + (
+                ": the time analysis reads the calls of known global ranks, and no file names its rank "
+                "(`commlens ingest --rank N` gives a single-rank file's)."
+                if unranked
+                else "."
+            )
+        )
     else:
         lines += [
             "| rank | steps | step time (steps summed) | exposed comm | overlapped comm | instances | arrived last | wait "

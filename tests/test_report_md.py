@@ -267,3 +267,15 @@ def test_a_one_gpu_job_reads_as_one_rank_of_ddp(con, data_dir) -> None:
     configured = build_report(con, "one")
     assert configured.exact and [(s.scheme, s.prediction_source) for s in configured.schemes] == [("dp", "config")]
     assert "measured only" not in render_markdown(configured)
+
+
+def test_a_trace_without_its_rank_says_why_no_rank_has_steps(con, data_dir) -> None:
+    """distributed_info_unavailable holds ProfilerStep ranges but names no rank: the time section said "No rank
+    has ... profiled steps" without saying it is the rank that is missing (and not the one-rank sentence)."""
+    from commlens.service.ingest import ingest_paths
+    from commlens.service.time import time_summary
+
+    assert not ingest_paths(con, [data_dir / "kineto-hta/distributed_info_unavailable"], "noinfo").failed
+    md = render_markdown(build_report(con, "noinfo", time=time_summary(con, "noinfo")))
+    assert "no file names its rank (`commlens ingest --rank N` gives a single-rank file's)" in md
+    assert "of one rank" not in md

@@ -25,6 +25,7 @@ from .hang import run_hang
 from .histograms import histogram
 from .iterations import run_id_of
 from .ranks import process_keys, rank_totals
+from .timing.matching import WORLD
 
 
 class ReportOp(BaseModel):
@@ -215,6 +216,15 @@ def _ms(us: float | None) -> str:
     return "-" if us is None else f"{us / 1000:,.2f}"
 
 
+def _time_group(group: str) -> str:
+    """A group as the time analysis names it; its `world` holds the calls whose files name no group."""
+    return (
+        "`world` (calls whose files name no process group, matched as the default group's)"
+        if group == WORLD
+        else (f"`{group}`")
+    )
+
+
 def _time_md(t: TimeSummary) -> list[str]:
     """Per rank: step time, exposed and overlapped communication, arrivals and waits; stragglers with
     their evidence or each group's reason for none; what could not be computed."""
@@ -263,14 +273,16 @@ def _time_md(t: TimeSummary) -> list[str]:
     lines += ["", "### Stragglers", ""]
     if t.stragglers:
         lines += [
-            f"- **rank {s.rank}** ({s.scheme}, group `{s.group}`): last in {s.arrived_last_share:.0%} of "
+            f"- **rank {s.rank}** ({s.scheme}, group {_time_group(s.group)}): last in {s.arrived_last_share:.0%} of "
             f"{s.instances} instances, consistent in {s.steps_consistent} of {s.steps} steps, imposing "
             f"{s.imposed_ms_per_step:,.2f} ms per step."
             for s in t.stragglers
         ]
     else:
         lines.append("No straggler.")
-    lines += [f"- group `{v.group}` ({v.scheme}): {v.reason}" for v in t.verdicts if v.verdict != "straggler"]
+    lines += [
+        f"- group {_time_group(v.group)} ({v.scheme}): {v.reason}" for v in t.verdicts if v.verdict != "straggler"
+    ]
     return lines
 
 

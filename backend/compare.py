@@ -26,7 +26,7 @@ from commlens.contract.predict import PredictInput, Prediction
 from commlens.store.aggregates import ensure_fresh
 from commlens.vocab import DTYPE_BYTES, busbw_factor
 
-from .iterations import iteration_info
+from .iterations import iteration_info, run_id_of
 from .predict import predict, predict_described, predict_input_from_config
 
 OpKey = tuple[str, str, str | None, int | None]  # scheme, op, dtype, msg_bytes
@@ -152,12 +152,40 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: Config | None = No
     )
 
 
+def world_conflict(con: duckdb.DuckDBPyConnection, run_id: int, world: int) -> str | None:
+    """Why a configuration of `world` ranks cannot be the job the run's stored files come from, or None: a
+    profiler trace's distributedInfo states the job's world size, and no file may show a rank or a communicator
+    beyond it. (An NCCL log's largest communicator may be smaller than the world: the default group's
+    communicator exists only once a collective ran on it.)"""
+    traced, largest, top_rank, files = con.execute(
+        "SELECT max(world_size) FILTER (WHERE kind = 'kineto'), max(world_size), max(rank), count(*) "
+        "FROM sources WHERE run_id = ? AND status = 'ok' AND kind <> 'run_json'",
+        [run_id],
+    ).fetchall()[0]
+    if traced is not None and traced != world:
+        said = f"the run's profiler traces say world size {traced} (distributedInfo)"
+    elif largest is not None and largest > world:
+        said = f"the run's files hold a communicator of {largest} ranks"
+    elif top_rank is not None and top_rank >= world:
+        said = f"the run's files hold rank {top_rank}"
+    else:
+        return None
+    return f"{said} ({files} file(s))"
+
+
+def _config_world(config: Config) -> int:
+    return config.strategy.dp if isinstance(config, ModelDescription) else config.parallel.world_size
+
+
 def _configuration(
     con: duckdb.DuckDBPyConnection, run: str, supplied: Config | None
 ) -> tuple[Config | None, ConfigSource, list[str]]:
     """The supplied config, else the run's stored one; a stored config the predictor cannot read is a note."""
     if supplied is not None:
-        return supplied, "supplied", []
+        conflict = world_conflict(con, run_id_of(con, run), world := _config_world(supplied))
+        ranks = f"{world} rank{'s' if world != 1 else ''}"
+        notes = [f"the configuration describes a job of {ranks}, but {conflict}: it predicts another job"]
+        return supplied, "supplied", notes if conflict else []
     row = con.execute("SELECT config FROM runs WHERE name = ?", [run]).fetchone()
     if not (row and row[0]):
         return None, "none", []

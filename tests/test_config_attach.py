@@ -19,7 +19,7 @@ from commlens.backend.compare import compare
 from commlens.backend.iterations import UnknownRunError
 from commlens.backend.report import build_report
 from commlens.cli_server import announce, withdraw
-from commlens.contract.model_description import ConfigFile, ConfigUpload, ParallelOptions
+from commlens.contract.model_description import ConfigFile, ConfigUpload, ModelDescription, ParallelOptions
 from commlens.frontend.client import ApiClient, ApiProblem
 from commlens.service.config import attach_config
 from commlens.service.errors import ConflictError, InvalidError
@@ -267,6 +267,17 @@ def test_a_configuration_of_another_job_size_is_refused(resnet, data_dir: Path) 
         attach_config(resnet, "resnet", [_file("train.log", MEGATRON_LOG)])
     detail = run_detail(resnet, "resnet")
     assert (detail["world_size"], detail["config_kind"]) == (2, None)  # nothing was stored
+    # supplied for one comparison (`commlens report --config`, a what-if), it is said to be another job's
+    supplied = compare(resnet, "resnet", ModelDescription.model_validate(resnet50_description(dp=1)))
+    assert (
+        "the configuration describes a job of 1 rank, but the run's profiler traces say world size 2 "
+        "(distributedInfo) (1 file(s)): it predicts another job"
+    ) in supplied.notes
+    assert not [
+        n
+        for n in compare(resnet, "resnet", ModelDescription.model_validate(resnet50_description(dp=2))).notes
+        if "another job" in n
+    ]
     assert attach_config(resnet, "resnet", one_rank, ParallelOptions(dp=2)).stored == "model_description"
     # an NCCL log's communicators: no job smaller than its largest one
     from commlens.service.ingest import ingest_paths

@@ -19,7 +19,7 @@ import duckdb
 from pydantic import ValidationError
 
 from commlens import store
-from commlens.backend.compare import DESCRIPTION_KEY
+from commlens.backend.compare import DESCRIPTION_KEY, world_conflict
 from commlens.backend.iterations import run_id_of
 from commlens.backend.predict import config_kind as kind_of_config
 from commlens.backend.predict import predict_input_from_config
@@ -431,26 +431,14 @@ def _config_changes(changes: dict[str, Any], sets: list[str], params: list[Any])
 
 
 def check_config_world(c: duckdb.DuckDBPyConnection, run_id: int, world: int, what: str) -> None:
-    """ConflictError when a configuration of `world` ranks cannot be the job the run's stored files come from:
-    a profiler trace's distributedInfo states the job's world size, and no file may show a rank or a
-    communicator beyond it. (An NCCL log's largest communicator may be smaller than the world: the default
-    group's communicator exists only once a collective ran on it.)"""
-    traced, largest, top_rank, files = c.execute(
-        "SELECT max(world_size) FILTER (WHERE kind = 'kineto'), max(world_size), max(rank), count(*) "
-        "FROM sources WHERE run_id = ? AND status = 'ok' AND kind <> 'run_json'",
-        [run_id],
-    ).fetchall()[0]
-    if traced is not None and traced != world:
-        said = f"the run's profiler traces say world size {traced} (distributedInfo)"
-    elif largest is not None and largest > world:
-        said = f"the run's files hold a communicator of {largest} ranks"
-    elif top_rank is not None and top_rank >= world:
-        said = f"the run's files hold rank {top_rank}"
-    else:
+    """ConflictError when a configuration of `world` ranks cannot be the job the run's stored files come from
+    (backend.compare.world_conflict says when)."""
+    said = world_conflict(c, run_id, world)
+    if said is None:
         return
     raise ConflictError(
-        f"{what} describes a job of {world} rank{'s' if world != 1 else ''}, but {said} ({files} file(s)): a configuration must describe "
-        "the job the run's files come from (a model description takes --dp, or options.dp through the API)",
+        f"{what} describes a job of {world} rank{'s' if world != 1 else ''}, but {said}: a configuration must "
+        "describe the job the run's files come from (a model description takes --dp, or options.dp through the API)",
         "config-world-mismatch",
     )
 

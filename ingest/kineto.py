@@ -100,7 +100,11 @@ def parse_kineto(stream: io.BufferedReader, name: str, hint: RankHint, limits: L
         gen = _reference_rows(col, ctx, result, rank, process, steps)
     result.groups = _dedupe_groups(result.groups)
     # CPU ops serve as compute only in traces without device activity
-    result.intervals = act.intervals_table(rank, _comm_spans(result), [] if act.has_device else col.cpu)
+    result.intervals = (
+        act.intervals_table(rank, _comm_spans(result), [])
+        if act.has_device
+        else act.intervals_table(rank, _comm_spans(result), col.cpu, _call_windows(result))
+    )
 
     result.meta = {
         "generation": _generation(col, gen, gen_dist),
@@ -172,6 +176,43 @@ def _comm_spans(result: ParseResult) -> tuple[np.ndarray, np.ndarray]:
             ok = ~(np.isnan(ts) | np.isnan(dur))
             starts.append(ts[ok])
             ends.append(ts[ok] + dur[ok])
+    return np.concatenate(starts), np.concatenate(ends)
+
+
+def _call_windows(result: ParseResult) -> tuple[np.ndarray, np.ndarray]:
+    """(CPU op start, end of the call) of the calls with a CPU op: the end is the later of the op's end and
+    the call's measured end (gloo's work on its worker threads)."""
+    starts, ends = [], []
+    rows = [e for e in result.events if e.get("cpu_start_us") is not None]
+    if rows:
+        starts.append(np.asarray([e["cpu_start_us"] for e in rows], dtype=np.float64))
+        ends.append(
+            np.asarray(
+                [
+                    max(
+                        e.get("cpu_end_us") or e["cpu_start_us"],
+                        (e["ts_us"] + e["dur_us"])
+                        if e.get("dur_us") is not None and e.get("ts_us") is not None
+                        else 0.0,
+                    )
+                    for e in rows
+                ],
+                dtype=np.float64,
+            )
+        )
+    for t in result.event_tables:
+        if "cpu_start_us" not in t.column_names:
+            continue
+        cs = t.column("cpu_start_us").to_numpy(zero_copy_only=False).astype(np.float64)
+        ce = t.column("cpu_end_us").to_numpy(zero_copy_only=False).astype(np.float64)
+        ts = t.column("ts_us").to_numpy(zero_copy_only=False).astype(np.float64)
+        dur = t.column("dur_us").to_numpy(zero_copy_only=False).astype(np.float64)
+        ok = ~np.isnan(cs)
+        end = np.fmax(np.where(np.isnan(ce), cs, ce), ts + dur)  # fmax: a NaN call end leaves the op's
+        starts.append(cs[ok])
+        ends.append(end[ok])
+    if not starts:
+        return np.zeros(0), np.zeros(0)
     return np.concatenate(starts), np.concatenate(ends)
 
 

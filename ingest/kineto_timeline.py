@@ -5,7 +5,8 @@ activity) straight from the scanner's bytes (kineto_json.ActivitySink) and keeps
 (kind, stream), merged as they arrive where adjacent or overlapping intervals of one kind on one stream
 lose nothing; `intervals_table` finishes them into the `timeline_intervals` rows. A trace without
 device activity (gloo on CPU) gives the collectives' measured CPU intervals as communication and the
-CPU ops outside every communication event of their thread as compute. `call_times` gives each call's
+CPU ops outside every communication event of their thread as compute, less the time their thread spends
+in its collectives (an op enclosing a blocking collective waits there). `call_times` gives each call's
 match key (PyTorch's `Seq`) and its CPU and device spans, stored on its comm_events row.
 
 `timeline_of` shows a parse result as the columns the analysis reads (kineto.read_timeline: one file
@@ -131,18 +132,23 @@ class Activity:
         lane.nbytes.frombytes(b.astype(np.int64).tobytes())
 
     def intervals_table(
-        self, rank: int | None, comm_spans: tuple[np.ndarray, np.ndarray], comm_cpu: list[CpuEv]
+        self,
+        rank: int | None,
+        comm_spans: tuple[np.ndarray, np.ndarray],
+        comm_cpu: list[CpuEv],
+        call_windows: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> pa.Table:
         """The timeline_intervals rows: device lanes, or for a trace without device activity the calls'
         CPU spans (`comm_spans`: starts and ends of the calls with ts_us and dur_us) as communication and
-        the CPU ops that start outside every communication event of their thread (`comm_cpu`) as compute."""
+        the CPU ops of each thread as compute, less what the thread waits in its own calls (`_cpu_compute`;
+        `comm_cpu`: the calls' CPU events, `call_windows`: each call's CPU op start and the end of its work)."""
         parts: list[tuple[str, int, tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
         if self.has_device:
             parts = [(kind, stream, lane.merged()) for (kind, stream), lane in sorted(self.lanes.items())]
         else:
             s, e = comm_spans
             parts.append((COMM, COMM_LANE, merge_intervals(s, e, np.zeros(len(s), dtype=np.int64))))
-            parts.extend(self._cpu_compute(comm_cpu))
+            parts.extend(self._cpu_compute(comm_cpu, call_windows))
         lengths = [len(p[2][0]) for p in parts]
         n = sum(lengths)
         return pa.table(
@@ -157,15 +163,29 @@ class Activity:
             schema=INTERVAL_SCHEMA,
         )
 
-    def _cpu_compute(self, comm_cpu: list[CpuEv]) -> list[tuple[str, int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    def _cpu_compute(
+        self, comm_cpu: list[CpuEv], call_windows: tuple[np.ndarray, np.ndarray] | None
+    ) -> list[tuple[str, int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+        """Per thread, the union of its CPU ops that start outside its calls' CPU events, less its waits: from
+        a call's CPU op to the end of its work (gloo runs it on worker threads), the thread computes only in
+        ops that enclose none of its calls. An op around a blocking collective (an autograd Function around a
+        TP all_reduce, a pipeline stage's recv) only waits there, while DDP's backward ops run on beside
+        their buckets' all_reduce."""
         tids = np.frombuffer(self.cpu_tid, dtype=np.int64)
         starts = np.frombuffer(self.cpu_start, dtype=np.float64)
         ends = np.frombuffer(self.cpu_end, dtype=np.float64)
         by_tid: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        tid_at: dict[float, int] = {}  # a call's CPU op start -> its thread
         for ev in comm_cpu:
             tid = as_int(ev.tid)
             if tid is not None:
                 by_tid[tid].append((ev.ts, ev.ts + ev.dur))
+                tid_at.setdefault(ev.ts, tid)
+        waits: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        for cpu_start, end in zip(*(call_windows or ((), ())), strict=True):
+            tid = tid_at.get(float(cpu_start))
+            if tid is not None and end > cpu_start:
+                waits[tid].append((float(cpu_start), float(end)))
         out = []
         for tid in np.unique(tids):
             sel = tids == tid
@@ -175,13 +195,45 @@ class Activity:
                 i = np.searchsorted(cs, s + EPS, side="right") - 1
                 inside = (i >= 0) & (s <= ce[np.maximum(i, 0)] + EPS)
                 s, e = s[~inside], e[~inside]
-            out.append((COMPUTE, int(tid), merge_intervals(s, e, np.zeros(len(s), dtype=np.int64))))
+            ws, we, _ = _union(waits.get(int(tid), []))
+            compute_s, compute_e, _ = merge_intervals(s, e, np.zeros(len(s), dtype=np.int64))
+            if len(ws):
+                # ops enclosing one of the thread's calls (their start before it, their end after it)
+                j = np.searchsorted(ws, s, side="right")  # the first wait starting after the op starts
+                encloses = (j < len(ws)) & (e >= ws[np.minimum(j, len(ws) - 1)])
+                ns, ne, _ = merge_intervals(
+                    s[~encloses], e[~encloses], np.zeros(int((~encloses).sum()), dtype=np.int64)
+                )
+                cut_s, cut_e = subtract_intervals(ws, we, ns, ne)
+                compute_s, compute_e = subtract_intervals(compute_s, compute_e, cut_s, cut_e)
+            out.append((COMPUTE, int(tid), (compute_s, compute_e, np.zeros(len(compute_s), dtype=np.int64))))
         return out
 
 
 def _union(spans: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     arr = np.asarray(spans, dtype=np.float64).reshape(-1, 2)
     return merge_intervals(arr[:, 0], arr[:, 1], np.zeros(len(arr), dtype=np.int64))
+
+
+def subtract_intervals(
+    s: np.ndarray, e: np.ndarray, cut_s: np.ndarray, cut_e: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The parts of the sorted disjoint intervals [s, e] outside the sorted disjoint intervals [cut_s, cut_e],
+    as sorted disjoint intervals (pieces shorter than EPS dropped)."""
+    if not len(s) or not len(cut_s):
+        return s, e
+    # a sweep over every boundary: inside a kept interval (depth 1) and outside every cut (depth 0)
+    points = np.concatenate([s, e, cut_s, cut_e])
+    keep = np.concatenate([np.ones(len(s)), -np.ones(len(e)), np.zeros(2 * len(cut_s))])
+    cut = np.concatenate([np.zeros(2 * len(s)), np.ones(len(cut_s)), -np.ones(len(cut_e))])
+    order = np.argsort(points, kind="stable")
+    points, depth_keep, depth_cut = points[order], np.cumsum(keep[order]), np.cumsum(cut[order])
+    kept = (depth_keep[:-1] > 0) & (depth_cut[:-1] == 0) & (points[1:] - points[:-1] > EPS)
+    ps, pe = points[:-1][kept], points[1:][kept]
+    if not len(ps):
+        return ps, pe
+    merged_s, merged_e, _ = merge_intervals(ps, pe, np.zeros(len(ps), dtype=np.int64))
+    return merged_s, merged_e
 
 
 def call_times(call: Call) -> dict[str, Any]:

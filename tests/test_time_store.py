@@ -270,7 +270,7 @@ def test_a_trace_without_device_activity(tmp_path: Path) -> None:
     con = _ingest(tmp_path / "c.duckdb", "cpu", shared_data() / "kineto-hta/rank_non_gpu/rank_non_gpu.json.gz")
     # its 6 NCCL calls record only their enqueue (no duration): the CPU ops are its only activity
     kinds = con.execute("SELECT kind, count(*) FROM timeline_intervals GROUP BY kind").fetchall()
-    assert kinds == [("compute", 942)]
+    assert kinds == [("compute", 901)]  # 942 before the calls' enqueue time was taken out of their thread's ops
     status = _status(con, "cpu")
     assert any(
         not ok and "no device activity: communication is the collectives' CPU time" in reason
@@ -379,3 +379,19 @@ def test_deleting_a_run_leaves_no_row_in_any_of_its_tables(dlrm_copy: duckdb.Duc
         for t in RUN_TABLES
         if dlrm_copy.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", [run_id]).fetchall()[0][0]
     ] == []
+
+
+def test_compute_less_the_collectives_of_its_thread() -> None:
+    """subtract_intervals: what an enclosing op computes is its span outside its thread's collectives."""
+    import numpy as np
+
+    from commlens.ingest.kineto_timeline import subtract_intervals
+
+    keep_s, keep_e = np.array([0.0, 10.0, 30.0]), np.array([5.0, 20.0, 40.0])
+    cut_s, cut_e = np.array([2.0, 12.0, 18.0, 35.0, 60.0]), np.array([3.0, 14.0, 25.0, 50.0, 70.0])
+    s, e = subtract_intervals(keep_s, keep_e, cut_s, cut_e)
+    assert list(zip(s.tolist(), e.tolist(), strict=True)) == [(0, 2), (3, 5), (10, 12), (14, 18), (30, 35)]
+    s, e = subtract_intervals(np.array([1.0]), np.array([2.0]), np.array([0.0]), np.array([3.0]))
+    assert len(s) == len(e) == 0  # wholly inside a collective
+    s, e = subtract_intervals(keep_s, keep_e, np.zeros(0), np.zeros(0))
+    assert s is keep_s and e is keep_e

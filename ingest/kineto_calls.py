@@ -629,6 +629,12 @@ def _timing(call: Call, ctx: TraceContext) -> tuple[float | None, float | None, 
     if root is None:
         return None, None, None
     if backend == "gloo":
+        # gloo's P2P annotation on the caller's thread outlives the op that started it: it ends when the
+        # transfer does (a pipeline stage's recv waits there for its peer), the op's own span is the enqueue
+        later = [ev for ev in call.members if ev.kind == "annot" and ev.ts + ev.dur > root.ts + root.dur]
+        if later:
+            end = max(ev.ts + ev.dur for ev in later)
+            return root.ts, end - root.ts, "cpu_op"
         return root.ts, root.dur, "cpu_op"
     return root.ts, None, None  # NCCL (or unknown) CPU time is only the enqueue
 

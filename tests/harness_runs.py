@@ -75,6 +75,7 @@ STRAGGLER_RUNS: dict[str, dict[str, Any]] = {
     "dp-delay": {"dp": 2, "delays": [Delay(1, DELAY_MS)]},
     "dp-tp": {"dp": 2, "tp": 2},
     "dp-tp-delay": {"dp": 2, "tp": 2, "delays": [Delay(1, DELAY_MS)]},
+    "pp-delay": {"pp": 2, "layers": 2, "micro_batches": 2, "delays": [Delay(1, DELAY_MS)]},
 }
 PROFILED_STEPS = range(
     STRAGGLER_MODEL["profile_wait"] + STRAGGLER_MODEL["profile_warmup"],

@@ -138,3 +138,18 @@ def test_tp_without_delay_names_no_straggler(run_db: Callable[[str], Path]) -> N
     t = report_time(run_db("dp-tp"), "dp-tp")
     assert t["stragglers"] == [], t["verdicts"]
     assert sorted(v["scheme"] for v in t["verdicts"]) == ["dp", "dp", "tp", "tp"]
+
+
+def test_pp_delay_is_the_first_stage_exposed_p2p(
+    run_db: Callable[[str], Path], planted: Callable[[str], float]
+) -> None:
+    """`--pp 2 --delay 1:MS`: the first stage's sends and receives wait for the sleeping last stage. gloo's P2P
+    range on the caller's thread outlives the c10d op (its enqueue), and ends with the transfer: the calls'
+    time is that range, so the wait is rank 0's exposed communication per step, and rank 1 has none of it
+    (the call's time was the enqueue: rank 0 read 0.2 ms exposed and 71 ms idle per step)."""
+    t = report_time(run_db("pp-delay"), "pp-delay")
+    slept = planted("pp-delay")
+    ranks = {r["rank"]: r for r in t["ranks"]}
+    exposed = {rank: r["exposed_us"] / r["steps"] / 1e3 for rank, r in ranks.items()}
+    assert imposed_by_the_sleep(exposed[0], slept), (exposed, slept)
+    assert exposed[1] < 0.5 * slept, (exposed, slept)

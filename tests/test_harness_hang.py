@@ -102,5 +102,12 @@ def test_a_rank_that_never_arrives_is_named(tmp_path: Path) -> None:
         assert [(h["group"], h["op"], h["seq"], h["arrived_ranks"], h["missing_ranks"]) for h in hang] == [
             ("default_pg", "all_reduce", g.seq, [0], [1])
         ]
+        # the whole output directory is one job: a rank's dump and its trace describe one process from two
+        # sides (they were split into two runs, "rank 0-1 in both"), so hang and time analysis share a run
+        whole = ingest_paths(con, [out], "whole")
+        stored = [(Path(f.path).name, f.run or "whole") for f in whole.files if f.status == "ok"]
+        assert {name for name, _ in stored} >= {*dumps, "trace.rank0.json.gz"}, stored  # rank 1 hung before its trace
+        assert {run for _, run in stored} == {"whole"}, stored
+        assert [grp.missing_ranks for grp in hang_report(con, "whole").groups] == [[1]]
     finally:
         con.close()

@@ -104,6 +104,15 @@ def test_a_shared_communicator_joins_hosts_and_a_conflict_keeps_jobs_apart() -> 
         "y", [_ev("r0.json", ranks=frozenset({0}), span_us=t), _ev("r0b.json", ranks=frozenset({0}), span_us=t)]
     )
     assert [j.run for j in twice] == ["y", "y-r0b"] and twice[1].apart == ["rank 0 in both"]
+    # a rank's Flight Recorder dump and its profiler trace are one process seen from two sides: one job (a
+    # `--hang` run's directory was split in two, "rank 0-1 in both", the hang and the time analysis apart)
+    side = [
+        _ev(f"{name}.rank{r}", kind=kind, ranks=frozenset({r}), span_us=t)
+        for kind, name in (("flight_recorder", "fr"), ("kineto", "trace"))
+        for r in (0, 1)
+    ]
+    (one,) = split_jobs("z", side)
+    assert (one.run, [f.path for f in one.files]) == ("z", ["fr.rank0", "fr.rank1", "trace.rank0", "trace.rank1"])
 
 
 def _commlens(*args: str) -> subprocess.CompletedProcess[str]:

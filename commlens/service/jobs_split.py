@@ -2,8 +2,8 @@
 
 Files are joined on positive evidence only: a shared NCCL communicator id, or per-rank files of known,
 distinct ranks whose absolute time spans overlap. Two groups are never joined when the evidence says
-they are different jobs: different world sizes, a rank present in both, communicator ids that never
-meet, or time spans more than `APART_S` apart. A file whose job cannot be told (no rank, world size,
+they are different jobs: different world sizes, a rank present in files of one kind in both,
+communicator ids that never meet, or time spans more than `APART_S` apart. A file whose job cannot be told (no rank, world size,
 communicator id or time) is its own job; a configuration file (a harness run.json) joins the first job.
 Everything here is computed from the parse results, before anything is written. The CLI's `ingest` and
 the API's upload jobs both split through `commlens.service.ingest.ingest_run(split_jobs=True)`.
@@ -139,7 +139,9 @@ def _conflict(a: Job, b: Job) -> str | None:
     """The evidence that two groups of files are different jobs, in words, or None."""
     if a.world_sizes and b.world_sizes and a.world_sizes != b.world_sizes:
         return f"world size {_ints(a.world_sizes)} vs {_ints(b.world_sizes)}"
-    both = a.ranks & b.ranks
+    # a rank twice in files of one kind: two recordings of that rank; of two kinds (a profiler trace and the
+    # rank's Flight Recorder dump or NCCL log) they describe the same process from two sides
+    both = frozenset().union(*(ranks & _ranks_of_kind(b, kind) for kind, ranks in _ranks_by_kind(a).items()))
     if both:
         return f"rank {_ints(both)} in both"
     if a.comm_ids and b.comm_ids and not a.comm_ids & b.comm_ids:
@@ -148,6 +150,17 @@ def _conflict(a: Job, b: Job) -> str | None:
     if sa and sb and (sb[0] - sa[1] > APART_S * 1e6 or sa[0] - sb[1] > APART_S * 1e6):
         return f"recorded {_when(sa[0])} vs {_when(sb[0])}"
     return None
+
+
+def _ranks_by_kind(job: Job) -> dict[str, frozenset[int]]:
+    out: dict[str, frozenset[int]] = {}
+    for f in job.files:
+        out[f.kind] = out.get(f.kind, frozenset()) | f.ranks
+    return out
+
+
+def _ranks_of_kind(job: Job, kind: str) -> frozenset[int]:
+    return frozenset().union(*(f.ranks for f in job.files if f.kind == kind))
 
 
 def split_jobs(

@@ -143,6 +143,14 @@ def ingest(
         for p in missing:
             err_console.print(f"[red]error:[/red] {escape(f'{p}: No such file or directory')}")
         raise typer.Exit(2)
+    if cluster is None:  # and a folder with nothing to read (a harness run not started yet) makes no empty run
+        from commlens.ingest.walk import nothing_to_read
+
+        empty = [(p, why) for p in paths if p.is_dir() and (why := nothing_to_read(p))]
+        for p, why in empty:
+            err_console.print(f"[red]error:[/red] {escape(f'{p}: {why}')}")
+        if empty:
+            raise typer.Exit(2)
     if cluster is not None:  # a scheduler that cannot answer is said before the store is opened (or made)
         _reach_cluster(cluster, parquet_out)
     # the workers start before this process's own imports, which their start-up and imports then overlap

@@ -46,3 +46,19 @@ def passed_over(path: Path) -> str | None:
 def walk(directory: Path) -> Iterator[Path]:
     """Every file under `directory`, hidden ones left out, in a stable (sorted) order."""
     return iter(sorted(p for p in directory.rglob("*") if p.is_file() and not p.name.startswith(".")))
+
+
+def nothing_to_read(directory: Path) -> str | None:
+    """Why a directory holds nothing a walk reads (an empty folder, a harness run not started yet: only its hidden
+    config), or None when it holds a file to read."""
+    if any(passed_over(p) is None for p in walk(directory)):
+        return None
+    everything = [p for p in directory.rglob("*") if p.is_file()]
+    hidden = sum(p.name.startswith(".") for p in everything)
+    left = len(everything) - hidden
+    if not everything:
+        return "an empty directory: no trace or log to ingest"
+    return (
+        f"no trace or log to ingest: its {len(everything)} file(s) are {hidden} hidden and {left} passed over "
+        "(notes, code, images)"
+    )

@@ -98,3 +98,20 @@ def test_ingest_into_a_former_run_name_is_refused_without_a_traceback(tmp_path: 
     assert "Traceback" not in proc.stderr
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT name FROM runs").fetchall() == [("new",)]
+
+
+def test_a_folder_with_nothing_to_read_makes_no_run(tmp_path: Path) -> None:
+    """An empty folder, or a harness run not started yet (`--dry-run` leaves only its hidden config), was
+    "0 files: 0 ingested", exit 0, and an empty run in `runs`."""
+    empty, planned = tmp_path / "empty", tmp_path / "planned"
+    empty.mkdir()
+    planned.mkdir()
+    (planned / ".harness-config.json").write_text("{}")
+    (planned / "NOTES.md").write_text("to do\n")
+    db = tmp_path / "s.duckdb"
+    proc = _commlens("ingest", str(empty), str(planned), "--db", str(db), "--run", "r")
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2, proc.stdout
+    assert f"{empty}: an empty directory: no trace or log to ingest" in said
+    assert f"{planned}: no trace or log to ingest: its 2 file(s) are 1 hidden and 1 passed over" in said
+    assert not db.exists()

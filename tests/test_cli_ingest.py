@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -55,8 +56,13 @@ def test_ingest_exit_status_and_summary(tmp_path: Path) -> None:
     walked = _commlens("ingest", str(folder), "--db", str(db), "--run", "demo")
     row = next(line for line in walked.stdout.splitlines() if "NOTES.md" in line)
     assert "passed over" in row and "skipped" not in row, walked.stdout
+    # the broken file replaced by a whole one at the same path: stored, and no longer a failure of the run
+    bad.write_bytes(gzip.compress(_run_json().replace('"ddp"', '"ddp" ').encode()))
+    fixed = _commlens("ingest", str(bad), "--db", str(db), "--run", "demo")
+    assert fixed.returncode == 0, fixed.stdout
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT strategy, world_size FROM runs").fetchall() == [("ddp", 2)]
+    assert con.execute("SELECT status FROM sources WHERE path = ?", [str(bad)]).fetchall() == [("ok",)]
 
 
 def test_ingest_into_a_locked_store_says_who_holds_it(tmp_path: Path) -> None:

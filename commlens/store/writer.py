@@ -201,10 +201,9 @@ def write_result(
 def _write_result(
     con: duckdb.DuckDBPyConnection, run_id: int, path: str, sha256: str, size: int, result: ParseResult
 ) -> int:
-    # the same bytes stored now (another --rank, a fixed parser) are no longer a failure of the run
-    con.execute(
-        "DELETE FROM sources WHERE run_id = ? AND path = ? AND sha256 = ? AND status = 'failed'", [run_id, path, sha256]
-    )
+    # a file stored now at a path that failed before (the same bytes with another --rank or a fixed parser, or
+    # the whole file where a truncated copy failed) is no longer a failure of the run
+    con.execute("DELETE FROM sources WHERE run_id = ? AND path = ? AND status = 'failed'", [run_id, path])
     source_id = _one(
         con.execute(
             """

@@ -102,6 +102,10 @@ def plan_runs(
             store.check_new_run_name(run.name)
         except store.StoreError as exc:
             errors.append(f"--out {out}: {exc}")
+        # the run's folder, or a folder above it, is a file: nothing could be written there
+        blocking = next((p for p in (run.out, *run.out.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            errors.append(f"--out {out}: {blocking} is a file, not a directory; pick another --out")
     if errors:
         raise ConfigError("\n".join(dict.fromkeys(errors)))
     return runs

@@ -124,6 +124,11 @@ def test_a_run_is_named_after_its_folder_even_as_dot(tmp_path, monkeypatch):
     (tmp_path / " padded").mkdir()
     with pytest.raises(ConfigError, match="--out  padded: run name ' padded' begins or ends with whitespace"):
         launch.plan_runs(Path(" padded"), dict(TINY, dp=1, tp=1, pp=1), None, [], None)
+    # an --out that is a file (or under one) is said before anything starts (it was FileExistsError's traceback)
+    (tmp_path / "afile").write_text("x")
+    for out in ("afile", "afile/sub"):
+        with pytest.raises(ConfigError, match=f"--out {out}: afile is a file, not a directory"):
+            launch.plan_runs(Path(out), dict(TINY, dp=1, tp=1, pp=1), None, [], None)
 
 
 def test_cli_refuses_impossible_config_before_starting(tmp_path):

@@ -123,5 +123,5 @@ def _error_text(name: str, exc: Exception, kind: str | None) -> str:
     what = f"{kind} parser" if kind else "reading the file"
     return (
         f"{name}: unexpected {type(exc).__name__} in the {what}: {first_line(exc)} "
-        f"(the file is probably malformed; please report it with the file)"
+        "(a commlens bug, or a shape of file it does not read yet: please report it with the file)"
     )

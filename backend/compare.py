@@ -357,7 +357,8 @@ def _elements(per_dtype: dict[str, float]) -> str:
 
 def infer_scheme(scheme: str, ops: list[OpComparison]) -> list[Inference]:
     """What one scheme's measured calls imply: DP gradient volume as parameters, DP broadcasts as DDP's buffer
-    sync, all-gathers as ZeRO-3/FSDP units (S is the gathered unit, a shard is S / group), TP/PP activations."""
+    sync, all-gathers as ZeRO/FSDP parameter gathers (S is the gathered unit, a shard is S / group), TP/PP
+    activations."""
     sent = _sent(ops)
     out: list[Inference] = []
     if scheme == "dp":
@@ -388,7 +389,7 @@ def infer_scheme(scheme: str, ops: list[OpComparison]) -> list[Inference]:
             gathered = _per_dtype(ag)
             out.append(
                 Inference(
-                    quantity="parameters gathered per iteration (from DP all_gather sizes: ZeRO-3/FSDP units)",
+                    quantity="parameters gathered per iteration (from DP all_gather sizes: ZeRO/FSDP parameter gathers)",
                     value=sum(gathered.values()),
                     evidence=f"{_elements(gathered)} gathered per iteration in {len(ag)} distinct unit sizes; each "
                     "rank holds 1/group of every unit",
@@ -402,7 +403,13 @@ def infer_scheme(scheme: str, ops: list[OpComparison]) -> list[Inference]:
                 quantity=f"b x s x h (from {scheme.upper()} {top.op} messages)",
                 value=elems,
                 evidence=f"the dominant {scheme} {top.op} carries {top.msg_bytes} B of {top.dtype} "
-                f"({top.measured_calls_per_iter:g} per iteration per rank); divide by t with sequence parallelism",
+                f"({top.measured_calls_per_iter:g} per iteration per rank)"
+                + (
+                    "; with sequence parallelism a stage sends b x (s/t) x h: multiply by t"
+                    if scheme == "pp"
+                    else "; a TP all_gather's output and reduce_scatter's input are b x s x h with or without "
+                    "sequence parallelism"
+                ),
             )
         )
     return out

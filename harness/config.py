@@ -399,6 +399,8 @@ def _ep_errors(cfg: HarnessConfig) -> list[str]:
         errors.append(f"--capacity-factor must be a number > 0 (got {cfg.capacity_factor})")
     if cfg.capacity_factor is not None and not cfg.experts:
         errors.append("--capacity-factor caps tokens per expert: it needs --experts")
+    if cfg.top_k != 1 and not cfg.experts:
+        errors.append(f"--top-k {cfg.top_k} routes each token to that many experts: it needs --experts")
     others = [f for f in ("dp", "tp", "pp", "cp") if getattr(cfg, f) > 1] + (["zero"] if cfg.zero else [])
     if cfg.experts and others:
         errors.append(

@@ -66,6 +66,9 @@ def parse_sweep(spec: str) -> tuple[str, list[float | int]]:
         raise ConfigError(f"--sweep {spec!r}: values must be {cast.__name__}s separated by commas") from None
     if not parsed:
         raise ConfigError(f"--sweep {spec!r}: no values")
+    twice = sorted({v for v in parsed if parsed.count(v) > 1})
+    if twice:  # two runs of one value would write the same folder
+        raise ConfigError(f"--sweep {spec!r}: {', '.join(f'{v:g}' for v in twice)} given twice")
     return field, parsed
 
 

@@ -111,6 +111,8 @@ def test_sweep_plans_one_validated_run_per_value(tmp_path):
     assert runs[0].out == tmp_path / "seq-len-16_lr-0.01"
     with pytest.raises(ConfigError, match="not a numeric harness flag"):
         launch.parse_sweep("schedule=gpipe,1f1b")
+    with pytest.raises(ConfigError, match="'seq-len=32,64,32': 32 given twice"):  # two runs into one folder
+        launch.parse_sweep("seq-len=32,64,32")
     with pytest.raises(ConfigError, match="seq-len-15: --sp splits the sequence"):
         launch.plan_runs(tmp_path, dict(TINY, dp=None, tp=2, pp=1, sp=True), None, ["seq-len=16,15"], None)
 

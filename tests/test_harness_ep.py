@@ -53,6 +53,7 @@ Calls = Counter[tuple[str, str, str, int]]
         ({"ep": 2}, "--ep 2 spreads experts over ranks: give --experts N"),
         ({"experts": 2, "top_k": 3}, "--top-k 3 exceeds --experts 2"),
         ({"experts": 4, "capacity_factor": 0.0}, "--capacity-factor must be a number > 0"),
+        ({"dp": 2, "top_k": 2}, "--top-k 2 routes each token to that many experts: it needs --experts"),
         ({"ep": 2, "experts": 4, "tp": 2}, "--experts with --tp is not supported"),
     ],
 )

@@ -207,6 +207,7 @@ def harness(
         for line in str(exc).splitlines():
             err.print(f"  - {line}", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    _note_thin_delays(runs)
     command = (
         ["commlens", "harness", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "harness" else list(sys.argv)
     )
@@ -260,6 +261,21 @@ def _hang(spec: str) -> Hang:
             "so the hang could not be analysed; use a torch that records them (2.6 or later)"
         )
     return hang
+
+
+def _note_thin_delays(runs: list[PlannedRun]) -> None:
+    """A planted straggler the analysis cannot name: the straggler rule needs a spread across profiled steps."""
+    from commlens.backend.timing.stragglers import DEFAULT_RULE
+
+    need = DEFAULT_RULE.min_steps
+    thin = next((r.cfg for r in runs if r.cfg.delays and r.cfg.profile_active < need), None)
+    if thin is not None:
+        err.print(
+            f"note: --delay plants a straggler, but the analysis names one from {need} profiled steps on and this "
+            f"run profiles {thin.profile_active}: add --profile-active {need + 4} --steps "
+            f"{thin.profile_wait + thin.profile_warmup + need + 4} to see it named",
+            soft_wrap=True,
+        )
 
 
 def _report_hang(run: PlannedRun, code: int) -> None:

@@ -41,6 +41,7 @@ from commlens.contract.analysis import (
     RankTotals,
     Severity,
 )
+from commlens.contract.hang import HangGroup
 from commlens.ingest.arrow_views import registered
 from commlens.store.aggregates import measured_kind_sql
 from commlens.vocab import format_bytes
@@ -49,6 +50,7 @@ from .bandwidth import bandwidth
 from .findings_common import Steps, dur, num, pct, profiled_steps, severity_from, shown
 from .findings_mismatch import collective_mismatches
 from .findings_time import MIN_STEPS, short_of_floor, time_findings
+from .hang import root_ranks, run_hang
 from .iterations import fresh_run_id
 from .ranks import rank_totals
 from .timing.stragglers import DEFAULT_RULE
@@ -707,6 +709,38 @@ def _comparison(comparison: ComparisonInput) -> list[Finding]:
     return out
 
 
+def _hang(groups: list[HangGroup]) -> list[Finding]:
+    """The job hung (Flight Recorder): where it starts, and the call its peers wait in."""
+    if not groups:
+        return []
+    roots = root_ranks(groups)
+    first = next((g for g in groups if set(roots) & set(g.missing_ranks)), groups[0])
+    doing = next((x.doing for x in first.ranks if x.rank in roots), "")
+    who = ", ".join(map(str, roots))
+    return [
+        Finding(
+            id="hang",
+            severity="high",
+            impact=1.0,
+            title=f"The job hung: rank {who} never arrived at {first.op} #{first.seq} in {first.group}",
+            evidence={
+                "root_ranks": who,
+                "group": first.group,
+                "op": first.op,
+                "seq": first.seq,
+                "arrived_ranks": ", ".join(map(str, first.arrived_ranks)),
+                "doing": doing,
+                "groups_hung": len(groups),
+            },
+            view={"page": "overview"},
+            suggestion=f"Look at what rank {who} was doing instead ({doing}): an exception or a blocking wait "
+            "outside collectives, or control flow that skips a collective its peers make; the other missing "
+            "ranks wait in calls it never entered. The Hang section lists every group's latest call.",
+            ranks=roots,
+        )
+    ]
+
+
 def findings(
     con: duckdb.DuckDBPyConnection, run: str, comparison: Any = None, config: BaseModel | dict[str, Any] | None = None
 ) -> list[Finding]:
@@ -726,6 +760,7 @@ def findings(
         + _imbalance(con, run_id, totals, steps, by_arrival, views)
         + _low_busbw(con, run_id, bw, steps, views)
         + collective_mismatches(con, run_id)
+        + _hang(run_hang(con, run_id))
     )
     if config is None:
         config = _config(con, run_id)

@@ -118,6 +118,15 @@ def analyze(
     return out
 
 
+def root_ranks(groups: list[HangGroup]) -> list[int]:
+    """The ranks the hang starts from: missing from a hung group's latest call and waiting in none (a rank that
+    never entered a dp all-reduce because it waits in a tp one for a third rank is that rank's victim). When
+    every missing rank waits somewhere (a cycle, or ranks that entered different calls), all the missing."""
+    missing = {r for g in groups for r in g.missing_ranks}
+    waiting = {r for g in groups for r in g.arrived_ranks}
+    return sorted(missing - waiting) or sorted(missing)
+
+
 def load_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[FrCall], list[int], dict[str, list[int]]]:
     """A run's collective Flight Recorder entries, the ranks that dumped, and the known ranks of its groups."""
     rows = con.execute(

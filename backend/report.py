@@ -21,7 +21,7 @@ from .attribution import attribute_run, attribution_summary
 from .bandwidth import WHY, bandwidth
 from .compare import PredictionSource, compare, prediction_sources
 from .findings import findings
-from .hang import run_hang
+from .hang import root_ranks, run_hang
 from .histograms import histogram
 from .iterations import run_id_of
 from .ranks import process_keys, rank_totals
@@ -292,6 +292,18 @@ def _hang_md(groups: list[HangGroup]) -> list[str]:
     if not groups:
         return []
     lines = ["", "## Hang (Flight Recorder)", ""]
+    roots = root_ranks(groups)
+    victims = sorted({r for g in groups for r in g.missing_ranks} - set(roots))
+    lines += [
+        f"**Where it starts: rank {', '.join(map(str, roots))}**"
+        + (
+            f" (never arrived, and waits in no call that hung; rank {', '.join(map(str, victims))} only missing "
+            "because they wait in a call it never entered)."
+            if victims
+            else "."
+        ),
+        "",
+    ]
     for g in groups:
         lines.append(
             f"- **{g.group}** (`{g.group_key}`): {g.op} #{g.seq}: arrived {g.arrived_ranks}, "

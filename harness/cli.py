@@ -280,7 +280,7 @@ def _note_thin_delays(runs: list[PlannedRun]) -> None:
 
 def _report_hang(run: PlannedRun, code: int) -> None:
     """Say which ranks never arrived, from the Flight Recorder dumps the ranks left, and exit non-zero."""
-    from commlens.backend.hang import FrCall, analyze, fr_call
+    from commlens.backend.hang import FrCall, analyze, fr_call, root_ranks
     from commlens.ingest.inputs import DEFAULT_LIMITS, iter_inputs
     from commlens.ingest.parse_file import parse_file
     from commlens.ingest.records import RankHint
@@ -309,6 +309,9 @@ def _report_hang(run: PlannedRun, code: int) -> None:
                 err.print(f"    rank {r.rank}: {r.doing}", markup=False)
     missing = sorted({r for g in hung for r in g.missing_ranks})
     err.print(f"hung ranks: {', '.join(map(str, missing)) if missing else 'none found in the dumps'}", markup=False)
+    roots = root_ranks(hung)
+    if roots and roots != missing:  # the others wait in calls the root never entered
+        err.print(f"where it starts: rank {', '.join(map(str, roots))}", markup=False)
     raise typer.Exit(1)
 
 

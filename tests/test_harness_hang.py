@@ -15,7 +15,10 @@ from pathlib import Path
 import background
 import pytest
 
-from commlens.backend.report import build_report
+from commlens.backend.findings import findings
+from commlens.backend.hang import root_ranks
+from commlens.backend.report import _hang_md, build_report, render_markdown
+from commlens.contract.hang import HangGroup
 from commlens.harness import launch
 from commlens.harness.config import ConfigError, Hang, HarnessConfig, validation_errors
 from commlens.service.hang import hang_report
@@ -70,6 +73,29 @@ def _hang_run(folder: Path) -> background.Command:
 BACKGROUND = {"hang": _hang_run} if importlib.util.find_spec("torch") else {}
 
 
+def test_the_hang_starts_where_a_missing_rank_waits_in_nothing() -> None:
+    """`--dp 2 --tp 2 --hang 3:3`: rank 2 never enters dp's all-reduce because it waits in tp's for rank 3; the
+    harness named "hung ranks: 2, 3" and the report listed both as never arrived, the bystander unmarked."""
+    tp = HangGroup(
+        group="tp", group_key="pg:2", op="all_reduce", seq=41, msg_bytes=4, arrived_ranks=[2], missing_ranks=[3]
+    )
+    dp = HangGroup(
+        group="dp", group_key="pg:1", op="all_reduce", seq=9, msg_bytes=8, arrived_ranks=[0], missing_ranks=[2]
+    )
+    assert root_ranks([dp, tp]) == [3]
+    assert (
+        "**Where it starts: rank 3** (never arrived, and waits in no call that hung; rank 2 only missing"
+        in "\n".join(_hang_md([dp, tp]))
+    )
+    cycle = HangGroup(
+        group="w", group_key="pg:0", op="all_reduce", seq=1, msg_bytes=4, arrived_ranks=[0], missing_ranks=[1]
+    )
+    back = HangGroup(
+        group="v", group_key="pg:3", op="broadcast", seq=1, msg_bytes=4, arrived_ranks=[1], missing_ranks=[0]
+    )
+    assert root_ranks([cycle, back]) == [0, 1]  # each waits for the other: both are named
+
+
 def test_a_rank_that_never_arrives_is_named(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     folder, proc = background.result("hang", _hang_run, timeout=300)
@@ -102,6 +128,11 @@ def test_a_rank_that_never_arrives_is_named(tmp_path: Path) -> None:
         assert [(h["group"], h["op"], h["seq"], h["arrived_ranks"], h["missing_ranks"]) for h in hang] == [
             ("default_pg", "all_reduce", g.seq, [0], [1])
         ]
+        # the report and the findings say where the hang starts
+        md = render_markdown(build_report(con, "hang"))
+        assert "**Where it starts: rank 1**." in md, md
+        (hung,) = [f for f in findings(con, "hang") if f.id == "hang"]
+        assert hung.severity == "high" and hung.ranks == [1] and "rank 1 never arrived at all_reduce" in hung.title
         # the whole output directory is one job: a rank's dump and its trace describe one process from two
         # sides (they were split into two runs, "rank 0-1 in both"), so hang and time analysis share a run
         whole = ingest_paths(con, [out], "whole")

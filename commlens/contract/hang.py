@@ -34,6 +34,8 @@ class HangReport(BaseModel):
     run: str
     dumped_ranks: list[int]  # ranks with a Flight Recorder dump in the run
     groups: list[HangGroup]  # empty when every collective completed (or no dump)
+    # where the hang starts: missing from a hung call and waiting in none (backend.hang.root_ranks)
+    root_ranks: list[int] = []
 
 
 class RankSource(BaseModel):

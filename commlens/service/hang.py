@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import duckdb
 
-from commlens.backend.hang import analyze, load_calls
+from commlens.backend.hang import analyze, load_calls, root_ranks
 from commlens.backend.iterations import run_id_of
 from commlens.contract.hang import HangReport, RankSource, RankSources, RankSourcesReport
 from commlens.ingest import formats
@@ -17,7 +17,8 @@ from commlens.store import aggregates
 def hang_report(con: duckdb.DuckDBPyConnection, run: str) -> HangReport:
     """Per group that did not complete: its latest collective, who arrived, who never did and why."""
     calls, dumped, groups = load_calls(con, run_id_of(con, run))
-    return HangReport(run=run, dumped_ranks=sorted(dumped), groups=analyze(calls, dumped, groups))
+    hung = analyze(calls, dumped, groups)
+    return HangReport(run=run, dumped_ranks=sorted(dumped), groups=hung, root_ranks=root_ranks(hung))
 
 
 def rank_sources(con: duckdb.DuckDBPyConnection, run: str) -> RankSourcesReport:

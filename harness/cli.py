@@ -228,6 +228,8 @@ def harness(
         console.print(f"[bold]{header}[/bold] -> {run.out}")
         code = launch.launch(run, command, verbose=verbose)
         if code != 0 and run.cfg.hang is not None:
+            if ingest:  # the dumps and traces it left are what a hang is analysed from
+                _ingest_into(db, run, overwrite)
             _report_hang(run, code)
         if code != 0:
             err.print(
@@ -235,16 +237,22 @@ def harness(
             )
             raise typer.Exit(1)
         _list_outputs(run, launch.output_files(run.out))
-        if ingest:
-            summary = launch.ingest_run(db, run, replace=overwrite)
-            failed = summary.failed
-            console.print(
-                f"ingested {len(summary.files) - len(failed)}/{len(summary.files)} files into {db} as run {run.name!r}"
-            )
-            for f in failed:
-                err.print(f"[red]failed[/red] {f.error}", markup=False)
-            if failed:
-                raise typer.Exit(1)
+        if ingest and _ingest_into(db, run, overwrite):
+            raise typer.Exit(1)
+
+
+def _ingest_into(db: Path, run: PlannedRun, overwrite: bool) -> bool:
+    """Ingest the run's outputs into `db`, saying how many; whether a file failed."""
+    from . import launch
+
+    summary = launch.ingest_run(db, run, replace=overwrite)
+    failed = summary.failed
+    console.print(
+        f"ingested {len(summary.files) - len(failed)}/{len(summary.files)} files into {db} as run {run.name!r}"
+    )
+    for f in failed:
+        err.print(f"[red]failed[/red] {f.error}", markup=False)
+    return bool(failed)
 
 
 def _hang(spec: str) -> Hang:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -66,6 +67,7 @@ def test_flight_recorder_dumps_are_harness_outputs(tmp_path: Path) -> None:
 def _hang_run(folder: Path) -> background.Command:
     args = [sys.executable, "-m", "commlens.cli", "harness", "--out", str(folder / "hang"), "--dp", "2"]
     args += ["--device", "cpu", "--steps", "4", "--hang", "1:2", "--timeout", str(HANG_TIMEOUT_S)]
+    args += ["--ingest", "--db", str(folder / "ingested.duckdb")]  # a hung run is ingested too: its dumps tell why
     return background.Command(args, dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="400"))
 
 
@@ -105,6 +107,7 @@ def test_a_rank_that_never_arrives_is_named(tmp_path: Path) -> None:
     assert "[commlens harness] rank 1 hangs at step 2 (--hang)" in proc.stdout, output
     assert "hung ranks: 1" in proc.stderr, output
     assert "ranks [1] never arrived (arrived: [0])" in proc.stderr, output
+    assert re.search(r"ingested (\d+)/\1 files into .* as run 'hang'", " ".join(proc.stdout.split())), output
     dumps = sorted(p.name for p in out.glob("flight_recorder.rank*.json"))
     assert dumps == ["flight_recorder.rank0.json", "flight_recorder.rank1.json"]
     assert [p.name for p in launch.output_files(out) if p.name.startswith("flight_recorder.")] == dumps

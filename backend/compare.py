@@ -22,7 +22,7 @@ from commlens import store
 from commlens.contract.analysis import UNATTRIBUTED
 from commlens.contract.compare import Comparison, Inference, OpComparison, PredictionSource, SchemeResult
 from commlens.contract.model_description import ModelDescription
-from commlens.contract.predict import PredictInput, Prediction
+from commlens.contract.predict import ParallelSpec, PredictInput, Prediction
 from commlens.store.aggregates import ensure_fresh
 from commlens.vocab import DTYPE_BYTES, busbw_factor
 
@@ -180,22 +180,42 @@ def _config_world(config: Config) -> int:
 def _configuration(
     con: duckdb.DuckDBPyConnection, run: str, supplied: Config | None
 ) -> tuple[Config | None, ConfigSource, list[str]]:
-    """The supplied config, else the run's stored one; a stored config the predictor cannot read is a note."""
-    if supplied is not None:
-        conflict = world_conflict(con, run_id_of(con, run), world := _config_world(supplied))
+    """The supplied config, else the run's stored one; a stored config the predictor cannot read is a note, and
+    so is a supplied one of another job's size or another layout than the run's own."""
+    stored, notes = _stored_config(con, run)
+    if supplied is None:
+        return stored, "run" if stored is not None else "none", notes
+    notes = []
+    conflict = world_conflict(con, run_id_of(con, run), world := _config_world(supplied))
+    if conflict:
         ranks = f"{world} rank{'s' if world != 1 else ''}"
-        notes = [f"the configuration describes a job of {ranks}, but {conflict}: it predicts another job"]
-        return supplied, "supplied", notes if conflict else []
+        notes.append(f"the configuration describes a job of {ranks}, but {conflict}: it predicts another job")
+    if isinstance(supplied, PredictInput) and isinstance(stored, PredictInput):
+        theirs, ours = _layout(supplied.parallel), _layout(stored.parallel)
+        if theirs != ours:
+            notes.append(
+                f"the configuration's layout ({theirs}) is not the run's own ({ours}): the comparison is of "
+                "another layout"
+            )
+    return supplied, "supplied", notes
+
+
+def _layout(p: ParallelSpec) -> str:
+    degrees = [f"{k} {v}" for k, v in (("dp", p.dp), ("tp", p.tp), ("pp", p.pp), ("cp", p.cp), ("ep", p.ep)) if v > 1]
+    return ", ".join(degrees + ([f"zero {p.zero}"] if p.zero else []) + (["sp"] if p.sp else [])) or "one rank"
+
+
+def _stored_config(con: duckdb.DuckDBPyConnection, run: str) -> tuple[Config | None, list[str]]:
     row = con.execute("SELECT config FROM runs WHERE name = ?", [run]).fetchone()
     if not (row and row[0]):
-        return None, "none", []
+        return None, []
     stored = json.loads(row[0])
     try:
         if isinstance(stored, dict) and DESCRIPTION_KEY in stored:
-            return ModelDescription.model_validate(stored[DESCRIPTION_KEY]), "run", []
-        return predict_input_from_config(stored), "run", []
+            return ModelDescription.model_validate(stored[DESCRIPTION_KEY]), []
+        return predict_input_from_config(stored), []
     except ValueError as exc:
-        return None, "none", [f"the run's config could not be used for a prediction: {exc}"]
+        return None, [f"the run's config could not be used for a prediction: {exc}"]
 
 
 def _complete_ranks(calls: dict[str, dict[OpKey, int]], iterations: dict[str, int]) -> list[str]:

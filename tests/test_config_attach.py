@@ -287,6 +287,21 @@ def test_a_configuration_of_another_job_size_is_refused(resnet, data_dir: Path) 
         attach_config(resnet, "logs", [_file("config.json", HF_LLAMA)], ParallelOptions(dp=2))
 
 
+def test_a_supplied_layout_unlike_the_runs_own_is_said(resnet) -> None:
+    """`commlens report --config` of another layout than the run's own configuration (a ZeRO-1 run.json on a TP
+    run) compared silently: every call 'missing' under one scheme and 'unexplained' under another."""
+    attach_config(resnet, "resnet", [_file("config.json", HF_LLAMA)], ParallelOptions(dp=2))
+    own = predict_input_for_run(resnet, "resnet")
+    assert own is not None
+    other = own.model_copy(update={"parallel": own.parallel.model_copy(update={"dp": 1, "tp": 2, "sp": True})})
+    notes = compare(resnet, "resnet", other).notes
+    assert (
+        "the configuration's layout (tp 2, sp) is not the run's own (dp 2): the comparison is of another layout"
+        in notes
+    )
+    assert not [n for n in compare(resnet, "resnet", own).notes if "layout" in n]
+
+
 def test_cli_attaches_and_explains_refusals(tmp_path: Path, db_path: Path) -> None:
     con = store.connect(db_path)
     create_run(con, "llama")

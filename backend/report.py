@@ -6,6 +6,8 @@ handed in: analyses do not call the service."""
 
 from __future__ import annotations
 
+import json
+
 import duckdb
 from pydantic import BaseModel
 
@@ -15,6 +17,7 @@ from commlens.contract.hang import HangGroup
 from commlens.contract.model_description import ModelDescription
 from commlens.contract.predict import PredictInput
 from commlens.contract.time import TimeSummary
+from commlens.run_json import DelayConfig
 from commlens.vocab import format_bytes
 
 from .attribution import attribute_run, attribution_summary
@@ -65,6 +68,19 @@ class Report(BaseModel):
     # traces without distributedInfo): counted among the ranks of the comparison, histogram and rank totals,
     # not in the run's own count of ranks (global ranks only)
     processes: list[str] = []
+    # what a harness run planted (its run.json's `delays`): the ground truth the time section can be read against
+    planted_delays: list[DelayConfig] = []
+
+
+def _planted_delays(con: duckdb.DuckDBPyConnection, run_id: int) -> list[DelayConfig]:
+    row = con.execute("SELECT config FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    config = (json.loads(row[0]) if isinstance(row[0], str) else row[0]) if row else None
+    if not isinstance(config, dict) or not isinstance(config.get("delays"), list):
+        return []
+    try:
+        return [DelayConfig.model_validate(d) for d in config["delays"]]
+    except ValueError:  # not a harness run.json's delays
+        return []
 
 
 def build_report(
@@ -114,6 +130,7 @@ def build_report(
         time=time,
         hang=run_hang(con, run_id),
         processes=sorted(process_keys(con, run_id)),
+        planted_delays=_planted_delays(con, run_id),
     )
 
 
@@ -391,6 +408,11 @@ def render_markdown(r: Report) -> str:
     lines += _histogram_md(r.histogram) + _bandwidth_md(r.bandwidth)
     if r.time is not None:
         lines += _time_md(r.time)
+        lines += [
+            f"- planted by the harness (run.json): rank {d.rank} sleeps {d.ms:g} ms before each step's {d.phase}"
+            + ("" if d.phase == "forward" else " phase")
+            for d in r.planted_delays
+        ]
     lines += _hang_md(r.hang)
     if c.inferences:
         lines += ["", "## Inferences (from the measurements, not facts)", ""]

@@ -101,7 +101,10 @@ def test_harness_straggler_in_json_and_markdown(harness_runs: HarnessRuns, tmp_p
 
     db = tmp_path / "store.duckdb"
     assert not launch.ingest_run(db, named(harness_runs.straggler("dp-delay"), "late")).failed
-    t = json.loads(report(db, "late", "json"))["time"]
+    doc = json.loads(report(db, "late", "json"))
+    t = doc["time"]
+    # what the harness planted sits beside what was found (run.json's delays)
+    assert doc["planted_delays"] == [{"rank": 1, "ms": 60.0, "phase": "forward"}]
     (s,) = t["stragglers"]
     assert (s["rank"], s["scheme"], s["verdict"], s["steps"], s["steps_consistent"]) == (1, "dp", "straggler", 8, 8)
     assert imposed_by_the_sleep(s["imposed_ms_per_step"], harness_runs.slept_ms("dp-delay")), s
@@ -113,3 +116,4 @@ def test_harness_straggler_in_json_and_markdown(harness_runs: HarnessRuns, tmp_p
     md = report(db, "late", "md")
     assert f"- **rank 1** (dp, group `{s['group']}`): last in " in md
     assert f"imposing {s['imposed_ms_per_step']:,.2f} ms per step." in md
+    assert "- planted by the harness (run.json): rank 1 sleeps 60 ms before each step's forward" in md

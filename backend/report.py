@@ -235,11 +235,9 @@ def _ms(us: float | None) -> str:
 
 def _time_group(group: str) -> str:
     """A group as the time analysis names it; its `world` holds the calls whose files name no group."""
-    return (
-        "`world` (calls whose files name no process group, matched as the default group's)"
-        if group == WORLD
-        else (f"`{group}`")
-    )
+    if group == WORLD:
+        return "`world` (calls whose files name no process group, matched as the default group's)"
+    return f"`{group}`"
 
 
 def _time_md(t: TimeSummary) -> list[str]:

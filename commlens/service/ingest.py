@@ -431,6 +431,12 @@ def _ingest_file(
         )
         _record_failure(con, run, item.name, kind, sha, size, error)
         return FileOutcome(item.name, "failed", kind=kind, rank=result.rank, error=error, size=size)
+    twin = None if run.run_id is None else _same_calls_trace(con, run.run_id, result)
+    if twin is not None:  # said, not refused: a copy relabelled on purpose (a scaled benchmark) is still stored
+        result.warn(
+            f"its calls start at the very instants of calls of {twin[0]} (rank {twin[1]}; this file says rank "
+            f"{result.rank}): the same recording under another rank? Then its calls count twice in this run"
+        )
     try:
         run.write(con, lambda c, run_id: store.write_result(c, run_id, item.name, sha, size, result))  # all or none
     except (duckdb.DataError, duckdb.IntegrityError, OverflowError, ValueError, TypeError) as exc:
@@ -469,6 +475,27 @@ def _same_rank_trace(con: duckdb.DuckDBPyConnection, run_id: int, result: ParseR
         sorted({st["step"] for st in result.steps}),
         (min(times), max(times)) if times else None,
     )
+
+
+def _same_calls_trace(
+    con: duckdb.DuckDBPyConnection, run_id: int, result: ParseResult
+) -> tuple[str, int | None] | None:
+    """A per-rank trace already in the run whose profiler steps (without steps: calls, up to 64 of them) start at
+    the same instants as this one's: one process's recording stored under two ranks."""
+    if not formats.get(result.kind).has(Trait.PER_RANK_TIMED_TRACE) or not result.n_events:
+        return None
+    kinds = formats.kinds_with(Trait.PER_RANK_TIMED_TRACE)
+    step_starts = [float(st["ts_us"]) for st in result.steps if st.get("ts_us") is not None]
+    if step_starts:
+        return store.same_calls_trace(con, run_id, kinds, step_starts, [])
+    starts = [float(e["cpu_start_us"]) for e in result.events[:64] if e.get("cpu_start_us") is not None]
+    for table in result.event_tables:
+        if len(starts) >= 64:
+            break
+        if "cpu_start_us" in table.column_names:
+            column = table.column("cpu_start_us").slice(0, 64 - len(starts)).drop_null()
+            starts += [float(v) for v in column.to_pylist()]
+    return store.same_calls_trace(con, run_id, kinds, [], starts)
 
 
 def _identity(item: InputFile, parsed: ParsedFile, limits: Limits) -> str:

@@ -10,7 +10,7 @@ from .connection import connect, release_memory
 from .errors import StoreError
 from .jobs import active_jobs
 from .migrations import MIGRATIONS, SCHEMA_VERSION, schema_sql
-from .overlap import same_rank_trace
+from .overlap import same_calls_trace, same_rank_trace
 from .tables import AGG_TABLES, RUN_TABLES, TRACE_TABLES
 from .transaction import in_transaction, retry_conflicts, transaction
 from .writer import (
@@ -42,6 +42,7 @@ __all__ = [
     "release_memory",
     "replace_run_data",
     "retry_conflicts",
+    "same_calls_trace",
     "same_rank_trace",
     "schema_sql",
     "set_run_config",

@@ -265,7 +265,7 @@ def store_timing_inputs(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
                 {"run": run_id, "kind": kind} | ({"mean": mean_step} if "$mean" in cells else {}),
             )
         # the instances each finding links (the largest skews first); the rank that caused most of a
-        # collective's wait by arriving last
+        # collective's wait by arriving last, net of waits it inherited from other groups (stragglers.py)
         c.execute(
             """
             UPDATE time_finding_keys k SET top_instances = s.ids FROM (
@@ -288,10 +288,8 @@ def store_timing_inputs(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
                 FROM time_instances WHERE run_id = $run GROUP BY ALL
             ) s LEFT JOIN (
                 SELECT key, op, first(last_rank ORDER BY w DESC, last_rank) AS last_rank, max(w) AS w FROM (
-                    SELECT coalesce(i.scheme, 'unattributed') AS key, i.op, i.last_rank, sum(m.wait_us) AS w
-                    FROM time_instances i
-                    JOIN time_instance_members m ON m.run_id = i.run_id AND m.instance_id = i.instance_id
-                    WHERE i.run_id = $run AND m.wait_us IS NOT NULL GROUP BY ALL
+                    SELECT coalesce(scheme, 'unattributed') AS key, op, last_rank, sum(last_own_us) AS w
+                    FROM time_instances WHERE run_id = $run AND last_own_us IS NOT NULL GROUP BY ALL
                 ) GROUP BY key, op
             ) w ON w.key = s.key AND w.op = s.op
             WHERE k.run_id = $run AND k.kind = 'wait_dominated' AND k.key = s.key AND k.op = s.op

@@ -190,7 +190,7 @@ def build_time_rows(con: Any, run_id: int, base_source: int) -> dict[str, int]:
     con.execute(
         """CREATE TEMP TABLE agg AS
            SELECT instance_id, min(arrival) AS first_a, max(arrival) AS last_a, arg_max(rank, arrival) AS last_rank,
-                  count(*) AS n
+                  count(*) AS n, sum(arrival) AS sum_a
            FROM mem GROUP BY instance_id"""
     )
     con.execute(
@@ -207,7 +207,8 @@ def build_time_rows(con: Any, run_id: int, base_source: int) -> dict[str, int]:
                   i.msg_bytes / (i.dur_us * 1e3),
                   i.msg_bytes / (i.dur_us * 1e3) * CASE i.op WHEN 'all_reduce' THEN 2.0 * (a.n - 1) / a.n
                        WHEN 'all_gather' THEN (a.n - 1.0) / a.n WHEN 'reduce_scatter' THEN (a.n - 1.0) / a.n
-                       ELSE 1.0 END
+                       ELSE 1.0 END,
+                  a.n * a.last_a - a.sum_a
            FROM inst i JOIN agg a USING (instance_id)
            LEFT JOIN process_groups g ON g.run_id = ? AND g.group_key = i.group_key
            ORDER BY i.instance_id""",

@@ -85,7 +85,8 @@ def test_dp_delay_finding_names_rank_1_with_its_ms_per_step(harness_con, harness
 
 @pytest.mark.slow
 def test_tp_delay_finding_names_rank_1_in_its_tp_group(harness_con, harness_runs: HarnessRuns) -> None:
-    found = findings(harness_con("dp-tp-delay"), "dp-tp-delay")
+    con = harness_con("dp-tp-delay")
+    found = findings(con, "dp-tp-delay")
     # rank 1's tp group is ranks 0 and 1 (the other, ranks 2 and 3, has nobody sleeping, though a crowded
     # host can make one of them a straggler of its own)
     tp = [f for f in _stragglers(found) if f.evidence["scheme"] == "tp" and f.ranks == [0, 1]]
@@ -94,6 +95,12 @@ def test_tp_delay_finding_names_rank_1_in_its_tp_group(harness_con, harness_runs
     assert len(tp[0].steps) == 8 and tp[0].severity == "high"
     # rank 0 reaches its dp all-reduce last only because it waited for rank 1: it passes that wait on
     assert not [f for f in _stragglers(found) if f.evidence["rank"] == 0]
+    # and the dp all-reduces' wait is rank 1's too: the wait-dominated cause discounts what rank 0 inherited
+    causes = con.execute(
+        """SELECT op, cause_rank FROM time_finding_keys JOIN runs USING (run_id)
+           WHERE name = 'dp-tp-delay' AND kind = 'wait_dominated' AND key = 'dp'"""
+    ).fetchall()
+    assert ("all_reduce", 1) in causes and not [c for c in causes if c[1] == 0], causes
 
 
 @pytest.mark.slow

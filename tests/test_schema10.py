@@ -1,6 +1,7 @@
 """Schema 10: time_instances and time_instance_members without primary keys (DuckDB's index on their millions of
 rows was most of an NCCL log's time analysis). The keys stay unique by construction: checked here on real runs;
-a schema-9 store is upgraded with every row kept, and the reads by instance answer as before."""
+a schema-9 store is upgraded with every row kept (and, schema 11, each instance's last_own_us filled), and the reads by
+instance answer as before."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ KEYS = {"time_instances": "(run_id, instance_id)", "time_instance_members": "(ru
 
 
 def _with_key(table: str) -> str:
-    """The table's schema-9 DDL: today's, with its primary key."""
+    """The table's schema-9 DDL: today's without the columns later schemas added, with its primary key."""
     (ddl,) = _create_tables("time.sql", (table,))
-    return re.sub(r"\s*\n\);$", f",\n    PRIMARY KEY {KEYS[table]}\n);", re.sub(r"--[^\n]*", "", ddl))
+    ddl = re.sub(r",\s*last_own_us\s+DOUBLE", "", re.sub(r"--[^\n]*", "", ddl))
+    return re.sub(r"\s*\n\);$", f",\n    PRIMARY KEY {KEYS[table]}\n);", ddl)
 
 
 def _plant_v9(db: Path) -> None:
@@ -62,10 +64,14 @@ def test_a_schema_9_store_upgrades_without_the_keys(tmp_path: Path) -> None:
 
     con = store.connect(db)
     try:
-        assert store.SCHEMA_VERSION == 10
-        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [("10",)]
+        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [
+            (str(store.SCHEMA_VERSION),)
+        ]
+        # schema 11 fills last_own_us with each instance's whole imposed wait: rank 0 waited 1 µs for rank 1
+        assert con.execute("SELECT DISTINCT last_own_us FROM time_instances").fetchall() == [(1.0,)]
         for table, key in KEYS.items():
-            stored = con.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
+            planted = "* EXCLUDE (last_own_us)" if table == "time_instances" else "*"
+            stored = con.execute(f"SELECT {planted} FROM {table} ORDER BY rowid").fetchall()
             assert sorted(stored) == before[table] and len(stored) == {"time_instances": 80}.get(table, 160)
             width = len(key.split(","))
             assert stored == sorted(stored, key=lambda r: tuple(r[:width]))  # rewritten in key order

@@ -106,7 +106,7 @@ def test_bench_shaped_log(con, bench_log, monkeypatch):
     n = len(out["time_instances"])
     assert n > 5000
     assert {r[8] for r in out["time_instances"]} == {"key"}  # keyed_by: opCount
-    assert all(r[10:] == (None,) * 7 for r in out["time_instances"])  # no time: no arrival, skew, bandwidth
+    assert all(r[10:] == (None,) * 8 for r in out["time_instances"])  # no time: no arrival, skew, bandwidth, wait
     assert len(out["time_instance_members"]) == sum(r[9] for r in out["time_instances"])
     assert {r[2] for r in out["time_mismatches"]} == {"missing on a member"}  # the processes stop mid-iteration
     assert out["time_rank_totals"] == [(r, 0, 0, 0, 0.0, 0.0, None, None, None) for r in range(8)]

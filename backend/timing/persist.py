@@ -494,6 +494,7 @@ def _instances(job: TimeAnalysis, schemes: Mapping[str, str]) -> Columns:
         "real_us": _f(st.real),
         "algbw_gbps": _f(st.algbw),
         "busbw_gbps": _f(st.busbw),
+        "last_own_us": _f(job.stragglers.last_own_us),
     }
 
 

@@ -91,6 +91,9 @@ class StragglerReport:
     ranks: RankArrivals
     stragglers: list[Straggler]
     verdicts: dict[str, str]  # group -> why it has, or has no, straggler
+    # per instance: the wait its last arrival imposed on the others less what that rank inherited (NaN
+    # without a last arrival); the wait-dominated finding names the rank that caused most of it
+    last_own_us: F64 = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
 
 
 def _step_codes(inst: Instances, ks: Ints) -> tuple[Ints, list[int | None]]:
@@ -127,6 +130,16 @@ def _inherited(inst: Instances, stats: InstanceStats) -> F64:
     return out
 
 
+def _last_own(inst: Instances, stats: InstanceStats, inherited: F64) -> F64:
+    """Per instance: the members' waits summed, less what its last arrival inherited (module doc)."""
+    imposed = sequential_sums(np.nan_to_num(stats.m_wait), inst.members)
+    has_last = stats.last_rank_code >= 0
+    inherited_last = np.zeros(len(imposed), dtype=np.float64)
+    is_last = inst.m_rank == stats.last_rank_code[inst.m_inst]
+    inherited_last[inst.m_inst[is_last]] = inherited[is_last]
+    return np.where(has_last, np.maximum(0.0, imposed - inherited_last), np.nan)
+
+
 def find_stragglers(
     inst: Instances,
     stats: InstanceStats,
@@ -135,8 +148,8 @@ def find_stragglers(
     rule: StragglerRule = DEFAULT_RULE,
 ) -> StragglerReport:
     schemes = schemes or {}
-    inherited = _inherited(inst, stats)
-    out = StragglerReport(RankArrivals(), [], {})
+    last_own = _last_own(inst, stats, _inherited(inst, stats))
+    out = StragglerReport(RankArrivals(), [], {}, last_own)
     with_last = np.flatnonzero(stats.last_rank_code >= 0)
     codes = np.unique(inst.group_code[with_last]).tolist()
     for gc in sorted(codes, key=lambda c: inst.groups[c]):
@@ -148,7 +161,7 @@ def find_stragglers(
         waits = np.nan_to_num(stats.m_wait[idx])
         is_last = inst.m_rank[idx] == stats.last_rank_code[ks][:, None]
         imposed = np.cumsum(waits, axis=1)[:, -1]
-        own = np.where(is_last, np.maximum(0.0, imposed[:, None] - inherited[idx]), 0.0)
+        own = np.where(is_last, last_own[ks][:, None], 0.0)
         sc, steps = _step_codes(inst, ks)
         o = np.argsort(sc, kind="stable")
         counts = np.bincount(sc, minlength=len(steps))

@@ -20,7 +20,7 @@ from .layout import BREAKDOWN_ORDER, MEMCPY_ORDER
 from .tables import AGG_TABLES, TIME_FINDING_TABLES, TIME_TABLES
 from .transaction import transaction
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 SCHEMA_FILES = ("trace.sql", "review.sql", "jobs.sql", "aggregates.sql", "time.sql", "hang.sql", "pairs.sql")
 META_SQL = """CREATE TABLE IF NOT EXISTS meta (
     key   VARCHAR PRIMARY KEY,
@@ -62,7 +62,7 @@ def _reorder(table: str, order: str) -> list[str]:
     return [
         f"ALTER TABLE {table} RENAME TO {table}_before",
         *_create_tables("time.sql", (table,)),
-        f"INSERT INTO {table} SELECT * FROM {table}_before ORDER BY {order}",
+        f"INSERT INTO {table} BY NAME SELECT * FROM {table}_before ORDER BY {order}",  # later columns NULL
         f"DROP TABLE {table}_before",
     ]
 
@@ -86,6 +86,9 @@ def _reorder(table: str, order: str) -> list[str]:
 #         and of one rank prune row groups; the rows themselves are unchanged.
 # 9 -> 10: time_instances and time_instance_members rewritten without their primary keys (time.sql says why), in
 #          the order the analysis writes them; the rows are unchanged.
+# 10 -> 11: time_instances.last_own_us (the wait the last arrival imposed less what it inherited), filled with the
+#           whole imposed wait (what the wait-dominated finding's cause rank weighed before) until the run's next
+#           time analysis.
 MIGRATIONS: dict[int, list[str]] = {
     1: _create_tables("aggregates.sql", AGG_TABLES),
     2: ["ALTER TABLE comm_events ADD COLUMN counted BOOLEAN DEFAULT true"],
@@ -108,6 +111,13 @@ MIGRATIONS: dict[int, list[str]] = {
     9: [
         *_reorder("time_instances", "run_id, instance_id"),
         *_reorder("time_instance_members", "run_id, instance_id, rank"),
+    ],
+    10: [
+        "ALTER TABLE time_instances ADD COLUMN IF NOT EXISTS last_own_us DOUBLE",
+        """UPDATE time_instances i SET last_own_us = m.w FROM (
+               SELECT run_id, instance_id, sum(wait_us) AS w FROM time_instance_members GROUP BY ALL
+           ) m
+           WHERE i.run_id = m.run_id AND i.instance_id = m.instance_id AND i.last_rank IS NOT NULL""",
     ],
 }
 

@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS time_instances (
     skew_us        DOUBLE,            -- last arrival - first arrival
     real_us        DOUBLE,            -- end - arrival of the last member: the collective once all were there
     algbw_gbps     DOUBLE,            -- msg_bytes / real_us, GB/s (1e9 B)
-    busbw_gbps     DOUBLE             -- algbw x the nccl-tests factor for op and members
+    busbw_gbps     DOUBLE,            -- algbw x the nccl-tests factor for op and members
+    last_own_us    DOUBLE             -- the members' waits less what last_rank inherited from other groups
 );
 
 -- Each member of an instance; (run_id, source_id, seq) is its comm_events row.

@@ -11,6 +11,7 @@ pg_config when it lists a single group; otherwise it is NULL, never guessed.
 from __future__ import annotations
 
 import bisect
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,7 @@ from typing import Any
 
 from commlens.vocab import C10_DTYPES, CPP_DTYPES, DTYPE_BYTES, SYMM_MEM_NAMESPACE, WRAPPER_NAMESPACES, normalize_op
 
-from .kineto_fields import Field, has, meta
+from .kineto_fields import Field, has, meta, spelling
 from .kineto_model import EPS, Call, CpuEv, Kernel, Sizes, TraceContext, as_int
 from .records import ParseResult
 
@@ -360,7 +361,7 @@ def describe_call(call: Call, ctx: TraceContext) -> CallFacts | None:
     op = call_op(call)
     if op is None:
         return None
-    sources, group, tally = _metadata(call, op, ctx)
+    sources, group, tally, meta_notes = _metadata(call, op, ctx)
     cs = container_sizes(call)
     if cs.elems_in is not None or cs.elems_out is not None or cs.dtype is not None:
         sources.append(("input_dims", cs))
@@ -372,6 +373,7 @@ def describe_call(call: Call, ctx: TraceContext) -> CallFacts | None:
     if gsize is None:
         gsize = _derived_group_size(op, size)
     group, notes = _labelled_group(call, _named_by_argument(call, group, ctx), ctx)
+    notes = meta_notes + notes
     group = _sole_group(group, ctx)
     gsize = gsize or group.size
     if gsize is None:
@@ -443,26 +445,47 @@ def _input_splits(call: Call) -> list[int] | None:
     return None
 
 
-def _metadata(call: Call, op: str, ctx: TraceContext) -> tuple[list[tuple[str, Sizes]], GroupInfo, Counter[str]]:
+_COUNTS: tuple[Field, ...] = ("elems_in", "elems_out", "group_size")
+
+
+def _unreadable_counts(carrier: str, ts: float, args: dict[str, Any]) -> tuple[str, ...]:
+    """A warning per count in `args` that holds no whole number ("abc", 1.5, true): it sizes nothing."""
+    out = []
+    for f in _COUNTS:
+        key = spelling(args, f)
+        if key is not None and args[key] is not None and as_int(args[key]) is None:
+            shown = json.dumps(args[key], default=str)[:80]
+            at = f"{ts:.3f}".rstrip("0").rstrip(".")  # the file's "ts", to find the event by
+            out.append(f"{carrier} at ts {at}: {key!r} is {shown}, not a whole number: not used to size the call")
+    return tuple(out)
+
+
+def _metadata(
+    call: Call, op: str, ctx: TraceContext
+) -> tuple[list[tuple[str, Sizes]], GroupInfo, Counter[str], tuple[str, ...]]:
     """Sizes from collective metadata (record_param_comms of this op, then kernels), the group the first
-    telling one names, and how many carriers had metadata."""
+    telling one names, how many carriers had metadata, and warnings about counts it could not read."""
     carriers = [
-        ("record_param_comms", ev.args, ev.op in (op, None)) for ev in call.members if ev.name == "record_param_comms"
+        ("record_param_comms", ev.ts, ev.args, ev.op in (op, None))
+        for ev in call.members
+        if ev.name == "record_param_comms"
     ]
-    carriers += [("kernel", k.args, True) for k in call.kernels]
+    carriers += [("kernel", k.ts, k.args, True) for k in call.kernels]
     sources: list[tuple[str, Sizes]] = []
     group = GroupInfo()
     tally: Counter[str] = Counter()
-    for label, args, same_op in carriers:
+    notes: tuple[str, ...] = ()
+    for label, ts, args, same_op in carriers:
         s = _meta_sizes(args)
         if s is None:
             continue
+        notes += _unreadable_counts(label, ts, args)
         if same_op:
             sources.append((label, s))
         if group.key is None and group.size is None:
             group = group_of(args, ctx)
         tally["kernel_metadata" if label == "kernel" else "record_param_comms"] += 1
-    return sources, group, tally
+    return sources, group, tally, notes
 
 
 def _annotation_sizes(call: Call, op: str, cs: Sizes) -> list[tuple[str, Sizes]]:

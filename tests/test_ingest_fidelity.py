@@ -331,6 +331,26 @@ def test_kernel_without_external_id_in_an_external_id_trace_is_no_call():
     assert dict(res.skipped) == {KERNEL_BEFORE_WINDOW: 1}
 
 
+@pytest.mark.parametrize("bad, shown", [("abc", '"abc"'), (1.5, "1.5"), (True, "true")])
+def test_a_count_that_is_no_whole_number_is_named_and_sizes_nothing(bad: Any, shown: str) -> None:
+    """An `In msg nelems` of "abc" was dropped without a word (the call sized from its other fields)."""
+    events = [_x("ProfilerStep#1", "user_annotation", 0, 10_000)]
+    for i in range(3):
+        t = 100.25 + i * 100
+        meta = RPC_META | {"In msg nelems": bad, "External id": i + 1}
+        events += [
+            _x("record_param_comms", "cpu_op", t, 10, **meta),
+            _x("cudaLaunchKernel", "cuda_runtime", t + 5, 2, correlation=1000 + i, **{"External id": i + 1}),
+            _x(KERNEL, "kernel", t + 20, 30, tid=7, correlation=1000 + i, stream=7, **{"External id": i + 1}),
+        ]
+    res = parse_trace(_trace(events))
+    # sized by Out msg nelems (an all-reduce's output is its input); the bad count is not stored
+    assert [(e["msg_bytes"], e["elems_in"], e["elems_out"]) for e in res.events] == [(4096, None, 1024)] * 3
+    assert res.warnings == [
+        f"record_param_comms at ts 100.25: 'In msg nelems' is {shown}, not a whole number: not used to size the call"
+    ]
+
+
 def pa_equal(column: Any, value: str) -> Any:
     import pyarrow.compute as pc
 

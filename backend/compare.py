@@ -155,11 +155,19 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: Config | None = No
 def world_conflict(con: duckdb.DuckDBPyConnection, run_id: int, world: int) -> str | None:
     """Why a configuration of `world` ranks cannot be the job the run's stored files come from, or None: a
     profiler trace's distributedInfo states the job's world size, and no file may show a rank or a communicator
-    beyond it. (An NCCL log's largest communicator may be smaller than the world: the default group's
-    communicator exists only once a collective ran on it.)"""
+    beyond it. An NCCL log's largest communicator may be smaller than the world (the default group's
+    communicator exists only once a collective ran on it), but not when the logs hold every member of every
+    communicator they name: ranks beyond those would share no communicator with them, so they are another job."""
     traced, largest, top_rank, files = con.execute(
         "SELECT max(world_size) FILTER (WHERE kind = 'kineto'), max(world_size), max(rank), count(*) "
         "FROM sources WHERE run_id = ? AND status = 'ok' AND kind <> 'run_json'",
+        [run_id],
+    ).fetchall()[0]
+    comms, closed_ranks = con.execute(
+        """SELECT count(*), CASE WHEN bool_and(members = nranks) THEN max(nranks) END FROM (
+               SELECT group_key, max(nranks) AS nranks, count(DISTINCT comm_rank) AS members
+               FROM nccl_comms WHERE run_id = ? GROUP BY group_key
+           )""",
         [run_id],
     ).fetchall()[0]
     if traced is not None and traced != world:
@@ -168,6 +176,11 @@ def world_conflict(con: duckdb.DuckDBPyConnection, run_id: int, world: int) -> s
         said = f"the run's files hold a communicator of {largest} ranks"
     elif top_rank is not None and top_rank >= world:
         said = f"the run's files hold rank {top_rank}"
+    elif traced is None and closed_ranks is not None and closed_ranks < world:
+        said = (
+            f"the run's NCCL logs hold every member of each of their {comms} communicators, the largest of "
+            f"{closed_ranks} ranks: a job of {closed_ranks}"
+        )
     else:
         return None
     return f"{said} ({files} file(s))"

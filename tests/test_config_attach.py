@@ -287,6 +287,26 @@ def test_a_configuration_of_another_job_size_is_refused(resnet, data_dir: Path) 
         attach_config(resnet, "logs", [_file("config.json", HF_LLAMA)], ParallelOptions(dp=2))
 
 
+def test_a_configuration_larger_than_a_closed_job_of_nccl_logs_is_refused(con, tmp_path: Path) -> None:
+    """NCCL logs whose every communicator has all its members in the files are a whole job: a description of
+    more ranks was accepted and set the world size to it (a 4-rank job described as dp 8 became 8 ranks and its
+    world communicator tp)."""
+    from nccl_bench import nccl_bench
+
+    from commlens.service.ingest import ingest_paths
+
+    nccl_bench().write_interleaved(tmp_path / "job.log", 4_000, "2.21.5")  # 8 processes, 13 communicators
+    assert not ingest_paths(con, [tmp_path / "job.log"], "job").failed
+    with pytest.raises(ConflictError) as err:
+        attach_config(con, "job", [_file("config.json", HF_LLAMA)], ParallelOptions(dp=16))
+    assert err.value.kind == "config-world-mismatch"
+    assert "describes a job of 16 ranks, but the run's NCCL logs hold every member of each of their 13 " in str(
+        err.value.detail
+    )
+    assert run_detail(con, "job")["world_size"] == 8
+    assert attach_config(con, "job", [_file("config.json", HF_LLAMA)], ParallelOptions(dp=8)).stored
+
+
 def test_a_supplied_layout_unlike_the_runs_own_is_said(resnet) -> None:
     """`commlens report --config` of another layout than the run's own configuration (a ZeRO-1 run.json on a TP
     run) compared silently: every call 'missing' under one scheme and 'unexplained' under another."""

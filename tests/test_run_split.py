@@ -115,6 +115,27 @@ def test_a_shared_communicator_joins_hosts_and_a_conflict_keeps_jobs_apart() -> 
     assert (one.run, [f.path for f in one.files]) == ("z", ["fr.rank0", "fr.rank1", "trace.rank0", "trace.rank1"])
 
 
+def test_the_same_nccl_processes_in_two_files_are_one_job_and_the_copy_is_refused(
+    con: duckdb.DuckDBPyConnection, tmp_path: Path
+) -> None:
+    """A job's logs and the same lines gathered into another file (a CRLF copy, a scheduler's combined output):
+    the rank conflict made the copy a run of its own, the whole job stored twice under another name."""
+    from nccl_bench import nccl_bench
+
+    log = tmp_path / "job.log"
+    nccl_bench().write_interleaved(log, 4_000, "2.21.5")
+    copy = tmp_path / "slurm-1234.out"
+    copy.write_bytes(log.read_bytes().replace(b"\n", b"\r\n"))
+    report = ingest_run(con, "job", iter_inputs([log, copy]), split_jobs=True)
+    assert [j.run for j in report.jobs] == ["job"]
+    assert [(f.path.rsplit("/", 1)[-1], f.status) for f in report.files] == [
+        ("job.log", "ok"),
+        ("slurm-1234.out", "failed"),
+    ]
+    assert "is already in this run from" in str(report.files[1].error)
+    assert _runs(con) == {"job": ["job.log"]}
+
+
 def _commlens(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "commlens.cli", *args],

@@ -37,6 +37,7 @@ class FileEvidence:
     hosts: frozenset[str]
     span_us: tuple[float, float] | None  # wall-clock microseconds
     calls: int
+    processes: frozenset[str] = frozenset()  # NCCL logs: the host:pid of each process
 
     @property
     def attaches(self) -> bool:
@@ -70,6 +71,10 @@ class Job:
         return frozenset().union(*(f.hosts for f in self.files))
 
     @property
+    def processes(self) -> frozenset[str]:
+        return frozenset().union(*(f.processes for f in self.files))
+
+    @property
     def span_us(self) -> tuple[float, float] | None:
         spans = [f.span_us for f in self.files if f.span_us is not None]
         return (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
@@ -93,11 +98,14 @@ def evidence(path: str, result: ParseResult) -> FileEvidence:
     world = result.world_size
     comm_ids: set[str] = set()
     hosts: set[str] = set()
+    processes: set[str] = set()
     for c in result.nccl_comms:
         if c.get("comm_id"):
             comm_ids.add(str(c["comm_id"]))
         if c.get("host"):
             hosts.add(str(c["host"]))
+            if c.get("pid") is not None:
+                processes.add(f"{c['host']}:{c['pid']}")
         if c.get("comm_rank") is not None and world is not None and c.get("nranks") == world:
             ranks.add(int(c["comm_rank"]))
     span = None
@@ -115,6 +123,7 @@ def evidence(path: str, result: ParseResult) -> FileEvidence:
         frozenset(hosts),
         span,
         result.n_events,
+        frozenset(processes),
     )
 
 
@@ -140,9 +149,12 @@ def _conflict(a: Job, b: Job) -> str | None:
     if a.world_sizes and b.world_sizes and a.world_sizes != b.world_sizes:
         return f"world size {_ints(a.world_sizes)} vs {_ints(b.world_sizes)}"
     # a rank twice in files of one kind: two recordings of that rank; of two kinds (a profiler trace and the
-    # rank's Flight Recorder dump or NCCL log) they describe the same process from two sides
+    # rank's Flight Recorder dump or NCCL log) they describe the same process from two sides. One NCCL process
+    # (host:pid) in a communicator of both is the same recording twice (a copy, or the job's logs also gathered
+    # into one file): one job, whose write refuses the copy as a process already in the run.
+    same_process = bool(a.processes & b.processes and a.comm_ids & b.comm_ids)
     both = frozenset().union(*(ranks & _ranks_of_kind(b, kind) for kind, ranks in _ranks_by_kind(a).items()))
-    if both:
+    if both and not same_process:
         return f"rank {_ints(both)} in both"
     if a.comm_ids and b.comm_ids and not a.comm_ids & b.comm_ids:
         return "their NCCL communicator ids never meet"

@@ -120,6 +120,18 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: Config | None = No
         _scheme_result(scheme, ops, group_sizes, measured_sizes, pred is not None)
         for scheme, ops in sorted(by_scheme.items())
     ]
+    unsized = sorted(
+        {
+            f"{scheme} {o.op}"
+            for scheme, ops in by_scheme.items()
+            for o in ops
+            if o.op != "recv"
+            and o.msg_bytes is not None
+            and not (group_sizes.get((scheme, o.op)) or measured_sizes.get(f"{scheme}/{o.op}"))
+        }
+    )
+    if unsized:
+        notes.append(f"wire bytes leave out {', '.join(unsized)}: no group size is known for them")
     if pred is None:
         notes.append("no configuration: measured volumes only; supply a config for predictions")
     if UNATTRIBUTED in by_scheme:
@@ -262,18 +274,22 @@ def _mean_predicted(pred: Prediction | None, rank_keys: list[str]) -> dict[OpKey
 
 
 def _measured_group_sizes(con: duckdb.DuckDBPyConnection, run: str) -> dict[str, int]:
-    """The largest measured group per "scheme/op", for the wire factor of ops the prediction lacks."""
-    return dict(
-        con.execute(
+    """The largest measured group per "scheme/op", for the wire factor of ops the prediction lacks. Calls that
+    name no group and no size are the default group's, the world (as the time analysis matches them)."""
+    return {
+        key: n
+        for key, n in con.execute(
             """
-        SELECT coalesce(g.scheme, ?) || '/' || a.op, max(a.max_group_size)
+        SELECT coalesce(g.scheme, ?) || '/' || a.op,
+               max(coalesce(a.max_group_size, CASE WHEN a.group_key IS NULL THEN r.world_size END))
         FROM comm_agg a JOIN runs r ON r.run_id = a.run_id
         LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
         WHERE r.name = ? GROUP BY ALL
         """,
             [UNATTRIBUTED, run],
         ).fetchall()
-    )
+        if n is not None
+    }
 
 
 def _op_comparisons(
@@ -334,8 +350,10 @@ def _scheme_result(
         for o in ops:
             if o.op == "recv" or o.msg_bytes is None:
                 continue
-            n_group = group_sizes.get((scheme, o.op)) or measured_sizes.get(f"{scheme}/{o.op}") or 2
-            total += o.msg_bytes * getattr(o, attr) * (busbw_factor(o.op, n_group) if wire else 1.0)
+            n_group = group_sizes.get((scheme, o.op)) or measured_sizes.get(f"{scheme}/{o.op}")
+            if wire and n_group is None:
+                continue  # no group size: no wire bytes (compare() says which ops)
+            total += o.msg_bytes * getattr(o, attr) * (busbw_factor(o.op, n_group) if wire and n_group else 1.0)
         return total
 
     pb, mb = volume("predicted_calls_per_iter", False), volume("measured_calls_per_iter", False)

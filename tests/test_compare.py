@@ -89,6 +89,23 @@ def test_dlrm_calls_without_groups_are_unattributed(con, data_dir) -> None:
     assert {o.op for o in s.ops} == {"all_reduce", "all_to_all"}
     assert s.measured_bytes_per_iter == 448 + 907_840 + 1_576_964 + 192 + 1536 + 13_568 + 2 * 24_576
     assert c.inferences == []
+    # wire bytes on the default group, the world of 8 (the traces' distributedInfo): not a group of 2
+    all_reduce, all_to_all = 448 + 907_840 + 1_576_964, 192 + 1536 + 13_568 + 2 * 24_576
+    assert s.measured_wire_bytes_per_iter == all_reduce * 2 * 7 / 8 + all_to_all * 7 / 8
+    assert not [n for n in c.notes if n.startswith("wire bytes leave out")]
     assert any(n.startswith("unattributed: calls whose files name no process group, so no scheme") for n in c.notes)
     report = build_report(con, "dlrm")
     assert [(s.scheme, s.prediction_source) for s in report.schemes] == [(UNATTRIBUTED, "none")]
+
+
+def test_wire_bytes_of_calls_without_a_group_size_are_left_out_and_said(con, data_dir) -> None:
+    """A trace without distributedInfo whose all_to_alls name no group: their wire bytes were those of a group
+    of 2, silently; with no size known they are left out, with a note naming them."""
+    from commlens.service.ingest import ingest_paths
+
+    trace = data_dir / "kineto-hta/rank_non_gpu/rank_non_gpu.json.gz"
+    assert not ingest_paths(con, [trace], "cpu").failed
+    c = compare(con, "cpu")
+    (s,) = c.schemes
+    assert s.measured_bytes_per_iter > 0 and s.measured_wire_bytes_per_iter == 0
+    assert "wire bytes leave out unattributed all_to_all: no group size is known for them" in c.notes

@@ -407,24 +407,35 @@ def _timed(
     )
 
 
-def _exposed(inputs: _Inputs) -> list[Finding]:
+def _exposed(inputs: _Inputs, waits_known: bool) -> list[Finding]:
+    """Exposed communication per scheme; `waits_known`: some instance was matched across ranks with arrivals,
+    else how much of it is waiting for a late member is unknown (one rank's trace), not 0."""
     out = []
     for scheme, _ in inputs.of("exposed"):
         cells, wait = inputs.cells("exposed", scheme), inputs.cells("wait", scheme)
         if cells is None or wait is None:
             continue
-        waiting = wait.mean() / cells.mean() if cells.mean() else 0.0
-        hint = (
-            f" Most of it ({pct(waiting)}) is waiting for a late member rather than transfer: the time page's "
-            "arrivals and stragglers say who arrives last, and overlap will not remove that wait."
-            if waiting >= 0.5
-            else ""
-        )
+        waiting = (wait.mean() / cells.mean() if cells.mean() else 0.0) if waits_known else None
+        hint = ""
+        if waiting is None:
+            hint = (
+                " How much of it is waiting for a late member is unknown: waits need the traces of the other "
+                "members of its collectives, matched call by call, and this run has none."
+            )
+        elif waiting >= 0.5:
+            hint = (
+                f" Most of it ({pct(waiting)}) is waiting for a late member rather than transfer: the time page's "
+                "arrivals and stragglers say who arrives last, and overlap will not remove that wait."
+            )
         f = _timed(
             f"exposed-comm:{scheme}",
             f"{scheme}: {{ms}} of exposed communication per step ({{share}} of the step, no compute running)",
             cells,
-            {"scheme": scheme, "wait_ms_per_step": wait.mean() / 1e3, "wait_share": waiting},
+            {
+                "scheme": scheme,
+                "wait_ms_per_step": wait.mean() / 1e3 if waits_known else None,
+                "wait_share": waiting,
+            },
             {"page": "time", "scheme": scheme},
             _SUGGEST_EXPOSED.get(scheme, "Overlap these collectives with independent compute.") + hint,
         )
@@ -556,7 +567,13 @@ def time_findings(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[Fin
     inputs = _Inputs(con, run_id)
     whole = inputs.cells("memcpy", "")  # every (rank, step) with a step time
     mean_step = whole.mean_step() if whole is not None else None
-    found = _exposed(inputs) + _memcpy(con, run_id, inputs)
+    waits_known = bool(
+        con.execute(
+            "SELECT count(*) FROM time_instances WHERE run_id = ? AND members > 1 AND last_rank IS NOT NULL",
+            [run_id],
+        ).fetchall()[0][0]
+    )
+    found = _exposed(inputs, waits_known) + _memcpy(con, run_id, inputs)
     if by_arrival and mean_step:
         found += _stragglers(con, run_id, inputs, mean_step) + _wait_dominated(inputs)
     return found, by_arrival

@@ -227,3 +227,18 @@ def test_consistent_effect_is_raised_with_its_stability() -> None:
     # one step on 8 ranks that each show it: raised, one level lower (thin evidence across steps)
     one = _exposed(_cells({r: [30_000.0 + 1_000 * r] for r in range(8)}))
     assert one is not None and one.severity == "medium" and one.evidence["steps"] == 1
+
+
+def test_exposed_communication_of_one_ranks_trace_leaves_its_wait_unknown(tmp_path: Path, data_dir: Path) -> None:
+    """Rank 0's trace of a 16-rank job: nothing to match its collectives with, so how much of its exposed
+    communication is waiting is unknown; it read "wait share 0%", as if overlap would remove all of it."""
+    con = store.connect(tmp_path / "nq.duckdb")
+    trace = data_dir / "kineto-hta/negative_queue_length_values_check/rank0.json.gz"
+    ingest_run(con, "nq", iter_inputs([trace]))
+    (f,) = [f for f in findings(con, "nq") if f.id.startswith("exposed-comm:")]
+    assert f.evidence["wait_share"] is None and f.evidence["wait_ms_per_step"] is None
+    assert "wait_share" not in f.evidence_text and f.ranks == [0]
+    assert f.suggestion.endswith(
+        "waits need the traces of the other members of its collectives, matched call by call, and this run has none."
+    )
+    con.close()

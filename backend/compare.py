@@ -88,7 +88,7 @@ def _group_sizes(pred: Prediction | None) -> dict[tuple[str, str], int]:
     return sizes
 
 
-Status = Literal["match", "more", "fewer", "unexplained", "missing", "bucketed"]
+Status = Literal["match", "more", "fewer", "unexplained", "missing", "bucketed", "measured_only"]
 ConfigSource = Literal["run", "supplied", "none"]
 _BUCKETED_OPS = ("all_reduce", "reduce_scatter", "all_gather", "reduce")
 
@@ -320,9 +320,10 @@ def _op_comparisons(
 
 
 def _status(p: float, m: float, predicted: bool, bucketed: bool) -> Status:
-    """How measured calls `m` stand against predicted `p`; bucketed ops differ without being wrong."""
+    """How measured calls `m` stand against predicted `p`; bucketed ops differ without being wrong. With no
+    configuration nothing is predicted, so nothing is unexplained either: measured only."""
     if not predicted:
-        return "unexplained"
+        return "measured_only"
     if bucketed and abs(p - m) >= 1e-9:
         return "bucketed"
     if abs(p - m) < 1e-9:

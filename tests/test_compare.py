@@ -45,6 +45,9 @@ def test_without_a_config_only_measurements_and_inferences(resnet) -> None:
     # the gradient volume and the buffer broadcasts explain themselves: the API's comparison says so per scheme
     assert [(s.scheme, s.prediction_source) for s in c.schemes] == [("dp", "inferred")]
     assert any("no configuration" in n for n in c.notes)
+    # nothing predicted, so nothing unexplained: every call was "unexplained", all its bytes with it
+    assert {o.status for o in c.schemes[0].ops} == {"measured_only"}
+    assert c.unexplained == [] and c.schemes[0].unexplained_bytes_per_iter == 0
 
 
 def test_report_shape_and_markdown(resnet) -> None:

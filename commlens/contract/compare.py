@@ -23,8 +23,8 @@ class OpComparison(BaseModel):
     measured_calls_per_iter: float
     difference: float  # measured - predicted
     # bucketed: a DP/ZeRO op of a framework prediction, compared on the scheme total only (bucket
-    # boundaries are framework internals, docs/models.md)
-    status: Literal["match", "more", "fewer", "unexplained", "missing", "bucketed"]
+    # boundaries are framework internals, docs/models.md); measured_only: the run has no configuration
+    status: Literal["match", "more", "fewer", "unexplained", "missing", "bucketed", "measured_only"]
 
 
 class SchemeResult(BaseModel):

@@ -382,6 +382,9 @@ def render_markdown(r: Report) -> str:
             f"| {s.scheme} | {pred} | {format_bytes(round(s.measured_bytes_per_iter))} | "
             f"{unexplained} | {'-' if s.ratio is None else f'{s.ratio:.3f}'} |"
         )
+    if r.histogram.excluded:  # the per-iteration views leave out calls outside the iterations alike
+        left = ", ".join(f"{n} calls ({why})" for why, n in r.histogram.excluded.items())
+        lines += ["", f"Left out of the per-iteration tables: {left}; the findings and the rank totals count them."]
     lines += [
         "",
         "## Calls per iteration per rank by (op, size)",

@@ -11,7 +11,7 @@ import json
 import duckdb
 from pydantic import BaseModel
 
-from commlens.contract.analysis import AttributionSummary, BandwidthReport, Finding, Histogram, RankTotals
+from commlens.contract.analysis import UNKNOWN_KEY, AttributionSummary, BandwidthReport, Finding, Histogram, RankTotals
 from commlens.contract.compare import Comparison
 from commlens.contract.hang import HangGroup
 from commlens.contract.model_description import ModelDescription
@@ -167,15 +167,18 @@ def _histogram_md(h: Histogram) -> list[str]:
             "| size bin | op | dtype | calls | bytes |",
             "|---|---|---|---|---|",
         ]
+        unknown = next((i for i, b in enumerate(h.bins) if b.key == UNKNOWN_KEY), None)
         for i, b in enumerate(h.bins):
             for s in series:
                 if s.calls[i]:
-                    lines.append(
-                        f"| {b.label} | {s.op} | {s.dtype or '-'} | {_num(s.calls[i])} | {format_bytes(round(s.bytes[i]))} |"
-                    )
+                    moved = "unknown" if i == unknown else format_bytes(round(s.bytes[i]))
+                    lines.append(f"| {b.label} | {s.op} | {s.dtype or '-'} | {_num(s.calls[i])} | {moved} |")
+        sized = any(s.calls[i] for s in series for i in range(len(h.bins)) if i != unknown)
+        total = format_bytes(round(sum(s.total_bytes for s in series)))
+        unsized = unknown is not None and any(s.calls[unknown] for s in series)
         lines.append(
             f"| **total** | | | {_num(sum(s.total_calls for s in series))} | "
-            f"{format_bytes(round(sum(s.total_bytes for s in series)))} |"
+            f"{total if sized else 'unknown'}{' (and calls of unknown size)' if sized and unsized else ''} |"
         )
     return lines
 
@@ -378,9 +381,12 @@ def render_markdown(r: Report) -> str:
     for s in r.schemes:
         pred = format_bytes(round(s.predicted_bytes_per_iter)) if s.predicted_bytes_per_iter is not None else "-"
         unexplained = format_bytes(round(s.unexplained_bytes_per_iter)) if predicted[s.scheme] else "-"
+        sizes_known = any(o.msg_bytes is not None for o in s.ops)
+        measured = (
+            format_bytes(round(s.measured_bytes_per_iter)) if sizes_known else "unknown (no call's size is known)"
+        )
         lines.append(
-            f"| {s.scheme} | {pred} | {format_bytes(round(s.measured_bytes_per_iter))} | "
-            f"{unexplained} | {'-' if s.ratio is None else f'{s.ratio:.3f}'} |"
+            f"| {s.scheme} | {pred} | {measured} | {unexplained} | {'-' if s.ratio is None else f'{s.ratio:.3f}'} |"
         )
     if r.histogram.excluded:  # the per-iteration views leave out calls outside the iterations alike
         left = ", ".join(f"{n} calls ({why})" for why, n in r.histogram.excluded.items())

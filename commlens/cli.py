@@ -345,7 +345,9 @@ def _print_summary(con: duckdb.DuckDBPyConnection, summary: IngestSummary, by_ru
         for col in ("op", "calls", "bytes (sum of S)"):
             ops.add_column(col, justify="right" if col != "op" else "left")
         for op, n in sorted(calls.items()):
-            ops.add_row(op, str(n), format_bytes(sizes[op]))
+            total, unsized = sizes[op]
+            said = "unknown" if unsized == n else format_bytes(total)
+            ops.add_row(op, str(n), said + (f" ({unsized} of unknown size)" if 0 < unsized < n else ""))
         console.print(ops)
     status = Counter(f.status for f in summary.files)
     skipped_total = sum(sum(f.skipped.values()) for f in summary.files)

@@ -279,3 +279,19 @@ def test_a_trace_without_its_rank_says_why_no_rank_has_steps(con, data_dir) -> N
     md = render_markdown(build_report(con, "noinfo", time=time_summary(con, "noinfo")))
     assert "no file names its rank (`commlens ingest --rank N` gives a single-rank file's)" in md
     assert "of one rank" not in md
+
+
+def test_calls_of_unknown_size_read_unknown_not_zero_bytes(con, data_dir) -> None:
+    """The df_index_resolver trace's 2,020 all_reduces carry no size: the report said "measured 0 B" and the
+    ingest summary "all_reduce 2020 0 B", as if they moved nothing."""
+    from commlens.ingest.inputs import iter_inputs
+    from commlens.service.ingest import ingest_run
+    from commlens.service.runs import comms_totals
+
+    ingest_run(con, "d", iter_inputs([data_dir / "kineto-hta/df_index_resolver/df_index_resolver.json.gz"]))
+    calls, sizes, _ = comms_totals(con, "d")
+    assert calls == {"all_reduce": 2020} and sizes == {"all_reduce": (0, 2020)}
+    md = render_markdown(build_report(con, "d"))
+    assert "| unattributed | - | unknown (no call's size is known) | - | - |" in md
+    assert "| unknown size | all_reduce | float32 | 404 | unknown |" in md and "| **total** | | | 404 | unknown |" in md
+    assert "0 B" not in md.split("## Bandwidth", 1)[0]

@@ -476,13 +476,16 @@ def delete_run(con: duckdb.DuckDBPyConnection, run: str) -> None:
         transaction(con, delete, WRITE_ATTEMPTS)
 
 
-def comms_totals(con: duckdb.DuckDBPyConnection, run: str) -> tuple[dict[str, int], dict[str, int], int]:
-    """Calls and bytes (sum of S) per op of the run's `comms` rows, and its number of known ranks."""
+def comms_totals(con: duckdb.DuckDBPyConnection, run: str) -> tuple[dict[str, int], dict[str, tuple[int, int]], int]:
+    """Calls per op of the run's `comms` rows, their bytes (sum of S over the calls of known size, and how many
+    calls have no known size), and its number of known ranks."""
     rows = con.execute(
-        "SELECT op, count(*), coalesce(sum(msg_bytes), 0) FROM comms WHERE run = ? GROUP BY op ORDER BY op", [run]
+        "SELECT op, count(*), coalesce(sum(msg_bytes), 0), count(*) - count(msg_bytes) FROM comms WHERE run = ? "
+        "GROUP BY op ORDER BY op",
+        [run],
     ).fetchall()
     ranks = con.execute("SELECT count(DISTINCT rank) FROM comms WHERE run = ? AND rank IS NOT NULL", [run]).fetchall()
-    return {r[0]: int(r[1]) for r in rows}, {r[0]: int(r[2]) for r in rows}, int(ranks[0][0])
+    return {r[0]: int(r[1]) for r in rows}, {r[0]: (int(r[2]), int(r[3])) for r in rows}, int(ranks[0][0])
 
 
 def unranked_processes(con: duckdb.DuckDBPyConnection, run: str) -> dict[str, int]:

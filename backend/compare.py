@@ -141,6 +141,7 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: Config | None = No
         )
     if mode == "none":
         notes.append(message)
+    another_job = next((n for n in notes if n.startswith(ANOTHER_JOB)), None)
     check = pred.param_check if pred else None
     if check is not None:
         notes += check.notes
@@ -154,7 +155,9 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: Config | None = No
         exact=bool(pred)
         and bool(rank_keys)
         and all(o.status == "match" for s in schemes for o in s.ops)
-        and (check is None or check.agrees),
+        and (check is None or check.agrees)
+        and another_job is None,
+        another_job=another_job,
         schemes=schemes,
         unexplained=[o for s in schemes for o in s.ops if o.status == "unexplained"],
         missing=[o for s in schemes for o in s.ops if o.status == "missing"],
@@ -202,6 +205,9 @@ def _config_world(config: Config) -> int:
     return config.strategy.dp if isinstance(config, ModelDescription) else config.parallel.world_size
 
 
+ANOTHER_JOB = "the configuration describes a job"
+
+
 def _configuration(
     con: duckdb.DuckDBPyConnection, run: str, supplied: Config | None
 ) -> tuple[Config | None, ConfigSource, list[str]]:
@@ -214,7 +220,7 @@ def _configuration(
     conflict = world_conflict(con, run_id_of(con, run), world := _config_world(supplied))
     if conflict:
         ranks = f"{world} rank{'s' if world != 1 else ''}"
-        notes.append(f"the configuration describes a job of {ranks}, but {conflict}: it predicts another job")
+        notes.append(f"{ANOTHER_JOB} of {ranks}, but {conflict}: it predicts another job")
     if isinstance(supplied, PredictInput) and isinstance(stored, PredictInput):
         theirs, ours = _layout(supplied.parallel), _layout(stored.parallel)
         if theirs != ours:

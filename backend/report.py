@@ -357,6 +357,8 @@ def render_markdown(r: Report) -> str:
     )
     if c.param_check is not None and not c.param_check.agrees:
         lines += ["", f"**Not exact:** {c.param_check.notes[0]}."]
+    if c.another_job is not None:
+        lines += ["", f"**Not exact:** {c.another_job}."]
     lines += [
         "",
         "## Process groups",

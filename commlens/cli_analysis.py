@@ -103,19 +103,18 @@ def report(
 _PARTIAL = {
     "hf_config": "a Hugging Face config.json",
     "deepspeed_config": "a DeepSpeed config",
-    "megatron_args": "Megatron-LM's argument block",
 }
 
 
 def _report_config(path: Path) -> PredictInput | ModelDescription:
-    """A file that says everything a prediction needs, detected by content as `commlens config` detects it; a
-    file that says only part of it (config.json, DeepSpeed, Megatron's arguments) goes through `commlens config`,
-    whose options complete it."""
+    """A file that says everything a prediction needs, detected by content as `commlens config` detects it (a
+    Megatron argument block says the model and its layout); a file that says only part of it (a Hugging Face
+    config.json, DeepSpeed) goes through `commlens config`, whose options complete it."""
     from pydantic import ValidationError
 
     from commlens.backend.predict import predict_input_from_config
     from commlens.contract import model_description as md
-    from commlens.service.config import detect
+    from commlens.service.config import ParallelOptions, combine, detect
     from commlens.service.errors import InvalidError
 
     try:
@@ -124,6 +123,8 @@ def _report_config(path: Path) -> PredictInput | ModelDescription:
             return md.ModelDescription.model_validate(doc)
         if kind in ("run_json", "predict_input"):
             return predict_input_from_config(doc)
+        if kind == "megatron_args":  # the model and its layout: as `commlens config FILE` alone stores it
+            return combine([(str(path), kind, doc)], ParallelOptions(), [])
         message = (
             f"{path}: {_PARTIAL[kind]} says only part of a configuration: attach it with "
             "`commlens config --run RUN FILE... --dp/--tp/--seq-len ...`, then report without --config"

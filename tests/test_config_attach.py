@@ -143,6 +143,14 @@ def test_report_config_reads_a_model_description(resnet, db_path: Path, tmp_path
     )
     bad = report("broken.json")
     assert bad.returncode == 2 and "broken.json: parameters.0.shape" in bad.stderr
+    # Megatron's argument block says the model and its layout, as `commlens config train.log` alone stores it (it
+    # was refused as "only part of a configuration"); this one is of a 16-rank job, so it is not exact here
+    (tmp_path / "train.log").write_text(MEGATRON_LOG)
+    mega = report("train.log")
+    assert mega.returncode == 0, mega.stderr
+    doc = json.loads(mega.stdout)
+    assert doc["comparison"]["implementation"] == "megatron" and not doc["exact"]
+    assert doc["comparison"]["another_job"].startswith("the configuration describes a job of 16 ranks")
 
 
 def test_hugging_face_and_deepspeed_combine_with_options(con) -> None:
@@ -273,11 +281,16 @@ def test_a_configuration_of_another_job_size_is_refused(resnet, data_dir: Path) 
         "the configuration describes a job of 1 rank, but the run's profiler traces say world size 2 "
         "(distributedInfo) (1 file(s)): it predicts another job"
     ) in supplied.notes
-    assert not [
-        n
-        for n in compare(resnet, "resnet", ModelDescription.model_validate(resnet50_description(dp=2))).notes
-        if "another job" in n
-    ]
+    # however its counts compare, it is not this job's prediction: no "predicted equals measured" headline
+    assert not supplied.exact and supplied.another_job in supplied.notes
+    from commlens.backend.report import build_report, render_markdown
+
+    md = render_markdown(build_report(resnet, "resnet", ModelDescription.model_validate(resnet50_description(dp=1))))
+    assert "predicted equals measured" not in md
+    assert "**Not exact:** the configuration describes a job of 1 rank, but the run's profiler traces say" in md
+    same = compare(resnet, "resnet", ModelDescription.model_validate(resnet50_description(dp=2)))
+    assert not [n for n in same.notes if "another job" in n]
+    assert same.another_job is None and same.exact
     assert attach_config(resnet, "resnet", one_rank, ParallelOptions(dp=2)).stored == "model_description"
     # an NCCL log's communicators: no job smaller than its largest one
     from commlens.service.ingest import ingest_paths

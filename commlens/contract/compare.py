@@ -61,6 +61,9 @@ class Comparison(BaseModel):
     # the prediction's parameter counts against the run's recorded ones (None: nothing recorded); a
     # disagreement means the config does not describe the model that ran, so no exactness is claimed
     param_check: ParamCheck | None = None
+    # a supplied configuration of another job's size than the run's files (backend.compare.world_conflict): it
+    # predicts another job, so no exactness is claimed however the counts compare
+    another_job: str | None = None
 
     def findings_input(self, tolerance: float = 0.05) -> ComparisonInput:
         """Per scheme, the bytes the prediction explains and what it does not, as the findings weigh them."""

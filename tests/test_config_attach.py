@@ -189,6 +189,19 @@ def test_hugging_face_and_deepspeed_combine_with_options(con) -> None:
     )
 
 
+@pytest.mark.parametrize("prefix", ["0: ", "2024-05-01 12:00:01,123 INFO ", "[rank0]: "])
+def test_megatron_arguments_behind_any_launcher_prefix(con, prefix: str) -> None:
+    """srun --label's '0: ' and a logger's timestamp were refused ("line 3: not an argument line"), where NCCL
+    logs behind the same prefixes are read."""
+    create_run(con, "gpt")
+    text = MEGATRON_LOG.replace("[default0]:", prefix).replace("\n", "\r\n")
+    attach_config(con, "gpt", [_file("train.log", text)])
+    create_run(con, "ref")
+    attach_config(con, "ref", [_file("train.log", MEGATRON_LOG)])
+    got = predict_input_for_run(con, "gpt")
+    assert got is not None and got == predict_input_for_run(con, "ref") and got.parallel.tp == 4
+
+
 def test_megatron_arguments_from_a_log(con) -> None:
     create_run(con, "gpt")
     got = attach_config(con, "gpt", [_file("train.log", MEGATRON_LOG)])

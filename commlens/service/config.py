@@ -37,7 +37,9 @@ Doc = dict[str, Any]
 _WHOLE: tuple[ConfigFileKind, ...] = ("model_description", "run_json", "predict_input")
 _MEGATRON_START = re.compile(r"-{3,} arguments -{3,}")
 _MEGATRON_END = re.compile(r"-{3,} end of arguments -{3,}")
-_MEGATRON_ARG = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?(?P<key>[A-Za-z_][A-Za-z0-9_]*) \.{2,} ?(?P<value>.*)$")
+# after any prefix a launcher or logger puts on each line (torchrun's '[default0]:', srun --label's '0: ', a
+# logging timestamp): Megatron indents each argument and pads its name with dots
+_MEGATRON_ARG = re.compile(r"(?:^|\s)(?P<key>[A-Za-z_][A-Za-z0-9_]*) \.{2,} ?(?P<value>.*)$")
 _HF_LAYERS = ("num_hidden_layers", "n_layer", "num_layers")
 _DEEPSPEED_KEYS = (
     "zero_optimization",
@@ -112,7 +114,7 @@ def _value(raw: str) -> Any:
 
 def megatron_arguments(name: str, text: str) -> Doc:
     """The `name ..... value` lines between Megatron-LM's '---- arguments ----' and '---- end of arguments ----'
-    (log prefixes such as torchrun's '[default0]:' allowed); a line in between that is not one is an error."""
+    (with any per-line prefix of a launcher or logger); a line in between that is not one is an error."""
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if _MEGATRON_START.search(line))
     args: Doc = {}
@@ -122,7 +124,7 @@ def megatron_arguments(name: str, text: str) -> Doc:
             return args
         if not line.strip():
             continue
-        m = _MEGATRON_ARG.match(line)
+        m = _MEGATRON_ARG.search(line)
         if m is None:
             raise _invalid(f"{name}: line {i + 1}: not an argument line ('name ..... value'): {line.strip()[:120]!r}")
         args[m["key"]] = _value(m["value"])

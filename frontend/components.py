@@ -42,6 +42,8 @@ OP_COLORS = {
     "recv": "#17becf",
     "barrier": "#444444",
 }
+# Bar fills that tell apart series of one colour (dtypes of one op; series of one run on Compare), in order
+PATTERNS = ["", "/", "x", ".", "\\", "+", "-", "|"]
 MAX_TABLE_ROWS = 1000
 STATIC_ABOVE = 100  # rows: a longer table is drawn as one static component (long_table)
 # Runs side by side (Compare) get their own colours, apart from the ops' and schemes' above.

@@ -12,7 +12,18 @@ from commlens.contract.compare import RunsComparison
 from commlens.vocab import OPS, SCHEMES
 
 from .client import ApiClient, ApiProblem
-from .components import RUN_COLORS, chart_block, empty, figure, guarded, loading, problem_box, push_state, td_num
+from .components import (
+    PATTERNS,
+    RUN_COLORS,
+    chart_block,
+    empty,
+    figure,
+    guarded,
+    loading,
+    problem_box,
+    push_state,
+    td_num,
+)
 from .config import UiConfig
 from .fmt import byte_axis, exact_bytes, num
 from .urls import query
@@ -247,7 +258,7 @@ def overlaid(hists: list[Histogram], mode: str) -> Any:
                 width=OVERLAY_WIDTH * (len(hists) - i) / len(hists) if nested else None,
                 marker_color=PALETTE[i % len(PALETTE)],
                 marker_line={"width": 1, "color": "white"} if nested else None,
-                marker_pattern_shape=["", "/", ".", "x", "+"][j % 5],
+                marker_pattern_shape=PATTERNS[j % len(PATTERNS)],
                 opacity=0.9 if nested else 1,
                 customdata=[[num(s.calls[k]), exact_bytes(s.bytes[k])] for k in range(len(h.bins))],
                 hovertemplate="<b>" + name + "</b><br>%{x}<br>calls %{customdata[0]}<br>bytes "

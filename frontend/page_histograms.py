@@ -15,6 +15,7 @@ from commlens.vocab import OPS, SCHEMES
 
 from .components import (
     OP_COLORS,
+    PATTERNS,
     chart_block,
     csv_link,
     empty,
@@ -162,15 +163,17 @@ def panel(h: Histogram, scheme: str | None, series: list[HistogramSeries]) -> ht
             y=s.values,
             customdata=custom,
             marker_color=OP_COLORS.get(s.op, "#777"),
-            marker_pattern_shape="" if series.index(s) == _first_of_op(series, s.op) else "/",
+            marker_pattern_shape=PATTERNS[[x for x in series if x.op == s.op].index(s) % len(PATTERNS)],
             hovertemplate=(
                 "<b>%{x}</b><br>" + _series_name(s) + "<br>calls: %{customdata[4]}"
                 "<br>bytes: %{customdata[5]}<extra></extra>"
             ),
         )
-        top += max(s.values, default=0.0)  # bound of the stacked bars' height, for the tick labels only
+        top = max([top, *s.values])  # the highest bar, for the axis range and tick labels
+    # side by side, not stacked: on a log axis a stacked part's height is no measure of its value (two equal
+    # halves drew one as the whole bar and the other as a thin cap)
     fig.update_layout(
-        barmode="stack",
+        barmode="group",
         xaxis={"type": "category", "categoryorder": "array", "categoryarray": labels, "tickangle": -35},
         clickmode="event",
     )
@@ -203,10 +206,6 @@ def panel(h: Histogram, scheme: str | None, series: list[HistogramSeries]) -> ht
             raw.append([s.op, s.dtype, b.label, b.lo, b.hi, s.calls[i], s.bytes[i]])
     graph_id = {"type": "hg-graph", "scheme": scheme if scheme is not None else UNATTRIBUTED}
     return chart_block(graph_id, fig, cols, display, raw, f"{h.run}-{scheme or 'unattributed'}-histogram.csv")
-
-
-def _first_of_op(series: list[HistogramSeries], op: str) -> int:
-    return next(i for i, s in enumerate(series) if s.op == op)
 
 
 def histogram_view(h: Histogram) -> Any:

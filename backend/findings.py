@@ -48,7 +48,7 @@ from commlens.vocab import format_bytes
 
 from .bandwidth import bandwidth
 from .findings_common import Steps, dur, num, pct, profiled_steps, severity_from, shown
-from .findings_mismatch import collective_mismatches
+from .findings_mismatch import calls_stop_early, collective_mismatches
 from .findings_time import MIN_STEPS, short_of_floor, time_findings
 from .hang import root_ranks, run_hang
 from .iterations import fresh_run_id
@@ -760,6 +760,7 @@ def findings(
         + _imbalance(con, run_id, totals, steps, by_arrival, views)
         + _low_busbw(con, run_id, bw, steps, views)
         + collective_mismatches(con, run_id)
+        + calls_stop_early(con, run_id)
         + _hang(run_hang(con, run_id))
     )
     if config is None:

@@ -141,3 +141,55 @@ def _finding(
             )
         ),
     )
+
+
+def calls_stop_early(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
+    """One finding per rank whose NCCL log ends while its peers' go on: the collectives they issued after its last
+    one are missing from it (the time analysis' "missing on a member" mismatches, all after the rank's last call in
+    each group). A log cut short and a rank that stopped (a hang, a crash) look alike; profiler traces are left
+    out, since their windows end where each rank's profiler stopped."""
+    rows = con.execute(
+        """
+        WITH miss AS (
+            SELECT rank_b AS rank, group_key, count(DISTINCT position) AS n, min(position) AS first_missing
+            FROM time_mismatches WHERE run_id = $run AND reason = 'missing on a member' AND side_b IS NULL
+            GROUP BY ALL
+        ), had AS (
+            SELECT i.group_key, m.rank, max(i.match_key) AS last_had
+            FROM time_instances i JOIN time_instance_members m ON m.run_id = i.run_id AND m.instance_id = i.instance_id
+            WHERE i.run_id = $run GROUP BY ALL
+        ), kinds AS (
+            SELECT e.rank, bool_or(s.kind = 'nccl_log') AS logged, bool_or(s.kind = 'kineto') AS traced
+            FROM comm_events e JOIN sources s ON s.source_id = e.source_id
+            WHERE e.run_id = $run AND e.rank IS NOT NULL GROUP BY e.rank
+        )
+        SELECT miss.rank, sum(miss.n), list(miss.group_key ORDER BY miss.group_key)
+        FROM miss LEFT JOIN had ON had.group_key = miss.group_key AND had.rank = miss.rank
+        JOIN kinds ON kinds.rank = miss.rank
+        WHERE kinds.logged AND NOT kinds.traced
+        GROUP BY miss.rank
+        HAVING bool_and(had.last_had IS NULL OR miss.first_missing > had.last_had)
+        ORDER BY miss.rank
+        """,
+        {"run": run_id},
+    ).fetchall()
+    out = []
+    for rank, missing, groups in rows:
+        n = int(missing)
+        out.append(
+            Finding(
+                id=f"calls-stop-early:{rank}",
+                title=f"Rank {rank}'s NCCL log stops early: {n} collective{'s' if n != 1 else ''} its peers issued "
+                "after its last one are missing from it",
+                severity="medium",
+                impact=0.0,  # no bytes of its own: it says what the run's files do not hold
+                evidence={"rank": rank, "missing_calls": n, "groups": ", ".join(groups)},
+                view={"page": "time", "rank": rank},
+                suggestion=f"Either rank {rank}'s log was cut short (copied while the job was writing it, a full disk, "
+                f"NCCL_DEBUG_FILE not flushed when the process was killed) or rank {rank} stopped there while its peers "
+                "went on to wait for it: a hang or a crash. If the job did not end cleanly, look at that rank first "
+                "(its exit code and stderr); PyTorch's Flight Recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) dumps what each "
+                "rank was doing when a collective timed out. The time page's mismatches list the calls.",
+            )
+        )
+    return out

@@ -81,3 +81,33 @@ def test_members_known_by_their_commid_are_checked_as_one_communicator(
         f"rank 0 (kolyoz1:27255) calls {second[0].lower().replace('allreduce', 'all_reduce')}({second[1]} x float32); "
         "rank 4 (kolyoz2:25146) calls all_reduce(1024 x float32)"
     )
+
+
+def test_a_rank_whose_log_stops_early_is_named(tmp_path: Path) -> None:
+    """One process's log cut 30 COLL lines before its end, the others whole: the time analysis counted the
+    peers' later calls "missing on a member" and no finding said so. The bench's own logs end a few calls apart
+    (rank 0 misses its last 4 there): the cut names rank 2 besides, with calls in each of its groups."""
+    from nccl_bench import nccl_bench
+
+    from commlens import store
+
+    nccl_bench().write_per_process(tmp_path / "job", 8000, "2.21.5")
+    files = sorted((tmp_path / "job").iterdir())
+    lines = files[2].read_text().splitlines(keepends=True)
+    coll = [i for i, line in enumerate(lines) if "opCount" in line]
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    for f in files:
+        (cut / f.name).write_text("".join(lines[: coll[-30]]) if f == files[2] else f.read_text())
+    con = store.connect(tmp_path / "x.duckdb")
+
+    def stopped(run: str, folder: Path) -> dict[int, int]:
+        assert not ingest_run(con, run, iter_inputs([folder]), split_jobs=True).failed
+        found = [f for f in findings(con, run) if f.id.startswith("calls-stop-early:")]
+        assert all(f.severity == "medium" and f.view == {"page": "time", "rank": f.evidence["rank"]} for f in found)
+        return {int(f.evidence["rank"]): int(f.evidence["missing_calls"]) for f in found}
+
+    whole, cut_short = stopped("whole", tmp_path / "job"), stopped("cut", cut)
+    assert whole == {0: 4}
+    assert cut_short.pop(2) in range(1, 31) and cut_short == whole
+    con.close()

@@ -48,7 +48,7 @@ SCALE_RANKS = 64  # more ranks than this: summary first, then one band at a time
 BAND = 32
 MAX_CELLS = 128  # a heatmap side drawn at most this many cells; wider matrices are binned
 ALL_RANKS = "all"
-METRICS = {"bytes": "bytes", "time_us": "time (µs)"}
+METRICS = {"bytes": "bytes", "time_us": "time in collectives"}  # values µs, labelled in human units
 BASES = {"per_iteration": "per iteration", "total": "whole trace"}
 UNATTRIBUTED = "unattributed"
 
@@ -193,7 +193,7 @@ def heatmap(
         [[cell[(rk, s)].calls, cell[(rk, s)].iterations] if (rk, s) in cell else [None, None] for s in schemes]
         for rk in ranks
     ]
-    unit = "bytes" if metric == "bytes" else "µs"
+    unit = "bytes" if metric == "bytes" else "time"  # the colour bar's ticks say the unit (ms, µs)
     label = f"{METRICS[metric]} {BASES[basis]}"
     scope = "" if t.first is None else f", ranks {t.first}-{t.last}"
     fig = figure(

@@ -236,8 +236,9 @@ def fetch(client: ApiClient, run: str, group: str | None, offset: int) -> tuple[
 def topology_view(run: str, group: str | None, comms: TopologyRows, topo: TopologyRows, tuning: TopologyRows) -> Any:
     if not (comms.total or topo.total or tuning.total):
         return empty(
-            "No NCCL topology in this run: it comes from NCCL debug logs (NCCL_DEBUG=INFO) with their Init, "
-            "ring, tree and channel lines; profiler traces do not carry it."
+            "No NCCL topology in this run: it comes from the Init, ring, tree and channel lines of NCCL debug logs "
+            "(NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS including INIT and GRAPH: a log of COLL lines only has none); "
+            "profiler traces do not carry it."
         )
     rows = records(topo)
     comm_cols = [c for c in comms.columns if any(r.get(c) is not None for r in records(comms))]

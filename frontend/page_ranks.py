@@ -188,6 +188,10 @@ def heatmap(
             ranks.append(r.rank)
     cell = {(r.rank, r.scheme or UNATTRIBUTED): r for r in t.rows}
     z = [[_value(cell[(rk, s)], metric, basis) if (rk, s) in cell else None for s in schemes] for rk in ranks]
+    no_iterations = basis == "per_iteration" and all(v is None for row in z for v in row)
+    if no_iterations:  # an empty chart said nothing: show the whole trace, and say why
+        basis = "total"
+        z = [[_value(cell[(rk, s)], metric, basis) if (rk, s) in cell else None for s in schemes] for rk in ranks]
     text = [[_fmt(v, metric) if v is not None else "" for v in row] for row in z]
     custom = [
         [[cell[(rk, s)].calls, cell[(rk, s)].iterations] if (rk, s) in cell else [None, None] for s in schemes]
@@ -280,6 +284,11 @@ def heatmap(
         else ""
     )
     note = (empty_cells + note_basis).strip() or None
+    if no_iterations:
+        note = (
+            "No rank has per-iteration values (the run has no iterations: no profiler steps, and no repeating "
+            "pattern in its communicators), so this is the whole trace. " + (note or "")
+        ).strip()
     return html.Div(
         [
             chart_block("rk-heatmap", fig, cols, display, raw, f"{t.run}-ranks.csv", note=note),

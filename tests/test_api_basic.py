@@ -444,11 +444,13 @@ def test_promote_a_finding_to_review(client: httpx.Client) -> None:
     assert "<table>" in item["body_html"]
     rows = [line.split(" | ") for line in item["body"].splitlines() if line.startswith("| ") and "---" not in line]
     shown = {k.strip("| "): v.strip("| ") for k, v in rows[1:]}  # after the header row
+    # as the finding card shows them (units, percentages: "wait share 0.966432" read raw), no "None"
     assert shown == {
-        k.replace("_", " "): str(v) if not isinstance(v, float) else f"{v:.6g}"
-        for k, v in f["evidence"].items()
-        if v is not None
-    }  # no "None", no field names
+        k.replace("_", " "): f["evidence_text"].get(k, str(v)) for k, v in f["evidence"].items() if v is not None
+    }
+    assert shown["small call share"] == f["evidence_text"]["small_call_share"] and shown["small call share"].endswith(
+        "%"
+    )
     problem(client.post(f"/api/runs/seeded/findings/{f['id']}/review"), 409)
     assert client.get("/api/runs/seeded/review", params={"finding": f["id"]}).json()["total"] == 1
     problem(client.post("/api/runs/seeded/findings/no-such/review"), 404)

@@ -309,10 +309,8 @@ def promote_finding(run: str, finding_id: str, cur: Cursor, who: Writer) -> Revi
             f"run {run!r} has no finding {finding_id!r} now; GET /api/runs/{run}/findings lists them",
             "unknown-finding",
         )
-    evidence = "\n".join(  # what the finding does not know (None) is left out
-        f"| {k.replace('_', ' ')} | {f'{v:.6g}' if isinstance(v, float) else v} |"
-        for k, v in f.evidence.items()
-        if v is not None
+    evidence = "\n".join(  # as the finding card shows it (97%, 16.0 ms, 507 KiB); what it does not know is left out
+        f"| {k.replace('_', ' ')} | {f.evidence_text.get(k, v)} |" for k, v in f.evidence.items() if v is not None
     )
     body = f"**{f.title}** ({f.severity})\n\n| evidence | value |\n|---|---|\n{evidence}\n\nSuggestion: {f.suggestion}"
 

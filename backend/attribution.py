@@ -353,20 +353,31 @@ def _share(part: int, whole: int) -> float:
     return part / whole if whole else 0.0
 
 
-def _world_verdict(g: _Group, others_with_collectives: int, config: dict[str, Any] | None, world: int) -> _Verdict:
-    verdict = _world_group_verdict(g, others_with_collectives, config, world)
+def _world_verdict(
+    g: _Group, others_with_collectives: int, config: dict[str, Any] | None, world: int, twins: int = 0
+) -> _Verdict:
+    """`twins`: the other world-sized groups (COLL lines without INIT: one communicator per process)."""
+    verdict = _world_group_verdict(g, others_with_collectives, config, world, twins)
     if world == 1:
         return replace(verdict, reason=verdict.reason + " (a one-rank job: its collectives move no data between ranks)")
     return verdict
 
 
 def _world_group_verdict(
-    g: _Group, others_with_collectives: int, config: dict[str, Any] | None, world: int
+    g: _Group, others_with_collectives: int, config: dict[str, Any] | None, world: int, twins: int
 ) -> _Verdict:
     parallel = (config or {}).get("parallel") or {}
     if parallel.get("dp") == world and world > 1:
         return _Verdict("dp", "label", f"world group; the run config has parallel.dp = {world} = world size", 0.95)
     desc = f"world group '{g.description}'" if g.description else "world group"
+    alone = "is the only group with collectives"
+    if twins:
+        n = twins + 1
+        desc += (
+            f" (one of {n} world-sized groups, each seen from one process: without INIT lines naming a commId, one "
+            f"communicator seen from {n} processes stays {n} groups)"
+        )
+        alone = "has no sub-group with collectives beside it"
     if others_with_collectives:
         return _Verdict(
             "other",
@@ -382,7 +393,7 @@ def _world_group_verdict(
         return _Verdict(
             "other",
             "structure",
-            f"{desc} is the only group with collectives but mixes all_reduce ({ar_share:.0%} of bytes, "
+            f"{desc} {alone} but mixes all_reduce ({ar_share:.0%} of bytes, "
             f"data-parallel-like) and all_to_all ({a2a_share:.0%}, model-parallel exchange as in "
             "embedding or expert layers): one group serves two schemes; set an override if one of "
             "them is what you want to see",
@@ -392,7 +403,7 @@ def _world_group_verdict(
         return _Verdict(
             "dp",
             "structure",
-            f"{desc} is the only group with collectives; {ar_share:.0%} of its bytes are all_reduce "
+            f"{desc} {alone}; {ar_share:.0%} of its bytes are all_reduce "
             f"with calls up to {ar_max / MiB:.1f} MiB (gradient-bucket sized): data-parallel gradient "
             "synchronisation",
             0.75,
@@ -510,9 +521,11 @@ def _structure(groups: list[_Group], world: int | None, config: dict[str, Any] |
             out[g.key] = _Verdict("ep", "structure", reason, 0.3)
         else:
             collective.append(g)
-    for g in groups:
-        if g.key not in out and g not in collective:  # world groups
-            out[g.key] = _world_verdict(g, len(collective), config, world or g.n)
+    worlds = [g for g in groups if g.key not in out and g not in collective]
+    by_pointer = [g for g in worlds if g.key.startswith("nccl:ptr:")]  # a process's communicator, no commId
+    for g in worlds:
+        twins = len(by_pointer) - 1 if g in by_pointer else 0
+        out[g.key] = _world_verdict(g, len(collective), config, world or g.n, twins)
     strides = {g.key: layout_stride(g.ranks) for g in collective}
     distinct = sorted({s for s in strides.values() if s is not None})
     has_pp = any(v.scheme == "pp" for v in out.values())

@@ -233,6 +233,9 @@ def test_real_nccl_log_128_rank_all_reduce_is_dp(con, data_dir):
     assert groups and all(g.size == 128 for g in groups)
     assert {(g.scheme, g.source) for g in groups} == {("dp", "structure")}
     assert all("all_reduce" in g.reason and "MiB" in g.reason for g in groups)
+    # three processes' pointer-keyed groups: none is "the only group with collectives"
+    assert len(groups) == 3 and not [g for g in groups if "only group" in g.reason]
+    assert all("(one of 3 world-sized groups, each seen from one process" in g.reason for g in groups)
     summary = attribution_summary(con, "ray")
     assert summary.events_by_scheme == {"dp": 4} and summary.unattributed_events == 0
 

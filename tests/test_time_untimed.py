@@ -110,6 +110,20 @@ def test_bench_shaped_log(con, bench_log, monkeypatch):
     assert len(out["time_instance_members"]) == sum(r[9] for r in out["time_instances"])
     assert {r[2] for r in out["time_mismatches"]} == {"missing on a member"}  # the processes stop mid-iteration
     assert out["time_rank_totals"] == [(r, 0, 0, 0, 0.0, 0.0, None, None, None) for r in range(8)]
+    status = {(part, reason) for part, ok, reason in _status(out) if not ok}
+    assert ("memcpy", "no device activity recorded (no profiler trace with CUDA activity): no memcpy lane") in status
+
+
+def test_logs_of_two_hosts_have_no_clocks_to_align(con, tmp_path, monkeypatch) -> None:
+    """The per-process logs of two hosts: no call has a time, so there is nothing to align; it read "clocks not
+    aligned: host B: 0 instances shared with host A (need 5)", host A's ranks with every instance of the run."""
+    nccl_bench().write_per_process(tmp_path / "job", 8_000, "2.21.5")
+    for f in sorted((tmp_path / "job").iterdir())[4:]:
+        f.write_text(f.read_text().replace("gpu-a100-017", "gpu-a100-018"))
+    out = _same_as_general(con, _ingest(con, "two", sorted((tmp_path / "job").iterdir())), monkeypatch)
+    assert ("clocks", False, "the calls carry no times (NCCL logs): no clocks to align") in _status(out)
+    offsets = out["time_clock_offsets"]
+    assert {r[1] for r in offsets} == {"gpu-a100-017", "gpu-a100-018"} and {r[5] for r in offsets} == {0}
 
 
 def test_bench_shaped_log_with_losses_and_garbled_lines(tmp_path, con, bench_log, monkeypatch):

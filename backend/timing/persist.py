@@ -446,10 +446,7 @@ def _statuses(job: TimeAnalysis, data: RunInput, status: dict[tuple[str, str], b
         status[("breakdown", note)] = False
     if len(job.breakdown.rank):
         status[("breakdown", f"{len(job.breakdown.rank)} rank-steps")] = True
-    no_device = sorted(r for r, d in data.ranks.items() if not d.has_device and data.interval_counts.get(r))
-    if no_device:
-        status[("memcpy", f"no device activity on ranks {no_device}: no memcpy lane there")] = False
-    status[("memcpy", "memcpy lane from the device copies and memsets")] = True
+    _memcpy_status(data, status)
     for g, verdict in sorted(job.stragglers.verdicts.items()):
         status[("stragglers", f"{g}: {verdict}")] = True
     for p in job.paths:
@@ -457,6 +454,16 @@ def _statuses(job: TimeAnalysis, data: RunInput, status: dict[tuple[str, str], b
             status[("critical_path", f"step {p.step}: {p.note}")] = False
     if job.paths and not any(p.note for p in job.paths):
         status[("critical_path", f"{len(job.paths)} steps")] = True
+
+
+def _memcpy_status(data: RunInput, status: dict[tuple[str, str], bool]) -> None:
+    no_device = sorted(r for r, d in data.ranks.items() if not d.has_device and data.interval_counts.get(r))
+    if no_device:
+        status[("memcpy", f"no device activity on ranks {no_device}: no memcpy lane there")] = False
+    if any(d.has_device for d in data.ranks.values()):
+        status[("memcpy", "memcpy lane from the device copies and memsets")] = True
+    else:
+        status[("memcpy", "no device activity recorded (no profiler trace with CUDA activity): no memcpy lane")] = False
 
 
 def _strings(vocab: Sequence[str | None], codes: Ints) -> pa.Array:

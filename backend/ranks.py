@@ -265,12 +265,13 @@ def rank_summary(
             )
         if kind == "band":
             lo = int(ident) * band
+            hi = min(lo + band - 1, max(int(r) for r in members[key]))  # an 8-rank run's band is ranks 0-7
             groups.append(
                 RankGroup(
-                    label=f"ranks {lo}-{lo + band - 1}",
+                    label=f"ranks {lo}-{hi}",
                     kind="band",
                     first=lo,
-                    last=lo + band - 1,
+                    last=hi,
                     members=len(members[key]),
                     cells=group_cells,
                 )

@@ -140,6 +140,10 @@ def test_delete_needs_an_existing_store(tmp_path: Path) -> None:
             "error: --kv-heads: must divide heads (16): each KV head serves heads / kv_heads heads (got 3)",
         ),
         (["--kv-heads", "32"], "error: --kv-heads: must be at most heads (16) (got 32)"),
+        (
+            ["--hidden", "100", "--heads", "16"],
+            "error: --heads: must divide hidden (100): each attention head is hidden / heads wide (got 16)",
+        ),
         (["--format", "xml"], "error: --format must be table or json"),
         (["--zero", "5"], "error: --zero: input should be 0, 1, 2 or 3 (got 5)"),
         (["--dp", "0"], "error: --dp: input should be greater than or equal to 1 (got 0)"),

@@ -40,6 +40,15 @@ class ModelSpec(BaseModel):
     top_k: int = Field(default=1, ge=1, le=MAX_DEGREE)
     capacity_factor: float | None = Field(default=None, gt=0, le=MAX_DEGREE)
 
+    @field_validator("heads")
+    @classmethod
+    def _heads_divide_hidden(cls, heads: int, info: ValidationInfo) -> int:
+        """Each head is hidden / heads wide: a model whose heads do not divide it does not exist."""
+        hidden = info.data.get("hidden")  # absent when hidden itself was invalid
+        if hidden is not None and hidden % heads:
+            raise ValueError(f"must divide hidden ({hidden}): each attention head is hidden / heads wide")
+        return heads
+
     @field_validator("kv_heads")
     @classmethod
     def _kv_heads_divide_heads(cls, kv: int | None, info: ValidationInfo) -> int | None:

@@ -784,6 +784,15 @@ def path_view(path: CriticalPath) -> html.Div:
     step_us = path.end_us - path.start_us
     cats = [(c, path.categories.get(c)) for c in TIME_CATEGORIES if path.categories.get(c)]
     shares = ", ".join(f"{s} {pct(v)}" for s, v in sorted(path.exposed_share_by_scheme.items())) or "none"
+    # the path starts where its first rank began the step; ranks that began earlier make the step longer
+    before = step_us - sum(v or 0.0 for _, v in cats)
+    first = path.segments[-1].rank if path.segments else None
+    gap = (
+        f"{duration_us(before)}: rank {first}, where the path begins, started the step that long after the "
+        "first rank to start it"
+        if first is not None and before > max(1.0, 1e-3 * step_us)
+        else None
+    )
     return html.Div(
         [
             html.H3("Critical path"),
@@ -795,7 +804,8 @@ def path_view(path: CriticalPath) -> html.Div:
                         f"{len(path.segments)} on ranks " + path_ranks(path),
                     ),
                     ("on the path", ", ".join(f"{c} {duration_us(v)}" for c, v in cats) or "-"),
-                    ("exposed comm per scheme", shares),
+                    *([("before the path", gap)] if gap else []),
+                    ("wait + exposed on the path, of the step, per scheme", shares),
                     ("note", path.note),
                 ]
             ),

@@ -646,6 +646,7 @@ class _Parser:
             )
         self._name_unprefixed()
         self._finish_comms()
+        self._warn_of_several_jobs()
         multi = self.state.multi_device()
         if multi:
             relabel(res, self.state, multi, self.arange)
@@ -657,6 +658,36 @@ class _Parser:
             res.warn(f"{self.name}:line {line_no}: skipped: {reason} (first of {res.skipped[reason]})")
         res.meta.update(self._meta(len(contexts)))
         return res
+
+    def _warn_of_several_jobs(self) -> None:
+        """Processes whose communicators never meet, each set with a world-sized one, are separate jobs in one
+        file (two srun steps, an elastic restart appended): their ranks collide, so say so."""
+        world = max((int(c["nranks"]) for c in self.res.nccl_comms if c.get("nranks")), default=0)
+        parent: dict[Any, Any] = {}
+
+        def root(x: Any) -> Any:
+            while parent.setdefault(x, x) != x:
+                x = parent[x]
+            return x
+
+        for c in self.res.nccl_comms:
+            if c.get("comm_id"):
+                parent[root(("proc", c.get("host"), c.get("pid")))] = root(("comm", c["comm_id"]))
+        worlds = sorted(
+            {
+                (root(("comm", c["comm_id"])), str(c["comm_id"]))
+                for c in self.res.nccl_comms
+                if c.get("comm_id") and c.get("nranks") == world and world > 1
+            }
+        )
+        jobs = dict(worlds)  # one world communicator per job named
+        if len(jobs) > 1:
+            ids = ", ".join(sorted(jobs.values()))
+            self.res.warn(
+                f"{self.name}: holds {len(jobs)} jobs: world communicators {ids} of {world} ranks share no process, "
+                "so their ranks collide (the later job's processes get no global rank); split the file per job "
+                "(per srun step or restart) and ingest each into its own run"
+            )
 
     def _name_unprefixed(self) -> None:
         """The process of envelope-less lines takes the device its Init lines name ("unknown/cuda:N", as a

@@ -8,6 +8,7 @@ import gzip
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -487,3 +488,21 @@ def test_cli_prints_bracketed_text_of_skip_reasons_and_names(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "run exp[1]: files" in proc.stdout
     assert "NCCL INFO line without a '[dev] NCCL INFO' prefix (garbled): 1" in proc.stdout
+
+
+def test_one_log_holding_two_jobs_says_so(tmp_path: Path) -> None:
+    """Two jobs' logs in one file (two srun steps of a batch script, one output file): communicators that never
+    meet, ranks 0-7 twice. It was stored as one run without a word, the second job's processes without ranks."""
+    from nccl_bench import nccl_bench
+
+    nccl_bench().write_interleaved(tmp_path / "a.log", 3_000, "2.21.5")
+    first = (tmp_path / "a.log").read_text()
+    # the same job again as another: new communicator ids, new pids (52100.. -> 62100..)
+    second = re.sub(r"^([\w.-]+):52(\d{3}):", r"\1:62\2:", first.replace("0x6a00", "0x7b00"), flags=re.M)
+    second = second.replace("0x5f3e9c2a1b7d4e60", "0x6f3e9c2a1b7d4e60")
+    alone = parse_log(first)
+    assert not [w for w in alone.warnings if "jobs:" in w]
+    both = parse_log(first + second)
+    (said,) = [w for w in both.warnings if " jobs: " in w]
+    assert said.startswith("t.log: holds 2 jobs: world communicators 0x5f3e9c2a1b7d4e60, 0x6f3e9c2a1b7d4e60 of 8 ")
+    assert said.endswith("split the file per job (per srun step or restart) and ingest each into its own run")

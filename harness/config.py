@@ -323,6 +323,8 @@ def _cp_errors(cfg: HarnessConfig) -> list[str]:
     if cfg.cp_rq is not None and cfg.cp_style != "attention2d":
         errors.append("--cp-rq is the ATTENTION2D mesh split; it needs --cp-style attention2d")
     if cfg.cp == 1:
+        if cfg.cp_style == "attention2d":
+            errors.append("--cp-style attention2d splits the context-parallel group; it needs --cp > 1")
         return errors
     if cfg.seq_len % cfg.cp:
         errors.append(

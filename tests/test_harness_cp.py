@@ -58,6 +58,7 @@ Calls = Counter[tuple[str, str, str, int]]  # (scheme, op, dtype, S) -> calls pe
         ({"cp": 4, "cp_style": "attention2d", "cp_rq": 3}, "--cp-rq 3 does not divide --cp 4"),
         ({"cp": 8, "cp_style": "attention2d"}, "--cp 8 is not a perfect square"),
         ({"cp": 2, "cp_rq": 2}, "--cp-rq is the ATTENTION2D mesh split"),
+        ({"dp": 2, "cp_style": "attention2d"}, "--cp-style attention2d splits the context-parallel group"),
         ({"cp": 2, "cp_style": "ulysses"}, "--cp-style must be one of ring, attention2d"),
         ({"cp": 2, "pp": 2}, "--cp with --pp is not supported"),
         ({"cp": 2, "dp": 2, "zero": 1}, "--cp with --zero 1 is not supported"),

@@ -145,6 +145,11 @@ def td_num(value: float | int | None, text: str | None = None, **props: Any) -> 
     return html.Td(num(value) if text is None else text, className="num", **data, **props)
 
 
+def td_id(value: int | None, **props: Any) -> html.Td:
+    """A numeric identifier (rank, step, iteration): sorted as a number, shown without thousands separators."""
+    return td_num(value, "-" if value is None else str(value), **props)
+
+
 def table(
     columns: Sequence[str],
     rows: Sequence[Sequence[Any]],

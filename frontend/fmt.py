@@ -14,7 +14,7 @@ def exact_bytes(n: float | int | None) -> str:
     """'120,320 B (118 KiB)': the exact value first, the readable one after."""
     if n is None:
         return "-"
-    exact = f"{int(n):,}" if float(n) == int(n) else f"{n:,.3f}"
+    exact = f"{int(n):,}" if float(n) == int(n) else f"{n:,.3f}".rstrip("0").rstrip(".")
     return f"{exact} B" if abs(n) < 1024 else f"{exact} B ({format_bytes(n)})"
 
 

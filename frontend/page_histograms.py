@@ -24,6 +24,7 @@ from .components import (
     loading,
     push_state,
     table,
+    td_id,
     td_num,
 )
 from .config import UiConfig
@@ -384,13 +385,13 @@ def register(app: Dash, cfg: UiConfig) -> None:
 
         display = [
             [
-                td_num(r.rank),
+                td_id(r.rank),
                 r.op,
                 r.dtype or "-",
                 td_num(r.msg_bytes, exact_bytes(r.msg_bytes)),
                 html.Span(r.group_key or "-", className="mono"),
                 td_num(r.group_size),
-                td_num(r.iteration),
+                td_id(r.iteration),
                 since_step(r),
                 td_num(r.dur_us, duration_us(r.dur_us)),
                 r.source_kind,

@@ -27,6 +27,7 @@ from .components import (
     severity_badge,
     static_table,
     table,
+    td_id,
     td_num,
 )
 from .config import UiConfig
@@ -256,7 +257,17 @@ def sources(client: ApiClient, run: str) -> Any:
         note = s.error or "; ".join(s.warnings or [])
         if s.skipped:
             note = (note + "; " if note else "") + "skipped " + ", ".join(f"{k}: {v}" for k, v in s.skipped.items())
-        rows.append([s.path, s.kind, s.status, num(s.rank), num(s.n_events), format_bytes(s.size_bytes), note])
+        rows.append(
+            [
+                s.path,
+                s.kind,
+                s.status,
+                "-" if s.rank is None else str(s.rank),
+                num(s.n_events),
+                format_bytes(s.size_bytes),
+                note,
+            ]
+        )
     failed = sum(1 for s in page.items if s.status == "failed")
     return html.Div(
         [
@@ -296,7 +307,7 @@ def hang(client: ApiClient, run: str) -> Any:
                 [
                     g.group,
                     f"{g.op} #{g.seq}",
-                    td_num(x.rank),
+                    td_id(x.rank),
                     html.Strong("never arrived") if missing else "arrived",
                     x.doing,
                 ]
@@ -322,7 +333,7 @@ def rank_sources(client: ApiClient, run: str) -> Any:
         return empty("No file names a rank yet.")
     rows = [
         [
-            num(x.rank),
+            str(x.rank),
             ", ".join(sorted({s.kind for s in x.sources})),
             "; ".join(s.path for s in x.sources),
             num(sum(s.counted for s in x.sources)),

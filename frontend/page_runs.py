@@ -14,7 +14,7 @@ from commlens.contract.runs import RUN_NAME_PATTERN, RunCreate, RunSummary
 from commlens.vocab import format_bytes
 
 from .client import ApiProblem
-from .components import empty, guarded, loading, message, problem_box, push_state, table, td_num
+from .components import empty, guarded, loading, message, problem_box, push_state, table, td_id, td_num
 from .config import UiConfig
 from .fmt import exact_bytes
 from .urls import count_or_none, query, run_path
@@ -184,7 +184,7 @@ def job_view(job: JobOut) -> html.Div:
                 html.Span(f.path, className="mono"),
                 html.Span(f.status, className=f"badge st-{f.status}"),
                 f.kind or "-",
-                td_num(f.rank),
+                td_id(f.rank),
                 td_num(f.events),
                 td_num(f.size, exact_bytes(f.size)),
                 note,

@@ -42,6 +42,7 @@ from .components import (
     message,
     push_state,
     table,
+    td_id,
     td_num,
 )
 from .config import UiConfig
@@ -465,7 +466,7 @@ def breakdown_view(
         display.append(
             [
                 r.rank,
-                td_num(r.step),
+                td_id(r.step),
                 td_num(r.step_us, duration_us(r.step_us)),
                 *[td_num(v.get(c, 0.0), duration_us(v.get(c, 0.0))) for c in cats],
                 td_num(htod.bytes if htod else None, exact_bytes(htod.bytes) if htod else "-"),

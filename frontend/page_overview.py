@@ -148,7 +148,7 @@ def schemes(client: ApiClient, run: str) -> Any:
     )
 
 
-def volumes_chart(c: Comparison, graph_id: Any = "ov-volumes") -> Any:
+def volumes_chart(c: Comparison, graph_id: Any = "ov-volumes", *, on_predicted: bool = False) -> Any:
     if not c.schemes:
         return empty("No calls inside complete iterations and no prediction: nothing to compare.")
     names = [s.scheme for s in c.schemes]
@@ -185,7 +185,7 @@ def volumes_chart(c: Comparison, graph_id: Any = "ov-volumes") -> Any:
         )
     top = max(predicted + measured + [0.0])
     fig.update_layout(barmode="group", yaxis=byte_axis(top), bargap=0.35 if len(names) > 1 else 0.6)
-    cols = ["scheme", "predicted", "measured", "unexplained", "measured / predicted"]
+    cols = ["scheme", "predicted", "measured", "unexplained", "explained / predicted"]
     display, raw = [], []
     for s in c.schemes:
         # a scheme nothing predicts has no predicted, unexplained or ratio: "-", not 0 B and all of it unexplained
@@ -206,7 +206,9 @@ def volumes_chart(c: Comparison, graph_id: Any = "ov-volumes") -> Any:
     source = {
         "run": "the run's own configuration",
         "supplied": "a supplied configuration",
-        "none": "no configuration (measured only; add one or use the what-if on Predicted)",
+        "none": "no configuration (measured only)"
+        if on_predicted
+        else "no configuration (measured only; add one or use the what-if on Predicted)",
     }[c.config_source]
     note = (
         f"Prediction from {source}{f' ({c.implementation})' if c.implementation else ''}. "

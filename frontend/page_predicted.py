@@ -278,7 +278,7 @@ def _keep(o: OpComparison, filt: str) -> bool:
 
 
 def comparison_view(c: Comparison, scheme: str, filt: str) -> Any:
-    parts: list[Any] = [volumes_chart(c, "pv-volumes")]
+    parts: list[Any] = [volumes_chart(c, "pv-volumes", on_predicted=True)]
     if c.config_source == "none":
         parts.append(
             message(
@@ -508,7 +508,7 @@ def register(app: Dash, cfg: UiConfig) -> None:
             against: Any = html.Div(
                 [
                     html.H3(f"This configuration against run {run}'s measurements"),
-                    volumes_chart(client.predicted_vs_measured(run, inp), "wi-against"),
+                    volumes_chart(client.predicted_vs_measured(run, inp), "wi-against", on_predicted=True),
                 ]
             )
         except ApiProblem as exc:

@@ -288,6 +288,16 @@ def test_a_configuration_of_another_job_size_is_refused(resnet, data_dir: Path) 
         attach_config(resnet, "resnet", [_file("train.log", MEGATRON_LOG)])
     detail = run_detail(resnet, "resnet")
     assert (detail["world_size"], detail["config_kind"]) == (2, None)  # nothing was stored
+    # a description naming no strategy is DDP over one rank, and the refusal says it was assumed
+    bare = {k: v for k, v in resnet50_description().items() if k != "strategy"}
+    with pytest.raises(
+        ConflictError, match=r"^bare.json \(no strategy, so DDP over 1 rank\) describes a job of 1 rank"
+    ):
+        attach_config(resnet, "resnet", [_file("bare.json", bare)])
+    assert run_detail(resnet, "resnet")["config_kind"] is None
+    assert attach_config(resnet, "resnet", [_file("bare.json", bare)], ParallelOptions(dp=2)).summary.endswith(
+        "ddp over 2 ranks"
+    )
     # supplied for one comparison (`commlens report --config`, a what-if), it is said to be another job's
     supplied = compare(resnet, "resnet", ModelDescription.model_validate(resnet50_description(dp=1)))
     assert (

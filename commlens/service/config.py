@@ -320,14 +320,17 @@ def combine(files: list[tuple[str, ConfigFileKind, Doc]], options: ParallelOptio
 # ---------------------------------------------------------------------------------------- attach
 
 
-def _store_description(con: duckdb.DuckDBPyConnection, run: str, name: str, desc: ModelDescription) -> None:
+def _store_description(
+    con: duckdb.DuckDBPyConnection, run: str, name: str, desc: ModelDescription, defaulted: bool = False
+) -> None:
     """A description is stored as the run's config under DESCRIPTION_KEY (the comparison reads it there), with the
-    strategy and data-parallel size it names."""
+    strategy and data-parallel size it names (`defaulted`: it names none, so DDP over one rank is assumed)."""
     stored = json.dumps({DESCRIPTION_KEY: desc.model_dump(mode="json", by_alias=True)})
 
     def write(c: duckdb.DuckDBPyConnection) -> None:
         run_id = run_id_of(c, run)
-        check_config_world(c, run_id, desc.strategy.dp, f"{name} ({desc.strategy.kind})")
+        what = f"{name} (no strategy, so DDP over 1 rank)" if defaulted else f"{name} ({desc.strategy.kind})"
+        check_config_world(c, run_id, desc.strategy.dp, what)
         c.execute(
             "UPDATE runs SET config = ?, strategy = ?, world_size = ?, updated_at = current_timestamp WHERE run_id = ?",
             [stored, desc.strategy.kind, desc.strategy.dp, run_id],
@@ -382,7 +385,7 @@ def _attach_description(
         raise _invalid(f"{name}: a model description takes only --dp (got {', '.join(sorted(set(given) - {'dp'}))})")
     if "dp" in given:
         desc = desc.model_copy(update={"strategy": desc.strategy.model_copy(update={"dp": given["dp"]})})
-    _store_description(con, run, name, desc)
+    _store_description(con, run, name, desc, defaulted="strategy" not in doc and "dp" not in given)
     s = desc.strategy
     summary = (
         f"{desc.model or name}: {len(desc.parameters)} parameters ({desc.param_count:,} elements), "

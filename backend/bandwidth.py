@@ -23,14 +23,17 @@ from commlens.contract.analysis import (
     SchemeOpBandwidth,
     bin_spec,
 )
-from commlens.store.aggregates import measured_calls
+from commlens.store.aggregates import measured_calls, measured_kind_sql
 
 from .iterations import fresh_run_id, run_id_of
 
 # commlens.store.aggregates.CALLS_SQL's reasons whose explanation depends on the kind of file
 NO_DURATION = "no measured duration"
 ENQUEUE_ONLY = "CPU enqueue time of an NCCL call is not its transfer time"
-WHY = {"group size unknown": "the files name no process group for them, and busbw needs the group's size"}
+WHY = {
+    "group size unknown": "the files name no process group for them and the run's world size is unknown, and busbw "
+    "needs the group's size"
+}
 
 
 def _why_no_bandwidth(con: duckdb.DuckDBPyConnection, run_id: int, excluded: dict[str, int]) -> str:
@@ -65,6 +68,25 @@ def _why_no_bandwidth(con: duckdb.DuckDBPyConnection, run_id: int, excluded: dic
     if not parts and not _has_calls(con, run_id):
         return "no bandwidth: the run holds no collective or point-to-point call to measure"
     return "no bandwidth: " + ("; ".join(parts) if parts else f"no call has a measured duration ({lacking})")
+
+
+def _world_taken(con: duckdb.DuckDBPyConnection, run_id: int) -> list[str]:
+    """The note on measured calls that name no process group and no size: their busbw takes the default group's
+    size, the run's world (commlens.store.aggregates.CALLS_SQL, as wire bytes and the time analysis take them)."""
+    calls, world = con.execute(
+        f"""SELECT sum(a.calls), any_value(r.world_size) FROM comm_agg a
+            JOIN runs r ON r.run_id = a.run_id
+            LEFT JOIN process_groups g ON g.run_id = a.run_id AND g.group_key = a.group_key
+            WHERE a.run_id = ? AND a.group_key IS NULL AND a.max_group_size IS NULL AND r.world_size >= 2
+              AND a.msg_bytes > 0 AND a.op <> 'barrier' AND {measured_kind_sql()}""",
+        [run_id],
+    ).fetchall()[0]
+    if not calls:
+        return []
+    return [
+        f"{calls:,} measured call{'s' if calls != 1 else ''} name no process group: their busbw takes the default "
+        f"group's {world} ranks (the run's world size), as the wire bytes and the time analysis do"
+    ]
 
 
 def _has_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
@@ -125,6 +147,7 @@ def bandwidth(con: duckdb.DuckDBPyConnection, run: str) -> BandwidthReport:
         for r in bins
     ]
     notes = [] if total else [_why_no_bandwidth(con, run_id, excluded)]
+    notes += _world_taken(con, run_id)
     return BandwidthReport(
         run=run,
         calls_with_duration=total,

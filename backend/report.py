@@ -211,6 +211,8 @@ def _bandwidth_md(bw: BandwidthReport) -> list[str]:
         "the nccl-tests factor of the op for its group size; GB/s = 1e9 B/s."
         + (f" Left out of bandwidth: {_left_out(bw.excluded)}." if left else " No call is left out.")
     )
+    if bw.notes:
+        lines += ["", *[f"- {n}" for n in bw.notes]]
     lines += [
         "",
         "| op | size bin | calls | median S | median algbw (GB/s) | median busbw (GB/s) | group sizes |",

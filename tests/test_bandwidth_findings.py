@@ -279,10 +279,10 @@ def test_small_messages_silent_when_few(con):
 
 
 def test_small_messages_label_names_the_threshold_each_op_was_judged_by(con, data_dir):
-    """ResNet-50's trace and the DLRM job in one run (what --one-run stores): ResNet's kernels give all_reduce a
-    measured curve (half the best at 16 MiB, capped at 1 MiB); all_to_all has none (DLRM's calls name no group
-    size), so 64 KiB. DLRM's 448 B and 887 KiB all_reduces are small by the 1 MiB of all_reduce, its all_to_alls
-    by the default: the label said "below 64 KiB (default ...)" beside threshold_bytes = 1 MiB."""
+    """ResNet-50's trace and the DLRM job in one run (what --one-run stores): each op is judged by its own
+    measured curve. DLRM's calls name no group, so their busbw takes the run's world (8 ranks): all_reduce
+    reaches half its best at 1 MiB, all_to_all at 8 KiB. The label names both thresholds, the evidence both
+    bytes (the label once said "below 64 KiB (default ...)" beside threshold_bytes = 1 MiB)."""
     from commlens.ingest.inputs import iter_inputs
     from commlens.service.ingest import ingest_run
 
@@ -292,27 +292,48 @@ def test_small_messages_label_names_the_threshold_each_op_was_judged_by(con, dat
     )
     ingest_run(con, "mixed", iter_inputs([resnet, dlrm]))
     assert {o.op: o.half_bw_bytes for o in bandwidth(con, "mixed").ops} == {
-        "all_reduce": 16 * MiB,
+        "all_reduce": MiB,
+        "all_to_all": 8 << 10,
         "broadcast": 128 << 10,
     }
     [f] = [f for f in findings(con, "mixed") if f.id.startswith("small-messages")]
     assert f.id == "small-messages:unattributed"
-    # 8 ranks x (448 B + 907,840 B) all_reduces below 1 MiB, 8 x (192 + 1,536 + 13,568 + 2 x 24,576) B all_to_alls
-    assert (f.evidence["small_calls"], f.evidence["calls"]) == (16 + 40, 64)
-    assert f.evidence["small_bytes"] == 8 * (448 + 907_840) + 8 * (192 + 1536 + 13_568 + 2 * 24_576)
-    assert f.evidence["threshold"] == (
-        "below 1 MiB for all_reduce (the size where busbw reaches half its best, measured on the device in this run, "
-        "capped at 1 MiB); below 64 KiB for all_to_all (default; no device-measured bandwidth curve for it)"
+    # 8 ranks x (448 B + 907,840 B) all_reduces below 1 MiB, 8 x (192 + 1,536) B all_to_alls below 8 KiB
+    assert (f.evidence["small_calls"], f.evidence["calls"]) == (16 + 16, 64)
+    assert f.evidence["small_bytes"] == 8 * (448 + 907_840) + 8 * (192 + 1536)
+    measured = "the size where busbw reaches half its best, measured on the device in this run"
+    assert (
+        f.evidence["threshold"] == f"below 1 MiB for all_reduce ({measured}); below 8 KiB for all_to_all ({measured})"
     )
-    assert (f.evidence["threshold_bytes"], f.evidence["threshold_bytes_min"]) == (MiB, 64 << 10)
-    assert (f.evidence_text["threshold_bytes"], f.evidence_text["threshold_bytes_min"]) == ("1 MiB", "64 KiB")
+    assert (f.evidence["threshold_bytes"], f.evidence["threshold_bytes_min"]) == (MiB, 8 << 10)
+    assert (f.evidence_text["threshold_bytes"], f.evidence_text["threshold_bytes_min"]) == ("1 MiB", "8 KiB")
     # the report shows the same text as the dashboard (evidence_text), not raw numbers
     from commlens.backend.report import build_report, render_markdown
 
     md = render_markdown(build_report(con, "mixed"))
     line = next(x for x in md.splitlines() if "small, latency-bound messages" in x)
-    assert f"threshold={f.evidence['threshold']}, threshold_bytes=1 MiB, threshold_bytes_min=64 KiB" in line
-    assert "1.049e+06" not in line and "small_bytes=7.42 MiB" in line
+    assert f"threshold={f.evidence['threshold']}, threshold_bytes=1 MiB, threshold_bytes_min=8 KiB" in line
+    assert "1.049e+06" not in line and "small_bytes=6.94 MiB" in line
+
+
+def test_small_messages_label_says_which_op_had_no_curve(con):
+    """One op measured on the device, one only launched (NCCL CPU time): the first is judged by its curve
+    (capped at 1 MiB), the second by the default, and the label says which is which."""
+    groups = [group("pg:dp", [0, 1], "mesh_dp")]
+    # all_reduce: 4 KiB at 10 us, 4 MiB at 100 us, 64 MiB at 1 ms: half the best at 4 MiB, capped at 1 MiB
+    events = [ev(0, i, "all_reduce", 4096, "pg:dp", 2, dur=10.0) for i in range(8)]
+    events += [ev(0, 8 + i, "all_reduce", 4 * MiB, "pg:dp", 2, dur=100.0) for i in range(2)]
+    events += [ev(0, 10 + i, "all_reduce", 64 * MiB, "pg:dp", 2, dur=1000.0) for i in range(2)]
+    events += [ev(0, 12 + i, "all_gather", 1024, "pg:dp", 2, dur=5.0, src="cpu_op") for i in range(8)]
+    write(con, "half", events, groups, rank=0)
+    attribute_run(con, "half")
+    assert {o.op: o.half_bw_bytes for o in bandwidth(con, "half").ops} == {"all_reduce": 4 * MiB}
+    [f] = [f for f in findings(con, "half") if f.id.startswith("small-messages")]
+    assert f.evidence["threshold"] == (
+        "below 1 MiB for all_reduce (the size where busbw reaches half its best, measured on the device in this run, "
+        "capped at 1 MiB); below 64 KiB for all_gather (default; no device-measured bandwidth curve for it)"
+    )
+    assert (f.evidence["small_calls"], f.evidence["threshold_bytes_min"]) == (16, 64 << 10)
 
 
 def test_small_messages_label_states_the_measured_threshold_itself(con):
@@ -484,9 +505,24 @@ def test_real_kineto_ddp_bandwidth_from_kernel_durations(con, data_dir):
     assert findings(con, "resnet") == []
 
 
-def test_real_kineto_without_group_size_has_no_busbw(con, data_dir):
+def test_calls_naming_no_group_take_the_world_as_wire_bytes_do(con, data_dir):
+    """DLRM's trace names no group for its calls: they are the default group's, the 8 ranks of the run's world
+    (as wire bytes and the time analysis take them), and a note says so; bandwidth refused them all before."""
     from commlens.service.ingest import ingest_paths
 
     assert not ingest_paths(con, [data_dir / "kineto-param" / "dlrm_kineto.tar.gz"], "dlrm").failed
     report = bandwidth(con, "dlrm")
-    assert report.calls_with_duration == 0 and report.excluded == {"group size unknown": 64}
+    assert (report.calls_with_duration, report.excluded) == (64, {})
+    assert {n for b in report.bins for n in b.group_sizes} == {8}
+    assert report.notes == [
+        "64 measured calls name no process group: their busbw takes the default group's 8 ranks (the run's world "
+        "size), as the wire bytes and the time analysis do"
+    ]
+    # with no world size known either, the size stays unknown and the call is left out
+    write(con, "anon", [ev(0, 0, "all_reduce", MiB, None, None, dur=50.0)], rank=0)
+    anon = bandwidth(con, "anon")
+    assert (anon.calls_with_duration, anon.excluded) == (0, {"group size unknown": 1})
+    assert anon.notes == [
+        "no bandwidth: 1 calls: group size unknown (the files name no process group for them and the run's world "
+        "size is unknown, and busbw needs the group's size)"
+    ]

@@ -1,7 +1,8 @@
 """One number, one meaning, on every surface: the Markdown report (GET /runs/{run}/report?format=md, what
 `commlens report` prints) against the API's own endpoints, over real data in a real store behind a real server.
 
-- bandwidth: the report counts the calls left out, per reason, as /bandwidth's `excluded` does, timed calls or not;
+- bandwidth: the report counts the calls left out, per reason, as /bandwidth's `excluded` does, timed calls or not,
+  and states the API's notes;
 - the small-message finding: its label names the thresholds its `threshold_bytes` says were used;
 - ranks: the run detail's `ranks` counts global ranks; /histograms' `n_ranks` and /ranks' `ranks` count rank keys,
   processes without a global rank included (an NCCL log's host:pid, a trace without distributedInfo), and both say
@@ -23,7 +24,7 @@ from commlens.ingest.inputs import iter_inputs
 from commlens.service.ingest import ingest_run
 
 RUNS = {
-    # 16-rank job, rank 0: 20 timed calls, 65 left out of bandwidth
+    # 16-rank job, rank 0: 75 timed calls (55 naming no group: the world's 16 ranks), 10 zero-byte ones left out
     "nq": ["kineto-hta/negative_queue_length_values_check/rank0.json.gz"],
     # NCCL log excerpt: 3 processes of a 128-rank job, their lines name no global rank
     "log": ["nccl-logs/nvidia-nccl-1193.log"],
@@ -70,37 +71,40 @@ def test_the_report_counts_the_calls_bandwidth_leaves_out_as_the_api_does(api: h
     bw = _get(api, f"/runs/{run}/bandwidth")
     section = _section(_markdown(api, run), "Bandwidth")
     left = sum(bw["excluded"].values())
-    assert left, bw  # every one of these runs has calls bandwidth cannot use
     for reason, n in bw["excluded"].items():
         assert f"{n:,} calls: {reason}" in section, (reason, section)
     if bw["calls_with_duration"]:
         assert f"Medians over {bw['calls_with_duration']:,} of {bw['calls_with_duration'] + left:,} calls" in section
-        assert "Left out of bandwidth: " in section
+        assert ("Left out of bandwidth: " if left else "No call is left out.") in section
+        assert all(f"\n- {n}\n" in section for n in bw["notes"]), section
     else:
         assert section.strip() == "\n".join(f"- {n}" for n in bw["notes"])
 
 
 def test_known_left_out_counts(api: httpx.Client) -> None:
-    assert _get(api, "/runs/nq/bandwidth")["excluded"] == {"group size unknown": 55, "zero-byte call": 10}
-    assert _get(api, "/runs/mixed/bandwidth")["excluded"] == {"group size unknown": 64}
+    assert _get(api, "/runs/nq/bandwidth")["excluded"] == {"zero-byte call": 10}
+    assert _get(api, "/runs/noinfo/bandwidth")["excluded"] == {"no measured duration": 6}
+    mixed = _get(api, "/runs/mixed/bandwidth")
+    assert (mixed["calls_with_duration"], mixed["excluded"]) == (85, {})
     section = _section(_markdown(api, "mixed"), "Bandwidth")
-    assert "Medians over 21 of 85 calls" in section and "64 calls: group size unknown (the files name no" in section
+    assert "Medians over 85 of 85 calls" in section and "No call is left out." in section
+    assert "- 64 measured calls name no process group: their busbw takes the default group's 8 ranks" in section
 
 
 def test_the_small_message_label_says_the_thresholds_used(api: httpx.Client) -> None:
     [f] = [f for f in _get(api, "/runs/mixed/findings")["items"] if f["id"].startswith("small-messages")]
     ev, text = f["evidence"], f["evidence_text"]
-    assert ev["threshold_bytes"] == 1 << 20 and ev["threshold_bytes_min"] == 64 << 10
+    assert ev["threshold_bytes"] == 1 << 20 and ev["threshold_bytes_min"] == 8 << 10
     # each size the evidence names is in the label, and the label names no other
-    assert "below 1 MiB for all_reduce" in ev["threshold"] and "below 64 KiB for all_to_all" in ev["threshold"]
+    assert "below 1 MiB for all_reduce" in ev["threshold"] and "below 8 KiB for all_to_all" in ev["threshold"]
     assert ev["threshold"].count("below ") == 2
     assert (text["threshold_bytes"], text["threshold_bytes_min"], text["threshold"]) == (
         "1 MiB",
-        "64 KiB",
+        "8 KiB",
         ev["threshold"],
     )
     line = next(x for x in _markdown(api, "mixed").splitlines() if x.startswith("- **[") and "small" in x)
-    assert f"threshold={text['threshold']}, threshold_bytes=1 MiB, threshold_bytes_min=64 KiB" in line
+    assert f"threshold={text['threshold']}, threshold_bytes=1 MiB, threshold_bytes_min=8 KiB" in line
 
 
 @pytest.mark.parametrize(

@@ -178,23 +178,21 @@ def test_a_supplied_config_overrides_the_stored_one_in_findings(con) -> None:
 
 
 def test_bandwidth_section_counts_the_calls_left_out_beside_the_timed_ones(con, data_dir) -> None:
-    """The 16-rank trace (rank 0): 20 all_gather/reduce_scatter kernels are timed; 55 calls name no group size
-    and 10 all_to_alls move zero bytes. The section said "Medians over 20 calls" and nothing of the other 65:
-    it counts them with their reasons, as the API's `excluded` and the dashboard's "left out" note do."""
+    """The 16-rank trace (rank 0): 10 all_to_alls move zero bytes. The section said "Medians over 20 calls" and
+    nothing of the other 65: it counts those left out with their reasons, as the API's `excluded` and the
+    dashboard's "left out" note do, and says the 55 calls naming no group took the world's 16 ranks."""
     from commlens.backend.bandwidth import bandwidth
     from commlens.ingest.inputs import iter_inputs
     from commlens.service.ingest import ingest_run
 
     ingest_run(con, "nq", iter_inputs([data_dir / "kineto-hta/negative_queue_length_values_check/rank0.json.gz"]))
     bw = bandwidth(con, "nq")
-    assert (bw.calls_with_duration, bw.excluded) == (20, {"group size unknown": 55, "zero-byte call": 10})
+    assert (bw.calls_with_duration, bw.excluded) == (75, {"zero-byte call": 10})
     md = render_markdown(build_report(con, "nq"))
     section = md.split("## Bandwidth", 1)[1].split("\n## ", 1)[0]
-    assert "Medians over 20 of 85 calls; busbw" in section
-    assert (
-        "Left out of bandwidth: 55 calls: group size unknown (the files name no process group for them, and busbw "
-        "needs the group's size); 10 calls: zero-byte call."
-    ) in section
+    assert "Medians over 75 of 85 calls; busbw" in section
+    assert "Left out of bandwidth: 10 calls: zero-byte call.\n\n- 55 measured calls name no process group: " in section
+    assert "| all_reduce | 1 GiB-2 GiB | 5 | 1.67 GiB | 71.01 | 133.15 | 16 |" in section
     assert "| all_gather | 16 MiB-32 MiB | 5 | 16 MiB |" in section  # the timed calls are still there
 
 
@@ -208,11 +206,11 @@ def test_bandwidth_section_without_timed_calls_keeps_the_runs_own_reason(con, da
     from commlens.ingest.inputs import iter_inputs
     from commlens.service.ingest import ingest_run
 
-    ingest_run(con, "dlrm", iter_inputs([data_dir / "kineto-param/dlrm_kineto.tar.gz"]))
-    section = render_markdown(build_report(con, "dlrm")).split("## Bandwidth", 1)[1].split("\n## ", 1)[0]
+    ingest_run(con, "cpu", iter_inputs([data_dir / "kineto-hta/rank_non_gpu/rank_non_gpu.json.gz"]))
+    section = render_markdown(build_report(con, "cpu")).split("## Bandwidth", 1)[1].split("\n## ", 1)[0]
     assert section.strip() == (
-        "- no bandwidth: 64 calls: group size unknown (the files name no process group for them, and busbw needs "
-        "the group's size)"
+        "- no bandwidth: 6 calls: no measured duration (an NCCL call's CPU time is only its launch: the profiler "
+        "must record CUDA activities so the trace holds its kernels; gloo calls are timed on the CPU)"
     )
 
 

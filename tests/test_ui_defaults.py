@@ -52,14 +52,13 @@ def test_histogram_keeps_the_calls_of_ranks_without_iterations(con: duckdb.DuckD
 
 
 def test_bandwidth_says_the_runs_own_reason(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
-    ingest_run(con, "dlrm", iter_inputs([data_dir / DLRM]))
+    ingest_run(con, "cpu", iter_inputs([data_dir / "kineto-hta/rank_non_gpu/rank_non_gpu.json.gz"]))
     ingest_run(con, "log", iter_inputs([data_dir / "nccl-logs/nvidia-nccl-1193.log"]))
-    dlrm = bandwidth(con, "dlrm").notes
-    assert dlrm == [
-        "no bandwidth: 64 calls: group size unknown (the files name no process group for them, and busbw "
-        "needs the group's size)"
+    cpu = bandwidth(con, "cpu").notes
+    assert cpu == [
+        "no bandwidth: 6 calls: no measured duration (an NCCL call's CPU time is only its launch: the profiler "
+        "must record CUDA activities so the trace holds its kernels; gloo calls are timed on the CPU)"
     ]
-    assert "NCCL logs" not in dlrm[0]
     assert bandwidth(con, "log").notes == [
         "no bandwidth: 4 calls: no measured duration (NCCL logs carry no durations; a profiler trace of the "
         "same ranks gives them)"
@@ -348,10 +347,11 @@ def test_no_legend_over_an_axis_title_and_colours_that_mean_one_thing(tab: Tab, 
         assert plots, f"no chart on {path}"
         assert all(p["titles"] >= 1 for p in plots), (path, plots)
         assert [p for p in plots if p["overlaps"]] == [], path
-    # the ranks page's bandwidth section gives this run's own reason (a profiler-trace run, not NCCL logs)
+    # the ranks page's bandwidth section says how DLRM's calls, naming no group, got their group size
     tab.open("/runs/dlrm/ranks")
-    expect(tab.page.locator("#rk-bandwidth")).to_contain_text("No bandwidth: 64 calls: group size unknown")
-    assert "NCCL logs" not in tab.page.inner_text("#rk-bandwidth")
+    expect(tab.page.locator("#rk-bandwidth")).to_contain_text(
+        "64 measured calls name no process group: their busbw takes the default group's 8 ranks"
+    )
     # the overview colours its measured bars by scheme; Compare colours by run
     tab.open("/runs/dlrm")
     bars = tab.page.evaluate(

@@ -74,8 +74,9 @@ def measured_kind_sql(a: str = "a", g: str = "g") -> str:
 
 # ------------------------------------------------------------------------------ bandwidth SQL
 
+# A call naming no group and no size is the default group's, the world (as wire bytes and the time analysis take it).
 CALLS_SQL = """
-    SELECT e.rank, e.process, g.scheme, e.op, coalesce(e.group_size, g.size) AS n, e.msg_bytes, e.dur_us,
+    SELECT e.rank, e.process, g.scheme, e.op, coalesce(e.group_size, g.size, CASE WHEN e.group_key IS NULL THEN r.world_size END) AS n, e.msg_bytes, e.dur_us,
            e.dur_source, g.backend,
            CASE
              WHEN e.op = 'barrier' THEN 'barrier moves no payload'
@@ -85,10 +86,11 @@ CALLS_SQL = """
              WHEN e.dur_source = 'cpu_op' AND lower(coalesce(g.backend, '')) LIKE '%nccl%'
                THEN 'CPU enqueue time of an NCCL call is not its transfer time'
              WHEN coalesce(e.dur_source, '') NOT IN ('kernel', 'cpu_op') THEN 'duration of unknown origin'
-             WHEN coalesce(e.group_size, g.size) IS NULL THEN 'group size unknown'
-             WHEN coalesce(e.group_size, g.size) < 2 AND e.op NOT IN ('send', 'recv') THEN 'single-rank group'
+             WHEN coalesce(e.group_size, g.size, CASE WHEN e.group_key IS NULL THEN r.world_size END) IS NULL THEN 'group size unknown'
+             WHEN coalesce(e.group_size, g.size, CASE WHEN e.group_key IS NULL THEN r.world_size END) < 2 AND e.op NOT IN ('send', 'recv') THEN 'single-rank group'
            END AS excluded
     FROM comm_events e
+    JOIN runs r ON r.run_id = e.run_id
     LEFT JOIN process_groups g ON g.run_id = e.run_id AND g.group_key = e.group_key
     WHERE e.run_id = ? AND e.counted
 """

@@ -43,7 +43,7 @@ from commlens.contract.analysis import (
 )
 from commlens.contract.hang import HangGroup
 from commlens.ingest.arrow_views import registered
-from commlens.store.aggregates import measured_kind_sql
+from commlens.store.aggregates import BANDWIDTH_BOUND_FLOOR, measured_kind_sql
 from commlens.vocab import format_bytes
 
 from .bandwidth import bandwidth
@@ -55,8 +55,9 @@ from .iterations import fresh_run_id
 from .ranks import rank_totals
 from .timing.stragglers import DEFAULT_RULE
 
-# Size below which a call counts as small when the run has no measured bandwidth curve for its op.
-DEFAULT_SMALL_BYTES = 64 * 1024
+# Size below which a call counts as small when the run has no measured bandwidth curve for its op, and the
+# floor of a measured half-bandwidth size (commlens.store.aggregates.BANDWIDTH_BOUND_FLOOR says why).
+DEFAULT_SMALL_BYTES = BANDWIDTH_BOUND_FLOOR
 # Ceiling on a measured half-bandwidth size. In the alpha-beta model busbw reaches half its peak at
 # S = alpha x B, about 0.5-1.5 MB for NVLink or InfiniBand; a measured point far above that comes from
 # kernel times stretched by overlap with compute or by waiting for a late peer, not from latency.
@@ -143,8 +144,13 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
     ops, kernel_ops = [str(r[0]) for r in kinds], {str(r[0]) for r in kinds if r[1]}
     # The size threshold must not move between two runs of one job: a curve measured on CPU op times
     # (gloo on a shared host) shifts its half-bandwidth bin on noise, so only device kernels set it.
-    thresholds = {o.op: min(o.half_bw_bytes, SMALL_BYTES_CAP) for o in bw.ops if o.half_bw_bytes and o.op in kernel_ops}
+    thresholds = {
+        o.op: min(max(o.half_bw_bytes, DEFAULT_SMALL_BYTES), SMALL_BYTES_CAP)
+        for o in bw.ops
+        if o.half_bw_bytes and o.op in kernel_ops
+    }
     over_cap = {o.op for o in bw.ops if o.op in thresholds and (o.half_bw_bytes or 0) > SMALL_BYTES_CAP}
+    under_floor = {o.op for o in bw.ops if o.op in thresholds and (o.half_bw_bytes or 0) < DEFAULT_SMALL_BYTES}
     table = pa.table(
         {
             "op": pa.array(ops, pa.string()),
@@ -224,7 +230,7 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
             continue
         impact = small_time / run_time if stable and run_time else small / run_calls
         name = scheme or "unattributed"
-        limit = _threshold_label(used, set(thresholds), over_cap)
+        limit = _threshold_label(used, set(thresholds), over_cap, under_floor)
         title = (
             f"{name}: {pct(call_share)} of calls"
             + (f" and {pct(time_share)} of communication time" if stable and time_share is not None else "")
@@ -276,10 +282,10 @@ def _small_messages(con: duckdb.DuckDBPyConnection, run_id: int, bw: BandwidthRe
     return out
 
 
-def _threshold_label(used: dict[str, int], measured: set[str], capped: set[str]) -> str:
+def _threshold_label(used: dict[str, int], measured: set[str], capped: set[str], raised: set[str]) -> str:
     """What "small" meant for these calls, from the thresholds actually used per op (`used`): the half-bandwidth
     size measured on the device (`measured` ops; at most SMALL_BYTES_CAP, `capped` where the curve went above
-    it), else DEFAULT_SMALL_BYTES. One sentence per kind of threshold, naming the ops when they differ."""
+    it; at least DEFAULT_SMALL_BYTES, `raised` where it was below), else DEFAULT_SMALL_BYTES. One sentence per kind of threshold, naming the ops when they differ."""
     default_text = "default; no device-measured bandwidth curve for"
     measured_ops = sorted(op for op in used if op in measured)
     default_ops = sorted(op for op in used if op not in measured)
@@ -287,6 +293,8 @@ def _threshold_label(used: dict[str, int], measured: set[str], capped: set[str])
         return f"below {format_bytes(DEFAULT_SMALL_BYTES)} ({default_text} these ops)"
 
     def why(ops: list[str]) -> str:
+        if all(op in raised for op in ops):
+            return "the floor: this run's device curve reaches half its best at a smaller size, still latency-bound"
         cap = f", capped at {format_bytes(SMALL_BYTES_CAP)}" if any(op in capped for op in ops) else ""
         return f"the size where busbw reaches half its best, measured on the device in this run{cap}"
 

@@ -281,8 +281,9 @@ def test_small_messages_silent_when_few(con):
 def test_small_messages_label_names_the_threshold_each_op_was_judged_by(con, data_dir):
     """ResNet-50's trace and the DLRM job in one run (what --one-run stores): each op is judged by its own
     measured curve. DLRM's calls name no group, so their busbw takes the run's world (8 ranks): all_reduce
-    reaches half its best at 1 MiB, all_to_all at 8 KiB. The label names both thresholds, the evidence both
-    bytes (the label once said "below 64 KiB (default ...)" beside threshold_bytes = 1 MiB)."""
+    reaches half its best at 1 MiB; all_to_all at 8 KiB, a curve still latency-bound, so the 64 KiB floor. The
+    label names both thresholds, the evidence both bytes (it once said "below 64 KiB (default ...)" beside
+    threshold_bytes = 1 MiB)."""
     from commlens.ingest.inputs import iter_inputs
     from commlens.service.ingest import ingest_run
 
@@ -291,29 +292,35 @@ def test_small_messages_label_names_the_threshold_each_op_was_judged_by(con, dat
         data_dir / "kineto-param/dlrm_kineto.tar.gz",
     )
     ingest_run(con, "mixed", iter_inputs([resnet, dlrm]))
-    assert {o.op: o.half_bw_bytes for o in bandwidth(con, "mixed").ops} == {
+    report = bandwidth(con, "mixed")
+    assert {o.op: o.half_bw_bytes for o in report.ops} == {
         "all_reduce": MiB,
         "all_to_all": 8 << 10,
         "broadcast": 128 << 10,
     }
-    [f] = [f for f in findings(con, "mixed") if f.id.startswith("small-messages")]
+    # no all_to_all is bandwidth-bound below the floor, so none is judged against the run's best busbw
+    assert [s.large_calls for s in report.by_scheme if s.op == "all_to_all"] == [0]
+    found = findings(con, "mixed")
+    assert not [f for f in found if f.id.startswith("low-busbw") and "all_to_all" in f.id]
+    [f] = [f for f in found if f.id.startswith("small-messages")]
     assert f.id == "small-messages:unattributed"
-    # 8 ranks x (448 B + 907,840 B) all_reduces below 1 MiB, 8 x (192 + 1,536) B all_to_alls below 8 KiB
-    assert (f.evidence["small_calls"], f.evidence["calls"]) == (16 + 16, 64)
-    assert f.evidence["small_bytes"] == 8 * (448 + 907_840) + 8 * (192 + 1536)
-    measured = "the size where busbw reaches half its best, measured on the device in this run"
-    assert (
-        f.evidence["threshold"] == f"below 1 MiB for all_reduce ({measured}); below 8 KiB for all_to_all ({measured})"
+    # 8 ranks x (448 B + 907,840 B) all_reduces below 1 MiB, 8 x (192 + 1,536 + 13,568 + 2 x 24,576) B all_to_alls
+    assert (f.evidence["small_calls"], f.evidence["calls"]) == (16 + 40, 64)
+    assert f.evidence["small_bytes"] == 8 * (448 + 907_840) + 8 * (192 + 1536 + 13_568 + 2 * 24_576)
+    assert f.evidence["threshold"] == (
+        "below 1 MiB for all_reduce (the size where busbw reaches half its best, measured on the device in this run); "
+        "below 64 KiB for all_to_all (the floor: this run's device curve reaches half its best at a smaller size, "
+        "still latency-bound)"
     )
-    assert (f.evidence["threshold_bytes"], f.evidence["threshold_bytes_min"]) == (MiB, 8 << 10)
-    assert (f.evidence_text["threshold_bytes"], f.evidence_text["threshold_bytes_min"]) == ("1 MiB", "8 KiB")
+    assert (f.evidence["threshold_bytes"], f.evidence["threshold_bytes_min"]) == (MiB, 64 << 10)
+    assert (f.evidence_text["threshold_bytes"], f.evidence_text["threshold_bytes_min"]) == ("1 MiB", "64 KiB")
     # the report shows the same text as the dashboard (evidence_text), not raw numbers
     from commlens.backend.report import build_report, render_markdown
 
     md = render_markdown(build_report(con, "mixed"))
     line = next(x for x in md.splitlines() if "small, latency-bound messages" in x)
-    assert f"threshold={f.evidence['threshold']}, threshold_bytes=1 MiB, threshold_bytes_min=8 KiB" in line
-    assert "1.049e+06" not in line and "small_bytes=6.94 MiB" in line
+    assert f"threshold={f.evidence['threshold']}, threshold_bytes=1 MiB, threshold_bytes_min=64 KiB" in line
+    assert "1.049e+06" not in line and "small_bytes=7.42 MiB" in line
 
 
 def test_small_messages_label_says_which_op_had_no_curve(con):

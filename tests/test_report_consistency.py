@@ -94,17 +94,17 @@ def test_known_left_out_counts(api: httpx.Client) -> None:
 def test_the_small_message_label_says_the_thresholds_used(api: httpx.Client) -> None:
     [f] = [f for f in _get(api, "/runs/mixed/findings")["items"] if f["id"].startswith("small-messages")]
     ev, text = f["evidence"], f["evidence_text"]
-    assert ev["threshold_bytes"] == 1 << 20 and ev["threshold_bytes_min"] == 8 << 10
+    assert ev["threshold_bytes"] == 1 << 20 and ev["threshold_bytes_min"] == 64 << 10
     # each size the evidence names is in the label, and the label names no other
-    assert "below 1 MiB for all_reduce" in ev["threshold"] and "below 8 KiB for all_to_all" in ev["threshold"]
+    assert "below 1 MiB for all_reduce" in ev["threshold"] and "below 64 KiB for all_to_all" in ev["threshold"]
     assert ev["threshold"].count("below ") == 2
     assert (text["threshold_bytes"], text["threshold_bytes_min"], text["threshold"]) == (
         "1 MiB",
-        "8 KiB",
+        "64 KiB",
         ev["threshold"],
     )
     line = next(x for x in _markdown(api, "mixed").splitlines() if x.startswith("- **[") and "small" in x)
-    assert f"threshold={text['threshold']}, threshold_bytes=1 MiB, threshold_bytes_min=8 KiB" in line
+    assert f"threshold={text['threshold']}, threshold_bytes=1 MiB, threshold_bytes_min=64 KiB" in line
 
 
 @pytest.mark.parametrize(

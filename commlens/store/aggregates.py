@@ -707,9 +707,15 @@ def _refresh_bandwidth(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
             )
 
 
+# Smallest message counted as bandwidth-bound, whatever a run's curve says: in the alpha-beta model busbw reaches
+# half its peak at S = alpha x B, well above 64 KiB for NCCL over NVLink or InfiniBand (a few us x tens of GB/s),
+# so a curve whose half point is below it never left the latency-bound range (its best is noise among tiny calls).
+BANDWIDTH_BOUND_FLOOR = 64 * 1024
+
+
 def _refresh_bw_schemes(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     """Bandwidth per (scheme, op), the only summary that depends on schemes: medians over the measured
-    calls, and over those at or above the op's half-bandwidth size (bw_ops; 0 when it has none)."""
+    calls, and over those at or above the op's half-bandwidth size (bw_ops) and BANDWIDTH_BOUND_FLOOR."""
     factors = sorted(
         {
             (op, n)
@@ -728,7 +734,10 @@ def _refresh_bw_schemes(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     )
     with registered(con, factor_table) as fname:
         measured = f"""
-            WITH h AS (SELECT op, coalesce(half_bw_bytes, 0) AS half FROM bw_ops WHERE run_id = ?),
+            WITH h AS (
+                SELECT op, greatest(coalesce(half_bw_bytes, 0), {BANDWIDTH_BOUND_FLOOR}) AS half
+                FROM bw_ops WHERE run_id = ?
+            ),
             m AS (
                 SELECT c.scheme, c.op, c.msg_bytes, c.dur_us, c.msg_bytes / c.dur_us / 1e3 * f.factor AS busbw
                 FROM ({CALLS_SQL}) c JOIN {fname} f ON f.op = c.op AND f.n = c.n

@@ -346,3 +346,20 @@ def test_ingest_refreshes_real_runs(con, data_dir):
     assert steps in info.iterations.values()
     attribute_run(con, "mixed")
     assert_bandwidth_equal(con, "mixed")
+
+
+def test_aggregates_of_older_rules_are_recomputed_on_read(con):
+    """A store whose aggregates were computed by older rules (here: a busbw median with the floor's large calls
+    counted otherwise) is stale though its data did not change: the first read recomputes them."""
+    grid_run(con)
+    rid = run_id(con, "grid")
+    bandwidth(con, "grid")
+    assert aggregates.is_fresh(con, rid)
+    con.execute(
+        "UPDATE agg_runs SET sources_fp = replace(sources_fp, ?, 'rules1:') WHERE run_id = ?",
+        [f"rules{aggregates.RULES}:", rid],
+    )
+    con.execute("UPDATE bw_schemes SET large_calls = -1 WHERE run_id = ?", [rid])
+    assert not aggregates.is_fresh(con, rid)
+    assert all(s.large_calls >= 0 for s in bandwidth(con, "grid").by_scheme)
+    assert aggregates.is_fresh(con, rid)

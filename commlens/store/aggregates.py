@@ -150,9 +150,15 @@ def measured_calls(con: duckdb.DuckDBPyConnection, run_id: int) -> Iterator[tupl
 # ----------------------------------------------------------------------------- fingerprints
 
 
+# The version of the rules the aggregates are computed by, part of the sources fingerprint: a store refreshed by
+# older rules is stale, so its runs are recomputed once (2: calls naming no group take the world's size for
+# busbw; BANDWIDTH_BOUND_FLOOR).
+RULES = 2
+
+
 def fingerprints(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, str]:
-    """(sources, groups) fingerprints of a run: its ok sources (append-only), and its process groups'
-    fields the aggregates depend on: "count:backend and size:scheme". Both are small tables."""
+    """(sources, groups) fingerprints of a run: the rules' version and its ok sources (append-only), and its
+    process groups' fields the aggregates depend on: "count:backend and size:scheme". Both are small tables."""
     src = con.execute(
         "SELECT count(*), coalesce(max(source_id), 0), coalesce(sum(source_id), 0) FROM sources "
         "WHERE run_id = ? AND status = 'ok'",
@@ -169,7 +175,7 @@ def fingerprints(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[str, str]
         """,
         [run_id],
     ).fetchall()[0]
-    return f"{src[0]}:{src[1]}:{src[2]}", f"{grp[0]}:{grp[1]}:{grp[2]}"
+    return f"rules{RULES}:{src[0]}:{src[1]}:{src[2]}", f"{grp[0]}:{grp[1]}:{grp[2]}"
 
 
 def _stale(stored: tuple[str, str] | None, now: tuple[str, str]) -> str | None:

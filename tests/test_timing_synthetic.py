@@ -9,6 +9,7 @@ from conftest import shared_data
 from commlens.backend.timing.analysis import analyze
 from commlens.backend.timing.clocks import align_clocks
 from commlens.backend.timing.matching import match_instances
+from commlens.backend.timing.stragglers import rank_totals
 from commlens.ingest.inputs import iter_inputs, open_content
 from commlens.ingest.kineto import read_timeline
 from commlens.ingest.kineto_timeline import CallColumns, IntervalColumns, RankTimeline, StepColumns
@@ -123,6 +124,29 @@ def test_consistent_straggler_named_and_no_delay_gives_none() -> None:
     assert {sc for _, _, sc, *_ in b.by_scheme} == {"dp"}
     even = analyze({0: _rank(0, calls0, steps), 1: _rank(1, calls0, steps)})
     assert even.stragglers.stragglers == [] and even.stragglers.verdicts["world"].startswith("no straggler")
+
+
+def test_waits_for_calls_in_flight_together_count_once() -> None:
+    """DDP's buckets: rank 1 issues both of a step's all_reduces at +90 us, rank 0 at 0 and +10 and waits for
+    both at once. It waits 90 us a step, not 90 + 80: the straggler imposes 90 us per step, and the rank totals
+    count the time rank 0 spent waiting, as the breakdown does."""
+    steps = 6
+    early = [
+        ("all_reduce", 1 << 20, 1000 * s + 10 * k, 1000 * s + 100 + 10 * k, None, s)
+        for s in range(steps)
+        for k in range(2)
+    ]
+    late = [(op, b, 1000 * st + 90, e, key, st) for op, b, a, e, key, st in early]  # both issued at +90
+    job = analyze({0: _rank(0, early, steps), 1: _rank(1, late, steps)}, schemes={"world": "dp"})
+    assert job.stats.member_wait_us[:2] == [(90.0, 0.0), (80.0, 0.0)]  # each instance keeps its own wait
+    (s,) = job.stragglers.stragglers
+    assert (s.rank, s.steps_mostly_last) == (1, steps)
+    assert s.imposed_us_per_step == pytest.approx(90.0)  # the union of [0, 90] and [10, 90]
+    t = rank_totals(job.match.instances, job.stats)
+    totals = dict(zip(t.rank, t.wait_us, strict=True))
+    assert totals[0] == pytest.approx(90.0 * steps) and totals[1] == 0.0
+    b = job.breakdown
+    assert b.wait_us[b.rank == 0].sum() == pytest.approx(90.0 * steps)
 
 
 def test_trace_without_device_says_what_it_cannot_compute() -> None:

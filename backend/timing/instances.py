@@ -37,6 +37,14 @@ class InstanceStats:
     m_arrival_ref: F64
     notes: list[str] = field(default_factory=list)
     _inst: Instances | None = field(default=None, repr=False)
+    # per member: the part of its wait its rank was not already waiting through in an earlier-arriving instance
+    # (calls in flight together, DDP's buckets: a rank waiting for two of them at once waits once), so the sum
+    # over a rank's members is the time it spent waiting; None: the same as m_wait (no overlap computed)
+    m_wait_excl: F64 | None = None
+
+    @property
+    def exclusive_wait(self) -> F64:
+        return self.m_wait if self.m_wait_excl is None else self.m_wait_excl
 
     @property
     def skew_us(self) -> list[float | None]:
@@ -109,7 +117,28 @@ def instance_stats(inst: Instances, clocks: ClockAlignment) -> InstanceStats:
     bus = np.where(ok, alg * factor, np.nan)
     if missing:
         notes.append(_missing_note(missing))
-    return InstanceStats(skew, last_rank, last, real, alg, bus, wait, arr, notes, inst)
+    excl = exclusive_waits(inst.m_rank, arr, wait)
+    return InstanceStats(skew, last_rank, last, real, alg, bus, wait, arr, notes, inst, excl)
+
+
+def exclusive_waits(rank: Ints, arrival: F64, wait: F64) -> F64:
+    """Per member, the part of [arrival, arrival + wait] that no earlier-arriving member of the same rank
+    covers: summed over a rank, the length of the union of its wait intervals. NaN where the wait is."""
+    out = np.full(len(wait), np.nan)
+    timed = np.flatnonzero(~np.isnan(wait))
+    if not len(timed):
+        return out
+    o = timed[np.lexsort((arrival[timed], rank[timed]))]
+    r, start = rank[o], arrival[o]
+    end = start + wait[o]
+    cuts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+    excl = np.empty(len(o))
+    for a, b in zip(cuts.tolist(), [*cuts[1:].tolist(), len(o)], strict=True):
+        reached = np.maximum.accumulate(end[a:b])  # the latest end of the rank's waits so far
+        before = np.r_[-np.inf, reached[:-1]]
+        excl[a:b] = np.maximum(0.0, end[a:b] - np.maximum(start[a:b], before))
+    out[o] = excl
+    return out
 
 
 def _no_start_times(arrivals: F64) -> bool:

@@ -1,6 +1,8 @@
 """Who everyone waits for: per rank, group and scheme, how often it arrived last and the wait it imposed.
 
-A rank's imposed wait in an instance it arrived last in is the sum of the other members' waits. The
+A rank's imposed wait in an instance it arrived last in is the sum of the other members' waits, each counted
+once where calls in flight together overlap (InstanceStats.exclusive_wait: a rank waiting for two of DDP's
+buckets at once waits once, for the first to arrive). The
 rule (StragglerRule, docs/time.md "straggler") weighs arrivals by the wait they cause, so that near-ties,
 whose order is scheduling noise, count for nothing: in a step, a rank is "mostly last" in a group when
 the instances it arrived last in carry >= `last_share` of the group's wait in that step. Its own-made
@@ -114,7 +116,7 @@ def _inherited(inst: Instances, stats: InstanceStats) -> F64:
         return out
     p = np.flatnonzero(has_last[inst.m_inst])
     k = inst.m_inst[p]
-    w = np.nan_to_num(stats.m_wait[p])
+    w = np.nan_to_num(stats.exclusive_wait[p])
     t = stats.last[k] - w
     g, r = inst.group_code[k], inst.m_rank[p]
     has, step = inst.has_step[k], np.where(inst.has_step[k], inst.steps[k], 0)
@@ -132,7 +134,7 @@ def _inherited(inst: Instances, stats: InstanceStats) -> F64:
 
 def _last_own(inst: Instances, stats: InstanceStats, inherited: F64) -> F64:
     """Per instance: the members' waits summed, less what its last arrival inherited (module doc)."""
-    imposed = sequential_sums(np.nan_to_num(stats.m_wait), inst.members)
+    imposed = sequential_sums(np.nan_to_num(stats.exclusive_wait), inst.members)
     has_last = stats.last_rank_code >= 0
     inherited_last = np.zeros(len(imposed), dtype=np.float64)
     is_last = inst.m_rank == stats.last_rank_code[inst.m_inst]
@@ -158,7 +160,7 @@ def find_stragglers(
         nm = int(inst.offsets[ks[0] + 1] - inst.offsets[ks[0]])
         idx = inst.offsets[ks][:, None] + np.arange(nm)
         members = inst.m_rank[idx[0]].tolist()
-        waits = np.nan_to_num(stats.m_wait[idx])
+        waits = np.nan_to_num(stats.exclusive_wait[idx])
         is_last = inst.m_rank[idx] == stats.last_rank_code[ks][:, None]
         imposed = np.cumsum(waits, axis=1)[:, -1]
         own = np.where(is_last, last_own[ks][:, None], 0.0)
@@ -259,7 +261,8 @@ def _verdict(best: Straggler | None, mean_step_us: float | None, rule: Straggler
 @dataclass
 class RankTotals:
     """Per rank over all its matched instances (the report's `time.ranks`): instances, how many it
-    arrived last in, and its total wait (the last member's arrival minus its own, summed)."""
+    arrived last in, and its total wait (the last member's arrival minus its own, summed where the waits do not
+    overlap: the time it spent waiting)."""
 
     rank: list[int] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
@@ -274,7 +277,7 @@ def rank_totals(inst: Instances, stats: InstanceStats) -> RankTotals:
     r = inst.m_rank[has]
     o = np.argsort(r, kind="stable")
     r, k = r[o], k[o]
-    waits = np.nan_to_num(stats.m_wait[has][o])
+    waits = np.nan_to_num(stats.exclusive_wait[has][o])
     ranks, counts = np.unique(r, return_counts=True)
     last = np.bincount(np.searchsorted(ranks, r), weights=r == stats.last_rank_code[k], minlength=len(ranks))
     wait = sequential_sums(waits, counts)

@@ -221,7 +221,7 @@ def _ingest_split(
                 continue
             if p.result is not None:
                 identity = p.content_sha256 = _identity(item, p, limits)  # not read again when stored
-                holder = None if replace else _family_run_holding(con, run, (identity, p.sha256))
+                holder = None if replace else _family_run_holding(con, run, (identity, p.sha256), owner_id)
                 if identity in first_of:
                     twin[item.name] = first_of[identity]
                 elif holder is not None:  # stored by an earlier ingest: it stays there, whatever this split says
@@ -271,15 +271,20 @@ def _ingest_split(
     return report
 
 
-def _family_run_holding(con: duckdb.DuckDBPyConnection, run: str, hashes: tuple[str, str]) -> str | None:
-    """The run of this ingest's family (`run`, or a run split off from it earlier: `run-...`) that holds a
-    stored file of this content (or these bytes), if any. A second ingest of the same files in another order,
-    or of a folder or archive holding files stored before, splits its jobs differently; without this a file
-    stored in one run of the family would be stored again in another and its calls would count twice."""
+def _family_run_holding(
+    con: duckdb.DuckDBPyConnection, run: str, hashes: tuple[str, str], owner_id: int | None
+) -> str | None:
+    """The run of this ingest's family (`run`, or a run of the same owner split off from it earlier:
+    `run-...`) that holds a stored file of this content (or these bytes), if any. A second ingest of the same
+    files in another order, or of a folder or archive holding files stored before, splits its jobs
+    differently; without this a file stored in one run of the family would be stored again in another and its
+    calls would count twice. Another owner's `run-...` is no part of the family: splits never write there,
+    and a colleague's `baseline-old` must not swallow the files of one's own `baseline`."""
     row = con.execute(
         "SELECT r.name FROM sources s JOIN runs r USING (run_id) WHERE s.status = 'ok' AND s.sha256 IN (?, ?) "
-        "AND (r.name = ? OR starts_with(r.name, ? || '-')) ORDER BY r.name = ? DESC, r.run_id LIMIT 1",
-        [*hashes, run, run, run],
+        "AND (r.name = ? OR (starts_with(r.name, ? || '-') AND r.owner_id IS NOT DISTINCT FROM ?)) "
+        "ORDER BY r.name = ? DESC, r.run_id LIMIT 1",
+        [*hashes, run, run, owner_id, run],
     ).fetchone()
     return None if row is None else str(row[0])
 

@@ -64,10 +64,10 @@ def hash_token(token: str) -> str:
 
 
 def check_user_name(name: str) -> str:
-    if not USER_NAME.fullmatch(name) or name in (LOCAL_USER, ANONYMOUS):
+    if not USER_NAME.fullmatch(name) or name.casefold() in (LOCAL_USER.casefold(), ANONYMOUS.casefold()):
         raise InvalidError(
             f"user name {name!r} must be 1-64 letters, digits, '.', '_' or '-', start with a letter or "
-            f"digit, and not be '{LOCAL_USER}' or '{ANONYMOUS}'",
+            f"digit, and not be '{LOCAL_USER}' or '{ANONYMOUS}' in any case",
             "invalid-user-name",
         )
     return name
@@ -79,8 +79,13 @@ def add_user(con: duckdb.DuckDBPyConnection, name: str, admin: bool = False) -> 
     token = new_token()
 
     def add(c: duckdb.DuckDBPyConnection) -> None:
-        if c.execute("SELECT 1 FROM users WHERE name = ?", [name]).fetchall():
+        same = c.execute("SELECT name FROM users WHERE lower(name) = lower(?)", [name]).fetchall()
+        if same and same[0][0] == name:
             raise ConflictError(f"user {name!r} exists already; rotate its token instead", "user-exists")
+        if same:  # 'Alice' beside 'alice' reads as the same person in review threads and run owners
+            raise ConflictError(
+                f"user {same[0][0]!r} exists already: names differing only in case are one name", "user-exists"
+            )
         c.execute("INSERT INTO users (name, is_admin, token_hash) VALUES (?, ?, ?)", [name, admin, hash_token(token)])
 
     transaction(con, add, WRITE_ATTEMPTS, retry_on=NAME_RACES)

@@ -1,0 +1,50 @@
+"""Names and families across owners: another owner's `run-...` never swallows one's files as already stored,
+and user names are one name whatever their case (reserved ones included)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from commlens.ingest.inputs import iter_inputs
+from commlens.service.errors import ConflictError, InvalidError
+from commlens.service.ingest import ingest_run
+from commlens.service.users import add_user
+
+LOG = "nccl-logs/nvidia-nccl-1193.log"
+
+
+def _user_id(con, name: str) -> int:
+    return int(con.execute("SELECT user_id FROM users WHERE name = ?", [name]).fetchall()[0][0])
+
+
+def test_another_owners_run_of_a_longer_name_does_not_hold_ones_files(con, data_dir: Path) -> None:
+    """carol's `resnet-old` holds the log; bob's `resnet` must store it (it was 'duplicate -> resnet-old', bob's
+    run left empty), while bob's own `resnet-...` runs stay part of his family."""
+    add_user(con, "bob")
+    add_user(con, "carol")
+    bob, carol = _user_id(con, "bob"), _user_id(con, "carol")
+    kept = ingest_run(con, "resnet-old", iter_inputs([data_dir / LOG]), owner_id=carol, split_jobs=True)
+    assert [f.status for f in kept.files] == ["ok"]
+    mine = ingest_run(con, "resnet", iter_inputs([data_dir / LOG]), owner_id=bob, split_jobs=True)
+    assert [(f.status, f.run) for f in mine.files] == [("ok", "resnet")]
+    again = ingest_run(con, "resnet", iter_inputs([data_dir / LOG]), owner_id=bob, split_jobs=True)
+    assert [f.status for f in again.files] == ["duplicate"]
+    # bob's own run of the family holds it: stored once across the family, as before
+    ingest_run(con, "job-2", iter_inputs([data_dir / LOG]), owner_id=bob, split_jobs=True)
+    family = ingest_run(con, "job", iter_inputs([data_dir / LOG]), owner_id=bob, split_jobs=True)
+    assert [(f.status, f.run) for f in family.files] == [("duplicate", "job-2")]
+
+
+@pytest.mark.parametrize("name", ["Local", "ANONYMOUS", "LoCaL"])
+def test_reserved_names_are_reserved_in_every_case(con, name: str) -> None:
+    with pytest.raises(InvalidError, match="in any case"):
+        add_user(con, name)
+
+
+def test_names_differing_only_in_case_are_one_name(con) -> None:
+    add_user(con, "alice", admin=True)
+    with pytest.raises(ConflictError, match="user 'alice' exists already: names differing only in case are one"):
+        add_user(con, "Alice")
+    assert con.execute("SELECT name FROM users").fetchall() == [("alice",)]

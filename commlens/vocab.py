@@ -245,3 +245,13 @@ def format_bytes(n: float | None) -> str:
         unit += 1
     digits = ".0f" if value >= 100 or value == int(value) else ".3g"
     return f"{sign}{value:{digits}} {BYTE_UNITS[unit]}"
+
+
+# A CSV cell a spreadsheet would run as a formula starts with one of these (OWASP "CSV injection").
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(value: str) -> str:
+    """A text cell of a CSV meant for spreadsheets: one a spreadsheet would evaluate (a file named
+    '=HYPERLINK(...).log') gets a leading apostrophe, which spreadsheets show as text."""
+    return "'" + value if value.startswith(FORMULA_PREFIXES) else value

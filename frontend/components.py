@@ -18,6 +18,8 @@ from dash.development.base_component import Component
 from dash.exceptions import PreventUpdate
 from pydantic import ValidationError
 
+from commlens.vocab import csv_text
+
 from .client import ApiProblem
 from .fmt import byte_axis, duration_axis, num
 
@@ -226,7 +228,7 @@ def csv_href(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(columns)
-    writer.writerows(["" if v is None else v for v in r] for r in rows)
+    writer.writerows(["" if v is None else csv_text(v) if isinstance(v, str) else v for v in r] for r in rows)
     return "data:text/csv;charset=utf-8," + quote(buf.getvalue())
 
 

@@ -365,3 +365,33 @@ def test_sql_looking_names_and_filters_are_plain_values(client: httpx.Client) ->
     problem(client.get("/api/runs/victim/histograms", params={"scheme": "dp' --"}), 422)
     problem(client.get("/api/runs/victim/histograms", params={"rank": "0 OR 1=1"}), 422)
     assert client.get("/api/runs/victim/review", params={"view": "x' OR '1'='1"}).json()["total"] == 0
+
+
+def test_csv_export_cells_a_spreadsheet_would_run_are_text(client: httpx.Client) -> None:
+    """A file named '=HYPERLINK(...)' ends up as a cell of every colleague's export: it is written with a leading
+    apostrophe (text to a spreadsheet); JSON lines keep the name as it is."""
+    name = "=HYPERLINK(1)+cmd.log"
+    log = b"node9:900:900 [0] NCCL INFO NCCL version 2.18.1+cuda12.1\n" + COLL.format(n=0, count=256).encode()
+    assert results(client, [(name, log)])[name]["status"] == "ok"
+    csv_rows = client.get("/api/runs/victim/export", params={"format": "csv"}).text.splitlines()
+    assert csv_rows[0].startswith('"run",')
+    mine = [r for r in csv_rows if "HYPERLINK" in r]
+    assert mine and all(f'"\'{name}"' in r and f',"{name}"' not in r for r in mine), mine
+    rows = client.get("/api/runs/victim/export", params={"format": "jsonl"}).text.splitlines()
+    assert name in {json.loads(r)["file"] for r in rows}
+
+
+def test_csv_text_of_the_dashboards_tables() -> None:
+    from commlens.frontend.components import csv_href
+    from commlens.vocab import csv_text
+
+    assert [csv_text(x) for x in ("=1+1", "@SUM(A1)", "+cmd", "-2", "\tx", "rank 0", "")] == [
+        "'=1+1",
+        "'@SUM(A1)",
+        "'+cmd",
+        "'-2",
+        "'\tx",
+        "rank 0",
+        "",
+    ]
+    assert "%27%3DHYPERLINK" in csv_href(["file"], [["=HYPERLINK(1)"]]) and "-3" in csv_href(["n"], [[-3]])

@@ -9,13 +9,14 @@ from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from commlens.service import export
-from commlens.vocab import Op
+from commlens.vocab import FORMULA_PREFIXES, Op
 
 from .db import Database
 from .deps import Ctx, Cursor
@@ -62,15 +63,31 @@ def _batches(db: Database, run: str, filters: dict[str, Any], json_lines: bool =
         cur.close()
 
 
+_FORMULA = "^[" + re.escape("".join(FORMULA_PREFIXES)) + "]"
+
+
+def _spreadsheet_safe(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Text cells a spreadsheet would run as formulas (a file or run name starting with '=') prefixed with an
+    apostrophe, as commlens.vocab.csv_text does cell by cell."""
+    columns = []
+    for col in batch.columns:
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            formula = pc.fill_null(pc.match_substring_regex(col, _FORMULA), False)
+            columns.append(pc.if_else(formula, pc.binary_join_element_wise("'", col, ""), col))
+        else:
+            columns.append(col)
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+
+
 def stream_csv(db: Database, run: str, filters: dict[str, Any]) -> Iterator[bytes]:
     first = True
     for batch in _batches(db, run, filters):
         buf = io.BytesIO()
-        pacsv.write_csv(batch, buf, pacsv.WriteOptions(include_header=first))
+        pacsv.write_csv(_spreadsheet_safe(batch), buf, pacsv.WriteOptions(include_header=first))
         first = False
         yield buf.getvalue()
-    if first:
-        yield (",".join(export.COMMS_COLUMNS) + "\n").encode()
+    if first:  # quoted as pyarrow writes the header of a file with rows
+        yield (",".join(f'"{c}"' for c in export.COMMS_COLUMNS) + "\n").encode()
 
 
 def stream_jsonl(db: Database, run: str, filters: dict[str, Any]) -> Iterator[bytes]:

@@ -22,6 +22,16 @@ def _users(db: Path) -> dict[str, str]:
     return tokens
 
 
+def test_network_bind_without_an_admin_refuses_to_start(tmp_path: Path) -> None:
+    """Users but no admin: nobody could add a user once the server holds the store (`users add` is refused
+    then, and POST /api/users needs an admin's token), so it does not start."""
+    con = store.connect(tmp_path / "s.duckdb")
+    add_user(con, "solo")
+    con.close()
+    with pytest.raises(StartupRefusedError, match="none of the store's users is an admin"):
+        create_app(Settings(db=tmp_path / "s.duckdb", host="0.0.0.0"))
+
+
 def test_network_bind_without_users_refuses_to_start(tmp_path: Path) -> None:
     with pytest.raises(StartupRefusedError, match="no users"):
         create_app(Settings(db=tmp_path / "s.duckdb", host="0.0.0.0"))

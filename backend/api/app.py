@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.routing import APIRoute
 
 from commlens import __version__
-from commlens.service.users import user_count
+from commlens.service.users import admin_count, user_count
 
 from . import analysis, config, errors, export, hang, pairs, review, runs, uploads, users
 from . import time as time_routes
@@ -40,6 +40,12 @@ def check_exposure(settings: Settings, db: Database) -> None:
             raise StartupRefusedError(
                 f"refusing to listen on {settings.host}: the store has no users, so anyone on the network could write. "
                 "Create one with `commlens users add NAME --admin --db ...`, bind to 127.0.0.1, or pass --insecure."
+            )
+        if admin_count(cur) == 0:
+            raise StartupRefusedError(
+                f"refusing to listen on {settings.host}: none of the store's users is an admin, so nobody could add "
+                "a user or change a role once it serves (the store is the server's while it runs). Create one with "
+                "`commlens users add NAME --admin --db ...` first."
             )
 
 

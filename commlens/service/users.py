@@ -173,6 +173,10 @@ def user_count(con: duckdb.DuckDBPyConnection) -> int:
     return int(con.execute("SELECT count(*) FROM users").fetchall()[0][0])
 
 
+def admin_count(con: duckdb.DuckDBPyConnection) -> int:
+    return int(con.execute("SELECT count(*) FROM users WHERE is_admin").fetchall()[0][0])
+
+
 def list_users(con: duckdb.DuckDBPyConnection, limit: int | None = None, offset: int = 0) -> list[User]:
     """Users by name (never their tokens)."""
     rows = con.execute(f"SELECT {_USER_COLS} FROM users ORDER BY name LIMIT ? OFFSET ?", [limit, offset]).fetchall()

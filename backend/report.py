@@ -18,7 +18,7 @@ from commlens.contract.model_description import ModelDescription
 from commlens.contract.predict import PredictInput
 from commlens.contract.time import TimeSummary
 from commlens.run_json import DelayConfig
-from commlens.vocab import format_bytes
+from commlens.vocab import evidence_key, format_bytes
 
 from .attribution import attribute_run, attribution_summary
 from .bandwidth import WHY, bandwidth
@@ -434,7 +434,9 @@ def render_markdown(r: Report) -> str:
     for f in r.findings:
         # the evidence as the dashboard shows it (units, significant digits), the raw value where it has no text
         evidence = ", ".join(
-            f"{k}={f.evidence_text[k] if k in f.evidence_text else _num(v) if isinstance(v, (int, float)) else v}"
+            f"{evidence_key(k)}={f.evidence_text[k]}"
+            if k in f.evidence_text
+            else f"{k}={_num(v) if isinstance(v, (int, float)) else v}"
             for k, v in f.evidence.items()
             if v is not None
         )

@@ -255,3 +255,12 @@ def csv_text(value: str) -> str:
     """A text cell of a CSV meant for spreadsheets: one a spreadsheet would evaluate (a file named
     '=HYPERLINK(...).log') gets a leading apostrophe, which spreadsheets show as text."""
     return "'" + value if value.startswith(FORMULA_PREFIXES) else value
+
+
+def evidence_key(key: str) -> str:
+    """A finding's evidence key as shown beside its text, which carries the unit ('mean_step_us' is shown
+    '102 ms'): the key without its unit suffix."""
+    for suffix in ("_us", "_gbps"):
+        if key.endswith(suffix):
+            return key.removesuffix(suffix)
+    return key

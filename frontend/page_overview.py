@@ -11,7 +11,7 @@ from dash import Dash, Input, Output, State, dcc, html
 
 from commlens.contract.compare import Comparison
 from commlens.contract.runs import RunUpdate
-from commlens.vocab import format_bytes
+from commlens.vocab import evidence_key, format_bytes
 
 from .client import ApiClient, ApiProblem
 from .components import (
@@ -226,10 +226,7 @@ def findings_list(client: ApiClient, run: str, limit: int = TOP_FINDINGS) -> Any
             [
                 html.Div([severity_badge(f.severity), html.Span(f.title, className="title")]),
                 html.Div(
-                    " · ".join(
-                        f"{k.removesuffix('_us').removesuffix('_gbps').replace('_', ' ')} {v}"
-                        for k, v in f.evidence_text.items()
-                    )
+                    " · ".join(f"{evidence_key(k).replace('_', ' ')} {v}" for k, v in f.evidence_text.items())
                     + (f" ({f.stability})" if f.stability else ""),
                     className="hint finding-evidence",
                 ),

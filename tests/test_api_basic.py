@@ -445,9 +445,13 @@ def test_promote_a_finding_to_review(client: httpx.Client) -> None:
     rows = [line.split(" | ") for line in item["body"].splitlines() if line.startswith("| ") and "---" not in line]
     shown = {k.strip("| "): v.strip("| ") for k, v in rows[1:]}  # after the header row
     # as the finding card shows them (units, percentages: "wait share 0.966432" read raw), no "None"
+    # a key whose text carries its unit is shown without it ("small time us | 1.2 ms" said us beside ms)
     assert shown == {
-        k.replace("_", " "): f["evidence_text"].get(k, str(v)) for k, v in f["evidence"].items() if v is not None
+        (k.removesuffix("_us") if k in f["evidence_text"] else k).replace("_", " "): f["evidence_text"].get(k, str(v))
+        for k, v in f["evidence"].items()
+        if v is not None
     }
+    assert "small time" in shown and not [k for k in shown if k.endswith(" us")]
     assert shown["small call share"] == f["evidence_text"]["small_call_share"] and shown["small call share"].endswith(
         "%"
     )

@@ -39,7 +39,7 @@ from commlens.contract.review import Anchor, ReviewItem
 from commlens.service.nccl import nccl_rows
 from commlens.service.runs import predict_input_for_run, resolve_alias, run_layout
 from commlens.service.schemes import clear_scheme_override, override_scheme
-from commlens.vocab import Op
+from commlens.vocab import Op, evidence_key
 
 from .deps import Cursor, Limit, Offset, Ranks, Writer, next_offset
 from .errors import ApiError, problem_responses
@@ -310,7 +310,9 @@ def promote_finding(run: str, finding_id: str, cur: Cursor, who: Writer) -> Revi
             "unknown-finding",
         )
     evidence = "\n".join(  # as the finding card shows it (97%, 16.0 ms, 507 KiB); what it does not know is left out
-        f"| {k.replace('_', ' ')} | {f.evidence_text.get(k, v)} |" for k, v in f.evidence.items() if v is not None
+        f"| {(evidence_key(k) if k in f.evidence_text else k).replace('_', ' ')} | {f.evidence_text.get(k, v)} |"
+        for k, v in f.evidence.items()
+        if v is not None
     )
     body = f"**{f.title}** ({f.severity})\n\n| evidence | value |\n|---|---|\n{evidence}\n\nSuggestion: {f.suggestion}"
 

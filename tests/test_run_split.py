@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -253,3 +254,16 @@ def test_a_file_again_into_a_run_stored_with_one_run_is_a_duplicate_and_nothing_
     assert [(f.status, f.run) for f in report.files] == [("duplicate", "both")]
     assert (_runs(con), _calls(con)) == before
     assert con.execute("SELECT list(name) FROM runs").fetchone() == (["both"],)
+
+
+def test_split_names_keep_to_a_run_names_length() -> None:
+    """A 128-character run and a 200-character file name made a 329-character run, which the API then refused
+    in every other place (?run=, POST /api/runs): split names are cut, with their number inside the limit."""
+    from commlens.contract.runs import MAX_RUN_NAME, RUN_NAME_PATTERN
+
+    run = "L" * MAX_RUN_NAME
+    jobs = split_jobs(
+        run, [_ev("a.log", comm_ids=frozenset({"1"})), _ev("s" * 200 + ".log", comm_ids=frozenset({"2"}))]
+    )
+    assert [j.run for j in jobs] == [run, "L" * (MAX_RUN_NAME - 2) + "-2"]
+    assert all(re.fullmatch(RUN_NAME_PATTERN, j.run) for j in jobs)

@@ -9,7 +9,8 @@ from pydantic import BaseModel, Field
 
 from .common import MAX_WORLD, StrictModel
 
-RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+@=-]{0,127}$"
+MAX_RUN_NAME = 128
+RUN_NAME_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9._+@=-]{{0,{MAX_RUN_NAME - 1}}}$"
 TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:+@=/-]{0,63}$"
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from commlens.contract.runs import MAX_RUN_NAME
 from commlens.ingest.records import ParseResult
 
 # Timestamps at or above this many microseconds are wall-clock (after 2001-09-09); below, only relative.
@@ -298,8 +299,12 @@ def _stem(path: str) -> str:
 
 
 def _unique(name: str, taken: set[str]) -> str:
-    out, n = name, 2
+    """`name`, or `name-2`, `name-3`... where it is taken, cut to a run name's length (MAX_RUN_NAME: the API
+    refuses longer ones in every other place) before its number."""
+    base = name[:MAX_RUN_NAME].rstrip("._-") or "job"
+    out, n = base, 2
     while out in taken:
-        out, n = f"{name}-{n}", n + 1
+        suffix = f"-{n}"
+        out, n = base[: MAX_RUN_NAME - len(suffix)].rstrip("._-") + suffix, n + 1
     taken.add(out)
     return out

@@ -395,3 +395,14 @@ def test_csv_text_of_the_dashboards_tables() -> None:
         "",
     ]
     assert "%27%3DHYPERLINK" in csv_href(["file"], [["=HYPERLINK(1)"]]) and "-3" in csv_href(["n"], [[-3]])
+
+
+def test_a_review_body_of_only_white_space_is_refused(client: httpx.Client) -> None:
+    """Stored as an empty item before (201, body_html ""), though the dashboard refuses it."""
+    detail = problem(client.post("/api/runs/victim/review", json={"body": " \n\t "}), 422)
+    assert "body" in detail and "only white space" in detail
+    item = client.post("/api/runs/victim/review", json={"body": "real words"})
+    assert item.status_code == 201, item.text
+    assert "only white space" in problem(
+        client.patch(f"/api/review/{item.json()['item_id']}", json={"body": "  "}), 422
+    )

@@ -36,16 +36,27 @@ class Anchor(StrictModel):
         return key
 
 
+def _some_text(body: str | None) -> str | None:
+    """A body of only white space says nothing (the dashboard refuses it; the API stored it as an empty item)."""
+    if body is not None and not body.strip():
+        raise ValueError("the body is only white space")
+    return body
+
+
 class ReviewCreate(StrictModel):
     body: str = Field(min_length=1, max_length=MAX_BODY, description="Markdown; raw HTML is shown as text")
     anchor: Anchor | None = None
     parent_id: int | None = Field(default=None, description="reply to this item")
+
+    _body = field_validator("body")(_some_text)
 
 
 class ReviewUpdate(StrictModel):
     body: str | None = Field(default=None, min_length=1, max_length=MAX_BODY)
     status: Literal["open", "resolved"] | None = None
     anchor: Anchor | None = Field(default=None, description="null or {} removes the item's anchor; absent keeps it")
+
+    _body = field_validator("body")(_some_text)
 
 
 class ReviewItem(BaseModel):

@@ -275,13 +275,16 @@ def _note_thin_delays(runs: list[PlannedRun]) -> None:
     """A planted straggler the analysis cannot name: the straggler rule needs a spread across profiled steps."""
     from commlens.backend.timing.stragglers import DEFAULT_RULE
 
-    need = DEFAULT_RULE.min_steps
+    # a group with one collective a step (DDP with one bucket) has as many instances as profiled steps
+    need = max(DEFAULT_RULE.min_steps, DEFAULT_RULE.min_instances)
     thin = next((r.cfg for r in runs if r.cfg.delays and r.cfg.profile_active < need), None)
     if thin is not None:
         err.print(
-            f"note: --delay plants a straggler, but the analysis names one from {need} profiled steps on and this "
-            f"run profiles {thin.profile_active}: add --profile-active {need + 4} --steps "
-            f"{thin.profile_wait + thin.profile_warmup + need + 4} to see it named",
+            f"note: --delay plants a straggler, but the analysis names one from {DEFAULT_RULE.min_steps} profiled "
+            f"steps and {DEFAULT_RULE.min_instances} collectives of its group on, and this run profiles "
+            f"{thin.profile_active} (a group with one collective a step, DDP with one bucket, needs "
+            f"{need} steps): add --profile-active {need + 2} --steps "
+            f"{thin.profile_wait + thin.profile_warmup + need + 2} to see it named",
             soft_wrap=True,
         )
 

@@ -89,13 +89,19 @@ def test_cli_refuses_a_delay_outside_the_job_before_starting(tmp_path):
 
 def test_a_delay_over_too_few_profiled_steps_is_said(tmp_path):
     """The harness README's `--dp 2 --tp 2 --delay 1:60` profiles 2 steps: the analysis then names no straggler
-    ("consistency needs 4"), which the harness now says before it starts, with the flags that make it visible."""
+    ("consistency needs 4"), which the harness now says before it starts, with the flags that make it visible; so
+    does 4 profiled steps of a group with one collective a step (DDP's one bucket: 4 instances, 6 needed)."""
     base = [sys.executable, "-m", "commlens.cli", "harness", "--device", "cpu", "--dp", "2", "--dry-run"]
     kw: dict = {"capture_output": True, "text": True, "env": dict(ENV, COLUMNS="300"), "timeout": 120}
     thin = subprocess.run([*base, "--out", str(tmp_path / "thin"), "--delay", "1:60"], check=False, **kw)
     assert thin.returncode == 0, thin.stderr
     said = " ".join(thin.stderr.split())
-    assert "names one from 4 profiled steps on and this run profiles 2: add --profile-active 8 --steps 10" in said
+    assert (
+        "names one from 4 profiled steps and 6 collectives of its group on, and this run profiles 2 (a group with one "
+        "collective a step, DDP with one bucket, needs 6 steps): add --profile-active 8 --steps 10"
+    ) in said
+    four = [*base, "--out", str(tmp_path / "four"), "--delay", "1:60", "--steps", "6", "--profile-active", "4"]
+    assert "this run profiles 4" in " ".join(subprocess.run(four, check=False, **kw).stderr.split())
     enough = [*base, "--out", str(tmp_path / "enough"), "--delay", "1:60", "--steps", "10", "--profile-active", "8"]
     assert "note: --delay" not in subprocess.run(enough, check=False, **kw).stderr
 

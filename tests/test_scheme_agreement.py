@@ -45,12 +45,13 @@ PER_ITERATION: dict[str, dict[str, tuple[float, float]]] = {
     "resnet": {"dp": (7, 102_441_032)},
 }
 
-# The views that name a scheme for each run; the others have nothing to say of it (bandwidth: no group size to
-# scale a duration by; stragglers: one rank's trace; pairs: no all_to_all split recorded; findings: none).
+# The views that name a scheme for each run; the others have nothing to say of it (bandwidth: no message size in
+# dfidx; stragglers: one rank's trace; pairs: no all_to_all split recorded; findings: none).
+# DLRM's and control's calls name no group: bandwidth takes the world's size for them, as wire bytes do.
 _TIME = ("time/breakdown", "time/critical-path")
 NAMING: dict[str, tuple[str, ...]] = {
-    "dlrm": ("ranks/summary", "findings", *_TIME, "time/stragglers"),
-    "control": ("ranks/summary", "findings", *_TIME),
+    "dlrm": ("bandwidth", "ranks/summary", "findings", *_TIME, "time/stragglers"),
+    "control": ("bandwidth", "ranks/summary", "findings", *_TIME),
     "dfidx": ("ranks/summary", "findings", *_TIME),
     "resnet": ("bandwidth", "ranks/summary", *_TIME),
 }

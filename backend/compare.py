@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Literal
 
 import duckdb
@@ -79,6 +80,15 @@ def _predicted_per_rank(pred: Prediction, rank_keys: list[str]) -> dict[str, dic
     return out
 
 
+def _absent_ranks(pred: Prediction | None, calls: Mapping[str, object]) -> list[int]:
+    """The prediction's ranks the run's files hold no call of, when they name global ranks (a job measured in
+    part: one rank's trace of four). Processes without a global rank (NCCL logs) say nothing of it."""
+    held = {int(k) for k in calls if k.lstrip("-").isdigit()}
+    if pred is None or not held:
+        return []
+    return sorted({r for st in pred.stages for r in st.ranks} - held)
+
+
 def _group_sizes(pred: Prediction | None) -> dict[tuple[str, str], int]:
     sizes: dict[tuple[str, str], int] = {}
     if pred:
@@ -141,6 +151,14 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: Config | None = No
         )
     if mode == "none":
         notes.append(message)
+    absent = _absent_ranks(pred, calls)
+    if absent:
+        shown = ", ".join(map(str, absent[:12])) + (f" and {len(absent) - 12} more" if len(absent) > 12 else "")
+        job = {r for st in pred.stages for r in st.ranks} if pred else set()
+        notes.append(
+            f"the run's files hold {len(job) - len(absent)} of the job's {len(job)} ranks (missing: {shown}): "
+            "predicted against measured covers those ranks only"
+        )
     another_job = next((n for n in notes if n.startswith(ANOTHER_JOB)), None)
     check = pred.param_check if pred else None
     if check is not None:
@@ -158,6 +176,7 @@ def compare(con: duckdb.DuckDBPyConnection, run: str, config: Config | None = No
         and (check is None or check.agrees)
         and another_job is None,
         another_job=another_job,
+        ranks_absent=len(absent),
         schemes=schemes,
         unexplained=[o for s in schemes for o in s.ops if o.status == "unexplained"],
         missing=[o for s in schemes for o in s.ops if o.status == "missing"],

@@ -355,7 +355,8 @@ def render_markdown(r: Report) -> str:
     lines.append(
         f"Iterations: {c.iterations_message}. {_ranks_sentence(r)} "
         f"Prediction: {c.implementation or 'none (no configuration)'}"
-        + ("; **predicted equals measured for every scheme**." if r.exact else ".")
+        + ("; **predicted equals measured for every scheme**" if r.exact else "")
+        + (f" (of the ranks the files hold: {c.ranks_absent} of the job's are missing)." if c.ranks_absent else ".")
     )
     if c.param_check is not None and not c.param_check.agrees:
         lines += ["", f"**Not exact:** {c.param_check.notes[0]}."]

@@ -289,7 +289,17 @@ def comparison_view(c: Comparison, scheme: str, filt: str) -> Any:
             )
         )
     elif c.exact:
-        parts.append(message("Exact: every (op, dtype, size) count equals the prediction.", "ok"))
+        parts.append(
+            message(
+                "Exact: every (op, dtype, size) count equals the prediction"
+                + (
+                    f", on the ranks the files hold ({c.ranks_absent} of the job's ranks are missing)."
+                    if c.ranks_absent
+                    else "."
+                ),
+                "ok",
+            )
+        )
     for s in c.schemes:
         if scheme and s.scheme != scheme:
             continue

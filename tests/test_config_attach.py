@@ -314,6 +314,19 @@ def test_a_configuration_of_another_job_size_is_refused(resnet, data_dir: Path) 
     same = compare(resnet, "resnet", ModelDescription.model_validate(resnet50_description(dp=2)))
     assert not [n for n in same.notes if "another job" in n]
     assert same.another_job is None and same.exact
+    # the trace is rank 0's of the two: exact for the rank it holds, and said to be that (the report claimed
+    # "predicted equals measured for every scheme" of one rank's file as of the whole job)
+    assert (
+        same.ranks_absent == 1
+        and (
+            "the run's files hold 1 of the job's 2 ranks (missing: 1): predicted against measured covers those ranks only"
+        )
+        in same.notes
+    )
+    md = render_markdown(build_report(resnet, "resnet", ModelDescription.model_validate(resnet50_description(dp=2))))
+    assert (
+        "**predicted equals measured for every scheme** (of the ranks the files hold: 1 of the job's are missing)" in md
+    )
     assert attach_config(resnet, "resnet", one_rank, ParallelOptions(dp=2)).stored == "model_description"
     # an NCCL log's communicators: no job smaller than its largest one
     from commlens.service.ingest import ingest_paths

@@ -64,6 +64,9 @@ class Comparison(BaseModel):
     # a supplied configuration of another job's size than the run's files (backend.compare.world_conflict): it
     # predicts another job, so no exactness is claimed however the counts compare
     another_job: str | None = None
+    # ranks of the configured job the run's files hold no call of (notes name them): the comparison covers the
+    # others only, so an exact one is exact for those
+    ranks_absent: int = 0
 
     def findings_input(self, tolerance: float = 0.05) -> ComparisonInput:
         """Per scheme, the bytes the prediction explains and what it does not, as the findings weigh them."""

@@ -407,20 +407,22 @@ def _timed(
     )
 
 
-def _exposed(inputs: _Inputs, waits_known: bool) -> list[Finding]:
-    """Exposed communication per scheme; `waits_known`: some instance was matched across ranks with arrivals,
-    else how much of it is waiting for a late member is unknown (one rank's trace), not 0."""
+def _exposed(inputs: _Inputs, waits_known: set[str]) -> list[Finding]:
+    """Exposed communication per scheme; `waits_known`: the schemes with an instance matched across ranks with
+    arrivals; for the others how much of it is waiting for a late member is unknown (one rank's trace, or
+    point-to-point calls only), not 0."""
     out = []
     for scheme, _ in inputs.of("exposed"):
         cells, wait = inputs.cells("exposed", scheme), inputs.cells("wait", scheme)
         if cells is None or wait is None:
             continue
-        waiting = (wait.mean() / cells.mean() if cells.mean() else 0.0) if waits_known else None
+        waiting = (wait.mean() / cells.mean() if cells.mean() else 0.0) if scheme in waits_known else None
         hint = ""
         if waiting is None:
             hint = (
-                " How much of it is waiting for a late member is unknown: waits need the traces of the other "
-                "members of its collectives, matched call by call, and this run has none."
+                " How much of it is waiting for a late member is unknown: waits need the calls of the other "
+                "members of its collectives matched call by call, and none of this scheme's was (one rank's "
+                "trace, or point-to-point calls, which are not matched)."
             )
         elif waiting >= 0.5:
             hint = (
@@ -567,12 +569,14 @@ def time_findings(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[list[Fin
     inputs = _Inputs(con, run_id)
     whole = inputs.cells("memcpy", "")  # every (rank, step) with a step time
     mean_step = whole.mean_step() if whole is not None else None
-    waits_known = bool(
-        con.execute(
-            "SELECT count(*) FROM time_instances WHERE run_id = ? AND members > 1 AND last_rank IS NOT NULL",
+    waits_known = {
+        str(r[0])
+        for r in con.execute(
+            "SELECT DISTINCT coalesce(scheme, 'unattributed') FROM time_instances "
+            "WHERE run_id = ? AND members > 1 AND last_rank IS NOT NULL",
             [run_id],
-        ).fetchall()[0][0]
-    )
+        ).fetchall()
+    }
     found = _exposed(inputs, waits_known) + _memcpy(con, run_id, inputs)
     if by_arrival and mean_step:
         found += _stragglers(con, run_id, inputs, mean_step) + _wait_dominated(inputs)

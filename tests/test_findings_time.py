@@ -239,6 +239,7 @@ def test_exposed_communication_of_one_ranks_trace_leaves_its_wait_unknown(tmp_pa
     assert f.evidence["wait_share"] is None and f.evidence["wait_ms_per_step"] is None
     assert "wait_share" not in f.evidence_text and f.ranks == [0]
     assert f.suggestion.endswith(
-        "waits need the traces of the other members of its collectives, matched call by call, and this run has none."
+        "waits need the calls of the other members of its collectives matched call by call, and none of this "
+        "scheme's was (one rank's trace, or point-to-point calls, which are not matched)."
     )
     con.close()

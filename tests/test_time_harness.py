@@ -75,6 +75,12 @@ def report_time(db: Path, run: str) -> dict[str, Any]:
     return dict(doc["time"])
 
 
+def findings_of(db: Path, run: str) -> list[dict[str, Any]]:
+    proc = _cli("report", "--db", str(db), "--run", run, "--format", "json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return list(json.loads(proc.stdout)["findings"])
+
+
 def arrivals(db: Path, run: str) -> StragglerReport:
     con = store.connect(db, read_only=True)
     try:
@@ -153,3 +159,10 @@ def test_pp_delay_is_the_first_stage_exposed_p2p(
     exposed = {rank: r["exposed_us"] / r["steps"] / 1e3 for rank, r in ranks.items()}
     assert imposed_by_the_sleep(exposed[0], slept), (exposed, slept)
     assert exposed[1] < 0.5 * slept, (exposed, slept)
+    # nothing is matched (point-to-point only), and that is the reason given, not "no times (NCCL logs)"
+    clocks = [p["reason"] for p in t["status"]["parts"] if p["part"] == "clocks"]
+    assert clocks == [
+        "no collective matched across ranks (point-to-point calls are not matched): no instance to align clocks by"
+    ]
+    (f,) = [f for f in findings_of(run_db("pp-delay"), "pp-delay") if f["id"].startswith("exposed-comm:pp")]
+    assert f["evidence"]["wait_share"] is None and "point-to-point calls, which are not matched" in f["suggestion"]

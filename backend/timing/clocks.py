@@ -70,7 +70,12 @@ def align_clocks(
         return ClockAlignment(zero, False, True, "one clock domain: no offset needed")
     if not np.isfinite(inst.m_end).any():  # each domain has its ranks and no timed instance
         untimed = [DomainEstimate(d, [r for r in ranks if dom[r] == d], 0, None, None) for d in domains]
-        return ClockAlignment(zero, False, False, "the calls carry no times (NCCL logs): no clocks to align", untimed)
+        why = (
+            "no collective matched across ranks (point-to-point calls are not matched): no instance to align clocks by"
+            if not len(inst)
+            else "the calls carry no times (NCCL logs): no clocks to align"
+        )
+        return ClockAlignment(zero, False, False, why, untimed)
     ref = dom[min(ranks)]
     diffs = _end_differences(inst, ranks, dom, domains, ref)
     estimates = [DomainEstimate(ref, [r for r in ranks if dom[r] == ref], int(_symmetric(inst).sum()), 0.0, 0.0)]

@@ -44,8 +44,8 @@ app = typer.Typer(
     context_settings={"terminal_width": shutil.get_terminal_size((200, 24)).columns, "max_content_width": 200},
 )
 # Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
-console = Console(width=None if sys.stdout.isatty() else 1000)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 1000)
+console = Console(width=None if sys.stdout.isatty() else 1000, emoji=False)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 1000, emoji=False)
 app.command("harness", epilog=harness_cli.EPILOG)(harness_cli.harness)
 app.command("predict")(cli_analysis.predict)
 app.command("describe-model")(describe.describe_model_command)

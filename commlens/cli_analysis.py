@@ -20,8 +20,10 @@ if TYPE_CHECKING:
     from commlens.contract.model_description import ModelDescription
     from commlens.contract.predict import PredictInput
 
-console = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 1000)  # an error stays one line in a pipe
+console = Console(width=None if sys.stdout.isatty() else 200, emoji=False)
+err = Console(
+    stderr=True, width=None if sys.stderr.isatty() else 1000, emoji=False
+)  # an error stays one line in a pipe
 
 # Options whose values are paths are declared once here (a call in a default would run at import anyway).
 DB_OPTION = typer.Option(Path("commlens.duckdb"), "--db", help="DuckDB store file.")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from commlens.vocab import format_bytes
@@ -21,8 +22,9 @@ from .config import ConfigError, Hang, HarnessConfig, parse_delays
 if TYPE_CHECKING:
     from .launch import PlannedRun
 
-console = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True)
+# emoji off: a value such as "--hang 1:-1" must not print as ":-1:", an emoji code
+console = Console(width=None if sys.stdout.isatty() else 200, emoji=False)
+err = Console(stderr=True, emoji=False)
 
 EPILOG = """\
 Multi-node: validate and write the config once (--dry-run), then start the worker on every node with torchrun:
@@ -215,7 +217,7 @@ def harness(
         launch.prepare(run, overwrite)
         header = f"run {i}/{len(runs)} {run.name}: {run.cfg.strategy}, world {run.cfg.world_size} ({run.cfg.device})"
         if dry_run:
-            console.print(f"[bold]{header}[/bold] config {run.out / launch.CONFIG_NAME}")
+            console.print(f"[bold]{escape(header)}[/bold] config {escape(str(run.out / launch.CONFIG_NAME))}")
             # shell lines to paste: the job they start records itself as launched without --dry-run
             launched = [word for word in command if word != "--dry-run"]
             single = shlex.join(launch.torchrun_command(run, launched))
@@ -225,7 +227,7 @@ def harness(
                 "  multi-node:  " + (multi or "(a world of one process runs on one node)"), markup=False, soft_wrap=True
             )
             continue
-        console.print(f"[bold]{header}[/bold] -> {run.out}")
+        console.print(f"[bold]{escape(header)}[/bold] -> {escape(str(run.out))}")
         code = launch.launch(run, command, verbose=verbose)
         if code != 0 and run.cfg.hang is not None:
             if ingest:  # the dumps and traces it left are what a hang is analysed from
@@ -233,7 +235,7 @@ def harness(
             _report_hang(run, code)
         if code != 0:
             err.print(
-                f"[red]run {run.name} failed[/red] (torchrun exit code {code}); the failing rank's traceback is above."
+                f"[red]run {escape(run.name)} failed[/red] (torchrun exit code {code}); the failing rank's traceback is above."
             )
             raise typer.Exit(1)
         _list_outputs(run, launch.output_files(run.out))
@@ -248,10 +250,11 @@ def _ingest_into(db: Path, run: PlannedRun, overwrite: bool) -> bool:
     summary = launch.ingest_run(db, run, replace=overwrite)
     failed = summary.failed
     console.print(
-        f"ingested {len(summary.files) - len(failed)}/{len(summary.files)} files into {db} as run {run.name!r}"
+        f"ingested {len(summary.files) - len(failed)}/{len(summary.files)} files into {db} as run {run.name!r}",
+        markup=False,
     )
     for f in failed:
-        err.print(f"[red]failed[/red] {f.error}", markup=False)
+        err.print(f"[red]failed[/red] {escape(f.error or '')}")
     return bool(failed)
 
 
@@ -302,13 +305,14 @@ def _report_hang(run: PlannedRun, code: int) -> None:
     for item in iter_inputs(dumps, DEFAULT_LIMITS):
         parsed = parse_file(item, RankHint())
         if parsed.result is None or parsed.result.rank is None:
-            err.print(f"[red]unreadable Flight Recorder dump[/red] {parsed.error}", markup=False)
+            err.print(f"[red]unreadable Flight Recorder dump[/red] {escape(parsed.error or '')}")
             continue
         dumped.append(parsed.result.rank)
         calls += [c for e in parsed.result.fr_entries if (c := fr_call(e)) is not None]
     hung = analyze(calls, dumped)
     err.print(
-        f"[red]run {run.name} hung[/red] (torchrun exit code {code}); Flight Recorder dumps: {len(dumps)} in {run.out}"
+        f"[red]run {escape(run.name)} hung[/red] (torchrun exit code {code}); Flight Recorder dumps: {len(dumps)} in "
+        f"{escape(str(run.out))}"
     )
     for g in hung:
         err.print(

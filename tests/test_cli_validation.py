@@ -202,3 +202,14 @@ def test_report_config_and_config_options_are_said_in_one_line(tmp_path: Path) -
         "error: --dp: input should be greater than or equal to 1 (got 0)",
         "error: --zero: input should be 0, 1, 2 or 3 (got 4)",
     ]
+
+
+def test_user_values_print_as_typed_not_as_markup_or_emoji(tmp_path: Path) -> None:
+    """`--hang 1:-1` printed "--hang 1👎 step -1" (rich's :-1: emoji code) and `--out runs/[bold]x` lost its
+    brackets as markup."""
+    bad = _cli("harness", "--out", str(tmp_path / "h"), "--dp", "2", "--hang", "1:-1", "--device", "cpu", "--dry-run")
+    assert bad.exit_code != 0 and "--hang 1:-1: step -1 is not run" in " ".join(bad.output.split())
+    out = tmp_path / "[bold]x"
+    ok = _cli("harness", "--out", str(out), "--dp", "2", "--device", "cpu", "--dry-run")
+    assert ok.exit_code == 0, ok.output
+    assert f"run 1/1 [bold]x: ddp, world 2 (cpu) config {out}/.harness-config.json" in ok.output

@@ -403,11 +403,13 @@ def _ep_errors(cfg: HarnessConfig) -> list[str]:
         errors.append("--capacity-factor caps tokens per expert: it needs --experts")
     if cfg.top_k != 1 and not cfg.experts:
         errors.append(f"--top-k {cfg.top_k} routes each token to that many experts: it needs --experts")
-    others = [f for f in ("dp", "tp", "pp", "cp") if getattr(cfg, f) > 1] + (["zero"] if cfg.zero else [])
+    others = [f"{f} {getattr(cfg, f)}" for f in ("dp", "tp", "pp", "cp") if getattr(cfg, f) > 1]
+    others += [f"zero {cfg.zero}"] if cfg.zero else []
     if cfg.experts and others:
+        dp_only = others == [f"dp {cfg.dp}"]
         errors.append(
-            f"--experts with {', '.join('--' + f for f in others)} is not supported by the harness: the ep ranks are "
-            "its data-parallel replicas"
+            f"--experts with {', '.join(others)} is not supported by the harness: the ep ranks are its data-parallel "
+            "replicas" + (" (give them as --ep; --nproc without --ep counts them as dp)" if dp_only else "")
         )
     return errors
 

@@ -54,7 +54,12 @@ Calls = Counter[tuple[str, str, str, int]]
         ({"experts": 2, "top_k": 3}, "--top-k 3 exceeds --experts 2"),
         ({"experts": 4, "capacity_factor": 0.0}, "--capacity-factor must be a number > 0"),
         ({"dp": 2, "top_k": 2}, "--top-k 2 routes each token to that many experts: it needs --experts"),
-        ({"ep": 2, "experts": 4, "tp": 2}, "--experts with --tp is not supported"),
+        ({"ep": 2, "experts": 4, "tp": 2}, "--experts with tp 2 is not supported"),
+        (
+            {"dp": 2, "experts": 4},
+            "--experts with dp 2 is not supported by the harness: the ep ranks are its "
+            "data-parallel replicas (give them as --ep; --nproc without --ep counts them as dp)",
+        ),
     ],
 )
 def test_impossible_ep_configs_are_refused(options: dict, needle: str) -> None:

@@ -48,3 +48,24 @@ def test_names_differing_only_in_case_are_one_name(con) -> None:
     with pytest.raises(ConflictError, match="user 'alice' exists already: names differing only in case are one"):
         add_user(con, "Alice")
     assert con.execute("SELECT name FROM users").fetchall() == [("alice",)]
+
+
+def test_a_run_a_running_split_sends_files_to_is_busy(con) -> None:
+    """A job of `sp` whose split sends a file to the existing `sp-foo`: deleting `sp-foo` meanwhile left that
+    file's rows without a run while the job said it stored them. The split is recorded before any file is
+    stored (the ingest queue's on_split), and the run stays busy until the job ends."""
+    from commlens.service import jobs
+    from commlens.service.errors import ConflictError as Busy
+    from commlens.service.runs import create_run, delete_run, rename_run
+
+    create_run(con, "sp")
+    create_run(con, "sp-foo")
+    jobs.create_job(con, "j1", "sp", 2, 100)
+    jobs.start_job(con, "j1")
+    jobs.record_progress(con, "j1", 0, 0, [], [{"run": "sp", "files": 1}, {"run": "sp-foo", "files": 1}])
+    for act in (lambda: delete_run(con, "sp-foo"), lambda: rename_run(con, "sp-foo", "elsewhere")):
+        with pytest.raises(Busy, match=r"run 'sp-foo' has ingest jobs in progress \(j1\)") as err:
+            act()
+        assert err.value.kind == "run-busy"
+    jobs.finish_job(con, "j1", "done", None)
+    delete_run(con, "sp-foo")

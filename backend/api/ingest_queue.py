@@ -259,8 +259,14 @@ class IngestQueue:
                         cur, job_id, progress.files_done, progress.bytes_done, progress.results, progress.runs
                     )
 
-            def split(report: IngestReport) -> None:  # stored with the files' progress: a restart keeps it
+            def split(report: IngestReport) -> None:
+                # stored at once, before any file: a restart keeps it, and the runs it sends files to are busy
+                # (service.jobs.check_idle) until the job ends
                 progress.runs = [job_row(j) for j in report.jobs] if report.split else []
+                if progress.runs:
+                    jobs.record_progress(
+                        cur, job_id, progress.files_done, progress.bytes_done, progress.results, progress.runs
+                    )
 
             jobs.start_job(cur, job_id)
             try:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import duckdb
 
 from commlens.store import active_jobs, get_run_id
+from commlens.store.jobs import ACTIVE_STATES
 
 from .errors import ConflictError, NotFoundError
 
@@ -179,9 +180,19 @@ INTERRUPTED = (
 )
 
 
+def _splitting_into(con: duckdb.DuckDBPyConnection, run: str, run_id: int) -> list[str]:
+    """Ids of other runs' active jobs whose split sends files to `run` (recorded once the split is decided)."""
+    rows = con.execute(
+        f"{_SELECT} WHERE list_contains(?, j.state) AND j.run_id IS DISTINCT FROM ? ORDER BY j.created_at",
+        [list(ACTIVE_STATES), run_id],
+    ).fetchall()
+    return [job.job_id for job in map(_job, rows) if run in job.touched_runs()]
+
+
 def check_idle(con: duckdb.DuckDBPyConnection, run: str, run_id: int, action: str) -> None:
-    """ConflictError while the run has ingest jobs queued or running (they find their run by name)."""
-    active = active_jobs(con, run_id)
+    """ConflictError while the run has ingest jobs queued or running (they find their run by name), its own
+    or another run's whose files a split sends to it."""
+    active = active_jobs(con, run_id) + _splitting_into(con, run, run_id)
     if active:
         raise ConflictError(
             f"run {run!r} has ingest jobs in progress ({', '.join(active)}); {action} it when they are "

@@ -3,6 +3,7 @@ check in a comparison, and findings from a supplied config."""
 
 from __future__ import annotations
 
+import pytest
 from synthetic import write_rows as write
 
 from commlens.backend.attribution import attribute_run
@@ -165,6 +166,16 @@ def test_zero_accumulation_finding_reads_a_supplied_config(con) -> None:
     rep = build_report(con, "dp", _zero(2, 3))
     [z2] = [f for f in rep.findings if f.id == "zero-accumulation"]
     assert z2.evidence["predicted_ratio"] == 2.0 and z2.evidence["micro_batches"] == 3
+    # the ratio is the predictor's for the configuration, not the one-width estimate: the harness's ZeRO-3 moves
+    # 2.84x its DDP's dp wire bytes at m = 2 (the title said "about 3.0x")
+    harness = PredictInput(
+        implementation="harness",
+        model=ModelSpec(layers=2, hidden=32, heads=2, vocab=64, seq_len=16),
+        parallel=ParallelSpec(dp=2, zero=3, micro_batches=2),
+    )  # type: ignore[arg-type]
+    [h] = [f for f in findings(con, "dp", config=harness) if f.id == "zero-accumulation"]
+    assert h.evidence["predicted_ratio"] == pytest.approx(2.8447, abs=1e-4) and "about 2.8x" in h.title
+    assert h.evidence["ratio_from"].startswith("the predictor's dp wire bytes")
 
 
 def test_a_supplied_config_overrides_the_stored_one_in_findings(con) -> None:

@@ -449,7 +449,8 @@ def serve(
     signal.signal(signal.SIGTERM, lambda signum, _: _die_of(signum, db))
     cli_server.announce(db, url)
     err_console.print(
-        f"serving {escape(str(db))} at {url} (dashboard /, API /api, docs /docs); "
+        f"serving {escape(str(db))} at {url} ({'dashboard /, ' if ui else 'no dashboard (--no-ui), '}API /api, "
+        "docs /docs); "
         f"`commlens report --db {escape(str(db))} --run RUN` reads through it; Ctrl-C stops"
     )
     try:
@@ -913,7 +914,11 @@ def users_add(
     from commlens.service.users import add_user
 
     body = shlex.quote(json.dumps({"name": name, "admin": admin})).replace("{", "{{").replace("}", "}}")  # .format
-    con = _open_store(db, f"curl -s -H 'Content-Type: application/json' -d {body} {{url}}/api/users")
+    con = _open_store(
+        db,
+        "curl -s -H \"Authorization: Bearer $ADMIN_TOKEN\" -H 'Content-Type: application/json' "
+        f"-d {body} {{url}}/api/users (an admin's token; none is needed from loopback)",
+    )
     try:
         token = add_user(con, name, admin)
     except ServiceError as exc:

@@ -102,8 +102,11 @@ def test_write_commands_say_how_to_do_it_through_the_api(served: tuple[Path, str
     assert f"commlens upload {data_dir / LOG} --run other --api {url}" in said
     users = _commlens("users", "add", "ann", "--db", str(db))
     said = " ".join(users.stderr.split())
+    auth = '-H "Authorization: Bearer $ADMIN_TOKEN" '
     request = f"""curl -s -H 'Content-Type: application/json' -d '{{"name": "ann", "admin": false}}' {url}/api/users"""
-    assert users.returncode == 2 and f"do it through the server: {request}" in said
+    # the token a server off loopback needs is in the request said, and that loopback needs none
+    shown = request.replace("curl -s ", "curl -s " + auth) + " (an admin's token; none is needed from loopback)"
+    assert users.returncode == 2 and f"do it through the server: {shown}" in said
     listed = _commlens("users", "list", "--db", str(db))
     assert listed.returncode == 2 and f"GET {url}/api/users (an admin's token)" in " ".join(listed.stderr.split())
     made = subprocess.run(shlex.split(request), capture_output=True, text=True, timeout=60, check=True)

@@ -349,6 +349,13 @@ def _ranks_sentence(r: Report) -> str:
     return text + "."
 
 
+# what the comparison's bytes count, against the histograms' and the rank totals' (every call, receives included)
+SENT_ONLY = (
+    "Bytes sent: the sum of S over each rank's collectives and sends; receives are not added (a send and its "
+    "receive move one message), so point-to-point schemes read half the histograms' and the rank totals' bytes."
+)
+
+
 def render_markdown(r: Report) -> str:
     c = r.comparison
     lines = [f"# commlens report: {r.run}", ""]
@@ -376,6 +383,8 @@ def render_markdown(r: Report) -> str:
     lines += [
         "",
         "## Bytes per iteration per rank",
+        "",
+        SENT_ONLY,
         "",
         "| scheme | predicted | measured | of which unexplained | explained / predicted |",
         "|---|---|---|---|---|",

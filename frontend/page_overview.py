@@ -212,7 +212,8 @@ def volumes_chart(c: Comparison, graph_id: Any = "ov-volumes", *, on_predicted: 
     }[c.config_source]
     note = (
         f"Prediction from {source}{f' ({c.implementation})' if c.implementation else ''}. "
-        f"{c.iterations_message}. Ratio = (measured - unexplained) / predicted."
+        f"{c.iterations_message}. Ratio = (measured - unexplained) / predicted. Bytes sent: receives are not "
+        "added (a send and its receive move one message), unlike the histograms and the rank totals."
     )
     return chart_block(graph_id, fig, cols, display, raw, f"{c.run}-volumes.csv", note=note, open_table=True)
 

@@ -58,3 +58,4 @@ def test_the_volumes_table_names_its_ratio_and_points_to_the_what_if_only_off_it
     predicted = json.dumps(volumes_chart(_measured_only(), "pv", on_predicted=True).to_plotly_json(), default=str)
     assert "explained / predicted" in overview and "measured / predicted" not in overview
     assert "use the what-if on Predicted" in overview and "use the what-if on Predicted" not in predicted
+    assert "Bytes sent: receives are not added" in overview

@@ -144,6 +144,7 @@ def test_normalised_per_rank_per_profiler_step(con):
     md = render_markdown(build_report(con, "steps"))
     volumes = md.split("## Bytes per iteration per rank", 1)[1].split("\n## ", 1)[0]
     assert "Left out of the per-iteration tables: 1 calls (outside profiler steps)" in volumes
+    assert "Bytes sent: the sum of S over each rank's collectives and sends; receives are not added" in volumes
     assert series(raw, "broadcast") == {"4 KiB-8 KiB": 1}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class FileResult(BaseModel):
@@ -37,13 +37,13 @@ class JobOut(BaseModel):
     job_id: str
     run: str | None
     state: Literal["queued", "running", "done", "failed"]
-    files_total: int  # uploaded files (an archive is one)
-    files_done: int
+    files_total: int = Field(description="uploaded files (an archive is one): progress is files_done / files_total")
+    files_done: int = Field(description="uploaded files ingested so far (an archive is one)")
     # Outcomes of the ingested files (archive members one by one): a job can end `done` with every file
     # failed, so scripts read these, not the state alone, to know what was stored.
-    files_stored: int = 0
-    files_failed: int = 0
-    files_duplicate: int = 0
+    files_stored: int = Field(default=0, description="files stored (archive members one by one)")
+    files_failed: int = Field(default=0, description="files that failed (archive members one by one)")
+    files_duplicate: int = Field(default=0, description="files already in the run (archive members one by one)")
     bytes_total: int
     bytes_done: int
     current: str | None = None  # the file being ingested

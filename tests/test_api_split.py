@@ -74,9 +74,10 @@ def test_nccl_log_excerpts_upload_as_the_cli_splits_them(
         table = {j["run"]: j for j in job["jobs"]}
         assert job["jobs"][0]["run"] == "logs" and job["jobs"][0]["apart"] == []
         assert {run: sorted(Path(p.split("!")[-1]).name for p in j["files"]) for run, j in table.items()} == cli_runs
-        assert table["logs-nvidia-nccl-1193"]["calls"] == 4
-        assert table["logs-nvidia-nccl-1193"]["job"].startswith("world size 128")
-        assert table["logs-nvidia-nccl-1357"]["apart"] == [
+        assert table["logs"]["calls"] == 4  # the first job with calls keeps the run (aws-65 has none)
+        assert table["logs"]["job"].startswith("world size 128")
+        assert table["logs-nvidia-nccl-1357"]["apart"] == ["world size 128 vs 16"]
+        assert table["logs-aws-aws-ofi-nccl-65"]["apart"] == [
             "nothing shows they are one job (no shared communicator, rank or time)"
         ]
         # every file result names its run; the runs exist with their calls
@@ -84,11 +85,11 @@ def test_nccl_log_excerpts_upload_as_the_cli_splits_them(
         went = {Path(x["path"].split("!")[-1]).name: x["run"] for x in job["results"]}
         assert went == {f: run for run, fs in cli_runs.items() for f in fs}
         listed = {x["name"]: x["events"] for x in c.get("/api/runs", params={"limit": 100}).json()["items"]}
-        assert listed["logs-nvidia-nccl-1193"] == 4 and listed["logs-nvidia-nccl-203"] == 7
+        assert listed["logs"] == 4 and listed["logs-nvidia-nccl-203"] == 7
         assert sorted(listed) == sorted(cli_runs)
         # the upload page lists each run with a link to it
         page = str(job_view(JobOut.model_validate(job)))
-        assert "up-jobs" in page and "/runs/logs-nvidia-nccl-1193" in page and "The files are of 19 jobs" in page
+        assert "up-jobs" in page and "/runs/logs-nvidia-nccl-203" in page and "The files are of 19 jobs" in page
         finished = str(job_view(JobOut.model_validate(job)))
         assert "Every file is in the 19 runs above." in finished  # not "in the run" beside a list of 19
         if as_archive:

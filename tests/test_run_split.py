@@ -31,18 +31,23 @@ def _runs(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
     return out
 
 
+NOTHING_SHARED = "nothing shows they are one job (no shared communicator, rank or time)"
+
+
 def test_nccl_log_excerpts_are_not_one_run(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
     report = ingest_run(con, "logs", iter_inputs([data_dir / "nccl-logs"]), split_jobs=True)
     runs = _runs(con)
     assert len(report.jobs) == 19 and len(runs) == 19
     assert all(len(files) == 1 for files in runs.values())  # no two excerpts share a job
-    assert runs["logs-nvidia-nccl-1193"] == ["nvidia-nccl-1193.log"]
-    assert con.execute("SELECT world_size FROM runs WHERE name = 'logs-nvidia-nccl-1193'").fetchone() == (128,)
+    # the first file (aws-65) has INIT lines and no call: the run keeps the first job with calls, 1193's
+    assert runs["logs"] == ["nvidia-nccl-1193.log"] and runs["logs-aws-aws-ofi-nccl-65"] == ["aws-aws-ofi-nccl-65.log"]
+    assert con.execute("SELECT world_size FROM runs WHERE name = 'logs'").fetchone() == (128,)
     job = next(j for j in report.jobs if j.run == "logs-nvidia-nccl-1357")
-    assert job.apart == ["nothing shows they are one job (no shared communicator, rank or time)"]
+    assert job.apart == ["world size 128 vs 16"]  # against the run's job, 1193's
+    assert [j.run for j in report.jobs if j.apart == [NOTHING_SHARED]][:1] == ["logs-aws-aws-ofi-nccl-65"]
     # 1193's four all-reduce calls and 203's seven are each in their own run, counted once
     calls = dict(con.execute("SELECT run, count(*) FROM comms GROUP BY 1").fetchall())
-    assert calls["logs-nvidia-nccl-1193"] == 4 and calls["logs-nvidia-nccl-203"] == 7
+    assert calls["logs"] == 4 and calls["logs-nvidia-nccl-203"] == 7
 
 
 def test_hta_directory_is_split_by_world_size_rank_and_time(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
@@ -267,3 +272,15 @@ def test_split_names_keep_to_a_run_names_length() -> None:
     )
     assert [j.run for j in jobs] == [run, "L" * (MAX_RUN_NAME - 2) + "-2"]
     assert all(re.fullmatch(RUN_NAME_PATTERN, j.run) for j in jobs)
+
+
+def test_a_file_without_calls_does_not_keep_the_runs_name_from_the_calls() -> None:
+    """An upload of a trace with no communication first, then a log with calls: the run named by the user kept
+    the empty trace and the calls went to `up2-...`."""
+    empty = _ev("nocomm.json", kind="kineto", calls=0)
+    log = _ev("train.log", comm_ids=frozenset({"0x1"}), calls=7)
+    jobs = split_jobs("up2", [empty, log])
+    assert [(j.run, [f.path for f in j.files]) for j in jobs] == [
+        ("up2", ["train.log"]),
+        ("up2-nocomm", ["nocomm.json"]),
+    ]

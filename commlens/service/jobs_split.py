@@ -183,7 +183,8 @@ def split_jobs(
     stored: Job | None = None,
     held: Collection[str] = (),
 ) -> list[Job]:
-    """The files grouped into jobs, in the order of their first file; the first job keeps `run`, the others
+    """The files grouped into jobs, in the order of their first file; the first job keeps `run` (the first
+    with calls, where the first has none: a trace without communication says nothing of its job), the others
     are named `run-<first file's stem>` (with a number where that is in `taken`: names they must not take).
     Configuration files join the first job. `stored`: what `run` holds already (`stored_job`); a first job
     its evidence says is another job does not go into it, and takes a name of its own like the others.
@@ -215,6 +216,12 @@ def split_jobs(
             jobs.remove(other)
         jobs.remove(mine[0])
         jobs.insert(0, mine[0])
+    elif jobs and not any(f.calls for f in jobs[0].files):
+        # a file with no calls says nothing of its job: the run keeps the first job that has calls
+        with_calls = next((j for j in jobs if any(f.calls for f in j.files)), None)
+        if with_calls is not None:
+            jobs.remove(with_calls)
+            jobs.insert(0, with_calls)
     if not jobs:
         jobs = [Job(run)]
     jobs[0].files.extend(f for f in files if f.attaches)

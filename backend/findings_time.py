@@ -541,7 +541,8 @@ def _wait_dominated(inputs: _Inputs) -> list[Finding]:
         key = inputs.keys[("wait_dominated", scheme, op)]
         f = _timed(
             f"wait-dominated:{scheme}:{op}",
-            f"{scheme} {op}: {{ms}} per step waiting inside the collective ({{share}} of the step), "
+            # the mean over every rank, the late one's none included (a straggler's title says its peers' wait)
+            f"{scheme} {op}: {{ms}} per rank per step waiting inside the collective ({{share}} of the step), "
             f"{pct(wait / dur)} of its time",
             cells,
             {

@@ -101,6 +101,10 @@ def test_tp_delay_finding_names_rank_1_in_its_tp_group(harness_con, harness_runs
            WHERE name = 'dp-tp-delay' AND kind = 'wait_dominated' AND key = 'dp'"""
     ).fetchall()
     assert ("all_reduce", 1) in causes and not [c for c in causes if c[1] == 0], causes
+    # its title says whose mean its wait is (every rank's, the late one's none included), beside the straggler's
+    # "its peers wait": the same wait read as two numbers
+    waits = [f.title for f in found if f.id.startswith("wait-dominated:")]
+    assert waits and all(" per rank per step waiting inside the collective " in t for t in waits), waits
 
 
 @pytest.mark.slow

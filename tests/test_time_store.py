@@ -272,10 +272,11 @@ def test_a_trace_without_device_activity(tmp_path: Path) -> None:
     kinds = con.execute("SELECT kind, count(*) FROM timeline_intervals GROUP BY kind").fetchall()
     assert kinds == [("compute", 901)]  # 942 before the calls' enqueue time was taken out of their thread's ops
     status = _status(con, "cpu")
-    assert any(
-        not ok and "no device activity: communication is the collectives' CPU time" in reason
-        for ok, reason in status["breakdown"]
-    )
+    # said once (the timeline's note and the breakdown's were two rows), and what fails is said apart
+    assert [r for _, r in status["breakdown"] if "no device activity" in r] == [
+        "rank 0: no device activity: compute is CPU ops, communication the calls' CPU time"
+    ]
+    assert any(not ok and "6 of 6 calls have no measured duration" in r for ok, r in status["breakdown"])
     assert any(not ok and "no device activity on ranks" in reason for ok, reason in status["memcpy"])
     assert con.execute("SELECT count(*) FROM time_memcpy").fetchall() == [(0,)]
     con.close()
@@ -395,3 +396,18 @@ def test_compute_less_the_collectives_of_its_thread() -> None:
     assert len(s) == len(e) == 0  # wholly inside a collective
     s, e = subtract_intervals(keep_s, keep_e, np.zeros(0), np.zeros(0))
     assert s is keep_s and e is keep_e
+
+
+def test_per_rank_notes_are_said_once_with_their_ranks() -> None:
+    """A gloo run's every rank said 'no device activity' twice (the timeline's note and the breakdown's), each
+    as a part not computed, though its breakdown is of CPU times."""
+    from commlens.backend.timing.persist import _per_rank_notes
+
+    cpu = "no device activity: compute is CPU ops, communication the calls' CPU time"
+    gloo = "no device activity: communication is the collectives' CPU time (gloo), compute the other CPU ops"
+    notes = [f"rank {r}: {n}" for r in (0, 1, 2, 5) for n in (cpu, gloo)] + ["rank ?: no profiler steps", "plain"]
+    assert _per_rank_notes(notes) == [
+        (f"ranks 0-2, 5: {cpu}", True),
+        ("rank ?: no profiler steps", False),
+        ("plain", False),
+    ]

@@ -11,6 +11,7 @@ finalize step after attribution, and again whenever attribution changes a scheme
 from __future__ import annotations
 
 import logging
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -440,10 +441,8 @@ def _statuses(job: TimeAnalysis, data: RunInput, status: dict[tuple[str, str], b
         status[("waits", note)] = False
     if data.timed and not job.stats.notes:
         status[("waits", f"waits of {int((~np.isnan(job.stats.skew)).sum())} instances")] = True
-    for note in job.breakdown.notes:
-        status[("breakdown", note)] = False
-    for note in data.source_notes:
-        status[("breakdown", note)] = False
+    for note, rests_on in _per_rank_notes([*job.breakdown.notes, *data.source_notes]):
+        status[("breakdown", note)] = rests_on
     if len(job.breakdown.rank):
         status[("breakdown", f"{len(job.breakdown.rank)} rank-steps")] = True
     _memcpy_status(data, status)
@@ -454,6 +453,47 @@ def _statuses(job: TimeAnalysis, data: RunInput, status: dict[tuple[str, str], b
             status[("critical_path", f"step {p.step}: {p.note}")] = False
     if job.paths and not any(p.note for p in job.paths):
         status[("critical_path", f"{len(job.paths)} steps")] = True
+
+
+# A rank without device activity whose trace lists no devices (gloo on CPU): its breakdown is of CPU times
+_CPU_ONLY = (
+    "no device activity: compute is CPU ops, communication the calls' CPU time",
+    "no device activity: communication is the collectives' CPU time (gloo), compute the other CPU ops",
+)
+_RANK_NOTE = re.compile(r"rank (\d+|\?): (.*)", re.S)
+
+
+def _per_rank_notes(notes: Sequence[str]) -> list[tuple[str, bool]]:
+    """Notes of the form 'rank N: text' once per text, naming its ranks ('ranks 0-3: ...'; it was one row per
+    rank and per source, twice for a gloo run's every rank), each with whether the breakdown was computed on
+    what it says: a gloo rank's breakdown of CPU times is no failure."""
+    ranks: dict[str, list[str]] = {}
+    for note in notes:
+        m = _RANK_NOTE.fullmatch(note)
+        text, rank = (m.group(2), m.group(1)) if m else (note, None)
+        if text in _CPU_ONLY:  # the timeline's note and the breakdown's say one thing
+            text = _CPU_ONLY[0]
+        listed = ranks.setdefault(text, [])
+        if rank is not None and rank not in listed:
+            listed.append(rank)
+    out = []
+    for text, rs in ranks.items():
+        known = sorted(int(r) for r in rs if r != "?")
+        who = ", ".join([*_spans(known), *(["?"] if "?" in rs else [])])
+        label = f"rank{'s' if len(rs) > 1 else ''} {who}: {text}" if rs else text
+        out.append((label, text == _CPU_ONLY[0]))
+    return out
+
+
+def _spans(ranks: list[int]) -> list[str]:
+    """[0, 1, 2, 5] as ['0-2', '5']."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and runs[-1][1] == r - 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return [str(a) if a == b else f"{a}-{b}" for a, b in runs]
 
 
 def _memcpy_status(data: RunInput, status: dict[tuple[str, str], bool]) -> None:

@@ -101,7 +101,7 @@ def test_a_schema_7_store_upgrades_with_its_rows_and_authors_mapped_by_name(tmp_
         assert (items[1]["replies"][0]["author"], items[1]["replies"][0]["author_id"]) == ("bo", 2)
         # the mapped author edits their item; nobody edits the deleted user's item as its author
         review.update_item(con, 1, users.Actor("ana", 1, False), {"body": "edited"})
-        with pytest.raises(ForbiddenError, match="'gone' is no longer a user; only an admin"):
+        with pytest.raises(ForbiddenError, match=r"a former user named 'gone', is no longer a user .*; only an admin"):
             review.update_item(con, 3, users.Actor("local", None, False), {"body": "hijack"})
         # a run created at schema 8 takes no name a run used to have
         runs.update_run(con, "old-run", {"name": "new-run"})
@@ -139,7 +139,9 @@ def test_review_items_belong_to_the_user_id_not_the_name(tmp_path: Path) -> None
             c.delete(f"/api/review/{old['item_id']}", headers=new_bob),
         ):
             assert r.status_code == 403
-            assert r.json()["detail"].startswith(f"item {old['item_id']}'s author 'bob' is no longer a user")
+            assert r.json()["detail"].startswith(
+                f"item {old['item_id']}'s author, a former user named 'bob', is no longer"
+            )
         mine = c.post("/api/runs/r/review", json={"body": "new bob's"}, headers=new_bob).json()
         assert c.patch(f"/api/review/{mine['item_id']}", json={"body": "edited"}, headers=new_bob).status_code == 200
         listed = {i["item_id"]: i for i in c.get("/api/runs/r/review").json()["items"]}

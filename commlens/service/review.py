@@ -199,7 +199,9 @@ def _check_author(c: duckdb.DuckDBPyConnection, item_id: int, who: Actor, action
         return
     if (author_id is not None and not exists) or (author_id is None and author not in (LOCAL_USER, ANONYMOUS)):
         raise ForbiddenError(
-            f"item {item_id}'s author {author!r} is no longer a user; only an admin may {action} it", "forbidden"
+            f"item {item_id}'s author, a former user named {author!r}, is no longer a user (a user given the name "
+            f"since is another one); only an admin may {action} it",
+            "forbidden",
         )
     raise ForbiddenError(f"only {author!r} (the author) or an admin may {action} item {item_id}", "forbidden")
 

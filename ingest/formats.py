@@ -293,8 +293,8 @@ def kinds_with(trait: Trait) -> list[str]:
 def detect(stream: io.BufferedReader) -> Format:
     """The format of a content stream, from its first bytes (peeked, not consumed); ParseError for none."""
     head = stream.peek(HEAD_BYTES)[:HEAD_BYTES]
-    if not head.strip():
-        raise ParseError("empty file", "line 1")
+    if not head.strip():  # no line to name: the file has nothing in it
+        raise ParseError("empty file" if not head else "only white space in its first bytes")
     best, claim = None, Claim.NONE
     for fmt in FORMATS:
         c = fmt.claim(head)

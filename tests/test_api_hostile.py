@@ -133,6 +133,11 @@ def test_json_bodies_too_large_or_too_deep(client: httpx.Client) -> None:
         "UTF-8",
     )
     problem(client.post("/api/runs", content=b"{not json", headers={"content-type": "application/json"}), 422)
+    # refused before the routes, the problem names the request's path as every other one does
+    r = client.post("/api/runs", content=deep, headers={"content-type": "application/json"})
+    assert r.json()["instance"] == "/api/runs"
+    r = client.post("/api/runs", json={"name": "x"}, headers={"Origin": "http://evil.example"})
+    assert r.status_code == 403 and r.json()["instance"] == "/api/runs", r.text
 
 
 # --------------------------------------------------------------------------------- formats

@@ -3,6 +3,7 @@ parser sees the body, so a hostile body gets a clear answer instead of a recursi
 
 from __future__ import annotations
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import problem_response
@@ -109,5 +110,5 @@ class JsonBodyGuard:
 
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, detail: str, kind: str) -> None:
-        response = problem_response(None, status, detail, kind)
+        response = problem_response(Request(scope), status, detail, kind)
         await response(scope, receive, send)

@@ -18,6 +18,7 @@ The rule itself (`refusal`) is in commlens.contract.access: the standalone dashb
 
 from __future__ import annotations
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from commlens.contract.access import host_name, refusal
@@ -42,4 +43,4 @@ class OriginGuard:
         if refused is None:
             await self.app(scope, receive, send)
             return
-        await problem_response(None, refused.status, refused.detail, refused.kind)(scope, receive, send)
+        await problem_response(Request(scope), refused.status, refused.detail, refused.kind)(scope, receive, send)

@@ -150,6 +150,8 @@ def test_health_docs_and_openapi(client: httpx.Client) -> None:
     assert h["auth"] == {"loopback_bind": True, "insecure": False, "users": 0}
     assert "swagger" in client.get("/docs").text.lower()
     paths = client.get("/api/openapi.json").json()["paths"]
+    root = client.get("/openapi.json")  # FastAPI's usual place: there, not the dashboard's page
+    assert root.status_code == 308 and root.headers["location"] == "/api/openapi.json"
     assert {"/api/runs", "/api/runs/{run}/files", "/api/jobs/{job_id}", "/api/runs/{run}/export"} <= set(paths)
     assert client.get("/api/me").json() == {
         "name": "local",

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import RedirectResponse
 from fastapi.routing import APIRoute
 
 from commlens import __version__
@@ -105,6 +106,11 @@ def create_app(settings: Settings, ui: Any = None, db: Database | None = None) -
             if isinstance(r, APIRoute)
         ],
     )
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def _openapi_at_the_root() -> RedirectResponse:  # FastAPI's usual place; the dashboard's page otherwise
+        return RedirectResponse("/api/openapi.json", status_code=308)
+
     if ui is not None:
         app.mount("/", as_asgi(ui), name="ui")
     app.add_middleware(RunAliases, db=db, pages=ui is not None)  # a run's former names reach it

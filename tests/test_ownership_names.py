@@ -69,3 +69,22 @@ def test_a_run_a_running_split_sends_files_to_is_busy(con) -> None:
         assert err.value.kind == "run-busy"
     jobs.finish_job(con, "j1", "done", None)
     delete_run(con, "sp-foo")
+
+
+def test_job_results_name_runs_by_their_current_names(con) -> None:
+    """A job's results kept a renamed run's old name, which breaks once that name is freed (its run deleted)."""
+    from commlens.service import jobs
+    from commlens.service.runs import create_run, rename_run
+
+    create_run(con, "up")
+    create_run(con, "up-x")
+    jobs.create_job(con, "j2", "up", 2, 10)
+    jobs.record_progress(
+        con, "j2", 2, 10, [{"path": "a.log", "run": "up"}, {"path": "x.log", "run": "up-x"}], [{"run": "up-x"}]
+    )
+    jobs.finish_job(con, "j2", "done", None)
+    rename_run(con, "up-x", "xlogs")
+    job = jobs.get_job(con, "j2")
+    assert [r["run"] for r in job.results] == ["up", "xlogs"] and [r["run"] for r in job.runs] == ["xlogs"]
+    listed, _ = jobs.list_jobs(con, 10, 0)
+    assert [r["run"] for r in listed[0].results] == ["up", "xlogs"]

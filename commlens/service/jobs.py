@@ -80,11 +80,34 @@ def create_job(con: duckdb.DuckDBPyConnection, job_id: str, run: str, files: int
     return get_job(con, job_id)
 
 
+def _current_names(con: duckdb.DuckDBPyConnection, jobs: list[Job]) -> list[Job]:
+    """The jobs with the runs their results and split rows name under those runs' current names: a run
+    renamed since keeps working through its former name, but a former name is freed when its run is deleted."""
+    named = {r["run"] for j in jobs for r in (*j.results, *j.runs) if isinstance(r.get("run"), str)}
+    if not named:
+        return jobs
+    now = dict(
+        con.execute(
+            "SELECT a.alias, r.name FROM run_aliases a JOIN runs r USING (run_id) WHERE list_contains(?, a.alias)",
+            [sorted(named)],
+        ).fetchall()
+    )
+    if not now:
+        return jobs
+
+    def rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r | {"run": now[r["run"]]} if r.get("run") in now else r for r in items]
+
+    for j in jobs:
+        j.results, j.runs = rows(j.results), rows(j.runs)
+    return jobs
+
+
 def get_job(con: duckdb.DuckDBPyConnection, job_id: str) -> Job:
     rows = con.execute(f"{_SELECT} WHERE j.job_id = ?", [job_id]).fetchall()
     if not rows:
         raise NotFoundError(f"no job {job_id!r}; jobs are listed at GET /api/jobs", "unknown-job")
-    return _job(rows[0])
+    return _current_names(con, [_job(rows[0])])[0]
 
 
 def list_jobs(
@@ -104,7 +127,7 @@ def list_jobs(
     rows = con.execute(
         f"{_SELECT} {where} ORDER BY j.created_at DESC, j.job_id LIMIT ? OFFSET ?", [*params, limit, offset]
     ).fetchall()
-    return [_job(r) for r in rows], int(total)
+    return _current_names(con, [_job(r) for r in rows]), int(total)
 
 
 def job_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:

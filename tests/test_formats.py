@@ -114,8 +114,10 @@ def test_nothing_claims_binary_or_empty_heads() -> None:
         r"a PyTorch Flight Recorder dump or an Nsight Systems SQLite export",
     ):
         _detect(b"\x89PNG\r\n\x1a\n\x00\x00")
-    with pytest.raises(ParseError, match="empty file"):
+    with pytest.raises(ParseError, match="only white space in its first bytes"):
         _detect(b" \n\t")
+    with pytest.raises(ParseError, match=r"^empty file$"):
+        _detect(b"")
 
 
 @pytest.mark.parametrize("start", [b"{", b"[", b"\n [", b"\x80\x02\x00", b"\x80\x04K"])
